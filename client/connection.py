@@ -1,0 +1,193 @@
+"""The client's link to its worker: handshake, synchronous calls, batched asynchronous calls.
+
+Async calls are queued and go out together, when a sync call is made, when the batch grows
+past MAX_BATCH_CALLS or MAX_BATCH_BYTES, or when the flusher thread finds them waiting for
+longer than the batch window; the server answers nothing for them. Their failures come
+back with the next sync reply. A peer that goes away (TCP disconnect, or ZeroMQ heartbeats
+unanswered) fails the call in flight and every later one, with a message naming the server.
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+import zmq
+import zmq.utils.monitor
+
+from xpuremote.protocol import errors, wire
+from xpuremote.protocol.calls import CALLS, Call
+from xpuremote.protocol.errors import CudaError
+
+log = logging.getLogger("xpuremote.client")
+
+MAX_BATCH_CALLS = 256
+MAX_BATCH_BYTES = 1 << 20
+HEARTBEAT_MS = 1000
+SET_CONTEXT = CALLS["cuCtxSetCurrent"]
+
+
+class ServerGone(CudaError):
+    pass
+
+
+class Connection:
+    def __init__(self, address: str, connect_timeout_s: float = 10.0, batch_window_us: float = 50.0) -> None:
+        self.address = address
+        self.ctx = zmq.Context()
+        self.lock = threading.RLock()
+        self.pending: list[list[Any]] = []
+        self.pending_bytes = 0
+        self.seq = 0
+        self.last_ctx: int | None = None
+        self.dead: str | None = None
+        self.batch_window_s = batch_window_us / 1e6
+        self.pid = os.getpid()
+        endpoint, self.session = self._hello(connect_timeout_s)
+        self.sock = self._socket(endpoint)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.poller = zmq.Poller()
+        self.poller.register(self.sock, zmq.POLLIN)
+        self.poller.register(self.monitor, zmq.POLLIN)
+        self.inventory = self.request({"op": "init"}, connect_timeout_s)
+        self.kick = threading.Event()
+        self.closed = False
+        threading.Thread(target=self._flusher, name="xpuremote-flush", daemon=True).start()
+
+    # ---- set-up -------------------------------------------------------------------------
+    def _socket(self, endpoint: str) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5 * HEARTBEAT_MS)
+        sock.connect(endpoint)
+        return sock
+
+    def _hello(self, timeout_s: float) -> tuple[str, str]:
+        sock = self._socket(self.address)
+        try:
+            client = {"pid": os.getpid(), "host": socket.gethostname(), "user": getpass.getuser()}
+            sock.send_multipart(wire.encode({"op": "hello", "client": client}))
+            if not sock.poll(int(timeout_s * 1000)):
+                raise ServerGone(errors.NO_DEVICE, f"no xpuremote server answered at {self.address} "
+                                 f"within {timeout_s:g} s (is xpu-server running there?)")
+            answer = wire.decode(sock.recv_multipart())
+        finally:
+            sock.close(0)
+        if answer.get("status"):
+            raise ServerGone(errors.NO_DEVICE, f"server at {self.address} refused: {answer.get('error')}")
+        return self._worker_endpoint(answer["worker"]), answer["session"]
+
+    def _worker_endpoint(self, endpoint: str) -> str:
+        """A worker bound to a wildcard address is reached through the host we dialled."""
+        url = urlparse(endpoint)
+        if url.scheme == "tcp" and url.hostname in ("0.0.0.0", "::", "*"):
+            return f"tcp://{urlparse(self.address).netloc.rsplit(':', 1)[0]}:{url.port}"
+        return endpoint
+
+    # ---- calls ----------------------------------------------------------------------------
+    def post(self, call: Call, args: list[Any], ctx: int | None, size: int = 0) -> None:
+        """Queue an async call; it is sent with the next batch."""
+        with self.lock:
+            self._check()
+            self._queue(call, args, ctx, size)
+            if len(self.pending) >= MAX_BATCH_CALLS or self.pending_bytes >= MAX_BATCH_BYTES:
+                self._send(reply=False)
+            elif len(self.pending) == 1:
+                self.kick.set()
+
+    def call(self, call: Call, args: list[Any], ctx: int | None) -> tuple[int, list[Any], list[list[Any]]]:
+        """Send everything queued plus this call; wait for its (status, outputs, deferred errors)."""
+        with self.lock:
+            self._check()
+            self._queue(call, args, ctx, 0)
+            seq = self._send(reply=True)
+            answer = self._receive(seq)
+        return answer.get("status", errors.UNKNOWN), answer.get("outs") or [], answer.get("deferred") or []
+
+    def flush(self) -> None:
+        with self.lock:
+            if self.pending and not self.dead:
+                self._send(reply=False)
+
+    def request(self, header: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
+        with self.lock:
+            self._check()
+            self.sock.send_multipart(wire.encode(header))
+            answer = self._receive(None, timeout_s)
+        if answer.get("status"):
+            raise CudaError(answer["status"], answer.get("error", ""))
+        return answer
+
+    def _queue(self, call: Call, args: list[Any], ctx: int | None, size: int) -> None:
+        if ctx != self.last_ctx and ctx is not None:
+            self.pending.append([SET_CONTEXT.opcode, [ctx]])
+            self.last_ctx = ctx
+        self.pending.append([call.opcode, args])
+        self.pending_bytes += size
+
+    def _send(self, reply: bool) -> int:
+        self.seq += 1
+        header = {"op": "calls", "seq": self.seq, "calls": self.pending, "reply": reply}
+        self.pending, self.pending_bytes = [], 0
+        try:
+            self.sock.send_multipart(wire.encode(header), copy=False)
+        except zmq.ZMQError as exc:
+            self._die(f"cannot send to the server at {self.address}: {exc}")
+        return self.seq
+
+    def _receive(self, seq: int | None, timeout_s: float | None = None) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        while True:
+            ready = dict(self.poller.poll(1000))
+            if self.monitor in ready:
+                event = zmq.utils.monitor.recv_monitor_message(self.monitor)
+                if event["event"] == zmq.EVENT_DISCONNECTED:
+                    self._die(f"lost the connection to the server at {self.address}")
+            if self.sock in ready:
+                answer = wire.decode(self.sock.recv_multipart(copy=False))
+                if seq is None or answer.get("seq") == seq or "seq" not in answer:
+                    return answer
+            if deadline and time.monotonic() > deadline:
+                self._die(f"the server at {self.address} did not answer within {timeout_s:g} s")
+
+    def _check(self) -> None:
+        if self.dead:
+            raise ServerGone(errors.DEINITIALIZED if os.getpid() == self.pid else errors.NOT_INITIALIZED, self.dead)
+
+    def _die(self, why: str) -> None:
+        self.dead = why
+        log.error("%s", why)
+        raise ServerGone(errors.DEINITIALIZED, why)
+
+    def _flusher(self) -> None:
+        """Send queued async calls that would otherwise wait for the next sync call."""
+        while not self.closed:
+            self.kick.wait()
+            self.kick.clear()
+            time.sleep(self.batch_window_s)
+            try:
+                self.flush()
+            except CudaError:
+                return
+
+    def close(self) -> None:
+        """Say goodbye so that the server releases this session at once."""
+        if self.closed or os.getpid() != self.pid:
+            return
+        try:
+            self.flush()
+            if not self.dead:
+                self.request({"op": "bye"}, timeout_s=2.0)
+        except CudaError:
+            pass
+        self.closed = True
+        self.kick.set()
+        self.sock.close(0)
+        self.monitor.close(0)

@@ -1,0 +1,325 @@
+"""Initialisation, versions, error strings, devices, primary contexts and contexts.
+
+All answered from the inventory fetched at connect, except what changes server state."""
+
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Any
+
+from xpuremote.protocol import errors
+from xpuremote.protocol.calls import CALLS, Call
+from xpuremote.protocol.cuda_api import ENUMS
+from xpuremote.protocol.errors import CudaError
+
+from . import marshal
+from .driver import Context, Driver, implements
+
+log = logging.getLogger("xpuremote.client")
+_strings: dict[str, Any] = {}  # C strings handed to the application must live forever
+
+
+def c_string(text: str) -> int:
+    if text not in _strings:
+        _strings[text] = marshal.ffi.new("char[]", text.encode())
+    return int(marshal.ffi.cast("uintptr_t", _strings[text]))
+
+
+def out(call: Call, name: str, address: int, value: Any) -> None:
+    marshal.put(next(p for p in call.params if p.name == name), address, value)
+
+
+@implements("cuInit")
+def cu_init(d: Driver, call: Call, args: list[Any]) -> None:
+    try:
+        d.connect()
+    except CudaError as exc:
+        log.error("cuInit: %s", exc.detail)
+        raise
+
+
+@implements("cuDriverGetVersion")
+def cu_driver_get_version(d: Driver, call: Call, args: list[Any]) -> None:
+    (address,) = args
+    if not address:
+        raise CudaError(errors.INVALID_VALUE)
+    d.connect()
+    requested = d.state.get("requested_version", lambda: 0)()
+    if requested > d.driver_version:
+        d.say_once("version", "the application's CUDA runtime (%d) is newer than the driver of the server at %s "
+                   "(%d): update the server's NVIDIA driver, or use a runtime <= %d", requested, d.server(),
+                   d.driver_version, d.driver_version)
+    out(call, "driverVersion", address, d.driver_version)
+
+
+@implements("cuGetErrorName", "cuGetErrorString")
+def cu_get_error_text(d: Driver, call: Call, args: list[Any]) -> None:
+    code, address = args
+    if code not in errors.NAMES:
+        marshal.write(address, bytes(8)) if address else None
+        raise CudaError(errors.INVALID_VALUE, f"unknown CUresult {code}")
+    text = errors.name(code) if call.family == "cuGetErrorName" else errors.message(code)
+    out(call, "pStr", address, c_string(text))
+
+
+@implements("cuModuleGetLoadingMode")
+def cu_module_get_loading_mode(d: Driver, call: Call, args: list[Any]) -> None:
+    out(call, "mode", args[0], ENUMS["CU_MODULE_LAZY_LOADING"])
+
+
+# ---- devices ---------------------------------------------------------------------------------
+@implements("cuDeviceGetCount")
+def cu_device_get_count(d: Driver, call: Call, args: list[Any]) -> None:
+    d.session()
+    out(call, "count", args[0], len(d.devices))
+
+
+@implements("cuDeviceGet")
+def cu_device_get(d: Driver, call: Call, args: list[Any]) -> None:
+    address, ordinal = args
+    d.device(ordinal)
+    out(call, "device", address, ordinal)
+
+
+@implements("cuDeviceGetName")
+def cu_device_get_name(d: Driver, call: Call, args: list[Any]) -> None:
+    address, length, dev = args
+    if not address or length <= 0:
+        raise CudaError(errors.INVALID_VALUE)
+    marshal.write_string(address, d.device(dev).name, length)
+
+
+@implements("cuDeviceGetUuid")
+def cu_device_get_uuid(d: Driver, call: Call, args: list[Any]) -> None:
+    address, dev = args
+    marshal.write(address, d.device(dev).uuid)
+
+
+@implements("cuDeviceTotalMem")
+def cu_device_total_mem(d: Driver, call: Call, args: list[Any]) -> None:
+    address, dev = args
+    out(call, "bytes", address, d.device(dev).total_mem)
+
+
+@implements("cuDeviceGetAttribute")
+def cu_device_get_attribute(d: Driver, call: Call, args: list[Any]) -> None:
+    address, attrib, dev = args
+    device = d.device(dev)
+    if not 0 < attrib < ENUMS["CU_DEVICE_ATTRIBUTE_MAX"]:
+        raise CudaError(errors.INVALID_VALUE, f"device attribute {attrib}")
+    out(call, "pi", address, device.attributes.get(attrib, 0))
+
+
+def pci_bus_id(device: Any) -> str:
+    domain, bus, dev = device.pci
+    return f"{domain:08X}:{bus:02X}:{dev:02X}.0"
+
+
+@implements("cuDeviceGetPCIBusId")
+def cu_device_get_pci_bus_id(d: Driver, call: Call, args: list[Any]) -> None:
+    address, length, dev = args
+    if not address or length <= 0:
+        raise CudaError(errors.INVALID_VALUE)
+    marshal.write_string(address, pci_bus_id(d.device(dev)), length)
+
+
+@implements("cuDeviceGetByPCIBusId")
+def cu_device_get_by_pci_bus_id(d: Driver, call: Call, args: list[Any]) -> None:
+    address, text = args
+    d.session()
+    wanted = marshal.read_string(text).lower()
+    for i, device in enumerate(d.devices):
+        full = pci_bus_id(device).lower()
+        if wanted in (full, full[4:]):  # with or without the 8-digit domain
+            out(call, "dev", address, i)
+            return
+    raise CudaError(errors.INVALID_DEVICE, f"no device at PCI bus id {wanted}")
+
+
+@implements("cuDeviceComputeCapability")
+def cu_device_compute_capability(d: Driver, call: Call, args: list[Any]) -> None:
+    major, minor, dev = args
+    sm = d.device(dev).sm
+    out(call, "major", major, sm // 10)
+    out(call, "minor", minor, sm % 10)
+
+
+PROPERTY_ATTRIBUTES = ("MAX_THREADS_PER_BLOCK", "MAX_BLOCK_DIM_X", "MAX_BLOCK_DIM_Y", "MAX_BLOCK_DIM_Z",
+                       "MAX_GRID_DIM_X", "MAX_GRID_DIM_Y", "MAX_GRID_DIM_Z", "MAX_SHARED_MEMORY_PER_BLOCK",
+                       "TOTAL_CONSTANT_MEMORY", "WARP_SIZE", "MAX_PITCH", "MAX_REGISTERS_PER_BLOCK",
+                       "CLOCK_RATE", "TEXTURE_ALIGNMENT")
+
+
+@implements("cuDeviceGetProperties")
+def cu_device_get_properties(d: Driver, call: Call, args: list[Any]) -> None:
+    address, dev = args
+    attrs = d.device(dev).attributes
+    values = [attrs.get(ENUMS[f"CU_DEVICE_ATTRIBUTE_{a}"], 0) for a in PROPERTY_ATTRIBUTES]
+    marshal.write(address, struct.pack("<14i", *values))
+
+
+@implements("cuDeviceCanAccessPeer")
+def cu_device_can_access_peer(d: Driver, call: Call, args: list[Any]) -> None:
+    address, dev, peer = args
+    d.device(dev), d.device(peer)
+    out(call, "canAccessPeer", address, 0)  # peer access is not forwarded yet
+
+
+@implements("cuDeviceGetExecAffinitySupport")
+def cu_device_get_exec_affinity_support(d: Driver, call: Call, args: list[Any]) -> None:
+    address, _type, dev = args
+    d.device(dev)
+    out(call, "pi", address, 0)
+
+
+# ---- primary contexts ---------------------------------------------------------------------------
+def primary(d: Driver, dev: int) -> Any:
+    d.device(dev)
+    return d.primaries[dev]
+
+
+def retain_primary(d: Driver, dev: int) -> int:
+    """Retain the primary context of `dev`, creating it on the server the first time."""
+    with d.lock:
+        primary(d, dev)  # checks the ordinal
+        p = d.ensure_primary(dev)
+        p.retains += 1
+        return p.handle
+
+
+@implements("cuDevicePrimaryCtxRetain")
+def cu_device_primary_ctx_retain(d: Driver, call: Call, args: list[Any]) -> None:
+    address, dev = args
+    if not address:
+        raise CudaError(errors.INVALID_VALUE)
+    out(call, "pctx", address, retain_primary(d, dev))
+
+
+@implements("cuDevicePrimaryCtxRelease")
+def cu_device_primary_ctx_release(d: Driver, call: Call, args: list[Any]) -> None:
+    (dev,) = args
+    with d.lock:
+        p = primary(d, dev)
+        if p.retains == 0:
+            raise CudaError(errors.INVALID_CONTEXT, f"primary context of device {dev} is not retained")
+        p.retains -= 1
+        if p.retains == 0:
+            d.contexts.release(p.handle)
+
+
+@implements("cuDevicePrimaryCtxReset")
+def cu_device_primary_ctx_reset(d: Driver, call: Call, args: list[Any]) -> None:
+    (dev,) = args
+    with d.lock:
+        p = primary(d, dev)
+        d.contexts.release(p.handle)
+        p.retains, p.flags = 0, 0
+        if p.on_server:
+            d.post(call, [d.devices[dev].server_index])
+
+
+@implements("cuDevicePrimaryCtxGetState")
+def cu_device_primary_ctx_get_state(d: Driver, call: Call, args: list[Any]) -> None:
+    dev, flags, active = args
+    p = primary(d, dev)
+    out(call, "flags", flags, p.flags)
+    out(call, "active", active, int(p.retains > 0))
+
+
+@implements("cuDevicePrimaryCtxSetFlags")
+def cu_device_primary_ctx_set_flags(d: Driver, call: Call, args: list[Any]) -> None:
+    dev, flags = args
+    primary(d, dev).flags = flags
+
+
+# ---- contexts ----------------------------------------------------------------------------------
+@implements("cuCtxCreate")
+def cu_ctx_create(d: Driver, call: Call, args: list[Any]) -> None:
+    address, flags, dev = args[0], args[-2], args[-1]  # every variant ends with (flags, dev)
+    if not address:
+        raise CudaError(errors.INVALID_VALUE)
+    device = d.device(dev)
+    handle = d.new_handle()
+    d.ctxs[handle] = Context(dev, flags, ident=len(d.ctxs) + 1)
+    d.post(CALLS["cuCtxCreate_v2"], [handle, flags, device.server_index])
+    d.contexts.push(handle)
+    out(call, "pctx", address, handle)
+
+
+@implements("cuCtxDestroy")
+def cu_ctx_destroy(d: Driver, call: Call, args: list[Any]) -> None:
+    (handle,) = args
+    ctx = d.ctxs.get(handle)
+    if ctx is None or ctx.primary:
+        raise CudaError(errors.INVALID_CONTEXT, f"{handle:#x} is not a context made by cuCtxCreate")
+    d.contexts.release(handle)
+    if d.contexts.current() == handle:
+        d.contexts.pop()
+    del d.ctxs[handle]
+    d.post(call, [handle])
+
+
+@implements("cuCtxPushCurrent")
+def cu_ctx_push_current(d: Driver, call: Call, args: list[Any]) -> None:
+    (handle,) = args
+    d.context(handle)
+    d.contexts.push(handle)
+
+
+@implements("cuCtxPopCurrent")
+def cu_ctx_pop_current(d: Driver, call: Call, args: list[Any]) -> None:
+    (address,) = args
+    handle = d.current_ctx()
+    d.contexts.pop()
+    out(call, "pctx", address, handle)
+
+
+@implements("cuCtxGetCurrent")
+def cu_ctx_get_current(d: Driver, call: Call, args: list[Any]) -> None:
+    d.session()
+    out(call, "pctx", args[0], d.contexts.current())
+
+
+@implements("cuCtxSetCurrent")
+def cu_ctx_set_current(d: Driver, call: Call, args: list[Any]) -> None:
+    (handle,) = args
+    d.session()
+    if handle and handle not in d.ctxs:
+        raise CudaError(errors.INVALID_CONTEXT, f"{handle:#x} is not a context")
+    d.contexts.set_current(handle)
+
+
+@implements("cuCtxGetDevice")
+def cu_ctx_get_device(d: Driver, call: Call, args: list[Any]) -> None:
+    handle = args[1] if len(args) > 1 else 0
+    out(call, "device", args[0], d.context(handle).device)
+
+
+@implements("cuCtxGetFlags")
+def cu_ctx_get_flags(d: Driver, call: Call, args: list[Any]) -> None:
+    ctx = d.context(0)
+    flags = d.primaries[ctx.device].flags if ctx.primary else ctx.flags
+    out(call, "flags", args[0], flags)
+
+
+@implements("cuCtxSetFlags")
+def cu_ctx_set_flags(d: Driver, call: Call, args: list[Any]) -> None:
+    ctx: Context = d.context(0)
+    if ctx.primary:
+        d.primaries[ctx.device].flags = args[0]
+    else:
+        ctx.flags = args[0]
+
+
+@implements("cuCtxGetId")
+def cu_ctx_get_id(d: Driver, call: Call, args: list[Any]) -> None:
+    handle, address = args
+    out(call, "ctxId", address, d.context(handle).ident)
+
+
+@implements("cuCtxGetApiVersion")
+def cu_ctx_get_api_version(d: Driver, call: Call, args: list[Any]) -> None:
+    handle, address = args
+    d.context(handle)
+    out(call, "version", address, 3020)  # contexts made through the current (v2) API

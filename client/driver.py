@@ -1,0 +1,305 @@
+"""The driver API in Python: the state behind the shim's entry points, and the dispatcher.
+
+Each exported symbol gets a handler built from its call-table entry:
+- a hand-written implementation registered with `@implements(family)` (local answers,
+  client-made handles, lazily uploaded modules, packed launches), or else
+- the generic path: arguments packed by the table and sent (sync: wait and write outputs
+  back; async/shadow: queue), or else
+- CUDA_ERROR_NOT_SUPPORTED, with the symbol named in the log once.
+
+Implementations live in devices.py, memory.py, modules.py and streams.py; each takes
+(driver, call, args) with args decoded from the shim's slots, and returns a CUresult or None.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from xpuremote.protocol import errors
+from xpuremote.protocol.calls import CALLS, SYMBOLS, Call
+from xpuremote.protocol.errors import CudaError
+
+from . import marshal
+from .connection import Connection
+
+log = logging.getLogger("xpuremote.client")
+
+Impl = Callable[["Driver", Call, list[Any]], "int | None"]
+IMPLEMENTATIONS: dict[str, Impl] = {}
+CLIENT_HANDLE_BASE = 0x7C00_0000_0000
+DEFAULT_SERVER = "tcp://127.0.0.1:17000"
+
+
+def implements(*families: str) -> Callable[[Impl], Impl]:
+    def register(fn: Impl) -> Impl:
+        for family in families:
+            if family in IMPLEMENTATIONS:
+                raise ValueError(f"{family} is implemented twice")
+            IMPLEMENTATIONS[family] = fn
+        return fn
+
+    return register
+
+
+class ContextStack:
+    """Per-thread current-context stack, for use without the shim (which keeps it in C)."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+
+    def _stack(self) -> list[int]:
+        if not hasattr(self.local, "stack"):
+            self.local.stack = []
+        return self.local.stack
+
+    def current(self) -> int:
+        stack = self._stack()
+        return stack[-1] if stack else 0
+
+    def set_current(self, ctx: int) -> None:
+        stack = self._stack()
+        if stack:
+            stack[-1] = ctx
+        elif ctx:
+            stack.append(ctx)
+
+    def push(self, ctx: int) -> None:
+        self._stack().append(ctx)
+
+    def pop(self) -> int:
+        stack = self._stack()
+        return stack.pop() if stack else 0
+
+    def release(self, ctx: int) -> None:
+        """Run context-local-storage destructors: only the shim has any."""
+
+
+@dataclass
+class Device:
+    server_index: int
+    name: str
+    uuid: bytes
+    total_mem: int
+    attributes: dict[int, int]
+    pci: tuple[int, int, int]
+    sm: int
+
+
+@dataclass
+class Context:
+    device: int  # client ordinal
+    flags: int = 0
+    primary: bool = False
+    ident: int = 0
+
+
+@dataclass
+class Primary:
+    handle: int
+    retains: int = 0
+    flags: int = 0
+    on_server: bool = False
+
+
+@dataclass
+class Driver:
+    contexts: ContextStack = field(default_factory=ContextStack)
+    conn: Connection | None = None
+    devices: list[Device] = field(default_factory=list)
+    driver_version: int = 0
+    ctxs: dict[int, Context] = field(default_factory=dict)
+    primaries: list[Primary] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)  # per-domain state of the other modules
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    _ids: itertools.count = field(default_factory=lambda: itertools.count(CLIENT_HANDLE_BASE, 16))
+    _said: set[str] = field(default_factory=set)
+
+    # ---- connection -----------------------------------------------------------------------
+    def server(self) -> str:
+        return os.environ.get("XPU_SERVER", DEFAULT_SERVER)
+
+    def connect(self) -> Connection:
+        """The session with the server, made on first need (cuInit, cuDriverGetVersion)."""
+        with self.lock:
+            if self.conn is not None and self.conn.pid != os.getpid():
+                # a forked child: CUDA state does not survive fork(); never touch the parent's socket
+                raise CudaError(errors.NOT_INITIALIZED, "CUDA was initialised before fork(); "
+                                "a child process cannot use its parent's GPU session")
+            if self.conn is None:
+                timeout = float(os.environ.get("XPU_CONNECT_TIMEOUT_S", "10"))
+                batch_us = float(os.environ.get("XPU_BATCH_US", "50"))
+                conn = Connection(self.server(), timeout, batch_us)
+                self._adopt(conn)
+            return self.conn
+
+    def _adopt(self, conn: Connection) -> None:
+        inv = conn.inventory
+        servers = [Device(i, d["name"], bytes(d["uuid"]), d["total_mem"], dict(d["attributes"]),
+                          tuple(d["pci"]), d["sm"]) for i, d in enumerate(inv["devices"])]
+        self.devices = visible_devices(servers, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        self.driver_version = inv["driver_version"]
+        self.primaries = [Primary(self.new_handle()) for _ in self.devices]
+        for i, p in enumerate(self.primaries):
+            self.ctxs[p.handle] = Context(i, primary=True, ident=i + 1)
+        self.conn = conn
+        log.info("connected to %s (%s backend, driver %d, %d devices)", conn.address, inv.get("backend"),
+                 self.driver_version, len(self.devices))
+
+    def session(self) -> Connection:
+        """The connection, for calls that need an initialised driver."""
+        if self.conn is None:
+            raise CudaError(errors.NOT_INITIALIZED, "cuInit has not been called")
+        if self.conn.pid != os.getpid():
+            return self.connect()  # raises the fork error
+        return self.conn
+
+    def new_handle(self) -> int:
+        return next(self._ids)
+
+    # ---- devices and contexts ---------------------------------------------------------------
+    def device(self, ordinal: int) -> Device:
+        self.session()
+        if not 0 <= ordinal < len(self.devices):
+            raise CudaError(errors.INVALID_DEVICE, f"device {ordinal} (there are {len(self.devices)})")
+        return self.devices[ordinal]
+
+    def current_ctx(self, required: bool = True) -> int:
+        ctx = self.contexts.current()
+        if required and not ctx:
+            raise CudaError(errors.INVALID_CONTEXT, "no current context")
+        return ctx
+
+    def context(self, handle: int) -> Context:
+        ctx = self.ctxs.get(handle or self.current_ctx())
+        if ctx is None:
+            raise CudaError(errors.INVALID_CONTEXT, f"{handle:#x} is not a context")
+        return ctx
+
+    def ensure_primary(self, dev: int) -> Primary:
+        """Make the primary context of `dev` exist on the server (without retaining it for the app)."""
+        p = self.primaries[dev]
+        if not p.on_server:
+            with self.lock:
+                if not p.on_server:
+                    retain = CALLS["cuDevicePrimaryCtxRetain"]
+                    self.session().post(retain, [p.handle, self.devices[dev].server_index], None)
+                    p.on_server = True
+        return p
+
+    def wire_ctx(self) -> int | None:
+        """The calling thread's context, as the server must see it before this thread's calls."""
+        ctx = self.contexts.current()
+        if not ctx:
+            return None
+        info = self.ctxs.get(ctx)
+        if info is not None and info.primary:
+            self.ensure_primary(info.device)
+        return ctx
+
+    # ---- talking to the server ----------------------------------------------------------------
+    def call(self, call: Call, wire_args: list[Any]) -> list[Any]:
+        """A synchronous call: its outputs, or CudaError (its own, or a deferred async one)."""
+        status, outs, deferred = self.session().call(call, wire_args, self.wire_ctx())
+        for symbol, code, detail in deferred:
+            log.warning("an earlier %s failed: %s (%s)", symbol, errors.name(code), detail)
+        if status:
+            raise CudaError(status, f"{call.symbol} on the server")
+        if deferred:
+            raise CudaError(deferred[0][1], f"earlier {deferred[0][0]}: {deferred[0][2]}")
+        return outs
+
+    def post(self, call: Call, wire_args: list[Any], size: int = 0) -> None:
+        self.session().post(call, wire_args, self.wire_ctx(), size)
+
+    def forward(self, call: Call, args: list[Any]) -> None:
+        """The generic path: pack by the table, send, write outputs back."""
+        wire_args, size = marshal.pack(call, self.translate(call, args), self.new_handle, call.cls != "sync")
+        if call.cls == "sync":
+            marshal.unpack(call, args, self.call(call, wire_args))
+        else:
+            self.post(call, wire_args, size)
+
+    def translate(self, call: Call, args: list[Any]) -> list[Any]:
+        """Client view -> server view: device ordinals, per-thread default streams, lazy objects."""
+        out = list(args)
+        for i, p in enumerate(call.params):
+            if p.ctype == "CUdevice":
+                out[i] = self.device(out[i]).server_index
+            elif p.ctype == "CUstream" and call.per_thread and not out[i]:
+                out[i] = 2  # CU_STREAM_PER_THREAD
+            elif p.ctype in ENSURE and out[i]:
+                ENSURE[p.ctype](self, out[i])
+        return out
+
+    def say_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            log.warning(message, *args)
+
+
+# Hooks that make a lazily created object exist on the server before a call uses it.
+ENSURE: dict[str, Callable[[Driver, int], None]] = {}
+
+
+def visible_devices(servers: list[Device], spec: str | None) -> list[Device]:
+    """CUDA_VISIBLE_DEVICES semantics over the server's devices: a list of indices or UUID
+    prefixes; the list stops at the first entry that matches nothing."""
+    if spec is None:
+        return servers
+    chosen: list[Device] = []
+    for item in (s.strip() for s in spec.split(",")):
+        match = None
+        if item.lstrip("-").isdigit():
+            index = int(item)
+            match = servers[index] if 0 <= index < len(servers) else None
+        elif item.upper().startswith("GPU-"):
+            prefix = item[4:].replace("-", "").lower()
+            hits = [d for d in servers if d.uuid.hex().startswith(prefix)]
+            match = hits[0] if len(hits) == 1 else None
+        if match is None or match in chosen:
+            break
+        chosen.append(match)
+    return chosen
+
+
+DRIVER = Driver()
+
+
+def handler(call: Call) -> Callable[[Any], int]:
+    """The function the shim calls for `call`, given the argument slots."""
+    decode = marshal.slot_decoder(call)
+    impl = IMPLEMENTATIONS.get(call.symbol) or IMPLEMENTATIONS.get(call.family)
+    if impl is None and call.cls in ("sync", "async", "shadow"):
+        def impl(d: Driver, c: Call, args: list[Any]) -> None:
+            d.forward(c, args)
+    if impl is None:
+        def unsupported(slots: Any) -> int:
+            DRIVER.say_once(call.symbol, "%s is not supported by xpuremote yet (returning "
+                            "CUDA_ERROR_NOT_SUPPORTED)", call.symbol)
+            return errors.NOT_SUPPORTED
+        return unsupported
+
+    def run(slots: Any) -> int:
+        try:
+            return impl(DRIVER, call, decode(slots)) or 0
+        except CudaError as exc:
+            log.debug("%s -> %s", call.symbol, exc)
+            return exc.code
+        except Exception:
+            log.exception("internal error in %s", call.symbol)
+            return errors.UNKNOWN
+
+    return run
+
+
+def handlers() -> list[Callable[[Any], int]]:
+    """One handler per shim op number (the sorted exported symbols)."""
+    from . import devices, memory, modules, streams  # noqa: F401  (they register implementations)
+
+    return [handler(CALLS[s]) for s in SYMBOLS]

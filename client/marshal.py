@@ -1,0 +1,146 @@
+"""Between C and the wire: decode the shim's argument slots, pack a call's arguments by its
+table entry, and write a reply's outputs back into the application's memory."""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import cffi
+
+from xpuremote.protocol import errors, wire
+from xpuremote.protocol.calls import Call, Param
+from xpuremote.protocol.errors import CudaError
+
+ffi = cffi.FFI()
+SIGN = 1 << 63
+WRAP = 1 << 64
+
+
+def _signed(v: int) -> int:
+    return v - WRAP if v & SIGN else v
+
+
+def _float(v: int) -> float:
+    return struct.unpack("<f", (v & 0xFFFFFFFF).to_bytes(4, "little"))[0]
+
+
+def _double(v: int) -> float:
+    return struct.unpack("<d", v.to_bytes(8, "little"))[0]
+
+
+def slot_decoder(call: Call) -> Callable[[Any], list[Any]]:
+    """A function turning the shim's uint64_t slots into Python values for this call."""
+    convs: list[Callable[[int], Any] | None] = []
+    for p in call.params:
+        if p.kind == "float":
+            convs.append(_float if p.size == 4 else _double)
+        elif p.kind == "int" and p.signed:
+            convs.append(_signed)
+        else:
+            convs.append(None)  # unsigned, handles and pointers are the raw value
+    n = len(convs)
+    if not any(convs):
+        return lambda slots: [slots[i] for i in range(n)]
+    return lambda slots: [c(slots[i]) if c else slots[i] for i, c in enumerate(convs)]
+
+
+# ---- application memory --------------------------------------------------------------------
+def read(address: int, size: int) -> bytes:
+    return ffi.buffer(ffi.cast("char *", address), size)[:] if size else b""
+
+
+def view(address: int, size: int) -> Any:
+    """The application's bytes without a copy: only for calls that finish before returning."""
+    return ffi.buffer(ffi.cast("char *", address), size)
+
+
+def write(address: int, data: Any) -> None:
+    if data:
+        ffi.memmove(ffi.cast("char *", address), data, len(data))
+
+
+def read_string(address: int) -> str:
+    return ffi.string(ffi.cast("char *", address)).decode("utf-8", "replace")
+
+
+def write_string(address: int, text: str, capacity: int) -> None:
+    data = text.encode()[: max(capacity - 1, 0)] + b"\0"
+    write(address, data)
+
+
+def put(p: Param, address: int, value: Any) -> None:
+    """Store one value through pointer parameter `p`, at the pointee's width."""
+    if not address:
+        return
+    if p.pointee == "float":
+        write(address, struct.pack("<f" if p.pointee_size == 4 else "<d", value))
+    else:
+        size = p.pointee_size if p.pointee in ("int", "struct") else 8
+        write(address, (int(value) % (1 << (8 * size))).to_bytes(size, "little"))
+
+
+def put_u64(address: int, value: int) -> None:
+    """Store a handle or pointer (always 64 bits)."""
+    if not address:
+        raise CudaError(errors.INVALID_VALUE, "NULL output pointer")
+    write(address, value.to_bytes(8, "little"))
+
+
+def get(p: Param, address: int) -> int:
+    size = p.pointee_size if p.pointee in ("int",) else 8
+    return int.from_bytes(read(address, size), "little", signed=p.signed and p.pointee == "int")
+
+
+# ---- generic marshalling ---------------------------------------------------------------------
+def byte_count(p: Param, values: dict[str, Any]) -> int:
+    if p.count is None:
+        return p.pointee_size
+    if p.count.isdigit():
+        return int(p.count)
+    total = 1
+    for name in re.split(r"\s*\*\s*", p.count):
+        total *= int(values[name])
+    return total
+
+
+def pack(call: Call, args: list[Any], new_handle: Callable[[], int], snapshot: bool) -> tuple[list[Any], int]:
+    """Wire arguments for `call`; (args, bytes carried). Shadow outputs get a fresh client handle,
+    written to the application at once. `snapshot` copies input buffers (async calls), otherwise
+    they are sent straight from the application's memory."""
+    values = {p.name: a for p, a in zip(call.params, args)}
+    out: list[Any] = []
+    carried = 0
+    for p, a in zip(call.params, args):
+        if p.kind != "ptr":
+            out.append(a)
+        elif p.direction == "in":
+            if not a:
+                out.append(None)
+            elif p.is_string:
+                out.append(read_string(a))
+            else:
+                n = byte_count(p, values)
+                carried += n
+                out.append(read(a, n) if snapshot or n <= wire.INLINE_MAX else view(a, n))
+        elif p.pointee == "handle" and call.cls == "shadow":
+            if not a:
+                raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {p.name} is NULL")
+            handle = new_handle()
+            put(p, a, handle)
+            out.append(handle)
+        elif p.count == "*":
+            out.append(1 if a else None)
+        else:
+            out.append(byte_count(p, values) if a else None)
+    return out, carried
+
+
+def unpack(call: Call, args: list[Any], outs: list[Any]) -> None:
+    """Write the reply's outputs through the application's output pointers."""
+    targets = [a for p, a in zip(call.params, args) if p.direction != "in"]
+    for p, address, data in zip(call.outputs, targets, outs):
+        if address and isinstance(data, (bytes, memoryview)):
+            write(address, data)

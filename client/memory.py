@@ -1,0 +1,310 @@
+"""Memory: device allocations mapped client-side (for pointer attributes and unified copies),
+pinned host memory as plain client memory, and the copies that need splitting by direction."""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import cffi
+
+from xpuremote.protocol import errors
+from xpuremote.protocol.calls import CALLS, Call
+from xpuremote.protocol.cuda_api import ENUMS
+from xpuremote.protocol.errors import CudaError
+
+from . import marshal
+from .driver import Driver, implements
+
+_libc_ffi = cffi.FFI()
+_libc_ffi.cdef("int posix_memalign(void **memptr, size_t alignment, size_t size); void free(void *ptr);")
+libc = _libc_ffi.dlopen(None)
+
+HOST, DEVICE = ENUMS["CU_MEMORYTYPE_HOST"], ENUMS["CU_MEMORYTYPE_DEVICE"]
+ARRAY, UNIFIED = ENUMS["CU_MEMORYTYPE_ARRAY"], ENUMS["CU_MEMORYTYPE_UNIFIED"]
+
+
+@dataclass
+class Range:
+    base: int
+    size: int
+    ctx: int
+    device: int
+    flags: int = 0
+    ident: int = 0
+    owned: bool = False  # host memory we allocated (vs registered)
+
+
+@dataclass
+class RangeMap:
+    """Non-overlapping address ranges, looked up by any address inside them."""
+
+    bases: list[int] = field(default_factory=list)
+    ranges: dict[int, Range] = field(default_factory=dict)
+
+    def add(self, r: Range) -> None:
+        bisect.insort(self.bases, r.base)
+        self.ranges[r.base] = r
+
+    def remove(self, base: int) -> Range | None:
+        r = self.ranges.pop(base, None)
+        if r is not None:
+            self.bases.remove(base)
+        return r
+
+    def find(self, address: int) -> Range | None:
+        i = bisect.bisect_right(self.bases, address) - 1
+        if i >= 0:
+            r = self.ranges[self.bases[i]]
+            if address < r.base + max(r.size, 1):
+                return r
+        return None
+
+
+def maps(d: Driver) -> tuple[RangeMap, RangeMap]:
+    """(device allocations, host allocations and registrations) of this driver."""
+    if "memory" not in d.state:
+        d.state["memory"] = (RangeMap(), RangeMap())
+    return d.state["memory"]
+
+
+def record_device(d: Driver, base: int, size: int) -> None:
+    ctx = d.current_ctx()
+    maps(d)[0].add(Range(base, size, ctx, d.ctxs[ctx].device, ident=d.new_handle()))
+
+
+# ---- allocation -----------------------------------------------------------------------------
+@implements("cuMemAlloc")
+def cu_mem_alloc(d: Driver, call: Call, args: list[Any]) -> None:
+    address, size = args
+    if not address:
+        raise CudaError(errors.INVALID_VALUE)
+    d.current_ctx()
+    if size == 0:
+        raise CudaError(errors.INVALID_VALUE, "cuMemAlloc of 0 bytes")
+    d.forward(call, args)
+    record_device(d, marshal.get(call.params[0], address), size)
+
+
+@implements("cuMemAllocPitch")
+def cu_mem_alloc_pitch(d: Driver, call: Call, args: list[Any]) -> None:
+    address, pitch_address, _width, height, _element = args
+    d.current_ctx()
+    d.forward(call, args)
+    pitch = marshal.get(call.params[1], pitch_address)
+    record_device(d, marshal.get(call.params[0], address), pitch * height)
+
+
+@implements("cuMemFree")
+def cu_mem_free(d: Driver, call: Call, args: list[Any]) -> None:
+    (base,) = args
+    if base == 0:
+        return
+    if maps(d)[0].remove(base) is None:
+        raise CudaError(errors.INVALID_VALUE, f"{base:#x} is not a device allocation")
+    d.post(call, [base])
+
+
+@implements("cuMemGetAddressRange")
+def cu_mem_get_address_range(d: Driver, call: Call, args: list[Any]) -> None:
+    pbase, psize, address = args
+    r = maps(d)[0].find(address)
+    if r is None:
+        raise CudaError(errors.NOT_FOUND, f"{address:#x} is not inside a device allocation")
+    marshal.put(call.params[0], pbase, r.base)
+    marshal.put(call.params[1], psize, r.size)
+
+
+# ---- host memory: plain client memory, tracked as ranges ------------------------------------------
+def host_alloc(d: Driver, call: Call, address: int, size: int, flags: int) -> None:
+    if not address:
+        raise CudaError(errors.INVALID_VALUE)
+    holder = _libc_ffi.new("void **")
+    if libc.posix_memalign(holder, 4096, max(size, 1)) != 0:
+        raise CudaError(errors.OUT_OF_MEMORY, f"pinned host allocation of {size} bytes")
+    base = int(_libc_ffi.cast("uintptr_t", holder[0]))
+    ctx = d.contexts.current()
+    maps(d)[1].add(Range(base, size, ctx, d.ctxs[ctx].device if ctx else 0, flags, d.new_handle(), owned=True))
+    marshal.put(call.params[0], address, base)
+
+
+@implements("cuMemAllocHost")
+def cu_mem_alloc_host(d: Driver, call: Call, args: list[Any]) -> None:
+    d.session()
+    host_alloc(d, call, args[0], args[1], 0)
+
+
+@implements("cuMemHostAlloc")
+def cu_mem_host_alloc(d: Driver, call: Call, args: list[Any]) -> None:
+    d.session()
+    host_alloc(d, call, *args)
+
+
+@implements("cuMemFreeHost")
+def cu_mem_free_host(d: Driver, call: Call, args: list[Any]) -> None:
+    (base,) = args
+    r = maps(d)[1].ranges.get(base)
+    if r is None or not r.owned:
+        raise CudaError(errors.INVALID_VALUE, f"{base:#x} was not allocated by cuMemHostAlloc")
+    maps(d)[1].remove(base)
+    libc.free(_libc_ffi.cast("void *", base))
+
+
+@implements("cuMemHostRegister")
+def cu_mem_host_register(d: Driver, call: Call, args: list[Any]) -> None:
+    base, size, flags = args
+    d.session()
+    if not base or not size:
+        raise CudaError(errors.INVALID_VALUE)
+    hosts = maps(d)[1]
+    if hosts.find(base) or hosts.find(base + size - 1):
+        raise CudaError(ENUMS["CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED"], f"{base:#x} is already registered")
+    ctx = d.contexts.current()
+    hosts.add(Range(base, size, ctx, d.ctxs[ctx].device if ctx else 0, flags, d.new_handle()))
+
+
+@implements("cuMemHostUnregister")
+def cu_mem_host_unregister(d: Driver, call: Call, args: list[Any]) -> None:
+    (base,) = args
+    r = maps(d)[1].ranges.get(base)
+    if r is None or r.owned:
+        raise CudaError(ENUMS["CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"], f"{base:#x} is not registered")
+    maps(d)[1].remove(base)
+
+
+@implements("cuMemHostGetFlags")
+def cu_mem_host_get_flags(d: Driver, call: Call, args: list[Any]) -> None:
+    address, base = args
+    r = maps(d)[1].find(base)
+    if r is None:
+        raise CudaError(errors.INVALID_VALUE, f"{base:#x} is not pinned host memory")
+    marshal.put(call.params[0], address, r.flags)
+
+
+@implements("cuMemHostGetDevicePointer")
+def cu_mem_host_get_device_pointer(d: Driver, call: Call, args: list[Any]) -> None:
+    d.say_once("mapped", "mapped pinned memory (cuMemHostGetDevicePointer) cannot be reached by a remote GPU")
+    raise CudaError(errors.NOT_SUPPORTED, "host memory cannot be mapped into a remote device")
+
+
+# ---- pointer attributes, from the two maps --------------------------------------------------------
+ATTRIBUTE_SIZES = {"CONTEXT": 8, "MEMORY_TYPE": 4, "DEVICE_POINTER": 8, "HOST_POINTER": 8, "P2P_TOKENS": 16,
+                   "SYNC_MEMOPS": 4, "BUFFER_ID": 8, "IS_MANAGED": 4, "DEVICE_ORDINAL": 4,
+                   "IS_LEGACY_CUDA_IPC_CAPABLE": 4, "RANGE_START_ADDR": 8, "RANGE_SIZE": 8, "MAPPED": 4,
+                   "ALLOWED_HANDLE_TYPES": 8, "IS_GPU_DIRECT_RDMA_CAPABLE": 4, "ACCESS_FLAGS": 4,
+                   "MEMPOOL_HANDLE": 8, "MAPPING_SIZE": 8, "MAPPING_BASE_ADDR": 8, "MEMORY_BLOCK_ID": 8,
+                   "IS_HW_DECOMPRESS_CAPABLE": 4}
+ATTRIBUTES = {ENUMS[f"CU_POINTER_ATTRIBUTE_{k}"]: (k, n) for k, n in ATTRIBUTE_SIZES.items()
+              if f"CU_POINTER_ATTRIBUTE_{k}" in ENUMS}
+
+
+def pointer_attribute(d: Driver, attribute: int, address: int) -> tuple[int, int] | None:
+    """(value, size in bytes) of one attribute, or None for memory CUDA does not know."""
+    name, size = ATTRIBUTES.get(attribute, (None, 0))
+    if name is None:
+        raise CudaError(errors.INVALID_VALUE, f"pointer attribute {attribute}")
+    devices, hosts = maps(d)
+    r, kind = devices.find(address), DEVICE
+    if r is None:
+        r, kind = hosts.find(address), HOST
+    if r is None:
+        return None
+    values = {"CONTEXT": r.ctx, "MEMORY_TYPE": kind, "DEVICE_POINTER": address if kind == DEVICE else 0,
+              "HOST_POINTER": address if kind == HOST else 0, "SYNC_MEMOPS": 1, "BUFFER_ID": r.ident,
+              "DEVICE_ORDINAL": r.device, "RANGE_START_ADDR": r.base, "RANGE_SIZE": r.size, "MAPPED": 1,
+              "ACCESS_FLAGS": 3 if kind == DEVICE else 1, "MAPPING_SIZE": r.size, "MAPPING_BASE_ADDR": r.base,
+              "MEMORY_BLOCK_ID": r.ident}
+    return values.get(name, 0), size
+
+
+@implements("cuPointerGetAttribute")
+def cu_pointer_get_attribute(d: Driver, call: Call, args: list[Any]) -> None:
+    data, attribute, address = args
+    d.session()
+    found = pointer_attribute(d, attribute, address)
+    if found is None:
+        raise CudaError(errors.INVALID_VALUE, f"{address:#x} is not memory CUDA knows")
+    value, size = found
+    marshal.write(data, value.to_bytes(size, "little"))
+
+
+@implements("cuPointerGetAttributes")
+def cu_pointer_get_attributes(d: Driver, call: Call, args: list[Any]) -> None:
+    count, attributes, data, address = args
+    d.session()
+    kinds = struct.unpack(f"<{count}i", marshal.read(attributes, 4 * count))
+    slots = struct.unpack(f"<{count}Q", marshal.read(data, 8 * count))
+    for attribute, slot in zip(kinds, slots):
+        found = pointer_attribute(d, attribute, address)
+        size = ATTRIBUTES[attribute][1]
+        if slot:  # memory CUDA does not know reads as zeros here, as the driver does
+            marshal.write(slot, (found[0] if found else 0).to_bytes(size, "little"))
+
+
+# ---- copies whose direction depends on where the pointers point ------------------------------------
+def is_device(d: Driver, address: int) -> bool:
+    return maps(d)[0].find(address) is not None
+
+
+def copy(d: Driver, dst: int, src: int, size: int, stream: int | None) -> None:
+    """A unified-addressing copy, split by direction."""
+    if size == 0:
+        return
+    dst_dev, src_dev = is_device(d, dst), is_device(d, src)
+    suffix = "" if stream is None else "Async"
+    tail = [] if stream is None else [stream]
+    if dst_dev and src_dev:
+        d.forward(CALLS[f"cuMemcpyDtoD{suffix}_v2"], [dst, src, size, *tail])
+    elif dst_dev:
+        d.forward(CALLS[f"cuMemcpyHtoD{suffix}_v2"], [dst, src, size, *tail])
+    elif src_dev:
+        d.forward(CALLS[f"cuMemcpyDtoH{suffix}_v2"], [dst, src, size, *tail])
+    else:
+        marshal.ffi.memmove(marshal.ffi.cast("char *", dst), marshal.ffi.cast("char *", src), size)
+
+
+@implements("cuMemcpy")
+def cu_memcpy(d: Driver, call: Call, args: list[Any]) -> None:
+    dst, src, size = args
+    copy(d, dst, src, size, None)
+
+
+@implements("cuMemcpyAsync")
+def cu_memcpy_async(d: Driver, call: Call, args: list[Any]) -> None:
+    dst, src, size, stream = args
+    copy(d, dst, src, size, 2 if call.per_thread and not stream else stream)
+
+
+# CUDA_MEMCPY2D: per side {size_t x, y; CUmemorytype type; host ptr; CUdeviceptr; CUarray; size_t pitch}
+MEMCPY2D = struct.Struct("<QQI4xQQQQ QQI4xQQQQ QQ")
+
+
+@implements("cuMemcpy2D", "cuMemcpy2DUnaligned", "cuMemcpy2DAsync")
+def cu_memcpy_2d(d: Driver, call: Call, args: list[Any]) -> None:
+    stream = args[1] if len(args) > 1 else 0
+    if call.per_thread and not stream:
+        stream = 2
+    (sx, sy, stype, shost, sdev, sarr, spitch,
+     dx, dy, dtype, dhost, ddev, darr, dpitch, width, height) = MEMCPY2D.unpack(marshal.read(args[0], MEMCPY2D.size))
+    if ARRAY in (stype, dtype):
+        raise CudaError(errors.NOT_SUPPORTED, "CUDA arrays are not supported yet")
+    src_host = stype == HOST or (stype == UNIFIED and not is_device(d, shost))
+    dst_host = dtype == HOST or (dtype == UNIFIED and not is_device(d, dhost))
+    src = (shost if src_host else (sdev if stype == DEVICE else shost)) + sy * spitch + sx
+    dst = (dhost if dst_host else (ddev if dtype == DEVICE else dhost)) + dy * dpitch + dx
+    if src_host and dst_host:
+        for row in range(height):
+            marshal.write(dst + row * dpitch, marshal.read(src + row * spitch, width))
+    elif src_host:
+        rows = b"".join(marshal.read(src + r * spitch, width) for r in range(height))
+        d.post(CALLS["xpuMemcpy2DFromHost"], [dst, dpitch, rows, width, height, stream], len(rows))
+        if call.family != "cuMemcpy2DAsync":
+            d.call(CALLS["cuStreamSynchronize"], [stream])
+    elif dst_host:
+        (rows,) = d.call(CALLS["xpuMemcpy2DToHost"], [width * height, src, spitch, width, height, stream])
+        for r in range(height):
+            marshal.write(dst + r * dpitch, rows[r * width : (r + 1) * width])
+    else:
+        d.post(CALLS["xpuMemcpy2DDevice"], [dst, dpitch, src, spitch, width, height, stream])

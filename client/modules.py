@@ -1,0 +1,348 @@
+"""Modules, libraries, kernels and launches.
+
+Images are read when the application hands them over but uploaded only when a kernel or a
+global is first needed, and then only the entry the server's GPU runs, keyed by its content
+hash. Kernel names and parameter layouts come from the image itself, so lookups and
+launches never wait for the server; the server is asked only for images it must JIT.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+from xpuremote.protocol import errors, fatbin
+from xpuremote.protocol.calls import CALLS, Call
+from xpuremote.protocol.errors import CudaError
+
+from . import marshal
+from .devices import c_string
+from .driver import ENSURE, Driver, implements
+
+log = logging.getLogger("xpuremote.client")
+
+
+@dataclass
+class Module:
+    handle: int
+    image_address: int  # the application's image, valid until unload (BINARY_IS_PRESERVED)
+    image: bytes | None = None  # read on first need
+    entry: fatbin.Entry | None = None
+    kernels: dict[str, fatbin.Kernel] | None = None
+    on_server: bool = False
+    functions: dict[str, int] = field(default_factory=dict)  # name -> function handle
+
+
+@dataclass
+class Function:
+    handle: int
+    module: Module
+    kernel: fatbin.Kernel
+    on_server: bool = False
+
+
+def registry(d: Driver) -> tuple[dict[int, Module], dict[int, Module], dict[int, Function]]:
+    """(modules, libraries, functions-and-kernels) by handle."""
+    if "modules" not in d.state:
+        d.state["modules"] = ({}, {}, {})
+    return d.state["modules"]
+
+
+def device_sm(d: Driver) -> int:
+    """The compute capability of the current context's device (libraries load before any)."""
+    ctx = d.contexts.current()
+    return d.devices[d.context(ctx).device if ctx else 0].sm
+
+
+def parse(d: Driver, module: Module) -> None:
+    """Pick the entry the server's GPU runs and read its kernels (once)."""
+    if module.kernels is not None:
+        return
+    if module.image is None:
+        module.image = fatbin.image_from_pointer(module.image_address)
+    sm = device_sm(d)
+    entry = fatbin.select(module.image, sm)
+    if entry is None:
+        have = ", ".join(f"{e.kind} sm_{e.sm}" for e in fatbin.entries(module.image)) or "nothing"
+        log.error("module has no code for the server's GPU (sm_%d); it has %s: rebuild with "
+                  "-gencode arch=compute_%d,code=sm_%d", sm, have, sm, sm)
+        raise CudaError(errors.NO_BINARY_FOR_GPU, f"no entry for sm_{sm} (has {have})")
+    module.entry = entry
+    if entry.kind == "elf":
+        module.kernels = fatbin.kernels(entry.data)
+    else:
+        module.kernels = fatbin.ptx_kernels(entry.data.rstrip(b"\0").decode())
+
+
+def upload(d: Driver, module: Module) -> None:
+    if module.on_server:
+        return
+    parse(d, module)
+    data = module.entry.data
+    key = hashlib.sha256(data).digest()
+    d.post(CALLS["xpuModuleLoad"], [module.handle, key, data, len(data)], len(data))
+    module.on_server = True
+
+
+def ensure_function(d: Driver, handle: int) -> Function:
+    fn = registry(d)[2].get(handle)
+    if fn is None:
+        raise CudaError(errors.INVALID_HANDLE, f"{handle:#x} is not a function or kernel")
+    if not fn.on_server:
+        upload(d, fn.module)
+        d.post(CALLS["xpuModuleGetFunction"], [fn.handle, fn.module.handle, fn.kernel.name])
+        fn.on_server = True
+    return fn
+
+
+def ensure_module(d: Driver, handle: int) -> Module:
+    modules, libraries, _ = registry(d)
+    module = modules.get(handle) or libraries.get(handle)
+    if module is None:
+        raise CudaError(errors.INVALID_HANDLE, f"{handle:#x} is not a module")
+    upload(d, module)
+    return module
+
+
+ENSURE.update({
+    "CUfunction": lambda d, h: ensure_function(d, h),
+    "CUkernel": lambda d, h: ensure_function(d, h),
+    "CUmodule": lambda d, h: ensure_module(d, h),
+})
+
+
+def get_function(d: Driver, module: Module, name: str) -> int:
+    parse(d, module)
+    if name not in module.kernels:
+        raise CudaError(errors.NOT_FOUND, f"no kernel {name!r} in the module")
+    handle = module.functions.get(name)
+    if handle is None:
+        handle = module.functions[name] = d.new_handle()
+        registry(d)[2][handle] = Function(handle, module, module.kernels[name])
+    return handle
+
+
+# ---- loading ----------------------------------------------------------------------------------
+def load(d: Driver, address: int, image_address: int, *, library: bool = False, image: bytes | None = None) -> None:
+    d.current_ctx() if not library else d.session()
+    if not address or not (image_address or image):
+        raise CudaError(errors.INVALID_VALUE)
+    module = Module(d.new_handle(), image_address, image)
+    if not library:
+        parse(d, module)  # cuModuleLoad* report a bad image at once
+    registry(d)[1 if library else 0][module.handle] = module
+    marshal.put_u64(address, module.handle)
+
+
+def read_file(path_address: int) -> bytes:
+    path = marshal.read_string(path_address)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise CudaError(errors.CODES["CUDA_ERROR_FILE_NOT_FOUND"], f"{path}: {exc.strerror}") from None
+
+
+@implements("cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary")
+def cu_module_load_data(d: Driver, call: Call, args: list[Any]) -> None:
+    load(d, args[0], args[1])
+
+
+@implements("cuModuleLoad")
+def cu_module_load(d: Driver, call: Call, args: list[Any]) -> None:
+    load(d, args[0], 0, image=read_file(args[1]))
+
+
+@implements("cuLibraryLoadData")
+def cu_library_load_data(d: Driver, call: Call, args: list[Any]) -> None:
+    load(d, args[0], args[1], library=True)
+
+
+@implements("cuLibraryLoadFromFile")
+def cu_library_load_from_file(d: Driver, call: Call, args: list[Any]) -> None:
+    load(d, args[0], 0, library=True, image=read_file(args[1]))
+
+
+def unload(d: Driver, table: dict[int, Module], handle: int) -> None:
+    module = table.pop(handle, None)
+    if module is None:
+        raise CudaError(errors.INVALID_HANDLE, f"{handle:#x} is not loaded")
+    for fh in module.functions.values():
+        registry(d)[2].pop(fh, None)
+    if module.on_server:
+        d.post(CALLS["cuModuleUnload"], [handle])
+
+
+@implements("cuModuleUnload")
+def cu_module_unload(d: Driver, call: Call, args: list[Any]) -> None:
+    unload(d, registry(d)[0], args[0])
+
+
+@implements("cuLibraryUnload")
+def cu_library_unload(d: Driver, call: Call, args: list[Any]) -> None:
+    unload(d, registry(d)[1], args[0])
+
+
+# ---- lookups --------------------------------------------------------------------------------
+def module_of(d: Driver, handle: int, libraries: bool) -> Module:
+    module = registry(d)[1 if libraries else 0].get(handle)
+    if module is None:
+        raise CudaError(errors.INVALID_HANDLE, f"{handle:#x} is not a {'library' if libraries else 'module'}")
+    return module
+
+
+@implements("cuModuleGetFunction")
+def cu_module_get_function(d: Driver, call: Call, args: list[Any]) -> None:
+    address, handle, name = args
+    marshal.put_u64(address, get_function(d, module_of(d, handle, False), marshal.read_string(name)))
+
+
+@implements("cuLibraryGetKernel")
+def cu_library_get_kernel(d: Driver, call: Call, args: list[Any]) -> None:
+    address, handle, name = args
+    marshal.put_u64(address, get_function(d, module_of(d, handle, True), marshal.read_string(name)))
+
+
+@implements("cuLibraryGetModule")
+def cu_library_get_module(d: Driver, call: Call, args: list[Any]) -> None:
+    address, handle = args
+    module = module_of(d, handle, True)
+    registry(d)[0].setdefault(module.handle, module)
+    marshal.put_u64(address, module.handle)
+
+
+@implements("cuModuleGetFunctionCount", "cuLibraryGetKernelCount")
+def cu_get_kernel_count(d: Driver, call: Call, args: list[Any]) -> None:
+    address, handle = args
+    module = module_of(d, handle, call.family == "cuLibraryGetKernelCount")
+    parse(d, module)
+    marshal.put(call.params[0], address, len(module.kernels))
+
+
+@implements("cuKernelGetFunction")
+def cu_kernel_get_function(d: Driver, call: Call, args: list[Any]) -> None:
+    address, handle = args
+    fn = function(d, handle)
+    marshal.put_u64(address, fn.handle)  # one handle serves as CUkernel and CUfunction
+
+
+@implements("cuKernelGetLibrary", "cuFuncGetModule")
+def cu_kernel_get_library(d: Driver, call: Call, args: list[Any]) -> None:
+    address, handle = args
+    marshal.put_u64(address, function(d, handle).module.handle)
+
+
+@implements("cuKernelGetName", "cuFuncGetName")
+def cu_kernel_get_name(d: Driver, call: Call, args: list[Any]) -> None:
+    address, handle = args
+    marshal.put_u64(address, c_string(function(d, handle).kernel.name))
+
+
+@implements("cuKernelGetParamInfo", "cuFuncGetParamInfo")
+def cu_get_param_info(d: Driver, call: Call, args: list[Any]) -> None:
+    handle, index, offset, size = args
+    params = function(d, handle).kernel.params
+    if index >= len(params):
+        raise CudaError(errors.INVALID_VALUE, f"parameter {index} of {len(params)}")
+    marshal.put(call.params[2], offset, params[index].offset)
+    marshal.put(call.params[3], size, params[index].size)
+
+
+@implements("cuFuncIsLoaded")
+def cu_func_is_loaded(d: Driver, call: Call, args: list[Any]) -> None:
+    address, handle = args
+    function(d, handle)
+    marshal.put(call.params[0], address, 1)  # CU_FUNCTION_LOADING_STATE_LOADED
+
+
+@implements("cuFuncLoad")
+def cu_func_load(d: Driver, call: Call, args: list[Any]) -> None:
+    ensure_function(d, args[0])
+
+
+def function(d: Driver, handle: int) -> Function:
+    fn = registry(d)[2].get(handle)
+    if fn is None:
+        raise CudaError(errors.INVALID_HANDLE, f"{handle:#x} is not a function or kernel")
+    return fn
+
+
+@implements("cuModuleGetGlobal", "cuLibraryGetGlobal")
+def cu_get_global(d: Driver, call: Call, args: list[Any]) -> None:
+    dptr, size, handle, name = args
+    module = module_of(d, handle, call.family == "cuLibraryGetGlobal")
+    upload(d, module)
+    target = CALLS["cuModuleGetGlobal_v2"]
+    address, nbytes = d.call(target, [8, 8, module.handle, marshal.read_string(name)])
+    marshal.put(call.params[0], dptr, int.from_bytes(address, "little"))
+    marshal.put(call.params[1], size, int.from_bytes(nbytes, "little"))
+
+
+# ---- launches: arguments packed here, sent without waiting ---------------------------------------
+LAUNCH_CONFIG = struct.Struct("<7I4xQQI")  # CUlaunchConfig: grid, block, shared, stream, attrs, numAttrs
+
+
+def pack_params(fn: Function, kernel_params: int, extra: int) -> bytes:
+    """The kernel's argument buffer, from kernelParams (pointers per parameter) or `extra`."""
+    if kernel_params:
+        params = fn.kernel.params
+        pointers = struct.unpack(f"<{len(params)}Q", marshal.read(kernel_params, 8 * len(params))) if params else ()
+        buf = bytearray(max((p.offset + p.size for p in params), default=0))
+        for p, ptr in zip(params, pointers):
+            buf[p.offset : p.offset + p.size] = marshal.read(ptr, p.size)
+        return bytes(buf)
+    if extra:
+        return extra_buffer(extra)
+    if fn.kernel.params:
+        raise CudaError(errors.INVALID_VALUE, f"{fn.kernel.name} takes parameters but none were given")
+    return b""
+
+
+def extra_buffer(extra: int) -> bytes:
+    """Walk CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE / _END pairs."""
+    pointer = size = None
+    for i in range(0, 64, 2):
+        key, value = struct.unpack("<QQ", marshal.read(extra + 8 * i, 16))
+        if key == 0:  # CU_LAUNCH_PARAM_END
+            break
+        if key == 1:
+            pointer = value
+        elif key == 2:
+            size = int.from_bytes(marshal.read(value, 8), "little")
+    if pointer is None or size is None:
+        raise CudaError(errors.INVALID_VALUE, "extra lacks CU_LAUNCH_PARAM_BUFFER_POINTER or _SIZE")
+    return marshal.read(pointer, size)
+
+
+def launch(d: Driver, call: Call, handle: int, grid: tuple, block: tuple, shared: int, stream: int,
+           kernel_params: int, extra: int) -> None:
+    fn = ensure_function(d, handle)
+    params = pack_params(fn, kernel_params, extra)
+    if call.per_thread and not stream:
+        stream = 2
+    d.post(CALLS["xpuLaunchKernel"], [fn.handle, *grid, *block, shared, stream, params, len(params), 0], len(params))
+
+
+@implements("cuLaunchKernel")
+def cu_launch_kernel(d: Driver, call: Call, args: list[Any]) -> None:
+    f, gx, gy, gz, bx, by, bz, shared, stream, kernel_params, extra = args
+    launch(d, call, f, (gx, gy, gz), (bx, by, bz), shared, stream, kernel_params, extra)
+
+
+@implements("cuLaunchCooperativeKernel")
+def cu_launch_cooperative_kernel(d: Driver, call: Call, args: list[Any]) -> None:
+    f, gx, gy, gz, bx, by, bz, shared, stream, kernel_params = args
+    launch(d, call, f, (gx, gy, gz), (bx, by, bz), shared, stream, kernel_params, 0)
+
+
+@implements("cuLaunchKernelEx")
+def cu_launch_kernel_ex(d: Driver, call: Call, args: list[Any]) -> None:
+    config, f, kernel_params, extra = args
+    if not config:
+        raise CudaError(errors.INVALID_VALUE)
+    gx, gy, gz, bx, by, bz, shared, stream, _attrs, _count = LAUNCH_CONFIG.unpack(
+        marshal.read(config, LAUNCH_CONFIG.size))
+    launch(d, call, f, (gx, gy, gz), (bx, by, bz), shared, stream, kernel_params, extra)

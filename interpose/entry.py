@@ -1,0 +1,107 @@
+"""The Python side of the shim: connects the C entry points to the client's driver.
+
+Imported by the shim's embedded init code with the cffi module of the shim itself."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from xpuremote.client import driver, integrity
+from xpuremote.protocol import errors
+
+log = logging.getLogger("xpuremote.client")
+
+
+class ShimContexts(driver.ContextStack):
+    """The per-thread context stack kept in C, where the runtime's private tables read it."""
+
+    def __init__(self, lib: Any) -> None:
+        self.lib = lib
+
+    def current(self) -> int:
+        return self.lib.xpu_ctx_current()
+
+    def set_current(self, ctx: int) -> None:
+        self.lib.xpu_ctx_set_current(ctx)
+
+    def push(self, ctx: int) -> None:
+        if self.lib.xpu_ctx_push(ctx):
+            raise errors.CudaError(errors.INVALID_VALUE, "context stack is full")
+
+    def pop(self) -> int:
+        return self.lib.xpu_ctx_pop()
+
+    def release(self, ctx: int) -> None:
+        self.lib.xpu_cls_release(ctx)
+
+
+def primary_context(ffi: Any, slots: Any) -> int:
+    """CUDART_INTERFACE slot 2: the primary context of a device, not made current."""
+    d = driver.DRIVER
+    d.connect()
+    out, dev = slots[0], ffi.cast("int", slots[1])
+    if not out:
+        return errors.INVALID_VALUE
+    d.device(dev)
+    ffi.cast("uint64_t *", out)[0] = d.primaries[dev].handle
+    return 0
+
+
+def integrity_check(ffi: Any, slots: Any) -> int:
+    d = driver.DRIVER
+    d.connect()
+    version, seconds, out, cudart_table, integrity_table, function = (slots[i] for i in range(6))
+    devices = [integrity.DeviceId(dev.uuid, *dev.pci) for dev in d.devices]
+    answer = integrity.integrity_answer(
+        version, seconds, driver_version=d.driver_version, pid=os.getpid(), thread=threading.get_ident(),
+        cudart_table=cudart_table, integrity_table=integrity_table, function=function, devices=devices)
+    ffi.memmove(ffi.cast("uint8_t *", out), answer, 16)
+    return 0
+
+
+def unknown_slot(ffi: Any, slots: Any) -> int:
+    table = ffi.string(ffi.cast("char *", slots[0])).decode()
+    driver.DRIVER.say_once(f"{table}{slots[1]}", "the runtime called slot %d of private table %s, "
+                           "which xpuremote does not implement", slots[1], table)
+    return errors.NOT_SUPPORTED
+
+
+def setup_logging() -> None:
+    level = os.environ.get("XPU_LOG", "WARNING").upper()
+    logger = logging.getLogger("xpuremote")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("xpuremote: %(levelname)s %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(level)
+
+
+def install(ffi: Any, lib: Any) -> None:
+    setup_logging()
+    table = driver.handlers()
+    count = lib.xpu_symbol_count
+    internal = [primary_context, integrity_check, unknown_slot]
+    d = driver.DRIVER
+    d.contexts = ShimContexts(lib)
+    d.state["requested_version"] = lib.xpu_requested_version
+
+    @ffi.def_extern(error=errors.UNKNOWN)
+    def xpu_dispatch(op: int, slots: Any) -> int:
+        if op < count:
+            return table[op](slots)
+        return internal[op - count](ffi, slots)
+
+    def at_exit() -> None:
+        if d.conn is not None:
+            d.conn.close()
+        lib.xpu_set_finalized()
+
+    atexit.register(at_exit)
+    log.debug("shim ready at %.3f", time.monotonic())

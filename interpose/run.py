@@ -1,0 +1,98 @@
+"""xpu-run: run a program with xpuremote's libcuda.so.1 in place of NVIDIA's.
+
+    xpu-run [--server tcp://host:port] [--backend auto|cuda|sim] -- CMD [ARGS...]
+
+Without --server (or XPU_SERVER), starts a local xpu-server for the program's lifetime:
+on a GPU if this machine has one, else the sim device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from .build import ensure_shim
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_local_server(backend: str) -> tuple[subprocess.Popen, str]:
+    """A private xpu-server on a free loopback port; returns once it says it is ready."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    cmd = [sys.executable, "-m", "xpuremote.server.daemon", "--listen", address, "--backend", backend]
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        if "ready" in line:
+            forward_stderr(proc)
+            return proc, address
+        sys.stderr.write(line)
+    proc.kill()
+    raise SystemExit(f"xpu-run: the local xpu-server did not start (exit {proc.poll()})")
+
+
+def forward_stderr(proc: subprocess.Popen) -> None:
+    import threading
+
+    def pump() -> None:
+        for line in proc.stderr:
+            if os.environ.get("XPU_LOG", "WARNING").upper() in ("DEBUG", "INFO") or "ERROR" in line:
+                sys.stderr.write(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+
+
+def child_env(shim_dir: str, server: str) -> dict[str, str]:
+    env = dict(os.environ)
+    preload = os.path.join(shim_dir, "libcuda.so.1")
+    env["LD_PRELOAD"] = " ".join(filter(None, [preload, env.get("LD_PRELOAD")]))
+    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [shim_dir, env.get("LD_LIBRARY_PATH")]))
+    env["XPU_SERVER"] = server
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="xpu-run", description="Run CMD on a remote (or local sim) GPU.")
+    parser.add_argument("--server", default=os.environ.get("XPU_SERVER"), help="tcp://host:port of an xpu-server")
+    parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "sim"],
+                        help="backend of the local server started when no --server is given")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command given (xpu-run [options] -- CMD ...)")
+    shim = ensure_shim()
+    server_proc = None
+    server = args.server
+    if not server:
+        server_proc, server = start_local_server(args.backend)
+    try:
+        child = subprocess.Popen(command, env=child_env(str(shim.parent), server))
+        signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))
+        signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
+        code = child.wait()
+    finally:
+        if server_proc is not None:
+            server_proc.terminate()
+            try:
+                server_proc.wait(10)
+            except subprocess.TimeoutExpired:
+                server_proc.kill()
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,279 @@
+/* The C half of the shim: what must work without entering Python.
+ *
+ * - every driver entry point (entry_points.c, generated) packs its arguments and calls
+ *   xpu_enter(), which refuses once the interpreter is gone and otherwise enters the
+ *   client through the one Python callback xpu_dispatch();
+ * - cuGetProcAddress answers from the generated variant table, with no Python at all;
+ * - cuGetExportTable hands out the runtime's private tables; context-local storage and
+ *   the per-thread context stack live here because the runtime touches them before
+ *   almost every call.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <Python.h>
+
+#define XPU_EXPORT __attribute__((visibility("default")))
+#define CUDA_SUCCESS 0
+#define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_DEINITIALIZED 4
+#define CUDA_ERROR_INVALID_CONTEXT 201
+#define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_NOT_FOUND 500
+#define CUDA_ERROR_NOT_SUPPORTED 801
+
+typedef struct { const char *name; int version; int per_thread; int op; } xpu_variant;
+
+static int xpu_enter(int op, uint64_t *slots);
+static uint64_t xpu_bits_float(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static uint64_t xpu_bits_double(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
+
+/* implemented below, listed in the generated symbol table */
+XPU_EXPORT int cuGetProcAddress(const char *symbol, void **pfn, int version, uint64_t flags);
+XPU_EXPORT int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status);
+XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid);
+
+#include "entry_points.c"
+
+/* Operations the export tables ask of the client, numbered after the driver symbols. */
+enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2 };
+
+static volatile int xpu_finalized;
+static volatile int xpu_max_requested_version;
+
+static int xpu_enter(int op, uint64_t *slots) {
+    if (xpu_finalized || !Py_IsInitialized())
+        return CUDA_ERROR_DEINITIALIZED;
+    return xpu_dispatch(op, slots);
+}
+
+static int xpu_internal(int op, uint64_t *slots) { return xpu_enter(xpu_symbol_count + op, slots); }
+
+/* ---- called from Python ------------------------------------------------------------ */
+static void xpu_set_finalized(void) { xpu_finalized = 1; }
+static int xpu_requested_version(void) { return xpu_max_requested_version; }
+static void *xpu_symbol_address(int op) { return xpu_symbol_addrs[op]; }
+
+/* ---- per-thread context stack ------------------------------------------------------ */
+#define XPU_CTX_DEPTH 64
+static __thread uint64_t ctx_stack[XPU_CTX_DEPTH];
+static __thread int ctx_depth;
+
+static uint64_t xpu_ctx_current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : 0; }
+static void xpu_ctx_set_current(uint64_t ctx) {
+    if (ctx_depth)
+        ctx_stack[ctx_depth - 1] = ctx;
+    else if (ctx)
+        ctx_stack[ctx_depth++] = ctx;
+}
+static int xpu_ctx_push(uint64_t ctx) {
+    if (ctx_depth == XPU_CTX_DEPTH) return -1;
+    ctx_stack[ctx_depth++] = ctx;
+    return 0;
+}
+static uint64_t xpu_ctx_pop(void) { return ctx_depth ? ctx_stack[--ctx_depth] : 0; }
+
+/* ---- cuGetProcAddress ------------------------------------------------------------- */
+static int variant_cmp(const void *key, const void *elem) {
+    return strcmp((const char *)key, ((const xpu_variant *)elem)->name);
+}
+
+/* The newest variant of `per_thread` kind at or before `version`, or -1. */
+static int pick_variant(const xpu_variant *v, const xpu_variant *end, int version, int per_thread) {
+    int best = -1;
+    for (; v < end; v++)
+        if (v->per_thread == per_thread && v->version <= version
+            && (best < 0 || v->version > xpu_variants[best].version))
+            best = (int)(v - xpu_variants);
+    return best;
+}
+
+static int proc_address(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {
+    if (pfn) *pfn = NULL;
+    if (version > xpu_max_requested_version) xpu_max_requested_version = version;
+    const xpu_variant *first = symbol && *symbol
+        ? bsearch(symbol, xpu_variants, xpu_variant_count, sizeof(xpu_variant), variant_cmp) : NULL;
+    if (!first) {
+        if (status) *status = 1;  /* CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND */
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    const xpu_variant *end = first, *table_end = xpu_variants + xpu_variant_count;
+    while (first > xpu_variants && strcmp(first[-1].name, symbol) == 0) first--;
+    while (end < table_end && strcmp(end->name, symbol) == 0) end++;
+    int best = (flags & 2) ? pick_variant(first, end, version, 1) : -1;  /* PER_THREAD_DEFAULT_STREAM */
+    if (best < 0) best = pick_variant(first, end, version, 0);
+    if (best < 0) {
+        if (status) *status = 2;  /* CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT */
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    if (!pfn) return CUDA_ERROR_INVALID_VALUE;
+    *pfn = xpu_symbol_addrs[xpu_variants[best].op];
+    if (status) *status = 0;
+    return CUDA_SUCCESS;
+}
+
+XPU_EXPORT int cuGetProcAddress_v2(const char *symbol, void **pfn, int version, uint64_t flags, int *status) {
+    return proc_address(symbol, pfn, version, flags, status);
+}
+
+XPU_EXPORT int cuGetProcAddress(const char *symbol, void **pfn, int version, uint64_t flags) {
+    return proc_address(symbol, pfn, version, flags, NULL);
+}
+
+/* ---- context-local storage --------------------------------------------------------- */
+typedef void (*cls_dtor)(uint64_t ctx, void *key, void *value);
+typedef struct { uint64_t ctx; void *key; void *value; cls_dtor dtor; } cls_entry;
+static cls_entry *cls_entries;
+static int cls_len, cls_cap;
+static pthread_mutex_t cls_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t cls_ctx(uint64_t ctx) { return ctx ? ctx : xpu_ctx_current(); }
+
+static int cls_find(uint64_t ctx, void *key) {
+    for (int i = 0; i < cls_len; i++)
+        if (cls_entries[i].ctx == ctx && cls_entries[i].key == key) return i;
+    return -1;
+}
+
+static int cls_put(uint64_t ctx, void *key, void *value, cls_dtor dtor) {
+    if (!(ctx = cls_ctx(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&cls_lock);
+    int i = cls_find(ctx, key);
+    if (i < 0) {
+        if (cls_len == cls_cap) {
+            int cap = cls_cap ? cls_cap * 2 : 64;
+            cls_entry *grown = realloc(cls_entries, cap * sizeof(cls_entry));
+            if (!grown) { pthread_mutex_unlock(&cls_lock); return 2; /* OUT_OF_MEMORY */ }
+            cls_entries = grown;
+            cls_cap = cap;
+        }
+        i = cls_len++;
+    }
+    cls_entries[i] = (cls_entry){ctx, key, value, dtor};
+    pthread_mutex_unlock(&cls_lock);
+    return CUDA_SUCCESS;
+}
+
+static int cls_delete(uint64_t ctx, void *key) {
+    if (!(ctx = cls_ctx(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&cls_lock);
+    int i = cls_find(ctx, key);
+    if (i >= 0) cls_entries[i] = cls_entries[--cls_len];
+    pthread_mutex_unlock(&cls_lock);
+    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+static int cls_get(void **value, uint64_t ctx, void *key) {
+    if (!(ctx = cls_ctx(ctx))) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&cls_lock);
+    int i = cls_find(ctx, key);
+    if (i >= 0 && value) *value = cls_entries[i].value;
+    pthread_mutex_unlock(&cls_lock);
+    return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* Called from Python when a context is destroyed or a primary context reset: runs the
+ * destructors the runtime registered for it, outside the lock (they may call back in). */
+static void xpu_cls_release(uint64_t ctx) {
+    for (;;) {
+        pthread_mutex_lock(&cls_lock);
+        int i;
+        for (i = 0; i < cls_len && cls_entries[i].ctx != ctx; i++) {}
+        if (i == cls_len) { pthread_mutex_unlock(&cls_lock); return; }
+        cls_entry e = cls_entries[i];
+        cls_entries[i] = cls_entries[--cls_len];
+        pthread_mutex_unlock(&cls_lock);
+        if (e.dtor) e.dtor(e.ctx, e.key, e.value);
+    }
+}
+
+/* ---- the private export tables ---------------------------------------------------- */
+static int unknown_slot(const char *table, int slot) {
+    uint64_t s[2] = {(uint64_t)(uintptr_t)table, (uint64_t)slot};
+    xpu_internal(XPU_OP_UNKNOWN_SLOT, s);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+#define UNKNOWN(table, n) static int table##_slot##n(void) { return unknown_slot(#table, n); }
+
+static int cudart_primary_ctx(uint64_t *out, int device) {
+    uint64_t s[2] = {(uint64_t)(uintptr_t)out, (uint64_t)device};
+    return xpu_internal(XPU_OP_PRIMARY_CTX, s);
+}
+static int success_noop(void) { return CUDA_SUCCESS; }
+UNKNOWN(cudart, 1) UNKNOWN(cudart, 3) UNKNOWN(cudart, 4) UNKNOWN(cudart, 5) UNKNOWN(cudart, 6)
+UNKNOWN(cudart, 8) UNKNOWN(cudart, 9) UNKNOWN(cudart, 10) UNKNOWN(cudart, 11)
+static void *cudart_interface[13] = {
+    (void *)(13 * sizeof(void *)), (void *)cudart_slot1, (void *)cudart_primary_ctx, (void *)cudart_slot3,
+    (void *)cudart_slot4, (void *)cudart_slot5, (void *)cudart_slot6, (void *)success_noop,
+    (void *)cudart_slot8, (void *)cudart_slot9, (void *)cudart_slot10, (void *)cudart_slot11,
+    (void *)success_noop,
+};
+
+static void *hook_buffer_a[1024], *hook_buffer_b[64];
+static void hooks_buffer_a(void **buf, size_t *size) { *buf = hook_buffer_a; *size = 1024; }
+static void hooks_buffer_b(void **buf, size_t *size) { *buf = hook_buffer_b; *size = 14; }
+static void hooks_noop(void) {}
+static void *runtime_callback_hooks[7] = {
+    (void *)(7 * sizeof(void *)), (void *)hooks_noop, (void *)hooks_buffer_a, (void *)hooks_noop,
+    (void *)hooks_noop, (void *)hooks_noop, (void *)hooks_buffer_b,
+};
+
+static int tools_tls_noop(void) { return CUDA_SUCCESS; }
+static void *tools_tls[4] = {
+    (void *)(4 * sizeof(void *)), (void *)tools_tls_noop, (void *)tools_tls_noop, (void *)tools_tls_noop,
+};
+
+static void *context_local_storage[4] = {(void *)cls_put, (void *)cls_delete, (void *)cls_get, NULL};
+
+static int checks_ctx(uint64_t ctx, uint32_t *out, const void **out2) {
+    (void)ctx;
+    if (out) *out = 0;
+    if (out2) *out2 = NULL;
+    return CUDA_SUCCESS;
+}
+static uint32_t checks_zero(void) { return 0; }
+static void *context_checks[4] = {
+    (void *)(4 * sizeof(void *)), (void *)success_noop, (void *)checks_ctx, (void *)checks_zero,
+};
+
+static int integrity_check(uint32_t version, uint64_t unix_seconds, uint8_t out[16]);
+static void *integrity_table[3] = {(void *)(3 * sizeof(void *)), (void *)integrity_check, (void *)success_noop};
+
+/* The hash covers these three addresses (see client/integrity.py). */
+static int integrity_check(uint32_t version, uint64_t unix_seconds, uint8_t out[16]) {
+    uint64_t s[6] = {version, unix_seconds, (uint64_t)(uintptr_t)out, (uint64_t)(uintptr_t)cudart_interface,
+                     (uint64_t)(uintptr_t)integrity_table, (uint64_t)(uintptr_t)integrity_check};
+    return xpu_internal(XPU_OP_INTEGRITY, s);
+}
+
+typedef struct { const unsigned char uuid[16]; void **table; } export_table;
+static const export_table export_tables[] = {
+    {{0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9}, cudart_interface},
+    {{0xa0, 0x94, 0x79, 0x8c, 0x2e, 0x74, 0x2e, 0x74, 0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66},
+     runtime_callback_hooks},
+    {{0x42, 0xd8, 0x5a, 0x81, 0x23, 0xf6, 0xcb, 0x47, 0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc}, tools_tls},
+    {{0xc6, 0x93, 0x33, 0x6e, 0x11, 0x21, 0xdf, 0x11, 0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93},
+     context_local_storage},
+    {{0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e}, context_checks},
+    {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2}, integrity_table},
+};
+
+XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid) {
+    if (!table || !uuid) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < sizeof export_tables / sizeof export_tables[0]; i++)
+        if (memcmp(uuid, export_tables[i].uuid, 16) == 0) {
+            *table = export_tables[i].table;
+            return CUDA_SUCCESS;
+        }
+    *table = NULL;
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* libcudart dlopens us RTLD_LOCAL; the extension modules the embedded client imports need
+ * libpython's symbols in the global scope. */
+__attribute__((constructor)) static void xpu_promote_libpython(void) {
+    dlopen(XPU_LIBPYTHON, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
+}

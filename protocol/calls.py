@@ -1,0 +1,362 @@
+"""The call table: every driver entry point, what each parameter carries, and its cost class.
+
+Everything about a call is said once, here. The C types (from the generated `cuda_api`)
+give the defaults; the SPEC below adds only what types cannot say:
+
+- the cost class of each function family (all versioned/per-thread variants share it):
+  `local`  answered in the client, no message;
+  `async`  queued and sent without waiting, errors surface at the next sync call;
+  `shadow` creates something: the client makes up the handle, so it is async too;
+  `sync`   needs the server's answer.
+  A family with no row is exported all the same and answers CUDA_ERROR_NOT_SUPPORTED.
+- parameter annotations, `name=dir[:count]`: `in`, `out` or `inout` for a buffer whose size in
+  bytes is `count` (a parameter name, `a*b`, or a number); `str` for a NUL-terminated input
+  string. Without one, `const T *` is one T in, `T *` one T out, and scalars are inputs.
+
+The shim, the client's marshalling, the server's dispatch and the perf model all read this.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from functools import cached_property
+
+from .cuda_api import FUNCTIONS, TYPES
+
+CLASSES = ("local", "async", "shadow", "sync")
+
+SPEC = """
+# initialisation, versions, errors
+cuInit                      local
+cuDriverGetVersion          local
+cuGetErrorName              local
+cuGetErrorString            local
+cuModuleGetLoadingMode      local
+# devices: inventory fetched once at connect
+cuDeviceGet                 local
+cuDeviceGetCount            local
+cuDeviceGetName             local   name=out:len
+cuDeviceGetUuid             local
+cuDeviceTotalMem            local
+cuDeviceGetAttribute        local
+cuDeviceGetPCIBusId         local   pciBusId=out:len
+cuDeviceGetByPCIBusId       local   pciBusId=str
+cuDeviceComputeCapability   local
+cuDeviceGetProperties       local
+cuDeviceCanAccessPeer       local
+cuDeviceGetDefaultMemPool   sync
+cuDeviceGetTexture1DLinearMaxWidth sync
+cuDeviceGetExecAffinitySupport local
+# primary contexts and contexts
+cuDevicePrimaryCtxRetain    shadow
+cuDevicePrimaryCtxRelease   async
+cuDevicePrimaryCtxGetState  local
+cuDevicePrimaryCtxSetFlags  local
+cuDevicePrimaryCtxReset     async
+cuCtxCreate                 shadow
+cuCtxDestroy                async
+cuCtxPushCurrent            local
+cuCtxPopCurrent             local
+cuCtxGetCurrent             local
+cuCtxSetCurrent             local
+cuCtxGetDevice              local
+cuCtxGetFlags               local
+cuCtxSetFlags               local
+cuCtxGetId                  local
+cuCtxGetApiVersion          local
+cuCtxSynchronize            sync
+cuCtxGetLimit               sync
+cuCtxSetLimit               async
+cuCtxGetCacheConfig         sync
+cuCtxSetCacheConfig         async
+cuCtxGetStreamPriorityRange sync
+cuCtxResetPersistingL2Cache async
+cuCtxGetExecAffinity        sync
+# memory
+cuMemAlloc                  sync
+cuMemAllocPitch             sync
+cuMemFree                   async
+cuMemGetInfo                sync
+cuMemGetAddressRange        local
+cuMemAllocHost              local
+cuMemHostAlloc              local
+cuMemFreeHost               local
+cuMemHostRegister           local
+cuMemHostUnregister         local
+cuMemHostGetFlags           local
+cuMemHostGetDevicePointer   local
+cuPointerGetAttribute       local
+cuPointerGetAttributes      local
+cuMemcpy                    sync
+cuMemcpyAsync               async
+cuMemcpyHtoD                sync    srcHost=in:ByteCount
+cuMemcpyHtoDAsync           async   srcHost=in:ByteCount
+cuMemcpyDtoH                sync    dstHost=out:ByteCount
+cuMemcpyDtoHAsync           sync    dstHost=out:ByteCount
+cuMemcpyDtoD                async
+cuMemcpyDtoDAsync           async
+cuMemcpyPeer                async
+cuMemcpyPeerAsync           async
+cuMemcpy2D                  sync
+cuMemcpy2DUnaligned         sync
+cuMemcpy2DAsync             sync
+cuMemcpy3D                  sync
+cuMemcpy3DAsync             sync
+cuMemsetD8                  async
+cuMemsetD16                 async
+cuMemsetD32                 async
+cuMemsetD8Async             async
+cuMemsetD16Async            async
+cuMemsetD32Async            async
+cuMemsetD2D8                async
+cuMemsetD2D16               async
+cuMemsetD2D32               async
+cuMemsetD2D8Async           async
+cuMemsetD2D16Async          async
+cuMemsetD2D32Async          async
+# modules and libraries: images are uploaded lazily, one entry for the server's GPU
+cuModuleLoad                local   fname=str
+cuModuleLoadData            local
+cuModuleLoadDataEx          local
+cuModuleLoadFatBinary       local
+cuModuleUnload              local
+cuModuleGetFunction         local   name=str
+cuModuleGetGlobal           sync    name=str
+cuModuleGetFunctionCount    local
+cuLibraryLoadData           local
+cuLibraryLoadFromFile       local   fileName=str
+cuLibraryUnload             local
+cuLibraryGetKernel          local   name=str
+cuLibraryGetModule          local
+cuLibraryGetGlobal          sync    name=str
+cuLibraryGetKernelCount     local
+cuKernelGetFunction         local
+cuKernelGetName             local
+cuKernelGetLibrary          local
+cuKernelGetAttribute        sync
+cuKernelSetAttribute        async
+cuKernelSetCacheConfig      async
+cuKernelGetParamInfo        local
+cuFuncGetParamInfo          local
+cuFuncGetAttribute          sync
+cuFuncSetAttribute          async
+cuFuncSetCacheConfig        async
+cuFuncGetName               local
+cuFuncGetModule             local
+cuFuncIsLoaded              local
+cuFuncLoad                  local
+# launches: arguments packed client-side from the cached parameter layout
+cuLaunchKernel              async
+cuLaunchKernelEx            async
+cuLaunchCooperativeKernel   async
+cuLaunchHostFunc            local
+# streams and events: client-made handles
+cuStreamCreate              shadow
+cuStreamCreateWithPriority  shadow
+cuStreamDestroy             async
+cuStreamQuery               sync
+cuStreamSynchronize         sync
+cuStreamWaitEvent           async
+cuStreamGetFlags            local
+cuStreamGetPriority         local
+cuStreamGetCtx              local
+cuStreamGetId               local
+cuStreamGetDevice           local
+cuStreamAddCallback         local
+cuStreamIsCapturing         local
+cuEventCreate               shadow
+cuEventRecord               async
+cuEventRecordWithFlags      async
+cuEventQuery                sync
+cuEventSynchronize          sync
+cuEventDestroy              async
+cuEventElapsedTime          sync
+# occupancy
+cuOccupancyMaxActiveBlocksPerMultiprocessor          sync
+cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags sync
+cuOccupancyMaxPotentialBlockSize                     sync
+cuOccupancyMaxPotentialBlockSizeWithFlags            sync
+cuOccupancyAvailableDynamicSMemPerBlock              sync
+cuOccupancyMaxActiveClusters                         sync
+cuOccupancyMaxPotentialClusterSize                   sync
+"""
+
+# The client's own requests, for what it answers locally but must still tell the server:
+# lazily uploaded module images, kernel lookups, argument layouts, packed launches.
+# Same format as SPEC, with the C declaration in front; a `*` count is sized by the server.
+INTERNAL = """
+xpuModuleLoad(CUmodule *module, const void *key, const void *image, size_t size)  shadow key=in:32 image=in:size
+xpuModuleGetFunction(CUfunction *func, CUmodule module, const char *name)          shadow name=str
+xpuFuncGetParams(CUfunction func, void *layout)                                    sync   layout=out:*
+xpuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, \
+  unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, \
+  CUstream hStream, const void *params, size_t paramBytes, unsigned int flags)       async  params=in:paramBytes
+xpuMemcpy2DDevice(CUdeviceptr dst, size_t dstPitch, CUdeviceptr src, size_t srcPitch, size_t width, \
+  size_t height, CUstream hStream)                                                   async
+xpuMemcpy2DToHost(void *dst, CUdeviceptr src, size_t srcPitch, size_t width, size_t height, CUstream hStream) \
+                                                                                     sync   dst=out:width*height
+xpuMemcpy2DFromHost(CUdeviceptr dst, size_t dstPitch, const void *src, size_t width, size_t height, \
+  CUstream hStream)                                                                  async  src=in:width*height
+"""
+
+VARIANT_SUFFIX = re.compile(r"(_v\d+)?(_ptds|_ptsz)?$")
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    ctype: str
+    kind: str  # int | float | handle | struct (by value) | ptr
+    size: int  # bytes of the value itself
+    signed: bool
+    pointee: str  # for ptr: int | float | handle | struct | ptr | void | opaque
+    pointee_size: int
+    direction: str  # in | out | inout
+    count: str | None  # bytes behind a pointer: a parameter name, `a*b`, a number; None = one pointee
+
+    @property
+    def is_string(self) -> bool:
+        return self.count == "str"
+
+    @property
+    def is_buffer(self) -> bool:
+        return self.kind == "ptr"
+
+
+@dataclass(frozen=True)
+class Call:
+    symbol: str
+    family: str
+    cls: str  # local | async | shadow | sync | unsupported
+    params: tuple[Param, ...]
+    per_thread: bool  # a _ptds/_ptsz variant: stream 0 means the per-thread stream
+
+    @cached_property
+    def opcode(self) -> int:
+        """Stable across releases and declaration order: a hash of the symbol."""
+        return zlib.crc32(self.symbol.encode()) & 0x7FFFFFFF
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params)
+
+    @cached_property
+    def outputs(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.direction != "in")
+
+
+class TableError(ValueError):
+    pass
+
+
+def family_of(symbol: str) -> str:
+    return VARIANT_SUFFIX.sub("", symbol)
+
+
+def _parse_spec(text: str) -> dict[str, tuple[str, dict[str, tuple[str, str | None]]]]:
+    rows: dict[str, tuple[str, dict[str, tuple[str, str | None]]]] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].split()
+        if not line:
+            continue
+        family, cls, *notes = line
+        if cls not in CLASSES:
+            raise TableError(f"SPEC line {lineno}: class {cls!r} of {family} is not one of {CLASSES}")
+        if family in rows:
+            raise TableError(f"SPEC line {lineno}: {family} is listed twice")
+        annotations = {}
+        for note in notes:
+            name, _, rest = note.partition("=")
+            direction, _, count = rest.partition(":")
+            if direction == "str":
+                direction, count = "in", "str"
+            if direction not in ("in", "out", "inout"):
+                raise TableError(f"SPEC line {lineno}: {note!r}: direction must be in, out, inout or str")
+            annotations[name] = (direction, count or None)
+        rows[family] = (cls, annotations)
+    return rows
+
+
+def _param(ctype: str, name: str, note: tuple[str, str | None] | None) -> Param:
+    kind, size, signed, pointee, pointee_size = TYPES[ctype]
+    if note:
+        direction, count = note
+    elif kind != "ptr":
+        direction, count = "in", None
+    else:
+        direction, count = ("in" if ctype.startswith("const ") else "out"), None
+    return Param(name, ctype, kind, size, bool(signed), pointee, pointee_size, direction, count)
+
+
+def _internal_functions(text: str) -> tuple[dict[str, tuple], str]:
+    """INTERNAL -> (declarations like FUNCTIONS, rows in SPEC format)."""
+    functions, rows = {}, []
+    for decl in text.replace("\\\n", " ").strip().splitlines():
+        m = re.match(r"\s*(\w+)\((.*?)\)\s+(.*)$", decl)
+        if not m:
+            raise TableError(f"INTERNAL: cannot read {decl!r}")
+        params = []
+        for part in m.group(2).split(","):
+            ctype, name = part.strip().rsplit(" ", 1)
+            stars = len(name) - len(name.lstrip("*"))
+            params.append(((ctype + " " + "*" * stars).strip(), name.lstrip("*")))
+        functions[m.group(1)] = tuple(params)
+        rows.append(f"{m.group(1)} {m.group(3)}")
+    return functions, "\n".join(rows)
+
+
+INTERNAL_FUNCTIONS, _INTERNAL_SPEC = _internal_functions(INTERNAL)
+ALL_FUNCTIONS = {**FUNCTIONS, **INTERNAL_FUNCTIONS}
+
+
+def _build(spec: str) -> dict[str, Call]:
+    rows = _parse_spec(spec)
+    table: dict[str, Call] = {}
+    for symbol, params in ALL_FUNCTIONS.items():
+        family = family_of(symbol)
+        cls, notes = rows.get(family, ("unsupported", {}))
+        names = {n for _, n in params}
+        table[symbol] = Call(
+            symbol=symbol,
+            family=family,
+            cls=cls,
+            params=tuple(_param(t, n, notes.get(n)) for t, n in params),
+            per_thread=symbol.endswith(("_ptds", "_ptsz")),
+        )
+        for n, (_, count) in notes.items():
+            if n not in names and any(n in {p for _, p in ALL_FUNCTIONS[s]} for s in ALL_FUNCTIONS
+                                      if family_of(s) == family):
+                continue  # the annotation names a parameter that only another variant has
+            if n not in names:
+                raise TableError(f"SPEC: {family} has no parameter {n!r} (has {sorted(names)})")
+            for ref in re.findall(r"[A-Za-z_]\w*", count or ""):
+                if ref not in ("str",) and ref not in names:
+                    raise TableError(f"SPEC: {family}.{n} counts by {ref!r}, not a parameter of {symbol}")
+    _validate(table, rows)
+    return table
+
+
+def _validate(table: dict[str, Call], rows: dict) -> None:
+    families = {c.family for c in table.values()}
+    for family in rows:
+        if family not in families:
+            raise TableError(f"SPEC: {family} is not a driver function (check its spelling)")
+    seen: dict[int, str] = {}
+    for call in table.values():
+        if call.opcode in seen:
+            raise TableError(f"opcode clash between {seen[call.opcode]} and {call.symbol}: rename one")
+        seen[call.opcode] = call.symbol
+        if call.cls == "async" and any(p.direction != "in" and p.pointee != "handle" for p in call.params):
+            # an async call cannot return data; its outputs would never arrive
+            if call.family not in ASYNC_WITH_OUTPUTS:
+                raise TableError(f"{call.symbol} is async but has outputs: make it sync or shadow")
+
+
+# Async calls whose pointer parameters the client fills in itself, with no answer needed.
+ASYNC_WITH_OUTPUTS = {"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel"}
+
+CALLS: dict[str, Call] = _build(SPEC + _INTERNAL_SPEC)
+BY_OPCODE: dict[int, Call] = {c.opcode: c for c in CALLS.values()}
+SYMBOLS: tuple[str, ...] = tuple(sorted(FUNCTIONS))  # index = the shim's op number

@@ -1,0 +1,53 @@
+"""CUresult codes: names, messages, and the exception that carries one across a boundary."""
+
+from __future__ import annotations
+
+from .cuda_api import ENUMS, ERROR_DOCS
+
+NAMES: dict[int, str] = {
+    v: k for k, v in ENUMS.items() if k == "CUDA_SUCCESS" or k.startswith("CUDA_ERROR_")
+}
+CODES: dict[str, int] = {name: code for code, name in NAMES.items()}
+
+SUCCESS = 0
+INVALID_VALUE = CODES["CUDA_ERROR_INVALID_VALUE"]
+OUT_OF_MEMORY = CODES["CUDA_ERROR_OUT_OF_MEMORY"]
+NOT_INITIALIZED = CODES["CUDA_ERROR_NOT_INITIALIZED"]
+DEINITIALIZED = CODES["CUDA_ERROR_DEINITIALIZED"]
+NO_DEVICE = CODES["CUDA_ERROR_NO_DEVICE"]
+INVALID_DEVICE = CODES["CUDA_ERROR_INVALID_DEVICE"]
+INVALID_IMAGE = CODES["CUDA_ERROR_INVALID_IMAGE"]
+INVALID_CONTEXT = CODES["CUDA_ERROR_INVALID_CONTEXT"]
+NO_BINARY_FOR_GPU = CODES["CUDA_ERROR_NO_BINARY_FOR_GPU"]
+INVALID_HANDLE = CODES["CUDA_ERROR_INVALID_HANDLE"]
+NOT_FOUND = CODES["CUDA_ERROR_NOT_FOUND"]
+NOT_READY = CODES["CUDA_ERROR_NOT_READY"]
+ILLEGAL_ADDRESS = CODES["CUDA_ERROR_ILLEGAL_ADDRESS"]
+LAUNCH_FAILED = CODES["CUDA_ERROR_LAUNCH_FAILED"]
+NOT_SUPPORTED = CODES["CUDA_ERROR_NOT_SUPPORTED"]
+NOT_PERMITTED = CODES["CUDA_ERROR_NOT_PERMITTED"]
+INVALID_PTX = CODES["CUDA_ERROR_INVALID_PTX"]
+UNSUPPORTED_PTX_VERSION = CODES["CUDA_ERROR_UNSUPPORTED_PTX_VERSION"]
+SYSTEM_DRIVER_MISMATCH = CODES["CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"]
+CONTEXT_IS_DESTROYED = CODES["CUDA_ERROR_CONTEXT_IS_DESTROYED"]
+PRIMARY_CONTEXT_ACTIVE = CODES["CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE"]
+PEER_ACCESS_UNSUPPORTED = CODES["CUDA_ERROR_PEER_ACCESS_UNSUPPORTED"]
+OPERATING_SYSTEM = CODES["CUDA_ERROR_OPERATING_SYSTEM"]
+UNKNOWN = CODES["CUDA_ERROR_UNKNOWN"]
+
+
+def name(code: int) -> str:
+    return NAMES.get(code, f"CUDA_ERROR_{code}")
+
+
+def message(code: int) -> str:
+    return ERROR_DOCS.get(name(code), f"unrecognized error code {code}")
+
+
+class CudaError(Exception):
+    """A driver call failed with `code`; `detail` says why, for the log."""
+
+    def __init__(self, code: int, detail: str = "") -> None:
+        super().__init__(f"{name(code)}: {detail or message(code)}")
+        self.code = code
+        self.detail = detail

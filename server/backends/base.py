@@ -1,0 +1,63 @@
+"""What a backend is: the device inventory, and calls executed by family name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from xpuremote.protocol import errors
+from xpuremote.protocol.calls import Call
+from xpuremote.protocol.errors import CudaError
+
+
+@dataclass
+class DeviceInfo:
+    """What the client needs to answer device queries locally: fetched once, at connect."""
+
+    name: str
+    uuid: bytes
+    total_mem: int
+    attributes: dict[int, int]  # CUdevice_attribute -> value
+    pci: tuple[int, int, int]  # domain, bus, device
+    sm: int  # compute capability as major*10+minor, e.g. 90
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"name": self.name, "uuid": self.uuid, "total_mem": self.total_mem,
+                "attributes": self.attributes, "pci": list(self.pci), "sm": self.sm}
+
+
+@dataclass
+class Inventory:
+    driver_version: int
+    devices: list[DeviceInfo] = field(default_factory=list)
+    backend: str = ""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"driver_version": self.driver_version, "backend": self.backend,
+                "devices": [d.to_wire() for d in self.devices]}
+
+
+class Backend:
+    """Executes driver calls for one client session.
+
+    `execute` gets the wire arguments aligned with `call.params` (handles already resolved to
+    the backend's own objects; an output parameter's value is its size in bytes, or None when
+    the application passed NULL) and returns the outputs aligned with `call.outputs`.
+    The default calls the method named after the call's family with the inputs only.
+    """
+
+    name = "base"
+
+    def inventory(self) -> Inventory:
+        raise NotImplementedError
+
+    def execute(self, call: Call, args: list[Any]) -> list[Any]:
+        method = getattr(self, call.family, None)
+        if method is None:
+            raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not implemented by the {self.name} backend")
+        ins = [a for p, a in zip(call.params, args) if p.direction != "out"]
+        outs = method(*ins)
+        return list(outs) if outs is not None else []
+
+    def close(self) -> None:
+        """Release everything this session holds."""

@@ -1,0 +1,479 @@
+"""A device without a GPU, for development and CI.
+
+Real bookkeeping, no pretence: device memory is bounds-checked host memory at device-looking
+addresses; copies, memsets, streams, events, contexts and modules behave as the driver
+documents. Work completes in issue order, at once. A kernel runs only if a host
+implementation is registered for its name (see sim_kernels); any other launch fails with an
+error that names the kernel.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from xpuremote.protocol import errors, fatbin
+from xpuremote.protocol.cuda_api import ENUMS
+from xpuremote.protocol.errors import CudaError
+
+from . import sim_kernels
+from .base import Backend, DeviceInfo, Inventory
+
+SIM_DRIVER_VERSION = 13000
+SIM_SM = 90
+BASE_ADDRESS = 0x3000_0000_0000  # far from where Linux puts a process's heap and libraries
+ALIGN = 512
+
+
+@dataclass
+class Allocation:
+    base: int
+    data: bytearray
+
+
+class Memory:
+    """Device memory: allocations kept sorted by address, every access bounds-checked."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.bases: list[int] = []
+        self.allocs: dict[int, Allocation] = {}
+        self.next = BASE_ADDRESS
+
+    def alloc(self, size: int) -> int:
+        if size <= 0:
+            raise CudaError(errors.INVALID_VALUE, "allocation of 0 bytes")
+        if self.used + size > self.capacity:
+            raise CudaError(errors.OUT_OF_MEMORY, f"{size} bytes requested, {self.capacity - self.used} free")
+        base = self.next
+        self.next += (size + ALIGN - 1) // ALIGN * ALIGN + ALIGN  # a guard gap between allocations
+        bisect.insort(self.bases, base)
+        self.allocs[base] = Allocation(base, bytearray(size))
+        self.used += size
+        return base
+
+    def free(self, base: int) -> None:
+        alloc = self.allocs.pop(base, None)
+        if alloc is None:
+            raise CudaError(errors.INVALID_VALUE, f"{base:#x} is not the start of an allocation")
+        self.bases.remove(base)
+        self.used -= len(alloc.data)
+
+    def find(self, address: int, size: int = 1) -> tuple[Allocation, int]:
+        """The allocation holding [address, address+size) and the offset into it."""
+        i = bisect.bisect_right(self.bases, address) - 1
+        if i >= 0:
+            alloc = self.allocs[self.bases[i]]
+            offset = address - alloc.base
+            if offset + size <= len(alloc.data):
+                return alloc, offset
+        raise CudaError(errors.INVALID_VALUE, f"[{address:#x}, +{size}) is not inside one device allocation")
+
+    def view(self, address: int, size: int) -> memoryview:
+        alloc, offset = self.find(address, max(size, 1))
+        return memoryview(alloc.data)[offset : offset + size]
+
+    def read(self, address: int, size: int) -> bytes:
+        return bytes(self.view(address, size))
+
+    def write(self, address: int, data: bytes | memoryview) -> None:
+        self.view(address, len(data))[:] = data
+
+    def fill(self, address: int, pattern: bytes, count: int) -> None:
+        self.view(address, len(pattern) * count)[:] = pattern * count
+
+    def release_all(self) -> None:
+        self.bases.clear()
+        self.allocs.clear()
+        self.used = 0
+
+
+@dataclass
+class Context:
+    device: int
+    flags: int = 0
+    primary: bool = False
+    limits: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class Module:
+    kernels: dict[str, fatbin.Kernel]
+    globals: dict[str, int]  # name -> device address
+    global_sizes: dict[str, int]
+
+
+@dataclass
+class Function:
+    module: Module
+    kernel: fatbin.Kernel
+    attributes: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass
+class Stream:
+    flags: int = 0
+    priority: int = 0
+
+
+@dataclass
+class Event:
+    flags: int = 0
+    recorded_at: float | None = None
+
+
+DEVICE_ATTRIBUTES = {  # an H100-like device (sm_90): what runtimes and frameworks ask about
+    "MAX_THREADS_PER_BLOCK": 1024, "MAX_BLOCK_DIM_X": 1024, "MAX_BLOCK_DIM_Y": 1024, "MAX_BLOCK_DIM_Z": 64,
+    "MAX_GRID_DIM_X": 2**31 - 1, "MAX_GRID_DIM_Y": 65535, "MAX_GRID_DIM_Z": 65535,
+    "MAX_SHARED_MEMORY_PER_BLOCK": 49152, "TOTAL_CONSTANT_MEMORY": 65536, "WARP_SIZE": 32,
+    "MAX_PITCH": 2**31 - 1, "MAX_REGISTERS_PER_BLOCK": 65536, "CLOCK_RATE": 1980000,
+    "TEXTURE_ALIGNMENT": 512, "GPU_OVERLAP": 1, "MULTIPROCESSOR_COUNT": 132, "INTEGRATED": 0,
+    "CAN_MAP_HOST_MEMORY": 1, "COMPUTE_MODE": 0, "SURFACE_ALIGNMENT": 512, "CONCURRENT_KERNELS": 1,
+    "ECC_ENABLED": 0, "TCC_DRIVER": 0, "MEMORY_CLOCK_RATE": 2619000, "GLOBAL_MEMORY_BUS_WIDTH": 5120,
+    "L2_CACHE_SIZE": 50 * 2**20, "MAX_THREADS_PER_MULTIPROCESSOR": 2048, "ASYNC_ENGINE_COUNT": 2,
+    "UNIFIED_ADDRESSING": 1, "COMPUTE_CAPABILITY_MAJOR": SIM_SM // 10, "COMPUTE_CAPABILITY_MINOR": SIM_SM % 10,
+    "STREAM_PRIORITIES_SUPPORTED": 1, "GLOBAL_L1_CACHE_SUPPORTED": 1, "LOCAL_L1_CACHE_SUPPORTED": 1,
+    "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": 233472, "MAX_REGISTERS_PER_MULTIPROCESSOR": 65536,
+    "MANAGED_MEMORY": 1, "MULTI_GPU_BOARD": 0, "MULTI_GPU_BOARD_GROUP_ID": 0,
+    "SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO": 2, "PAGEABLE_MEMORY_ACCESS": 0, "CONCURRENT_MANAGED_ACCESS": 1,
+    "COMPUTE_PREEMPTION_SUPPORTED": 1, "CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM": 0,
+    "COOPERATIVE_LAUNCH": 1, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 232448, "MAX_BLOCKS_PER_MULTIPROCESSOR": 32,
+    "MAX_PERSISTING_L2_CACHE_SIZE": 32 * 2**20, "MAX_ACCESS_POLICY_WINDOW_SIZE": 2**27,
+    "RESERVED_SHARED_MEMORY_PER_BLOCK": 1024, "MEMORY_POOLS_SUPPORTED": 1, "GENERIC_COMPRESSION_SUPPORTED": 0,
+    "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED": 0, "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED": 0,
+    "CLUSTER_LAUNCH": 1, "DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED": 0, "IPC_EVENT_SUPPORTED": 0,
+    "MEM_SYNC_DOMAIN_COUNT": 4, "HOST_NATIVE_ATOMIC_SUPPORTED": 0, "DMA_BUF_SUPPORTED": 0,
+    "MAXIMUM_TEXTURE1D_WIDTH": 131072, "MAXIMUM_TEXTURE2D_WIDTH": 131072, "MAXIMUM_TEXTURE2D_HEIGHT": 65536,
+    "MAXIMUM_TEXTURE3D_WIDTH": 16384, "MAXIMUM_TEXTURE3D_HEIGHT": 16384, "MAXIMUM_TEXTURE3D_DEPTH": 16384,
+    "PCI_BUS_ID": 0, "PCI_DEVICE_ID": 0, "PCI_DOMAIN_ID": 0, "NUMA_CONFIG": 0, "NUMA_ID": -1,
+    "HOST_NUMA_ID": -1, "GPU_DIRECT_RDMA_SUPPORTED": 0, "TIMELINE_SEMAPHORE_INTEROP_SUPPORTED": 0,
+}
+
+
+def _attribute_ids() -> dict[int, int]:
+    out = {}
+    for key, value in DEVICE_ATTRIBUTES.items():
+        code = ENUMS.get(f"CU_DEVICE_ATTRIBUTE_{key}")
+        if code is not None:
+            out[code] = value
+    return out
+
+
+class SimBackend(Backend):
+    name = "sim"
+
+    def __init__(self, device_count: int = 1, memory_bytes: int = 16 * 2**30) -> None:
+        self.device_count = device_count
+        self.memory = Memory(memory_bytes * device_count)
+        self.memory_bytes = memory_bytes
+        self.primary: dict[int, Context] = {}
+        self.modules: dict[int, Module] = {}
+        self.images: dict[bytes, Module] = {}  # content hash -> module loaded from it
+        self.created_at = time.perf_counter()
+        sim_kernels.load_plugins(os.environ.get("XPU_SIM_KERNELS", ""))
+
+    def inventory(self) -> Inventory:
+        attributes = _attribute_ids()
+        devices = []
+        for i in range(self.device_count):
+            attrs = dict(attributes)
+            attrs[ENUMS["CU_DEVICE_ATTRIBUTE_PCI_BUS_ID"]] = 0x10 + i
+            uuid = bytes.fromhex("5349d0d0") + i.to_bytes(4, "little") + b"xpuremot"
+            devices.append(DeviceInfo(f"xpuremote sim device {i} (sm_{SIM_SM})", uuid, self.memory_bytes,
+                                      attrs, (0, 0x10 + i, 0), SIM_SM))
+        return Inventory(SIM_DRIVER_VERSION, devices, self.name)
+
+    def close(self) -> None:
+        self.memory.release_all()
+        self.modules.clear()
+
+    # ---- contexts: bookkeeping only, one address space per session ---------------------
+    def _device(self, dev: int) -> int:
+        if not 0 <= dev < self.device_count:
+            raise CudaError(errors.INVALID_DEVICE, f"device {dev} (this server has {self.device_count})")
+        return dev
+
+    def cuDevicePrimaryCtxRetain(self, dev: int) -> tuple[Context]:
+        ctx = self.primary.setdefault(self._device(dev), Context(dev, primary=True))
+        return (ctx,)
+
+    def cuDevicePrimaryCtxRelease(self, dev: int) -> None:
+        self._device(dev)
+
+    def cuDevicePrimaryCtxReset(self, dev: int) -> None:
+        self.primary.pop(self._device(dev), None)
+
+    def cuCtxCreate(self, *args: Any) -> tuple[Context]:
+        dev = args[-1]  # every variant ends with the device
+        flags = args[-2] if isinstance(args[-2], int) else 0
+        return (Context(self._device(dev), flags),)
+
+    def cuCtxDestroy(self, ctx: Context) -> None:
+        pass
+
+    def cuCtxSetCurrent(self, ctx: Context | None) -> None:
+        pass
+
+    def cuCtxSynchronize(self) -> None:
+        pass
+
+    def cuCtxGetLimit(self, limit: int) -> tuple[int]:
+        defaults = {0: 1024, 1: 1 << 20, 2: 8 << 20, 3: 2, 4: 2048, 5: 0, 6: 0}
+        return (defaults.get(limit, 0),)
+
+    def cuCtxSetLimit(self, limit: int, value: int) -> None:
+        pass
+
+    def cuCtxGetCacheConfig(self) -> tuple[int]:
+        return (0,)
+
+    def cuCtxSetCacheConfig(self, config: int) -> None:
+        pass
+
+    def cuCtxGetStreamPriorityRange(self) -> tuple[int, int]:
+        return (0, -5)
+
+    def cuCtxResetPersistingL2Cache(self) -> None:
+        pass
+
+    # ---- memory --------------------------------------------------------------------------
+    def cuMemAlloc(self, bytesize: int) -> tuple[int]:
+        return (self.memory.alloc(bytesize),)
+
+    def cuMemAllocPitch(self, width: int, height: int, element_size: int) -> tuple[int, int]:
+        if element_size not in (4, 8, 16) or width == 0 or height == 0:
+            raise CudaError(errors.INVALID_VALUE, f"pitch allocation {width}x{height} of {element_size}-byte elements")
+        pitch = (width + ALIGN - 1) // ALIGN * ALIGN
+        return self.memory.alloc(pitch * height), pitch
+
+    def cuMemFree(self, dptr: int) -> None:
+        self.memory.free(dptr)
+
+    def cuMemGetInfo(self) -> tuple[int, int]:
+        return self.memory.capacity - self.memory.used, self.memory.capacity
+
+    def cuMemcpyHtoD(self, dst: int, src: bytes, count: int) -> None:
+        if len(src) != count:
+            raise CudaError(errors.INVALID_VALUE, f"{len(src)} bytes sent for a {count}-byte copy")
+        self.memory.write(dst, src)
+
+    def cuMemcpyHtoDAsync(self, dst: int, src: bytes, count: int, stream: Any) -> None:
+        self.cuMemcpyHtoD(dst, src, count)
+
+    def cuMemcpyDtoH(self, src: int, count: int) -> tuple[bytes]:
+        return (self.memory.read(src, count),)
+
+    def cuMemcpyDtoHAsync(self, src: int, count: int, stream: Any) -> tuple[bytes]:
+        return self.cuMemcpyDtoH(src, count)
+
+    def cuMemcpyDtoD(self, dst: int, src: int, count: int) -> None:
+        self.memory.write(dst, self.memory.read(src, count))
+
+    def cuMemcpyDtoDAsync(self, dst: int, src: int, count: int, stream: Any) -> None:
+        self.cuMemcpyDtoD(dst, src, count)
+
+    def cuMemcpyAsync(self, dst: int, src: int, count: int, stream: Any) -> None:
+        self.cuMemcpyDtoD(dst, src, count)
+
+    def cuMemcpyPeer(self, dst: int, dst_ctx: Any, src: int, src_ctx: Any, count: int) -> None:
+        self.cuMemcpyDtoD(dst, src, count)
+
+    def cuMemcpyPeerAsync(self, dst: int, dst_ctx: Any, src: int, src_ctx: Any, count: int, stream: Any) -> None:
+        self.cuMemcpyDtoD(dst, src, count)
+
+    def memcpy_2d(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int) -> None:
+        """Device-to-device rectangle; the client splits host rows off itself."""
+        for row in range(height):
+            self.memory.write(dst + row * dst_pitch, self.memory.read(src + row * src_pitch, width))
+
+    def _memset(self, dst: int, value: int, size: int, count: int) -> None:
+        self.memory.fill(dst, (value & ((1 << (8 * size)) - 1)).to_bytes(size, "little"), count)
+
+    def _memset_2d(self, dst: int, pitch: int, value: int, size: int, width: int, height: int) -> None:
+        for row in range(height):
+            self._memset(dst + row * pitch, value, size, width)
+
+    def cuMemsetD8(self, dst: int, value: int, count: int, *stream: Any) -> None:
+        self._memset(dst, value, 1, count)
+
+    def cuMemsetD16(self, dst: int, value: int, count: int, *stream: Any) -> None:
+        self._memset(dst, value, 2, count)
+
+    def cuMemsetD32(self, dst: int, value: int, count: int, *stream: Any) -> None:
+        self._memset(dst, value, 4, count)
+
+    cuMemsetD8Async, cuMemsetD16Async, cuMemsetD32Async = cuMemsetD8, cuMemsetD16, cuMemsetD32
+
+    def cuMemsetD2D8(self, dst: int, pitch: int, value: int, width: int, height: int, *stream: Any) -> None:
+        self._memset_2d(dst, pitch, value, 1, width, height)
+
+    def cuMemsetD2D16(self, dst: int, pitch: int, value: int, width: int, height: int, *stream: Any) -> None:
+        self._memset_2d(dst, pitch, value, 2, width, height)
+
+    def cuMemsetD2D32(self, dst: int, pitch: int, value: int, width: int, height: int, *stream: Any) -> None:
+        self._memset_2d(dst, pitch, value, 4, width, height)
+
+    cuMemsetD2D8Async, cuMemsetD2D16Async, cuMemsetD2D32Async = cuMemsetD2D8, cuMemsetD2D16, cuMemsetD2D32
+
+    # ---- modules -------------------------------------------------------------------------
+    def load_image(self, key: bytes, image: bytes) -> Module:
+        """Load one image (an ELF cubin for this device, or PTX) uploaded by the client."""
+        module = self.images.get(key)
+        if module is not None:
+            return module
+        try:
+            if image[:4] == b"\x7fELF":
+                kernels, globals_ = fatbin.kernels(image), fatbin.globals_(image)
+            else:
+                text = bytes(image).rstrip(b"\0").decode()
+                kernels, globals_ = fatbin.ptx_kernels(text), {}
+        except (ValueError, UnicodeDecodeError, struct.error) as exc:
+            raise CudaError(errors.INVALID_IMAGE, f"cannot read the module image: {exc}") from None
+        addresses, sizes = {}, {}
+        for name, (size, init) in globals_.items():
+            addresses[name] = self.memory.alloc(max(size, 1))
+            sizes[name] = size
+            if init:
+                self.memory.write(addresses[name], init)
+        module = Module(kernels, addresses, sizes)
+        self.images[key] = module
+        return module
+
+    def get_function(self, module: Module, name: str) -> Function:
+        kernel = module.kernels.get(name)
+        if kernel is None:
+            raise CudaError(errors.NOT_FOUND, f"no kernel named {name!r} in the module")
+        return Function(module, kernel)
+
+    def get_global(self, module: Module, name: str) -> tuple[int, int]:
+        if name not in module.globals:
+            raise CudaError(errors.NOT_FOUND, f"no global named {name!r} in the module")
+        return module.globals[name], module.global_sizes[name]
+
+    def cuFuncGetAttribute(self, attrib: int, func: Function) -> tuple[int]:
+        defaults = {
+            ENUMS["CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK"]: 1024,
+            ENUMS["CU_FUNC_ATTRIBUTE_NUM_REGS"]: 32,
+            ENUMS["CU_FUNC_ATTRIBUTE_PTX_VERSION"]: SIM_SM,
+            ENUMS["CU_FUNC_ATTRIBUTE_BINARY_VERSION"]: SIM_SM,
+            ENUMS["CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES"]: 49152,
+        }
+        return (func.attributes.get(attrib, defaults.get(attrib, 0)),)
+
+    def cuFuncSetAttribute(self, func: Function, attrib: int, value: int) -> None:
+        func.attributes[attrib] = value
+
+    def cuFuncSetCacheConfig(self, func: Function, config: int) -> None:
+        pass
+
+    def cuKernelGetAttribute(self, attrib: int, kernel: Function, dev: int) -> tuple[int]:
+        return self.cuFuncGetAttribute(attrib, kernel)
+
+    def cuKernelSetAttribute(self, attrib: int, value: int, kernel: Function, dev: int) -> None:
+        kernel.attributes[attrib] = value
+
+    def cuKernelSetCacheConfig(self, kernel: Function, config: int, dev: int) -> None:
+        pass
+
+    def launch(self, func: Function, grid: tuple[int, int, int], block: tuple[int, int, int],
+               shared: int, params: bytes) -> None:
+        impl = sim_kernels.find(func.kernel.name)
+        if impl is None:
+            raise CudaError(errors.NOT_SUPPORTED, f"the sim backend has no host implementation of kernel "
+                            f"{func.kernel.name!r} ({sim_kernels.demangle(func.kernel.name)}); register one "
+                            f"with xpuremote.server.backends.sim_kernels.register")
+        impl(sim_kernels.Launch(func.kernel, grid, block, shared, params, self.memory))
+
+    # ---- streams and events: everything has completed by the time a call returns -------
+    def cuStreamCreate(self, flags: int) -> tuple[Stream]:
+        return (Stream(flags),)
+
+    def cuStreamCreateWithPriority(self, flags: int, priority: int) -> tuple[Stream]:
+        return (Stream(flags, priority),)
+
+    def cuStreamDestroy(self, stream: Stream) -> None:
+        pass
+
+    def cuStreamQuery(self, stream: Any) -> None:
+        pass
+
+    def cuStreamSynchronize(self, stream: Any) -> None:
+        pass
+
+    def cuStreamWaitEvent(self, stream: Any, event: Event, flags: int) -> None:
+        pass
+
+    def cuEventCreate(self, flags: int) -> tuple[Event]:
+        return (Event(flags),)
+
+    def cuEventRecord(self, event: Event, stream: Any) -> None:
+        event.recorded_at = time.perf_counter()
+
+    def cuEventRecordWithFlags(self, event: Event, stream: Any, flags: int) -> None:
+        self.cuEventRecord(event, stream)
+
+    def cuEventQuery(self, event: Event) -> None:
+        pass
+
+    def cuEventSynchronize(self, event: Event) -> None:
+        pass
+
+    def cuEventDestroy(self, event: Event) -> None:
+        pass
+
+    def cuEventElapsedTime(self, start: Event, end: Event) -> tuple[float]:
+        if start.recorded_at is None or end.recorded_at is None:
+            raise CudaError(errors.NOT_READY if start.recorded_at else errors.INVALID_HANDLE,
+                            "both events must have been recorded")
+        if (start.flags | end.flags) & ENUMS["CU_EVENT_DISABLE_TIMING"]:
+            raise CudaError(errors.INVALID_HANDLE, "an event was created with CU_EVENT_DISABLE_TIMING")
+        return ((end.recorded_at - start.recorded_at) * 1000.0,)
+
+    # ---- occupancy: what an sm_90 with the defaults above allows ---------------------------
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, func: Function, block: int, smem: int) -> tuple[int]:
+        if block <= 0:
+            return (0,)
+        return (max(0, min(32, 2048 // block, (233472 // smem) if smem else 32)),)
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(self, func: Function, block: int, smem: int,
+                                                             flags: int) -> tuple[int]:
+        return self.cuOccupancyMaxActiveBlocksPerMultiprocessor(func, block, smem)
+
+    def cuOccupancyAvailableDynamicSMemPerBlock(self, func: Function, blocks: int, block: int) -> tuple[int]:
+        return (min(232448, 233472 // max(blocks, 1)),)
+
+    # ---- the client's own requests (protocol.calls.INTERNAL) ------------------------------
+    def xpuModuleLoad(self, key: bytes, image: bytes, size: int) -> tuple[Module]:
+        return (self.load_image(bytes(key), bytes(image)),)
+
+    def xpuModuleGetFunction(self, module: Module, name: str) -> tuple[Function]:
+        return (self.get_function(module, name),)
+
+    def xpuFuncGetParams(self, func: Function) -> tuple[list[list[int]]]:
+        return ([[p.offset, p.size] for p in func.kernel.params],)
+
+    def cuModuleGetGlobal(self, module: Module, name: str) -> tuple[int, int]:
+        return self.get_global(module, name)
+
+    def xpuLaunchKernel(self, func: Function, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
+                        shared: int, stream: Any, params: bytes, param_bytes: int, flags: int) -> None:
+        if min(gx, gy, gz, bx, by, bz) < 1 or bx * by * bz > 1024:
+            raise CudaError(errors.INVALID_VALUE, f"launch of grid {gx}x{gy}x{gz}, block {bx}x{by}x{bz}")
+        self.launch(func, (gx, gy, gz), (bx, by, bz), shared, bytes(params))
+
+    def xpuMemcpy2DDevice(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int,
+                          stream: Any) -> None:
+        self.memcpy_2d(dst, dst_pitch, src, src_pitch, width, height)
+
+    def xpuMemcpy2DToHost(self, src: int, src_pitch: int, width: int, height: int, stream: Any) -> tuple[bytes]:
+        return (b"".join(self.memory.read(src + r * src_pitch, width) for r in range(height)),)
+
+    def xpuMemcpy2DFromHost(self, dst: int, dst_pitch: int, src: bytes, width: int, height: int,
+                            stream: Any) -> None:
+        for r in range(height):
+            self.memory.write(dst + r * dst_pitch, src[r * width : (r + 1) * width])

@@ -1,0 +1,294 @@
+"""One client session: a process that executes the client's calls in order on a backend.
+
+A client's crash, bad input or sticky error stays in this process; when the client goes
+away (disconnect, `bye`, or the daemon dying) everything it held is released and the
+process exits.
+
+    python -m xpuremote.server.worker --bind tcp://127.0.0.1 --backend sim --session ID
+prints `endpoint <address>` on stdout once it listens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import struct
+import sys
+import time
+from typing import Any
+
+import zmq
+import zmq.utils.monitor
+
+from xpuremote.protocol import errors, wire
+from xpuremote.protocol.calls import BY_OPCODE, Call, Param
+from xpuremote.protocol.errors import CudaError
+
+from .backends import load_backend
+from .backends.base import Backend
+
+log = logging.getLogger("xpuremote.worker")
+
+SPECIAL_STREAMS = (0, 1, 2)  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+MAX_OUTPUT_BYTES = 1 << 34  # a single reply larger than this is an error, not an attempt
+SERVER_HANDLE_BASE = 0x5E00_0000_0000
+HANDLE_FAMILIES = {"CUfunction": "CUfunction", "CUkernel": "CUfunction"}  # a CUkernel works as a CUfunction
+
+
+class Session:
+    """Executes batches of calls; owns the client's handles."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.handles: dict[int, tuple[str, Any]] = {}
+        self.next_handle = SERVER_HANDLE_BASE
+        self.deferred: list[tuple[str, int, str]] = []  # async failures not yet reported
+        self.calls = 0
+        self.errors = 0
+
+    # ---- handles --------------------------------------------------------------------------
+    def resolve(self, param: Param, value: Any) -> Any:
+        if value is None or value == 0:
+            return None
+        if not isinstance(value, int):
+            raise CudaError(errors.INVALID_HANDLE, f"{param.name}: handle must be an integer")
+        if param.ctype == "CUstream" and value in SPECIAL_STREAMS:
+            return value
+        entry = self.handles.get(value)
+        if entry is None or entry[0] != _handle_family(param.ctype):
+            raise CudaError(errors.INVALID_HANDLE, f"{param.name}={value:#x} is not a live {param.ctype}")
+        return entry[1]
+
+    def register(self, ctype: str, obj: Any, handle: int | None = None) -> int:
+        if handle is None:
+            handle, self.next_handle = self.next_handle, self.next_handle + 16
+        elif not isinstance(handle, int) or handle <= 0 or handle in self.handles:
+            raise CudaError(errors.INVALID_VALUE, f"client handle {handle!r} is invalid or already in use")
+        self.handles[handle] = (_handle_family(ctype), obj)
+        return handle
+
+    def forget(self, call: Call, args: list[Any]) -> None:
+        """Destroy calls drop the handle they destroyed."""
+        if call.family.endswith(("Destroy", "Unload")) and args and isinstance(args[0], int):
+            self.handles.pop(args[0], None)
+
+    # ---- calls ----------------------------------------------------------------------------
+    def run_batch(self, batch: Any, reply: bool) -> dict[str, Any]:
+        if not isinstance(batch, list) or not batch:
+            raise wire.WireError("calls must be a non-empty list")
+        outs: list[Any] = []
+        status = errors.SUCCESS
+        for i, item in enumerate(batch):
+            last = i == len(batch) - 1
+            try:
+                call, args = _unpack(item)
+                outs = self.execute(call, args)
+                status = errors.SUCCESS
+            except CudaError as exc:
+                status = exc.code
+                self.errors += 1
+                name = _name_of(item)
+                if not (last and reply):
+                    self.deferred.append((name, exc.code, exc.detail))
+                log.info("%s failed: %s", name, exc)
+                outs = []
+        answer: dict[str, Any] = {"op": "reply", "status": status, "outs": outs}
+        if reply and self.deferred:
+            answer["deferred"] = [list(d) for d in self.deferred]
+            self.deferred.clear()
+        return answer
+
+    def execute(self, call: Call, args: list[Any]) -> list[Any]:
+        self.calls += 1
+        if len(args) != len(call.params):
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol} takes {len(call.params)} arguments, got {len(args)}")
+        scalars = {p.name: a for p, a in zip(call.params, args) if p.kind in ("int", "float")}
+        decoded = [self.decode(p, a, scalars, call) for p, a in zip(call.params, args)]
+        try:
+            outs = self.backend.execute(call, decoded)
+        except CudaError:
+            raise
+        except (TypeError, AttributeError, ValueError, IndexError, KeyError, struct.error) as exc:
+            # a handle of the wrong kind, or a value no driver would accept
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {type(exc).__name__}: {exc}") from None
+        self.forget(call, args)
+        return [self.encode(p, a, o, call) for p, a, o in zip(call.outputs, _out_args(call, args), outs)]
+
+    def decode(self, p: Param, value: Any, scalars: dict[str, Any], call: Call) -> Any:
+        if p.kind == "handle":
+            return self.resolve(p, value)
+        if p.kind in ("int", "float"):
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name} must be a number")
+            return value
+        if p.direction == "out":
+            if p.pointee == "handle" and call.cls == "shadow":
+                return value  # the client's id for the handle being created
+            if value is not None and (not isinstance(value, int) or not 0 <= value <= MAX_OUTPUT_BYTES):
+                raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: output size {value!r}")
+            return value
+        if value is None or p.is_string and isinstance(value, str):
+            return value
+        if not isinstance(value, (bytes, memoryview)):
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name} must be bytes")
+        expected = _count(p, scalars)
+        if expected is not None and len(value) != expected:
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: {len(value)} bytes, expected {expected}")
+        return value
+
+    def encode(self, p: Param, arg: Any, out: Any, call: Call) -> Any:
+        if arg is None and p.pointee != "handle":
+            return None  # the application passed NULL for this output
+        if p.pointee == "handle":
+            handle = self.register(p.ctype.rstrip(" *"), out, arg if call.cls == "shadow" else None)
+            return None if call.cls == "shadow" else handle.to_bytes(8, "little")
+        if p.count == "*":
+            return out
+        if p.count is None and p.pointee in ("int", "float"):
+            return _pack_scalar(p, out)
+        return out
+
+
+def _handle_family(ctype: str) -> str:
+    return HANDLE_FAMILIES.get(ctype, ctype)
+
+
+def _pack_scalar(p: Param, value: Any) -> bytes:
+    if p.pointee == "float":
+        return struct.pack("<f" if p.pointee_size == 4 else "<d", value)
+    return int(value).to_bytes(p.pointee_size, "little", signed=int(value) < 0)
+
+
+def _count(p: Param, scalars: dict[str, Any]) -> int | None:
+    if p.count in (None, "str", "*"):
+        return None
+    if p.count.isdigit():
+        return int(p.count)
+    total = 1
+    for name in re.split(r"\s*\*\s*", p.count):
+        total *= int(scalars[name])
+    return total
+
+
+def _out_args(call: Call, args: list[Any]) -> list[Any]:
+    return [a for p, a in zip(call.params, args) if p.direction != "in"]
+
+
+def _unpack(item: Any) -> tuple[Call, list[Any]]:
+    if not isinstance(item, list) or len(item) != 2 or not isinstance(item[1], list):
+        raise CudaError(errors.INVALID_VALUE, "a call must be [opcode, [args]]")
+    call = BY_OPCODE.get(item[0]) if isinstance(item[0], int) else None
+    if call is None:
+        raise CudaError(errors.NOT_SUPPORTED, f"unknown call opcode {item[0]!r}: client and server disagree")
+    return call, item[1]
+
+
+def _name_of(item: Any) -> str:
+    try:
+        return BY_OPCODE[item[0]].symbol
+    except (KeyError, IndexError, TypeError):
+        return "<malformed call>"
+
+
+# ---- the process ------------------------------------------------------------------------
+def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = 30.0) -> int:
+    backend = load_backend(backend_name)
+    session = Session(backend)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
+    endpoint = _bind(sock, bind, session_id)
+    print(f"endpoint {endpoint}", flush=True)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(monitor, zmq.POLLIN)
+    parent, started, connected = os.getppid(), time.monotonic(), False
+    peak = 0
+    try:
+        while True:
+            ready = dict(poller.poll(1000))
+            if os.getppid() != parent:
+                log.warning("session %s: the daemon is gone; ending", session_id)
+                break
+            if monitor in ready:
+                event = zmq.utils.monitor.recv_monitor_message(monitor)
+                if event["event"] == zmq.EVENT_ACCEPTED:
+                    connected = True
+                elif event["event"] == zmq.EVENT_DISCONNECTED:
+                    log.info("session %s: client disconnected", session_id)
+                    break
+            if not connected and time.monotonic() - started > idle_connect_s:
+                log.warning("session %s: no client connected within %.0f s", session_id, idle_connect_s)
+                break
+            if sock in ready and not _handle(sock, session):
+                break
+            peak = max(peak, getattr(getattr(backend, "memory", None), "used", 0))
+    finally:
+        backend.close()
+        log.info("session %s ended: %d calls, %d errors, peak device memory %d bytes",
+                 session_id, session.calls, session.errors, peak)
+        sock.close(0)
+        monitor.close(0)
+        ctx.term()
+    return 0
+
+
+def _bind(sock: zmq.Socket, bind: str, session_id: str) -> str:
+    if bind.startswith("ipc://"):
+        endpoint = f"{bind}.{session_id}"
+        sock.bind(endpoint)
+        return endpoint
+    sock.bind_to_random_port(bind)
+    return sock.getsockopt_string(zmq.LAST_ENDPOINT)
+
+
+def _handle(sock: zmq.Socket, session: Session) -> bool:
+    """Serve one message; False when the client said goodbye."""
+    frames = sock.recv_multipart(copy=False)
+    identity, frames = frames[0], frames[1:]
+    try:
+        header = wire.decode(frames)
+        op = header["op"]
+        if op == "init":
+            answer = {"op": "reply", "status": 0, **session.backend.inventory().to_wire()}
+        elif op == "calls":
+            answer = session.run_batch(header.get("calls"), bool(header.get("reply")))
+            answer["seq"] = header.get("seq")
+            if not header.get("reply"):
+                return True
+        elif op == "bye":
+            sock.send_multipart([identity, *wire.encode({"op": "reply", "status": 0})])
+            return False
+        else:
+            raise wire.WireError(f"unknown op {op!r}")
+    except wire.WireError as exc:
+        log.warning("malformed message: %s", exc)
+        answer = {"op": "reply", "status": errors.INVALID_VALUE, "error": f"malformed message: {exc}"}
+    except Exception as exc:  # never let one message end the session
+        log.exception("internal error")
+        answer = {"op": "reply", "status": errors.UNKNOWN, "error": f"server error: {type(exc).__name__}: {exc}"}
+    try:
+        sock.send_multipart([identity, *wire.encode(answer)], copy=False)
+    except TypeError as exc:  # an output no msgpack can carry: a backend bug, reported as such
+        log.error("cannot encode reply: %s", exc)
+        sock.send_multipart([identity, *wire.encode({"op": "reply", "status": errors.UNKNOWN, "error": str(exc)})])
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bind", required=True, help="tcp://HOST or ipc://PATH-PREFIX")
+    parser.add_argument("--backend", default="sim")
+    parser.add_argument("--session", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("XPU_LOG", "INFO").upper(), stream=sys.stderr,
+                        format=f"xpu-server[{args.session}] %(levelname)s %(message)s")
+    return serve(args.bind, args.backend, args.session)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
