@@ -106,9 +106,12 @@ def cu_device_total_mem(d: Driver, call: Call, args: list[Any]) -> None:
 def cu_device_get_attribute(d: Driver, call: Call, args: list[Any]) -> None:
     address, attrib, dev = args
     device = d.device(dev)
-    if not 0 < attrib < ENUMS["CU_DEVICE_ATTRIBUTE_MAX"]:
+    if not 0 < attrib <= MAX_DEVICE_ATTRIBUTE:
         raise CudaError(errors.INVALID_VALUE, f"device attribute {attrib}")
     out(call, "pi", address, device.attributes.get(attrib, 0))
+
+
+MAX_DEVICE_ATTRIBUTE = max(v for k, v in ENUMS.items() if k.startswith("CU_DEVICE_ATTRIBUTE_"))
 
 
 def pci_bus_id(device: Any) -> str:

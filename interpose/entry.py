@@ -45,7 +45,7 @@ def primary_context(ffi: Any, slots: Any) -> int:
     """CUDART_INTERFACE slot 2: the primary context of a device, not made current."""
     d = driver.DRIVER
     d.connect()
-    out, dev = slots[0], ffi.cast("int", slots[1])
+    out, dev = slots[0], int(ffi.cast("int", slots[1]))
     if not out:
         return errors.INVALID_VALUE
     d.device(dev)
@@ -104,4 +104,5 @@ def install(ffi: Any, lib: Any) -> None:
         lib.xpu_set_finalized()
 
     atexit.register(at_exit)
+    lib.xpu_set_python_ready()
     log.debug("shim ready at %.3f", time.monotonic())

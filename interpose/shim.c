@@ -41,11 +41,12 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid);
 /* Operations the export tables ask of the client, numbered after the driver symbols. */
 enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2 };
 
-static volatile int xpu_finalized;
+static volatile int xpu_finalized, xpu_python_ready;
 static volatile int xpu_max_requested_version;
 
 static int xpu_enter(int op, uint64_t *slots) {
-    if (xpu_finalized || !Py_IsInitialized())
+    /* before the first call Python may not be running yet: cffi starts it on demand */
+    if (xpu_finalized || (xpu_python_ready && !Py_IsInitialized()))
         return CUDA_ERROR_DEINITIALIZED;
     return xpu_dispatch(op, slots);
 }
@@ -54,6 +55,7 @@ static int xpu_internal(int op, uint64_t *slots) { return xpu_enter(xpu_symbol_c
 
 /* ---- called from Python ------------------------------------------------------------ */
 static void xpu_set_finalized(void) { xpu_finalized = 1; }
+static void xpu_set_python_ready(void) { xpu_python_ready = 1; }
 static int xpu_requested_version(void) { return xpu_max_requested_version; }
 static void *xpu_symbol_address(int op) { return xpu_symbol_addrs[op]; }
 

@@ -20,3 +20,30 @@ def nvcc_path() -> str | None:
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
     return shutil.which("nvcc")
+
+
+def _nvidia_dirs() -> list[Path]:
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    return [Path(p) for p in getattr(nvidia, "__path__", [])]
+
+
+def cudart_path(major: int) -> str | None:
+    """NVIDIA's libcudart of CUDA `major` (12 or 13), from the runtime wheels."""
+    sub = {12: ("cuda_runtime", "libcudart.so.12"), 13: ("cu13", "libcudart.so.13")}[major]
+    for base in _nvidia_dirs():
+        candidate = base / sub[0] / "lib" / sub[1]
+        if candidate.is_file():
+            return str(candidate)
+    return None
+
+
+def nvcc_lib_dir() -> str | None:
+    """Where nvcc's wheel keeps libcudart_static.a and friends, for -L."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        return None
+    lib = Path(nvcc).resolve().parent.parent / "lib"
+    return str(lib) if lib.is_dir() else None

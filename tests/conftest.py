@@ -1,0 +1,93 @@
+"""Shared fixtures: a real xpu-server on loopback, the shim, and a way to run programs on it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM_KERNELS = ",".join(str(ROOT / p) for p in ("examples/sim_kernels.py", "tests/sim_kernels.py"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    address: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def start_server(tmp: Path, backend: str = "sim", env: dict[str, str] | None = None) -> Server:
+    """A real `xpu-server` on a free loopback port; returns once it says `ready`."""
+    address = f"tcp://127.0.0.1:{free_port()}"
+    log_path = tmp / f"server-{address.rsplit(':', 1)[1]}.log"
+    full_env = {**os.environ, "XPU_SIM_KERNELS": SIM_KERNELS, "XPU_LOG": "INFO", **(env or {})}
+    full_env.pop("LD_PRELOAD", None)
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "xpuremote.server.daemon", "--listen", address,
+                             "--backend", backend], stderr=log, env=full_env)
+    deadline = time.monotonic() + 30
+    while "ready" not in log_path.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"xpu-server did not start:\n{log_path.read_text()}")
+        time.sleep(0.05)
+    return Server(address, proc, log_path)
+
+
+@pytest.fixture(scope="session")
+def shim() -> Path:
+    from xpuremote.interpose.build import ensure_shim
+
+    return ensure_shim()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("server"))
+    yield srv
+    srv.stop()
+
+
+def shim_env(shim: Path, address: str, **extra: str) -> dict[str, str]:
+    """The environment xpu-run gives a program: the shim preloaded and first on the library path."""
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = str(shim)
+    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(shim.parent), env.get("LD_LIBRARY_PATH")]))
+    env["XPU_SERVER"] = address
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def run_on(shim: Path, server: Server):
+    """run_on([cmd...], **env) -> CompletedProcess of a program using the shared sim server."""
+
+    def run(cmd: list[str], timeout: float = 120, address: str | None = None, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, env=shim_env(shim, address or server.address, **env), capture_output=True,
+                              text=True, timeout=timeout)
+
+    return run
