@@ -1,5 +1,6 @@
 """CUDA fat binaries, cubins and PTX: find an image in memory, list its entries, pick the one a GPU
-would run, and read each kernel's parameter layout (``cuLaunchKernel`` passes arguments without sizes).
+would run, read each kernel's parameter layout (``cuLaunchKernel`` passes arguments without sizes) and
+each device variable's size and initial contents.
 
 Layouts below were checked against nvcc 13.0 output (see tests/test_fatbin.py).
 """
@@ -24,8 +25,13 @@ ELF_MAGIC = b"\x7fELF"
 _KINDS = {1: "ptx", 2: "elf"}
 _LZ4, _ZSTD = 0x2000, 0x8000  # fatbin entry flags
 
-_SHT_SYMTAB, _SHT_NOBITS = 2, 8
-_STT_FUNC = 2
+_SHT_SYMTAB = 2
+# No contents in the file: SHT_NOBITS, and what relocatable (-rdc) cubins use instead for .nv.global,
+# .nv.local.*, .nv.shared.* and reserved shared memory (SHT_CUDA_GLOBAL, _LOCAL, _SHARED, _SHARED_RESERVED).
+_NOBITS = {8, 0x70000007, 0x70000009, 0x7000000A, 0x70000015}
+_STT_OBJECT, _STT_FUNC, _STT_CUDA_OBJECT = 1, 2, 13  # -rdc cubins type variables STT_CUDA_OBJECT
+# .nv.global, .nv.global.init, .nv.constant<bank>: not .nv.shared.*, whose variables -rdc cubins list too.
+_VARIABLE_SECTIONS = (".nv.global", ".nv.constant")
 _STO_CUDA_ENTRY = 0x10  # st_other bit on __global__ functions (not on __device__ helpers)
 _EIFMT_SVAL = 4  # .nv.info record with a payload; other formats keep their value in the u16
 _EIATTR_KPARAM_INFO, _EIATTR_CBANK_PARAM_SIZE, _EIATTR_KPARAM_INFO_V2 = 0x17, 0x19, 0x45
@@ -157,6 +163,15 @@ class _Section(NamedTuple):
     link: int
 
 
+class _Symbol(NamedTuple):
+    name: str
+    type: int  # STT_*
+    other: int
+    section: int
+    value: int
+    size: int
+
+
 def _elf_size(read: Reader) -> int:
     """End of the last thing an ELF image holds: header tables or section/segment contents."""
     header = read(0, 64)
@@ -166,7 +181,7 @@ def _elf_size(read: Reader) -> int:
     phentsize, phnum, shentsize = struct.unpack_from("<HHH", header, 0x36)
     sections = _sections(read, header)
     ends = [64, phoff + phentsize * phnum, shoff + shentsize * len(sections)]
-    ends += [s.offset + s.size for s in sections if s.type != _SHT_NOBITS]
+    ends += [s.offset + s.size for s in sections if s.type not in _NOBITS]
     segments = read(phoff, phentsize * phnum)
     for i in range(phnum):  # relocatable cubins (-rdc) have none
         p_offset, _, _, p_filesz = struct.unpack_from("<4Q", segments, i * phentsize + 8)
@@ -185,22 +200,47 @@ def _sections(read: Reader, header: bytes) -> list[_Section]:
 
 def kernels(elf: bytes) -> dict[str, Kernel]:
     """Every kernel of a cubin, by mangled name, with its parameter layout from ``.nv.info.<name>``."""
+    sections, names = _section_table(elf)
+    by_name = dict(zip(names, sections, strict=True))
+    found: dict[str, Kernel] = {}
+    for symbol in _symbols(elf, sections):
+        # Not ".nv.info.<name> exists": __device__ functions of -rdc code have one as well.
+        if symbol.type == _STT_FUNC and symbol.other & _STO_CUDA_ENTRY:
+            info = by_name.get(".nv.info." + symbol.name, _Section(0, 0, 0, 0, 0))
+            found[symbol.name] = _kernel(symbol.name, elf[info.offset : info.offset + info.size])
+    return found
+
+
+def globals_(elf: bytes) -> dict[str, tuple[int, bytes | None]]:
+    """Every ``__device__``, ``__constant__`` and ``__managed__`` variable a cubin defines, by symbol name
+    (mangled unless at global scope or extern "C"; with -rdc, statics are renamed ``__nv_static_...``),
+    mapped to (size, initial contents), the contents None for a variable in .nv.global (no initializer)."""
+    sections, names = _section_table(elf)
+    found = {}
+    for symbol in _symbols(elf, sections):
+        where = names[symbol.section] if symbol.section < len(names) else ""  # not SHN_ABS and the like
+        if symbol.type in (_STT_OBJECT, _STT_CUDA_OBJECT) and where.startswith(_VARIABLE_SECTIONS):
+            section = sections[symbol.section]
+            start = section.offset + symbol.value
+            contents = None if section.type in _NOBITS else elf[start : start + symbol.size]
+            found[symbol.name] = (symbol.size, contents)
+    return found
+
+
+def _section_table(elf: bytes) -> tuple[list[_Section], list[str]]:
     sections = _sections(_bytes_reader(elf), elf[:64])
     shstrndx = struct.unpack_from("<H", elf, 0x3E)[0]
     if shstrndx == 0xFFFF:  # SHN_XINDEX: the real index is in section 0's sh_link
         shstrndx = sections[0].link
-    by_name = {_cstr(elf, sections[shstrndx].offset + s.name): s for s in sections}
-    found: dict[str, Kernel] = {}
+    return sections, [_cstr(elf, sections[shstrndx].offset + s.name) for s in sections]
+
+
+def _symbols(elf: bytes, sections: list[_Section]) -> Iterator[_Symbol]:
     for symtab in (s for s in sections if s.type == _SHT_SYMTAB):
         strings = sections[symtab.link].offset
         for at in range(symtab.offset, symtab.offset + symtab.size, 24):
-            st_name, st_info, st_other = struct.unpack_from("<IBB", elf, at)
-            # Not ".nv.info.<name> exists": __device__ functions of -rdc code have one as well.
-            if st_info & 0xF == _STT_FUNC and st_other & _STO_CUDA_ENTRY:
-                name = _cstr(elf, strings + st_name)
-                info = by_name.get(".nv.info." + name)
-                found[name] = _kernel(name, elf[info.offset : info.offset + info.size] if info else b"")
-    return found
+            name, info, other, section, value, size = struct.unpack_from("<IBBHQQ", elf, at)
+            yield _Symbol(_cstr(elf, strings + name), info & 0xF, other, section, value, size)
 
 
 def _kernel(name: str, nv_info: bytes) -> Kernel:

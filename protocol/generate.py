@@ -1,9 +1,11 @@
 """Generate the driver API description from NVIDIA's own headers.
 
-    python -m xpuremote.protocol.generate INCLUDE_DIR [INCLUDE_DIR ...]
+    python -m xpuremote.protocol.generate [--check] [INCLUDE_DIR ...]
 
-Each INCLUDE_DIR holds a `cuda.h` and `cudaTypedefs.h` (the CUDA runtime wheels ship both).
-List the newest release first: where two releases declare the same symbol, the first wins.
+Each INCLUDE_DIR holds a `cuda.h` and `cudaTypedefs.h` (the CUDA runtime wheels ship both;
+without arguments the installed nvidia-cuda-runtime 13 and -cu12 wheels are used). List the
+newest release first: where two releases declare the same symbol, the first wins. `--check`
+writes nothing and fails if the committed files differ from what the headers give.
 Writes two files, both committed and both marked as generated:
 
 - `protocol/cuda_api.py`: every exported driver symbol with its C parameters, what each
@@ -283,11 +285,28 @@ def _entry_points(functions, types, variant_rows) -> str:
     return "\n".join(out)
 
 
+def default_includes() -> list[Path]:
+    """The include folders of the installed CUDA 13 and 12 runtime wheels."""
+    import nvidia  # namespace package of NVIDIA's wheels
+
+    found = [Path(base) / sub / "include" for sub in ("cu13", "cuda_runtime") for base in nvidia.__path__]
+    return [p for p in found if (p / "cudaTypedefs.h").is_file()]
+
+
 def main(argv: list[str]) -> int:
-    if not argv:
+    check = "--check" in argv
+    includes = [Path(a) for a in argv if a != "--check"] or default_includes()
+    if not includes:
         print(__doc__, file=sys.stderr)
         return 2
-    api, c = generate([Path(a) for a in argv])
+    api, c = generate(includes)
+    if check:
+        stale = [str(p.relative_to(ROOT)) for p, text in ((API_OUT, api), (C_OUT, c)) if p.read_text() != text]
+        if stale:
+            print(f"out of date: {', '.join(stale)}; run python -m xpuremote.protocol.generate", file=sys.stderr)
+            return 1
+        print("generated files are up to date")
+        return 0
     API_OUT.write_text(api)
     C_OUT.write_text(c)
     print(f"wrote {os.path.relpath(API_OUT)} and {os.path.relpath(C_OUT)}")

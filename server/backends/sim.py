@@ -344,6 +344,9 @@ class SimBackend(Backend):
         self.images[key] = module
         return module
 
+    def cuModuleUnload(self, module: Module) -> None:
+        """Images stay cached for the session (another load of the same bytes reuses them)."""
+
     def get_function(self, module: Module, name: str) -> Function:
         kernel = module.kernels.get(name)
         if kernel is None:

@@ -1,0 +1,46 @@
+# xpuremote: `make demo` sets everything up and runs an example CUDA program on a local server;
+# `make test` runs the checks and the test suite. Both work on a fresh machine with Python,
+# pip, gcc and git: the NVIDIA runtimes, nvcc and cuda-python come from the package index.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TOOLS  := $(PY) -c 'import sys; sys.path.insert(0, "tests"); import toolchain as t; print(getattr(t, sys.argv[1])() or "")'
+BUILD  := build
+
+.PHONY: setup shim demo test lint check-generated bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+shim: setup
+	$(PY) -m xpuremote.interpose.build
+
+$(BUILD)/vector_add: examples/vector_add.cu $(STAMP)
+	mkdir -p $(BUILD)
+	$$($(TOOLS) nvcc_path) -arch=sm_90 -L$$($(TOOLS) nvcc_lib_dir) -o $@ $<
+
+# The main job: a local xpu-server (GPU if present, else the sim device) and a CUDA program on it.
+demo: shim $(BUILD)/vector_add
+	XPU_SIM_KERNELS=examples/sim_kernels.py $(VENV)/bin/xpu-run -- $(BUILD)/vector_add
+
+lint: setup
+	$(PY) -m ruff check .
+
+check-generated: setup
+	$(PY) -m xpuremote.protocol.generate --check
+
+test: lint check-generated shim
+	$(PY) -m pytest -q
+
+bench: shim
+	$(PY) bench/foundation.py --out bench/results/foundation-sim.json
+
+clean:
+	rm -rf $(BUILD) .pytest_cache
