@@ -5,13 +5,13 @@ All answered from the inventory fetched at connect, except what changes server s
 from __future__ import annotations
 
 import logging
-import struct
 from typing import Any
 
 from xpuremote.protocol import errors
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
+from xpuremote.protocol.layouts import DEVPROP
 
 from . import marshal
 from .driver import Context, Driver, implements
@@ -159,7 +159,7 @@ def cu_device_get_properties(d: Driver, call: Call, args: list[Any]) -> None:
     address, dev = args
     attrs = d.device(dev).attributes
     values = [attrs.get(ENUMS[f"CU_DEVICE_ATTRIBUTE_{a}"], 0) for a in PROPERTY_ATTRIBUTES]
-    marshal.write(address, struct.pack("<14i", *values))
+    marshal.write(address, DEVPROP.pack(*values))
 
 
 @implements("cuDeviceCanAccessPeer")

@@ -54,7 +54,7 @@ def read(address: int, size: int) -> bytes:
 
 def view(address: int, size: int) -> Any:
     """The application's bytes without a copy: only for calls that finish before returning."""
-    return ffi.buffer(ffi.cast("char *", address), size)
+    return memoryview(ffi.buffer(ffi.cast("char *", address), size))  # wire.encode sends memoryviews
 
 
 def write(address: int, data: Any) -> None:

@@ -14,6 +14,7 @@ from xpuremote.protocol import errors
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
+from xpuremote.protocol.layouts import MEMCPY2D
 
 from . import marshal
 from .driver import Driver, implements
@@ -276,9 +277,6 @@ def cu_memcpy_async(d: Driver, call: Call, args: list[Any]) -> None:
     dst, src, size, stream = args
     copy(d, dst, src, size, 2 if call.per_thread and not stream else stream)
 
-
-# CUDA_MEMCPY2D: per side {size_t x, y; CUmemorytype type; host ptr; CUdeviceptr; CUarray; size_t pitch}
-MEMCPY2D = struct.Struct("<QQI4xQQQQ QQI4xQQQQ QQ")
 
 
 @implements("cuMemcpy2D", "cuMemcpy2DUnaligned", "cuMemcpy2DAsync")

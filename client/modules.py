@@ -17,6 +17,7 @@ from typing import Any
 from xpuremote.protocol import errors, fatbin
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
+from xpuremote.protocol.layouts import LAUNCH_CONFIG
 
 from . import marshal
 from .devices import c_string
@@ -282,7 +283,6 @@ def cu_get_global(d: Driver, call: Call, args: list[Any]) -> None:
 
 
 # ---- launches: arguments packed here, sent without waiting ---------------------------------------
-LAUNCH_CONFIG = struct.Struct("<7I4xQQI")  # CUlaunchConfig: grid, block, shared, stream, attrs, numAttrs
 
 
 def pack_params(fn: Function, kernel_params: int, extra: int) -> bytes:

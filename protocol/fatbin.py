@@ -30,8 +30,9 @@ _SHT_SYMTAB = 2
 # .nv.local.*, .nv.shared.* and reserved shared memory (SHT_CUDA_GLOBAL, _LOCAL, _SHARED, _SHARED_RESERVED).
 _NOBITS = {8, 0x70000007, 0x70000009, 0x7000000A, 0x70000015}
 _STT_OBJECT, _STT_FUNC, _STT_CUDA_OBJECT = 1, 2, 13  # -rdc cubins type variables STT_CUDA_OBJECT
-# .nv.global, .nv.global.init, .nv.constant<bank>: not .nv.shared.*, whose variables -rdc cubins list too.
-_VARIABLE_SECTIONS = (".nv.global", ".nv.constant")
+# Where variables live. Not .nv.shared.*, whose variables -rdc cubins list too, nor bank 0, the kernel
+# parameters (sm_80 -rdc cubins have a _param symbol in .nv.constant0.<kernel>).
+_VARIABLE_SECTION = re.compile(r"\.nv\.global(\.init)?|\.nv\.constant[1-9]\d*")
 _STO_CUDA_ENTRY = 0x10  # st_other bit on __global__ functions (not on __device__ helpers)
 _EIFMT_SVAL = 4  # .nv.info record with a payload; other formats keep their value in the u16
 _EIATTR_KPARAM_INFO, _EIATTR_CBANK_PARAM_SIZE, _EIATTR_KPARAM_INFO_V2 = 0x17, 0x19, 0x45
@@ -201,7 +202,7 @@ def _sections(read: Reader, header: bytes) -> list[_Section]:
 def kernels(elf: bytes) -> dict[str, Kernel]:
     """Every kernel of a cubin, by mangled name, with its parameter layout from ``.nv.info.<name>``."""
     sections, names = _section_table(elf)
-    by_name = dict(zip(names, sections, strict=True))
+    by_name = dict(zip(names, sections))
     found: dict[str, Kernel] = {}
     for symbol in _symbols(elf, sections):
         # Not ".nv.info.<name> exists": __device__ functions of -rdc code have one as well.
@@ -219,7 +220,7 @@ def globals_(elf: bytes) -> dict[str, tuple[int, bytes | None]]:
     found = {}
     for symbol in _symbols(elf, sections):
         where = names[symbol.section] if symbol.section < len(names) else ""  # not SHN_ABS and the like
-        if symbol.type in (_STT_OBJECT, _STT_CUDA_OBJECT) and where.startswith(_VARIABLE_SECTIONS):
+        if symbol.type in (_STT_OBJECT, _STT_CUDA_OBJECT) and _VARIABLE_SECTION.fullmatch(where):
             section = sections[symbol.section]
             start = section.offset + symbol.value
             contents = None if section.type in _NOBITS else elf[start : start + symbol.size]

@@ -144,7 +144,7 @@ class Session:
         if p.pointee == "handle":
             handle = self.register(p.ctype.rstrip(" *"), out, arg if call.cls == "shadow" else None)
             return None if call.cls == "shadow" else handle.to_bytes(8, "little")
-        if p.count == "*":
+        if p.count == "*" or isinstance(out, (bytes, memoryview)):
             return out
         if p.count is None and p.pointee in ("int", "float"):
             return _pack_scalar(p, out)

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 from toolchain import nvcc_path
+
 from xpuremote.protocol.fatbin import (
     WRAPPER_MAGIC,
     Entry,
     Kernel,
     KernelParam,
     entries,
+    globals_,
     image_from_pointer,
     kernels,
     ptx_kernels,
@@ -38,6 +40,28 @@ __global__ void aligned(char c, A16 a, short s, long long q) { }
 __global__ void noparams() { }
 extern "C" __global__ void big(Big b, int *out) { out[0] = b.x[19999]; }
 """
+
+GLOBALS_SOURCE = r"""
+__device__ float table[4] = {1, 2, 3, 4};
+__device__ int counter;
+__constant__ double coeff[2] = {0.5, 2.0};
+namespace ns { __device__ short inner = 7; }
+static __device__ int hidden = 3;
+__device__ char big[1 << 16];  // no initializer: in .nv.global, which -rdc gives no SHT_NOBITS type
+__shared__ float scratch[8];  // not a device variable, though -rdc cubins list it
+__global__ void use(float *p) {
+    scratch[threadIdx.x] = p[1];
+    p[0] = table[counter++] + coeff[1] + ns::inner + hidden + big[threadIdx.x] + scratch[3];
+}
+"""
+EXPECTED_GLOBALS = {
+    "table": (16, struct.pack("<4f", 1, 2, 3, 4)),
+    "counter": (4, None),
+    "coeff": (16, struct.pack("<2d", 0.5, 2.0)),
+    "_ZN2ns5innerE": (2, struct.pack("<h", 7)),
+    "hidden": (4, struct.pack("<i", 3)),
+    "big": (1 << 16, None),
+}
 
 
 def _struct(*fields: type) -> type[ctypes.Structure]:
@@ -81,17 +105,19 @@ def assert_layouts(found: dict[str, Kernel]) -> None:
 
 @pytest.fixture(scope="module")
 def nvcc(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., bytes]:
-    """nvcc(*flags) -> the output file's bytes, compiled once per flag set."""
+    """nvcc(*flags, source="k.cu") -> the output file's bytes, compiled once per flag set."""
     workdir = tmp_path_factory.mktemp("fatbin")
     (workdir / "k.cu").write_text(SOURCE)
+    (workdir / "globals.cu").write_text(GLOBALS_SOURCE)
     built: dict[tuple[str, ...], bytes] = {}
 
-    def compile_(*flags: str) -> bytes:
-        if flags not in built:
+    def compile_(*flags: str, source: str = "k.cu") -> bytes:
+        key = (source, *flags)
+        if key not in built:
             out = workdir / f"out{len(built)}"
-            subprocess.run([NVCC, *flags, "-o", str(out), "k.cu"], cwd=workdir, check=True)
-            built[flags] = Path(out).read_bytes()
-        return built[flags]
+            subprocess.run([NVCC, *flags, "-o", str(out), source], cwd=workdir, check=True)
+            built[key] = Path(out).read_bytes()
+        return built[key]
 
     return compile_
 
@@ -111,6 +137,20 @@ def test_cubin(nvcc: Callable[..., bytes], arch: int, flags: tuple[str, ...]) ->
     cubin = nvcc(f"-arch=sm_{arch}", "--cubin", *flags)
     assert entries(cubin) == [Entry("elf", arch, cubin)]
     assert_layouts(kernels(cubin))  # helper() is in the symbol table (with -rdc, with its own .nv.info)
+
+
+@pytest.mark.parametrize(("arch", "flags"), [(80, ()), (80, ("-rdc=true",)), (90, ()), (90, ("-rdc=true",)),
+                                            (120, ()), (120, ("-rdc=true",))])
+def test_globals(nvcc: Callable[..., bytes], arch: int, flags: tuple[str, ...]) -> None:
+    cubin = nvcc(f"-arch=sm_{arch}", "--cubin", *flags, source="globals.cu")
+    found = globals_(cubin)
+    (static,) = [name for name in found if name.endswith("hidden")]
+    assert static == "hidden" or (flags and static.startswith("__nv_static_"))  # -rdc: made unique
+    found["hidden"] = found.pop(static)
+    assert found == EXPECTED_GLOBALS
+    assert entries(cubin + b"\xa5" * (1 << 17))[0].data == cubin  # big takes no room in the file
+    assert globals_(select(nvcc(f"-arch=sm_{arch}", "--fatbin", *flags, source="globals.cu"), arch).data) \
+        == globals_(cubin)
 
 
 def test_ptx(nvcc: Callable[..., bytes]) -> None:

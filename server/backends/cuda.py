@@ -1,0 +1,192 @@
+"""The real GPU: calls replayed on NVIDIA's libcuda.so.1 through cffi (ABI mode).
+
+Generic by construction: every call of the table is made with the C signature the table
+gives, inputs from the wire, outputs into buffers that go back. Only the client's own
+requests (lazily uploaded images, packed launches, 2D copies) and the device inventory are
+written by hand. XPU_CUDA_LIBRARY overrides which libcuda is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import cffi
+
+from xpuremote.protocol import errors
+from xpuremote.protocol.calls import CALLS, Call, Param
+from xpuremote.protocol.cuda_api import ENUMS
+from xpuremote.protocol.errors import CudaError
+from xpuremote.protocol.layouts import MEMCPY2D
+
+from .base import Backend, DeviceInfo, Inventory
+
+C_INT = {(1, 0): "uint8_t", (1, 1): "int8_t", (2, 0): "uint16_t", (2, 1): "int16_t",
+         (4, 0): "uint32_t", (4, 1): "int32_t", (8, 0): "uint64_t", (8, 1): "int64_t"}
+SPECIAL_STREAMS = (0, 1, 2)
+HOST, DEVICE = ENUMS["CU_MEMORYTYPE_HOST"], ENUMS["CU_MEMORYTYPE_DEVICE"]
+
+
+def c_type(p: Param) -> str:
+    if p.kind in ("ptr", "handle"):
+        return "void *"
+    if p.kind == "float":
+        return "float" if p.size == 4 else "double"
+    if p.kind == "struct":
+        return f"xpu_struct{p.size}"
+    return C_INT[(p.size, int(p.signed))]
+
+
+def declarations() -> str:
+    sizes = sorted({p.size for c in CALLS.values() for p in c.params if p.kind == "struct"})
+    lines = [f"typedef struct {{ unsigned char b[{s}]; }} xpu_struct{s};" for s in sizes]
+    for call in CALLS.values():
+        if not call.symbol.startswith("xpu"):
+            lines.append(f"int {call.symbol}({', '.join(c_type(p) for p in call.params) or 'void'});")
+    return "\n".join(lines)
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self.ffi = cffi.FFI()
+        self.ffi.cdef(declarations())
+        self.lib = self.ffi.dlopen(os.environ.get("XPU_CUDA_LIBRARY", "libcuda.so.1"))
+        self.modules: dict[bytes, int] = {}  # content hash -> CUmodule, within this session
+        self.check(self.lib.cuInit(0), "cuInit")
+
+    def check(self, status: int, what: str) -> None:
+        if status:
+            raise CudaError(status, f"{what} on the server's GPU")
+
+    def out(self, ctype: str, what: str, fn: Any, *args: Any) -> Any:
+        value = self.ffi.new(ctype)
+        self.check(fn(value, *args), what)
+        return value[0]
+
+    def inventory(self) -> Inventory:
+        lib = self.lib
+        version = self.out("int *", "cuDriverGetVersion", lib.cuDriverGetVersion)
+        devices = []
+        for i in range(self.out("int *", "cuDeviceGetCount", lib.cuDeviceGetCount)):
+            name = self.ffi.new("char[256]")
+            self.check(lib.cuDeviceGetName(name, 256, i), "cuDeviceGetName")
+            uuid = self.ffi.new("char[16]")
+            self.check(lib.cuDeviceGetUuid_v2(uuid, i), "cuDeviceGetUuid")
+            total = self.out("uint64_t *", "cuDeviceTotalMem", lib.cuDeviceTotalMem_v2, i)
+            attrs = {}
+            for code in sorted({v for k, v in ENUMS.items() if k.startswith("CU_DEVICE_ATTRIBUTE_")}):
+                value = self.ffi.new("int32_t *")
+                if lib.cuDeviceGetAttribute(value, code, i) == 0:
+                    attrs[code] = value[0]
+
+            def attr(key: str, attrs: dict[int, int] = attrs) -> int:
+                return attrs.get(ENUMS[f"CU_DEVICE_ATTRIBUTE_{key}"], 0)
+
+            devices.append(DeviceInfo(self.ffi.string(name).decode(), bytes(self.ffi.buffer(uuid, 16)), total, attrs,
+                                      (attr("PCI_DOMAIN_ID"), attr("PCI_BUS_ID"), attr("PCI_DEVICE_ID")),
+                                      attr("COMPUTE_CAPABILITY_MAJOR") * 10 + attr("COMPUTE_CAPABILITY_MINOR")))
+        return Inventory(version, devices, self.name)
+
+    # ---- the generic path ----------------------------------------------------------------------
+    def execute(self, call: Call, args: list[Any]) -> list[Any]:
+        own = getattr(self, call.family, None) if call.family.startswith("xpu") else None
+        if own is not None:
+            return Backend.execute(self, call, args)
+        if not hasattr(self.lib, call.symbol):
+            raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not in the server's libcuda")
+        c_args, outs = [], []
+        for p, a in zip(call.params, args):
+            value, buffer = self.argument(p, a)
+            c_args.append(value)
+            if p.direction != "in":
+                outs.append(buffer)
+        self.check(getattr(self.lib, call.symbol)(*c_args), call.symbol)
+        return [self.result(p, b) for p, b in zip(call.outputs, outs)]
+
+    def argument(self, p: Param, value: Any) -> tuple[Any, Any]:
+        """(C argument, output buffer or None) for one parameter."""
+        ffi = self.ffi
+        if p.kind == "handle":
+            return ffi.cast("void *", value or 0), None
+        if p.kind == "struct":
+            return ffi.new(f"xpu_struct{p.size} *", {"b": bytes(value)})[0], None
+        if p.kind != "ptr":
+            return value, None
+        if p.direction == "in":
+            if value is None:
+                return ffi.NULL, None
+            data = value.encode() + b"\0" if isinstance(value, str) else value
+            return ffi.from_buffer(data), None
+        if p.pointee == "handle":
+            buf = ffi.new("uint64_t *")
+            return buf, buf
+        if value is None:
+            return ffi.NULL, None
+        buf = ffi.new("char[]", value)
+        return buf, buf
+
+    def result(self, p: Param, buf: Any) -> Any:
+        if buf is None:
+            return None
+        if p.pointee == "handle":
+            return int(buf[0])
+        return bytes(self.ffi.buffer(buf))
+
+    # ---- the client's own requests (protocol.calls.INTERNAL) ------------------------------------
+    def xpuModuleLoad(self, key: bytes, image: bytes, size: int) -> tuple[int]:
+        key = bytes(key)
+        if key not in self.modules:
+            module = self.ffi.new("void **")
+            data = self.ffi.from_buffer(bytes(image) + b"\0")  # PTX must end in NUL
+            self.check(self.lib.cuModuleLoadData(module, data), "cuModuleLoadData")
+            self.modules[key] = int(self.ffi.cast("uintptr_t", module[0]))
+        return (self.modules[key],)
+
+    def xpuModuleGetFunction(self, module: int, name: str) -> tuple[int]:
+        fn = self.ffi.new("void **")
+        self.check(self.lib.cuModuleGetFunction(fn, self.ffi.cast("void *", module), name.encode()),
+                   "cuModuleGetFunction")
+        return (int(self.ffi.cast("uintptr_t", fn[0])),)
+
+    def xpuFuncGetParams(self, func: int) -> tuple[list[list[int]]]:
+        layout, offset, size = [], self.ffi.new("size_t *"), self.ffi.new("size_t *")
+        while self.lib.cuFuncGetParamInfo(self.ffi.cast("void *", func), len(layout), offset, size) == 0:
+            layout.append([offset[0], size[0]])
+        return (layout,)
+
+    def xpuLaunchKernel(self, func: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int,
+                        stream: Any, params: bytes, param_bytes: int, flags: int) -> None:
+        ffi = self.ffi
+        buf = ffi.from_buffer(bytes(params))
+        size = ffi.new("size_t *", len(params))
+        extra = ffi.new("void *[5]", [ffi.cast("void *", 1), buf, ffi.cast("void *", 2), size, ffi.NULL])
+        self.check(self.lib.cuLaunchKernel(ffi.cast("void *", func), gx, gy, gz, bx, by, bz, shared,
+                                           ffi.cast("void *", stream or 0), ffi.NULL, extra), "cuLaunchKernel")
+
+    def memcpy_2d(self, dst: tuple[int, int, int], src: tuple[int, int, int], width: int, height: int,
+                  stream: Any) -> None:
+        """dst/src: (memory type, address, pitch)."""
+        def side(kind: int, address: int, pitch: int) -> tuple:
+            return (0, 0, kind, address if kind == HOST else 0, address if kind == DEVICE else 0, 0, pitch)
+
+        desc = self.ffi.from_buffer(MEMCPY2D.pack(*side(*src), *side(*dst), width, height))
+        self.check(self.lib.cuMemcpy2DAsync_v2(desc, self.ffi.cast("void *", stream or 0)), "cuMemcpy2DAsync")
+        self.check(self.lib.cuStreamSynchronize(self.ffi.cast("void *", stream or 0)), "cuStreamSynchronize")
+
+    def xpuMemcpy2DDevice(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
+                          stream: Any) -> None:
+        self.memcpy_2d((DEVICE, dst, dpitch), (DEVICE, src, spitch), width, height, stream)
+
+    def xpuMemcpy2DToHost(self, src: int, spitch: int, width: int, height: int, stream: Any) -> tuple[bytes]:
+        host = self.ffi.new("char[]", width * height)
+        address = int(self.ffi.cast("uintptr_t", host))
+        self.memcpy_2d((HOST, address, width), (DEVICE, src, spitch), width, height, stream)
+        return (bytes(self.ffi.buffer(host)),)
+
+    def xpuMemcpy2DFromHost(self, dst: int, dpitch: int, src: bytes, width: int, height: int,
+                            stream: Any) -> None:
+        host = self.ffi.from_buffer(bytes(src))
+        address = int(self.ffi.cast("uintptr_t", host))
+        self.memcpy_2d((DEVICE, dst, dpitch), (HOST, address, width), width, height, stream)
