@@ -146,14 +146,14 @@ class Connection:
         deadline = time.monotonic() + timeout_s if timeout_s else None
         while True:
             ready = dict(self.poller.poll(1000))
+            if self.sock in ready:  # before the monitor: a worker may answer `bye` and leave at once
+                answer = wire.decode(self.sock.recv_multipart(copy=False))
+                if seq is None or answer.get("seq") == seq or "seq" not in answer:
+                    return answer
             if self.monitor in ready:
                 event = zmq.utils.monitor.recv_monitor_message(self.monitor)
                 if event["event"] == zmq.EVENT_DISCONNECTED:
                     self._die(f"lost the connection to the server at {self.address}")
-            if self.sock in ready:
-                answer = wire.decode(self.sock.recv_multipart(copy=False))
-                if seq is None or answer.get("seq") == seq or "seq" not in answer:
-                    return answer
             if deadline and time.monotonic() > deadline:
                 self._die(f"the server at {self.address} did not answer within {timeout_s:g} s")
 

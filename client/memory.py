@@ -14,7 +14,7 @@ from xpuremote.protocol import errors
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
-from xpuremote.protocol.layouts import MEMCPY2D
+from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
 
 from . import marshal
 from .driver import Driver, implements
@@ -279,30 +279,65 @@ def cu_memcpy_async(d: Driver, call: Call, args: list[Any]) -> None:
 
 
 
-@implements("cuMemcpy2D", "cuMemcpy2DUnaligned", "cuMemcpy2DAsync")
-def cu_memcpy_2d(d: Driver, call: Call, args: list[Any]) -> None:
-    stream = args[1] if len(args) > 1 else 0
-    if call.per_thread and not stream:
-        stream = 2
-    (sx, sy, stype, shost, sdev, sarr, spitch,
-     dx, dy, dtype, dhost, ddev, darr, dpitch, width, height) = MEMCPY2D.unpack(marshal.read(args[0], MEMCPY2D.size))
-    if ARRAY in (stype, dtype):
-        raise CudaError(errors.NOT_SUPPORTED, "CUDA arrays are not supported yet")
-    src_host = stype == HOST or (stype == UNIFIED and not is_device(d, shost))
-    dst_host = dtype == HOST or (dtype == UNIFIED and not is_device(d, dhost))
-    src = (shost if src_host else (sdev if stype == DEVICE else shost)) + sy * spitch + sx
-    dst = (dhost if dst_host else (ddev if dtype == DEVICE else dhost)) + dy * dpitch + dx
+def side(d: Driver, kind: int, host: int, device: int, x: int, y: int, pitch: int) -> tuple[bool, int, int]:
+    """(is host memory, address of the first byte, pitch) of one side of a 2D/3D copy."""
+    if kind == ARRAY:
+        raise CudaError(errors.NOT_SUPPORTED, "copies to or from CUDA arrays are not supported yet")
+    if kind == UNIFIED:
+        on_host = not is_device(d, host)
+    else:
+        on_host, host = kind == HOST, host if kind == HOST else device
+    return on_host, host + y * pitch + x, pitch
+
+
+def rect_copy(d: Driver, src: tuple[bool, int, int], dst: tuple[bool, int, int], width: int, height: int,
+              stream: int, wait: bool) -> None:
+    """Copy `height` rows of `width` bytes, each side with its own pitch."""
+    (src_host, s, spitch), (dst_host, t, dpitch) = src, dst
     if src_host and dst_host:
         for row in range(height):
-            marshal.write(dst + row * dpitch, marshal.read(src + row * spitch, width))
+            marshal.write(t + row * dpitch, marshal.read(s + row * spitch, width))
     elif src_host:
-        rows = b"".join(marshal.read(src + r * spitch, width) for r in range(height))
-        d.post(CALLS["xpuMemcpy2DFromHost"], [dst, dpitch, rows, width, height, stream], len(rows))
-        if call.family != "cuMemcpy2DAsync":
+        rows = b"".join(marshal.read(s + r * spitch, width) for r in range(height))
+        d.post(CALLS["xpuMemcpy2DFromHost"], [t, dpitch, rows, width, height, stream], len(rows))
+        if wait:
             d.call(CALLS["cuStreamSynchronize"], [stream])
     elif dst_host:
-        (rows,) = d.call(CALLS["xpuMemcpy2DToHost"], [width * height, src, spitch, width, height, stream])
+        (rows,) = d.call(CALLS["xpuMemcpy2DToHost"], [width * height, s, spitch, width, height, stream])
         for r in range(height):
-            marshal.write(dst + r * dpitch, rows[r * width : (r + 1) * width])
+            marshal.write(t + r * dpitch, rows[r * width : (r + 1) * width])
     else:
-        d.post(CALLS["xpuMemcpy2DDevice"], [dst, dpitch, src, spitch, width, height, stream])
+        d.post(CALLS["xpuMemcpy2DDevice"], [t, dpitch, s, spitch, width, height, stream])
+
+
+def copy_stream(call: Call, args: list[Any]) -> int:
+    stream = args[1] if len(args) > 1 else 0
+    return 2 if call.per_thread and not stream else stream
+
+
+def modern_struct(call: Call) -> None:
+    if call.params[0].ctype.endswith("_v1 *"):
+        raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} takes the CUDA 2.x struct layout")
+
+
+@implements("cuMemcpy2D", "cuMemcpy2DUnaligned", "cuMemcpy2DAsync")
+def cu_memcpy_2d(d: Driver, call: Call, args: list[Any]) -> None:
+    modern_struct(call)
+    (sx, sy, stype, shost, sdev, _sarr, spitch,
+     dx, dy, dtype, dhost, ddev, _darr, dpitch, width, height) = MEMCPY2D.unpack(marshal.read(args[0], MEMCPY2D.size))
+    src = side(d, stype, shost, sdev, sx, sy, spitch)
+    dst = side(d, dtype, dhost, ddev, dx, dy, dpitch)
+    rect_copy(d, src, dst, width, height, copy_stream(call, args), call.family != "cuMemcpy2DAsync")
+
+
+@implements("cuMemcpy3D", "cuMemcpy3DAsync")
+def cu_memcpy_3d(d: Driver, call: Call, args: list[Any]) -> None:
+    modern_struct(call)
+    (sx, sy, sz, _slod, stype, shost, sdev, _sarr, spitch, sheight,
+     dx, dy, dz, _dlod, dtype, dhost, ddev, _darr, dpitch, dheight,
+     width, height, depth) = MEMCPY3D.unpack(marshal.read(args[0], MEMCPY3D.size))
+    stream = copy_stream(call, args)
+    for z in range(depth):  # one rectangle per slice
+        src = side(d, stype, shost, sdev, sx, sy + (sz + z) * sheight, spitch)
+        dst = side(d, dtype, dhost, ddev, dx, dy + (dz + z) * dheight, dpitch)
+        rect_copy(d, src, dst, width, height, stream, call.family != "cuMemcpy3DAsync" and z == depth - 1)

@@ -16,6 +16,7 @@ from typing import Any
 
 from xpuremote.protocol import errors, fatbin
 from xpuremote.protocol.calls import CALLS, Call
+from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import LAUNCH_CONFIG
 
@@ -60,8 +61,12 @@ def device_sm(d: Driver) -> int:
 
 def parse(d: Driver, module: Module) -> None:
     """Pick the entry the server's GPU runs and read its kernels (once)."""
-    if module.kernels is not None:
-        return
+    with d.lock:
+        if module.kernels is None:
+            _parse(d, module)
+
+
+def _parse(d: Driver, module: Module) -> None:
     if module.image is None:
         module.image = fatbin.image_from_pointer(module.image_address)
     sm = device_sm(d)
@@ -79,13 +84,14 @@ def parse(d: Driver, module: Module) -> None:
 
 
 def upload(d: Driver, module: Module) -> None:
-    if module.on_server:
-        return
-    parse(d, module)
-    data = module.entry.data
-    key = hashlib.sha256(data).digest()
-    d.post(CALLS["xpuModuleLoad"], [module.handle, key, data, len(data)], len(data))
-    module.on_server = True
+    with d.lock:  # two threads must not create the same module twice
+        if module.on_server:
+            return
+        parse(d, module)
+        data = module.entry.data
+        key = hashlib.sha256(data).digest()
+        d.post(CALLS["xpuModuleLoad"], [module.handle, key, data, len(data)], len(data))
+        module.on_server = True
 
 
 def ensure_function(d: Driver, handle: int) -> Function:
@@ -93,9 +99,11 @@ def ensure_function(d: Driver, handle: int) -> Function:
     if fn is None:
         raise CudaError(errors.INVALID_HANDLE, f"{handle:#x} is not a function or kernel")
     if not fn.on_server:
-        upload(d, fn.module)
-        d.post(CALLS["xpuModuleGetFunction"], [fn.handle, fn.module.handle, fn.kernel.name])
-        fn.on_server = True
+        with d.lock:
+            if not fn.on_server:
+                upload(d, fn.module)
+                d.post(CALLS["xpuModuleGetFunction"], [fn.handle, fn.module.handle, fn.kernel.name])
+                fn.on_server = True
     return fn
 
 
@@ -119,10 +127,11 @@ def get_function(d: Driver, module: Module, name: str) -> int:
     parse(d, module)
     if name not in module.kernels:
         raise CudaError(errors.NOT_FOUND, f"no kernel {name!r} in the module")
-    handle = module.functions.get(name)
-    if handle is None:
-        handle = module.functions[name] = d.new_handle()
-        registry(d)[2][handle] = Function(handle, module, module.kernels[name])
+    with d.lock:
+        handle = module.functions.get(name)
+        if handle is None:
+            handle = module.functions[name] = d.new_handle()
+            registry(d)[2][handle] = Function(handle, module, module.kernels[name])
     return handle
 
 
@@ -346,3 +355,28 @@ def cu_launch_kernel_ex(d: Driver, call: Call, args: list[Any]) -> None:
     gx, gy, gz, bx, by, bz, shared, stream, _attrs, _count = LAUNCH_CONFIG.unpack(
         marshal.read(config, LAUNCH_CONFIG.size))
     launch(d, call, f, (gx, gy, gz), (bx, by, bz), shared, stream, kernel_params, extra)
+
+
+# ---- occupancy: the search the driver does, over the server's per-block answers -------------------
+@implements("cuOccupancyMaxPotentialBlockSize", "cuOccupancyMaxPotentialBlockSizeWithFlags")
+def cu_occupancy_max_potential_block_size(d: Driver, call: Call, args: list[Any]) -> None:
+    min_grid, block_out, handle, to_smem, smem, limit, *flags = args
+    ensure_function(d, handle)
+    device = d.devices[d.context(0).device]
+    sms = device.attributes.get(ENUMS["CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"], 1)
+    (max_threads,) = d.call(CALLS["cuFuncGetAttribute"], [4, ENUMS["CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK"],
+                                                          handle])
+    top = int.from_bytes(max_threads, "little", signed=True)
+    if limit > 0:
+        top = min(top, limit)
+    dynamic = marshal.ffi.cast("size_t (*)(int)", to_smem) if to_smem else None
+    per_sm = CALLS["cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"]
+    best = (0, 0, 0)  # threads resident per SM, block size, blocks per SM
+    for block in range(top - top % 32 or top, 0, -32):
+        shared = dynamic(block) if dynamic else smem
+        (blocks,) = d.call(per_sm, [4, handle, block, shared, flags[0] if flags else 0])
+        blocks = int.from_bytes(blocks, "little", signed=True)
+        if blocks * block > best[0]:
+            best = (blocks * block, block, blocks)
+    marshal.put(call.params[0], min_grid, best[2] * sms)
+    marshal.put(call.params[1], block_out, best[1])

@@ -176,11 +176,9 @@ cuEventElapsedTime          sync
 # occupancy
 cuOccupancyMaxActiveBlocksPerMultiprocessor          sync
 cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags sync
-cuOccupancyMaxPotentialBlockSize                     sync
-cuOccupancyMaxPotentialBlockSizeWithFlags            sync
+cuOccupancyMaxPotentialBlockSize                     local
+cuOccupancyMaxPotentialBlockSizeWithFlags            local
 cuOccupancyAvailableDynamicSMemPerBlock              sync
-cuOccupancyMaxActiveClusters                         sync
-cuOccupancyMaxPotentialClusterSize                   sync
 """
 
 # The client's own requests, for what it answers locally but must still tell the server:

@@ -200,6 +200,8 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # a client host that vanishes without a FIN is noticed
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
     endpoint = _bind(sock, bind, session_id)
     print(f"endpoint {endpoint}", flush=True)

@@ -213,7 +213,7 @@ def memory() -> None:
     ok(cu.cuMemsetD16(a, 0x1234, 5), "cuMemsetD16")
     check(read(a, 12) == b"\x34\x12" * 5 + b"\xab\xab", "cuMemsetD16 bytes (little endian)")
     ok(cu.cuMemsetD32(a, 0xDEADBEEF, 3), "cuMemsetD32")
-    check(read(a, 16) == b"\xef\xbe\xad\xde" * 3 + b"\xab" * 4, "cuMemsetD32 bytes")
+    check(read(a, 16) == b"\xef\xbe\xad\xde" * 3 + b"\xab" + b"\0" * 3, "cuMemsetD32 bytes")
     ok(cu.cuMemsetD8Async(a, 0x11, 8, stream), "cuMemsetD8Async")
     ok(cu.cuMemsetD16Async(int(a) + 8, 0x2233, 4, stream), "cuMemsetD16Async")
     ok(cu.cuMemsetD32Async(int(a) + 16, 0x44556677, 2, stream), "cuMemsetD32Async")

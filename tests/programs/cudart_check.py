@@ -276,10 +276,19 @@ SUBTESTS: dict[str, Callable[[Runtime], dict[str, Any]]] = {
     f.__name__: f for f in (properties, roundtrip, stream, pinned, pointer_attributes, threads, errors)}
 
 
+def problems(result: Any) -> bool:
+    """Whether a result reports a byte mismatch or a failed thread, at any depth."""
+    if isinstance(result, dict):
+        return any((k.endswith("mismatch_at") and v is not None) or (k == "failures" and v) or problems(v)
+                   for k, v in result.items())
+    return False
+
+
 def main() -> int:
     path, name = sys.argv[1], sys.argv[2]
     try:
-        result = {"ok": True, **SUBTESTS[name](Runtime(path))}
+        result = SUBTESTS[name](Runtime(path))
+        result = {"ok": not problems(result), **result}
     except CudaFailed as exc:
         result = {"ok": False, "error": str(exc)}
     print(json.dumps(result))

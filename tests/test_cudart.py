@@ -1,0 +1,100 @@
+"""NVIDIA's own libcudart (12.x and 13.x, from the runtime wheels) over the shim and a sim server.
+
+Each test runs tests/programs/cudart_check.py in a subprocess with the shim preloaded; that
+script loads the runtime with ctypes, runs one sub-test and prints its findings as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolchain import cudart_path
+
+SCRIPT = Path(__file__).resolve().parent / "programs" / "cudart_check.py"
+SIZES = ("1", "7", "4096", "65537", str((1 << 20) + 3), str(64 << 20))
+CUDA_ERROR_INVALID_DEVICE = 101
+
+
+@pytest.fixture(params=[12, 13], ids=["cudart12", "cudart13"])
+def cudart(request: pytest.FixtureRequest) -> str:
+    path = cudart_path(request.param)
+    if path is None:
+        pytest.skip(f"the CUDA {request.param} runtime wheel is not installed")
+    return path
+
+
+@pytest.fixture
+def check(run_on, cudart: str):
+    """check(subtest) -> the sub-test's JSON result; fails the test if the program failed."""
+
+    def run(subtest: str) -> dict[str, Any]:
+        proc = run_on([sys.executable, str(SCRIPT), cudart, subtest], timeout=300)
+        lines = proc.stdout.strip().splitlines()
+        assert lines, f"{subtest}: no output (exit {proc.returncode})\nstderr:\n{proc.stderr}"
+        result = json.loads(lines[-1])
+        assert proc.returncode == 0 and result["ok"], f"{subtest}: {result}\nstderr:\n{proc.stderr}"
+        return result
+
+    return run
+
+
+def test_device_count_and_properties(check) -> None:
+    r = check("properties")
+    assert r["count"] == 1
+    assert "sim device 0" in r["name"]
+    assert (r["major"], r["minor"]) == (9, 0)
+    assert (r["prop_major"], r["prop_minor"]) == (9, 0)
+    assert r["total_global_mem"] == r["mem_info_total"] > 0
+    assert 0 < r["mem_info_free"] <= r["mem_info_total"]
+
+
+def test_malloc_memcpy_memset_round_trips(check) -> None:
+    sizes = check("roundtrip")["sizes"]
+    assert sorted(sizes, key=int) == list(SIZES)
+    for size, found in sizes.items():
+        assert found == {"copy_mismatch_at": None, "memset_mismatch_at": None}, size
+
+
+def test_stream_async_copies_events_and_query(check) -> None:
+    r = check("stream")
+    assert r["async_mismatch_at"] is None
+    assert r["d2d_mismatch_at"] is None
+    assert r["d2d_async_mismatch_at"] is None
+    assert r["memset_async_mismatch_at"] is None
+    assert r["stream_query"] == 0  # cudaSuccess: the stream was synchronised
+    assert r["elapsed_ms"] >= 0
+
+
+def test_pinned_memory_async_copy(check) -> None:
+    assert check("pinned")["mismatch_at"] is None
+
+
+def test_pointer_attributes(check) -> None:
+    r = check("pointer_attributes")
+    for label in ("device", "device_inner"):
+        attrs = r[label]
+        assert attrs["type"] == 2, label  # cudaMemoryTypeDevice
+        assert attrs["device"] == 0
+        assert attrs["device_pointer"] == attrs["ptr"]
+    pinned = r["pinned"]
+    assert pinned["type"] == 1  # cudaMemoryTypeHost
+    assert pinned["host_pointer"] == pinned["ptr"]
+
+
+def test_eight_threads(check) -> None:
+    r = check("threads")
+    assert r["failures"] == []
+    assert r["rounds"] == [25] * 8
+
+
+def test_errors(check) -> None:
+    r = check("errors")
+    assert r["copy_after_free"] != 0, r
+    assert r["set_device_99"] == CUDA_ERROR_INVALID_DEVICE, r
+    assert r["set_device_99_name"] == "cudaErrorInvalidDevice"
+    assert r["still_works"]
