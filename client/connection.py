@@ -15,6 +15,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlparse
 
@@ -46,6 +47,8 @@ class Connection:
         self.pending_bytes = 0
         self.seq = 0
         self.last_ctx: int | None = None
+        self.later: dict[int, Callable[[int, list[Any]], None]] = {}  # seq -> writer of a late answer
+        self.late_errors: list[list[Any]] = []
         self.dead: str | None = None
         self.batch_window_s = batch_window_us / 1e6
         self.pid = os.getpid()
@@ -109,7 +112,18 @@ class Connection:
             self._queue(call, args, ctx, 0)
             seq = self._send(reply=True)
             answer = self._receive(seq)
-        return answer.get("status", errors.UNKNOWN), answer.get("outs") or [], answer.get("deferred") or []
+            deferred = self.late_errors + (answer.get("deferred") or [])
+            self.late_errors = []
+        return answer.get("status", errors.UNKNOWN), answer.get("outs") or [], deferred
+
+    def call_later(self, call: Call, args: list[Any], ctx: int | None,
+                   on_answer: Callable[[int, list[Any]], None]) -> None:
+        """Send this call now but do not wait: `on_answer(status, outputs)` runs when its answer is
+        read, which is before the answer to any later sync call (the server answers in order)."""
+        with self.lock:
+            self._check()
+            self._queue(call, args, ctx, 0)
+            self.later[self._send(reply=True)] = on_answer
 
     def flush(self) -> None:
         with self.lock:
@@ -148,7 +162,9 @@ class Connection:
             ready = dict(self.poller.poll(1000))
             if self.sock in ready:  # before the monitor: a worker may answer `bye` and leave at once
                 answer = wire.decode(self.sock.recv_multipart(copy=False))
-                if seq is None or answer.get("seq") == seq or "seq" not in answer:
+                if answer.get("seq") in self.later:
+                    self._answer_later(answer)
+                elif seq is None or answer.get("seq") == seq or "seq" not in answer:
                     return answer
             if self.monitor in ready:
                 event = zmq.utils.monitor.recv_monitor_message(self.monitor)
@@ -156,6 +172,15 @@ class Connection:
                     self._die(f"lost the connection to the server at {self.address}")
             if deadline and time.monotonic() > deadline:
                 self._die(f"the server at {self.address} did not answer within {timeout_s:g} s")
+
+    def _answer_later(self, answer: dict[str, Any]) -> None:
+        on_answer = self.later.pop(answer["seq"])
+        self.late_errors += answer.get("deferred") or []
+        status = answer.get("status", errors.UNKNOWN)
+        if status:
+            self.late_errors.append(["a call answered late", status, answer.get("error", "")])
+        else:
+            on_answer(status, answer.get("outs") or [])
 
     def _check(self) -> None:
         if self.dead:

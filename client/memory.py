@@ -244,6 +244,14 @@ def cu_pointer_get_attributes(d: Driver, call: Call, args: list[Any]) -> None:
             marshal.write(slot, (found[0] if found else 0).to_bytes(size, "little"))
 
 
+@implements("cuMemcpyDtoHAsync")
+def cu_memcpy_dtoh_async(d: Driver, call: Call, args: list[Any]) -> None:
+    """Sent at once, not waited for: the bytes land in the application's buffer when the answer
+    is read, which happens before any later synchronisation can report completion."""
+    wire_args, _ = marshal.pack(call, d.translate(call, args), d.new_handle, snapshot=False)
+    d.session().call_later(call, wire_args, d.wire_ctx(), lambda status, outs: marshal.unpack(call, args, outs))
+
+
 # ---- copies whose direction depends on where the pointers point ------------------------------------
 def is_device(d: Driver, address: int) -> bool:
     return maps(d)[0].find(address) is not None

@@ -94,7 +94,7 @@ cuMemcpyAsync               async
 cuMemcpyHtoD                sync    srcHost=in:ByteCount
 cuMemcpyHtoDAsync           async   srcHost=in:ByteCount
 cuMemcpyDtoH                sync    dstHost=out:ByteCount
-cuMemcpyDtoHAsync           sync    dstHost=out:ByteCount
+cuMemcpyDtoHAsync           async   dstHost=out:ByteCount
 cuMemcpyDtoD                async
 cuMemcpyDtoDAsync           async
 cuMemcpyPeer                async
@@ -352,8 +352,10 @@ def _validate(table: dict[str, Call], rows: dict) -> None:
                 raise TableError(f"{call.symbol} is async but has outputs: make it sync or shadow")
 
 
-# Async calls whose pointer parameters the client fills in itself, with no answer needed.
-ASYNC_WITH_OUTPUTS = {"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel"}
+# Async calls with pointer outputs: launches (the client packs them itself, no answer needed)
+# and device-to-host copies, whose answer is written into the application's memory when it
+# arrives, before any later sync call returns.
+ASYNC_WITH_OUTPUTS = {"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuMemcpyDtoHAsync"}
 
 CALLS: dict[str, Call] = _build(SPEC + _INTERNAL_SPEC)
 BY_OPCODE: dict[int, Call] = {c.opcode: c for c in CALLS.values()}
