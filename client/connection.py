@@ -1,10 +1,11 @@
 """The client's link to its worker: handshake, synchronous calls, batched asynchronous calls.
 
 Async calls are queued and go out together, when a sync call is made, when the batch grows
-past MAX_BATCH_CALLS or MAX_BATCH_BYTES, or when the flusher thread finds them waiting for
-longer than the batch window; the server answers nothing for them. Their failures come
-back with the next sync reply. A peer that goes away (TCP disconnect, or ZeroMQ heartbeats
-unanswered) fails the call in flight and every later one, with a message naming the server.
+past MAX_BATCH_CALLS or MAX_BATCH_BYTES, or when the flusher thread finds that nothing has been
+queued for the batch window (or the batch has waited MAX_BATCH_DELAY_S); the server answers
+nothing for them. Their failures come back with the next sync reply. A peer that goes away
+(TCP disconnect, or ZeroMQ heartbeats unanswered) fails the call in flight and every later
+one, with a message naming the server.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ log = logging.getLogger("xpuremote.client")
 
 MAX_BATCH_CALLS = 256
 MAX_BATCH_BYTES = 1 << 20
+MAX_BATCH_DELAY_S = 1e-3  # the flusher sends a batch still growing once it has waited this long
 HEARTBEAT_MS = 1000
 SET_CONTEXT = CALLS["cuCtxSetCurrent"]
 
@@ -45,6 +47,7 @@ class Connection:
         self.lock = threading.RLock()
         self.pending: list[list[Any]] = []
         self.pending_bytes = 0
+        self.queued = 0  # calls queued so far; the flusher holds a batch back while this grows
         self.seq = 0
         self.last_ctx: int | None = None
         self.later: dict[int, Callable[[int, list[Any]], None]] = {}  # seq -> writer of a late answer
@@ -145,6 +148,7 @@ class Connection:
             self.last_ctx = ctx
         self.pending.append([call.opcode, args])
         self.pending_bytes += size
+        self.queued += 1
 
     def _send(self, reply: bool) -> int:
         self.seq += 1
@@ -196,7 +200,14 @@ class Connection:
         while not self.closed:
             self.kick.wait()
             self.kick.clear()
-            time.sleep(self.batch_window_s)
+            # while the application keeps queueing, the batch fills up and goes out by itself:
+            # cutting it every window would send many small messages instead of a few full ones
+            seen, nap = -1, self.batch_window_s
+            deadline = time.monotonic() + max(MAX_BATCH_DELAY_S, self.batch_window_s)
+            while seen != self.queued and (left := deadline - time.monotonic()) > 0:
+                seen = self.queued
+                time.sleep(min(nap, left))
+                nap *= 2  # a few looks per batch, not one every window
             try:
                 self.flush()
             except CudaError:

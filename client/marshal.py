@@ -124,7 +124,7 @@ def pack(call: Call, args: list[Any], new_handle: Callable[[], int], snapshot: b
             else:
                 n = byte_count(p, values)
                 carried += n
-                out.append(read(a, n) if snapshot or n <= wire.INLINE_MAX else view(a, n))
+                out.append(wire.frame(read(a, n) if snapshot or n <= wire.INLINE_MAX else view(a, n)))
         elif p.pointee == "handle" and call.cls == "shadow":
             if not a:
                 raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {p.name} is NULL")

@@ -246,9 +246,15 @@ def cu_pointer_get_attributes(d: Driver, call: Call, args: list[Any]) -> None:
 
 @implements("cuMemcpyDtoHAsync")
 def cu_memcpy_dtoh_async(d: Driver, call: Call, args: list[Any]) -> None:
-    """Sent at once, not waited for: the bytes land in the application's buffer when the answer
-    is read, which happens before any later synchronisation can report completion."""
+    """Into page-locked memory: sent at once, not waited for; the bytes land in the application's
+    buffer when the answer is read, which happens before any later synchronisation can report
+    completion. Into pageable memory the driver returns only once the copy is done, so wait."""
     wire_args, _ = marshal.pack(call, d.translate(call, args), d.new_handle, snapshot=False)
+    dst, size = args[0], args[2]
+    pinned = maps(d)[1].find(dst)
+    if pinned is None or dst + size > pinned.base + pinned.size:
+        marshal.unpack(call, args, d.call(call, wire_args))
+        return
     d.session().call_later(call, wire_args, d.wire_ctx(), lambda status, outs: marshal.unpack(call, args, outs))
 
 

@@ -259,6 +259,8 @@ def _parse_spec(text: str) -> dict[str, tuple[str, dict[str, tuple[str, str | No
         line = raw.split("#", 1)[0].split()
         if not line:
             continue
+        if len(line) < 2:
+            raise TableError(f"SPEC line {lineno}: {line[0]} has no class (one of {CLASSES})")
         family, cls, *notes = line
         if cls not in CLASSES:
             raise TableError(f"SPEC line {lineno}: class {cls!r} of {family} is not one of {CLASSES}")

@@ -25,15 +25,15 @@ ELF_MAGIC = b"\x7fELF"
 _KINDS = {1: "ptx", 2: "elf"}
 _LZ4, _ZSTD = 0x2000, 0x8000  # fatbin entry flags
 
-_SHT_SYMTAB = 2
+_SHT_SYMTAB, _SHT_SYMTAB_SHNDX, _SHN_XINDEX = 2, 18, 0xFFFF
 # No contents in the file: SHT_NOBITS, and what relocatable (-rdc) cubins use instead for .nv.global,
 # .nv.local.*, .nv.shared.* and reserved shared memory (SHT_CUDA_GLOBAL, _LOCAL, _SHARED, _SHARED_RESERVED).
 _NOBITS = {8, 0x70000007, 0x70000009, 0x7000000A, 0x70000015}
 _STT_OBJECT, _STT_FUNC, _STT_CUDA_OBJECT = 1, 2, 13  # -rdc cubins type variables STT_CUDA_OBJECT
+_STO_CUDA_ENTRY = 0x10  # st_other bit on __global__ functions (not on __device__ helpers)
 # Where variables live. Not .nv.shared.*, whose variables -rdc cubins list too, nor bank 0, the kernel
 # parameters (sm_80 -rdc cubins have a _param symbol in .nv.constant0.<kernel>).
 _VARIABLE_SECTION = re.compile(r"\.nv\.global(\.init)?|\.nv\.constant[1-9]\d*")
-_STO_CUDA_ENTRY = 0x10  # st_other bit on __global__ functions (not on __device__ helpers)
 _EIFMT_SVAL = 4  # .nv.info record with a payload; other formats keep their value in the u16
 _EIATTR_KPARAM_INFO, _EIATTR_CBANK_PARAM_SIZE, _EIATTR_KPARAM_INFO_V2 = 0x17, 0x19, 0x45
 
@@ -237,10 +237,16 @@ def _section_table(elf: bytes) -> tuple[list[_Section], list[str]]:
 
 
 def _symbols(elf: bytes, sections: list[_Section]) -> Iterator[_Symbol]:
-    for symtab in (s for s in sections if s.type == _SHT_SYMTAB):
+    for index, symtab in enumerate(sections):
+        if symtab.type != _SHT_SYMTAB:
+            continue
         strings = sections[symtab.link].offset
-        for at in range(symtab.offset, symtab.offset + symtab.size, 24):
+        # Huge cubins: section indices of 0xff00 and over are in .symtab_shndx, a u32 for each symbol.
+        xindex = next((s.offset for s in sections if s.type == _SHT_SYMTAB_SHNDX and s.link == index), 0)
+        for i, at in enumerate(range(symtab.offset, symtab.offset + symtab.size, 24)):
             name, info, other, section, value, size = struct.unpack_from("<IBBHQQ", elf, at)
+            if section == _SHN_XINDEX:
+                section = _u32(elf, xindex + 4 * i)
             yield _Symbol(_cstr(elf, strings + name), info & 0xF, other, section, value, size)
 
 

@@ -32,19 +32,69 @@ class WireError(ValueError):
 
 
 def encode(header: dict[str, Any]) -> list[Any]:
-    """Header dict -> frames; bytes-like values over INLINE_MAX become frames of their own."""
+    """Header dict -> frames; bytearray and memoryview values over INLINE_MAX, and what frame()
+    marked, become frames of their own (sent as they are, without a copy)."""
     bulk: list[Any] = []
 
     def default(obj: Any) -> Any:
-        if isinstance(obj, (memoryview, bytearray)):
-            if len(obj) <= INLINE_MAX:
-                return bytes(obj)
-            bulk.append(obj)
+        if isinstance(obj, Bulk):
+            bulk.append(obj.data)
             return msgpack.ExtType(BULK, (len(bulk) - 1).to_bytes(4, "little"))
         raise TypeError(f"cannot send {type(obj).__name__}")
 
     header = {"v": PROTOCOL_VERSION, **header}
-    return [msgpack.packb(header, default=default, use_bin_type=True), *bulk]
+    packed = msgpack.packb(header, default=default, use_bin_type=True)
+    if len(packed) > INLINE_MAX:  # msgpack inlines bytearray and memoryview itself: look for large ones
+        found: list[Any] = []
+        swapped = _swap(header, found)
+        if found:
+            bulk[:] = found
+            packed = msgpack.packb(swapped, default=default, use_bin_type=True)
+    return [packed, *bulk]
+
+
+def _swap(obj: Any, found: list[Any]) -> Any:
+    """`obj` with each bytearray or memoryview over INLINE_MAX replaced by a reference to the frame
+    it is appended to `found` for; containers are copied only where something was replaced."""
+    kind = type(obj)
+    if kind is memoryview or kind is bytearray:
+        if len(obj) <= INLINE_MAX:
+            return obj
+        found.append(obj)
+        return msgpack.ExtType(BULK, (len(found) - 1).to_bytes(4, "little"))
+    if kind is dict:
+        out = None
+        for key, value in obj.items():
+            new = _swap(value, found)
+            if new is not value:
+                out = out if out is not None else dict(obj)
+                out[key] = new
+        return obj if out is None else out
+    if kind is list or kind is tuple:
+        seq = None
+        for i, value in enumerate(obj):
+            new = _swap(value, found)
+            if new is not value:
+                seq = seq if seq is not None else list(obj)
+                seq[i] = new
+        return obj if seq is None else seq
+    return obj
+
+
+class Bulk:
+    """Bytes marked by frame(): msgpack packs bytes, bytearray and memoryview inline itself, so
+    only a wrapper it does not know reaches encode()'s `default`, at no cost to other values."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+
+def frame(data: Any) -> Any:
+    """Any bytes-like data, as a frame of its own when it is over INLINE_MAX. Sent without a copy:
+    the data must not change until the message has gone."""
+    return data if len(data) <= INLINE_MAX else Bulk(data)
 
 
 def bulk(data: Any) -> Any:
@@ -72,7 +122,7 @@ def decode(frames: Sequence[Any]) -> dict[str, Any]:
     except WireError:
         raise
     except Exception as exc:  # msgpack raises several types for garbage
-        raise WireError(f"undecodable header: {exc}") from None
+        raise WireError(f"undecodable header: {type(exc).__name__}: {exc}") from None
     if not isinstance(header, dict):
         raise WireError("header is not a map")
     if header.get("v") != PROTOCOL_VERSION:

@@ -122,6 +122,8 @@ class Session:
         if p.kind in ("int", "float"):
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name} must be a number")
+            if p.kind == "int" and not _fits(p, value):  # a float, or out of the C type's range
+                raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}={value!r} is not a {p.ctype}")
             return value
         if p.direction == "out":
             if p.pointee == "handle" and call.cls == "shadow":
@@ -144,7 +146,9 @@ class Session:
         if p.pointee == "handle":
             handle = self.register(p.ctype.rstrip(" *"), out, arg if call.cls == "shadow" else None)
             return None if call.cls == "shadow" else handle.to_bytes(8, "little")
-        if p.count == "*" or isinstance(out, (bytes, memoryview)):
+        if isinstance(out, bytes):
+            return wire.frame(out)  # a large output goes as a frame of its own, not through msgpack
+        if p.count == "*" or isinstance(out, memoryview):
             return out
         if p.count is None and p.pointee in ("int", "float"):
             return _pack_scalar(p, out)
@@ -153,6 +157,13 @@ class Session:
 
 def _handle_family(ctype: str) -> str:
     return HANDLE_FAMILIES.get(ctype, ctype)
+
+
+def _fits(p: Param, value: Any) -> bool:
+    if not isinstance(value, int):
+        return False
+    bits = 8 * p.size
+    return -(1 << (bits - 1)) <= value < (1 << (bits - 1)) if p.signed else 0 <= value < (1 << bits)
 
 
 def _pack_scalar(p: Param, value: Any) -> bytes:

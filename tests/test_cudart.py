@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from toolchain import cudart_path
 
 SCRIPT = Path(__file__).resolve().parent / "programs" / "cudart_check.py"

@@ -153,6 +153,24 @@ def test_globals(nvcc: Callable[..., bytes], arch: int, flags: tuple[str, ...]) 
     assert select(fatbin, arch).data == cubin
 
 
+def test_globals_of_huge_cubins(nvcc: Callable[..., bytes]) -> None:
+    """From 0xff00 sections on (nvcc needs minutes to build one), st_shndx is SHN_XINDEX and the section
+    index is in .symtab_shndx: move every index there, turning the SHT_NOTE section into .symtab_shndx."""
+    cubin = nvcc("-arch=sm_90", "--cubin", source="globals.cu")
+    patched = bytearray(cubin)
+    shoff, shnum = struct.unpack_from("<Q", cubin, 0x28)[0], struct.unpack_from("<H", cubin, 0x3C)[0]
+    types = [struct.unpack_from("<I", cubin, shoff + 64 * i + 4)[0] for i in range(shnum)]
+    symtab, note = types.index(2), types.index(7)
+    offset, size = struct.unpack_from("<QQ", cubin, shoff + 64 * symtab + 0x18)
+    indices = b""
+    for at in range(offset, offset + size, 24):
+        indices += struct.pack("<I", struct.unpack_from("<H", cubin, at + 6)[0])
+        struct.pack_into("<H", patched, at + 6, 0xFFFF)
+    # sh_type, sh_flags, sh_addr, sh_offset, sh_size, sh_link
+    struct.pack_into("<IQQQQI", patched, shoff + 64 * note + 4, 18, 0, 0, len(patched), len(indices), symtab)
+    assert globals_(bytes(patched) + indices) == globals_(cubin)
+
+
 def test_ptx(nvcc: Callable[..., bytes]) -> None:
     ptx = nvcc("-arch=sm_90", "--ptx")
     assert entries(ptx) == [Entry("ptx", 90, ptx + b"\0")]

@@ -85,7 +85,18 @@ class Memory:
         self.view(address, len(data))[:] = data
 
     def fill(self, address: int, pattern: bytes, count: int) -> None:
-        self.view(address, len(pattern) * count)[:] = pattern * count
+        view = self.view(address, len(pattern) * count)  # bounds first: never build an absurd pattern
+        view[:] = pattern * count
+
+    def rect(self, address: int, pitch: int, width: int, height: int) -> bool:
+        """Check that a pitched rectangle lies inside one allocation before touching its rows, so
+        that an absurd height fails at once instead of looping; False when it is empty."""
+        if width == 0 or height == 0:
+            return False
+        if height > 1 and pitch < width:
+            raise CudaError(errors.INVALID_VALUE, f"pitch {pitch} is less than the row width {width}")
+        self.find(address, pitch * (height - 1) + width)
+        return True
 
     def release_all(self) -> None:
         self.bases.clear()
@@ -288,6 +299,8 @@ class SimBackend(Backend):
 
     def memcpy_2d(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int) -> None:
         """Device-to-device rectangle; the client splits host rows off itself."""
+        if not self.memory.rect(src, src_pitch, width, height) or not self.memory.rect(dst, dst_pitch, width, height):
+            return
         for row in range(height):
             self.memory.write(dst + row * dst_pitch, self.memory.read(src + row * src_pitch, width))
 
@@ -295,6 +308,8 @@ class SimBackend(Backend):
         self.memory.fill(dst, (value & ((1 << (8 * size)) - 1)).to_bytes(size, "little"), count)
 
     def _memset_2d(self, dst: int, pitch: int, value: int, size: int, width: int, height: int) -> None:
+        if not self.memory.rect(dst, pitch, width * size, height):
+            return
         for row in range(height):
             self._memset(dst + row * pitch, value, size, width)
 
@@ -474,9 +489,13 @@ class SimBackend(Backend):
         self.memcpy_2d(dst, dst_pitch, src, src_pitch, width, height)
 
     def xpuMemcpy2DToHost(self, src: int, src_pitch: int, width: int, height: int, stream: Any) -> tuple[bytes]:
+        if not self.memory.rect(src, src_pitch, width, height):
+            return (b"",)
         return (b"".join(self.memory.read(src + r * src_pitch, width) for r in range(height)),)
 
     def xpuMemcpy2DFromHost(self, dst: int, dst_pitch: int, src: bytes, width: int, height: int,
                             stream: Any) -> None:
+        if not self.memory.rect(dst, dst_pitch, width, height):
+            return
         for r in range(height):
             self.memory.write(dst + r * dst_pitch, src[r * width : (r + 1) * width])

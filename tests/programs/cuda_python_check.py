@@ -188,7 +188,8 @@ def memory() -> None:
     ok(cu.cuMemcpyDtoH(addr(out), a, N), "cuMemcpyDtoH whole")
     check(out.raw == data[:17] + pattern(300, 3) + data[317:], "HtoD at an offset leaves the rest")
 
-    stream = ok(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate for async copies")
+    non_blocking = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+    stream = ok(cu.cuStreamCreate(non_blocking), "cuStreamCreate for async copies")
     data2 = pattern(N, 99)
     src2 = ctypes.create_string_buffer(data2, N)
     ok(cu.cuMemcpyHtoDAsync(a, addr(src2), N, stream), "cuMemcpyHtoDAsync")
@@ -398,6 +399,29 @@ def unsupported() -> None:
           repr(err))
     err, _ = cu.cuGraphCreate(0)  # said once in the log, answered every time
     check(err == cu.CUresult.CUDA_ERROR_NOT_SUPPORTED, "cuGraphCreate again", repr(err))
+
+
+@section
+def resolution() -> None:
+    """cuda-python binds through cuGetProcAddress: the variants it got must be the shim's own symbols,
+    per-thread ones when CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM=1."""
+    try:
+        from cuda.bindings._internal import driver as internal
+
+        pointers = internal._inspect_function_pointers()
+    except (ImportError, AttributeError):
+        print("skip resolution: this cuda-python cannot list its function pointers")
+        return
+    shim = ctypes.CDLL("libcuda.so.1")
+    ptsz = os.environ.get("CUDA_PYTHON_CUDA_PER_THREAD_DEFAULT_STREAM", "0") not in ("", "0")
+    suffix = "_ptsz" if ptsz else ""
+    for name, symbol in [("cuMemcpyHtoDAsync_v2", f"cuMemcpyHtoDAsync_v2{suffix}"),
+                         ("cuMemsetD8_v2", "cuMemsetD8_v2_ptds" if ptsz else "cuMemsetD8_v2"),
+                         ("cuMemAlloc_v2", "cuMemAlloc_v2"), ("cuCtxGetDevice_v2", "cuCtxGetDevice_v2"),
+                         ("cuLaunchHostFunc", f"cuLaunchHostFunc{suffix}")]:
+        want = ctypes.cast(getattr(shim, symbol), ctypes.c_void_p).value
+        got = pointers.get(f"__{name}")
+        check(got == want, f"cuda-python's {name} is the shim's {symbol}", f"{got!r} vs {want:#x}")
 
 
 ok(cu.cuCtxDestroy(ctx), "cuCtxDestroy")

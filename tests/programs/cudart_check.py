@@ -106,14 +106,19 @@ def properties(rt: Runtime) -> dict[str, Any]:
     rt("cudaDeviceGetAttribute", ctypes.byref(minor), ATTR_MINOR, 0)
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
     rt("cudaMemGetInfo", ctypes.byref(free), ctypes.byref(total))
+    raw = prop.raw
+
+    def field(offset: int, size: int) -> int:
+        return int.from_bytes(raw[offset : offset + size], "little", signed=size == 4)
+
     return {
         "count": count.value,
-        "name": prop.raw[PROP_NAME : PROP_NAME + 256].split(b"\0", 1)[0].decode(),
+        "name": raw[PROP_NAME : PROP_NAME + 256].split(b"\0", 1)[0].decode(),
         "major": major.value,
         "minor": minor.value,
-        "prop_major": int.from_bytes(prop.raw[PROP_MAJOR : PROP_MAJOR + 4], "little", signed=True),
-        "prop_minor": int.from_bytes(prop.raw[PROP_MINOR : PROP_MINOR + 4], "little", signed=True),
-        "total_global_mem": int.from_bytes(prop.raw[PROP_TOTAL_GLOBAL_MEM : PROP_TOTAL_GLOBAL_MEM + 8], "little"),
+        "prop_major": field(PROP_MAJOR, 4),
+        "prop_minor": field(PROP_MINOR, 4),
+        "total_global_mem": field(PROP_TOTAL_GLOBAL_MEM, 8),
         "mem_info_total": total.value,
         "mem_info_free": free.value,
     }

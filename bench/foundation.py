@@ -1,0 +1,723 @@
+"""Foundation benchmark: what the shim costs over the bare transport, on the sim backend.
+
+    python bench/foundation.py [--out bench/results/foundation-sim.json] [--quick] [--profile DIR]
+
+Starts its own `xpu-server --backend sim` and a raw pyzmq echo server on loopback, and two
+long-lived agent processes:
+
+  shim agent  Python with the shim preloaded (LD_PRELOAD, LD_LIBRARY_PATH, XPU_SERVER, as
+              `xpu-run` sets them), calling the driver entry points through ctypes;
+  raw agent   the same traffic with bare pyzmq + msgpack (DEALER -> ROUTER echo, same tcp
+              loopback transport, same header shapes), the floor any remoting layer stands on.
+
+The parent interleaves the two agents' repeats, so that load drift hits both alike, and prints
+each figure beside its baseline:
+
+  1. sync latency     cuCtxSynchronize x N            vs  msgpack header echoed by the echo server
+  2. async throughput cuMemsetD8Async (256 B) x N,    vs  the same calls batched as the client batches
+                      then one cuStreamSynchronize        them (MAX_BATCH_CALLS), never answered, then
+                                                          one echo; and one message per call
+  3. bulk copies      cuMemcpyHtoD_v2 / DtoH_v2       vs  the same bytes as one frame, acknowledged (H2D)
+                      of 64 MiB                           or sent back by the echo server (D2H)
+
+Medians over the repeats; results as JSON and Markdown with --out. With --profile DIR, every
+phase is also run once under cProfile inside the shim agent, and the server's per-call work is
+profiled in-process (worker.Session on the sim backend); the top entries are printed and the
+.pstats files left in DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from itertools import repeat
+from pathlib import Path
+from typing import Any
+
+# the shim's batching limit and the header shapes the client sends, from the client itself
+from xpuremote.client.connection import MAX_BATCH_CALLS
+from xpuremote.protocol import wire
+from xpuremote.protocol.calls import CALLS
+
+ROOT = Path(__file__).resolve().parent.parent
+MIB = 1 << 20
+SMALL = 256  # bytes of the memset buffer
+TAG = "@@ "  # agents' answer lines start with this; anything else on their stdout is passed through
+
+
+
+# ---- the raw echo server ------------------------------------------------------------------------
+# A message is [header, *bulk]; the header's first byte says what to do with it:
+#   E echo every frame back   N answer nothing   A echo the header only (an ack)
+#   D echo the header plus `size` bytes (msgpack {"size": n} after the mode byte)   Q quit
+def echo_server() -> int:
+    import msgpack
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    print(f"endpoint tcp://127.0.0.1:{port}", flush=True)
+    blobs: dict[int, bytes] = {}
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        mode = frames[1].buffer[0]
+        if mode == 0x45:  # E
+            sock.send_multipart(frames, copy=False)
+        elif mode == 0x4E:  # N
+            pass
+        elif mode == 0x41:  # A
+            sock.send_multipart(frames[:2], copy=False)
+        elif mode == 0x44:  # D
+            size = msgpack.unpackb(frames[1].buffer[1:])["size"]
+            if size not in blobs:
+                blobs[size] = os.urandom(size)
+            sock.send_multipart([frames[0], frames[1], blobs[size]], copy=False)
+        elif mode == 0x51:  # Q
+            sock.send_multipart(frames, copy=False)
+            break
+    sock.close(0)
+    ctx.term()
+    return 0
+
+
+# ---- agents -----------------------------------------------------------------------------------------
+def calls_header(seq: int, calls: list[Any], reply: bool) -> dict[str, Any]:
+    """The header the client sends for a batch of calls (see protocol/wire.py)."""
+    return {"v": wire.PROTOCOL_VERSION, "op": "calls", "seq": seq, "calls": calls, "reply": reply}
+
+
+class RawAgent:
+    """The baseline: bare pyzmq + msgpack against the echo server."""
+
+    def __init__(self, endpoint: str, bulk: int) -> None:
+        import msgpack
+        import zmq
+
+        self.msgpack = msgpack
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.src = bytearray(os.urandom(bulk))
+        self.seq = 0
+        self.sync_op = CALLS["cuCtxSynchronize"].opcode
+        self.memset_op = CALLS["cuMemsetD8Async"].opcode
+        self.dptr = 0x3000_0000_0000
+        self.sync(100)  # connected and answering
+
+    def _echo(self) -> None:
+        self.seq += 1
+        packb, unpackb = self.msgpack.packb, self.msgpack.unpackb
+        self.sock.send(b"E" + packb(calls_header(self.seq, [[self.sync_op, []]], True)))
+        unpackb(self.sock.recv()[1:])
+
+    def sync(self, n: int) -> float:
+        sock, packb, unpackb, op = self.sock, self.msgpack.packb, self.msgpack.unpackb, self.sync_op
+        t0 = time.perf_counter()
+        for seq in range(self.seq + 1, self.seq + n + 1):
+            sock.send(b"E" + packb(calls_header(seq, [[op, []]], True)))
+            if unpackb(sock.recv()[1:])["seq"] != seq:
+                raise RuntimeError("echo out of order")
+        elapsed = time.perf_counter() - t0
+        self.seq += n
+        return elapsed
+
+    def async_batched(self, n: int) -> float:
+        """n calls queued as the client queues them, sent MAX_BATCH_CALLS at a time, then one echo."""
+        sock, packb, op, dptr = self.sock, self.msgpack.packb, self.memset_op, self.dptr
+        value = n & 0xFF
+        t0 = time.perf_counter()
+        pending: list[Any] = []
+        for _ in repeat(None, n):
+            pending.append([op, [dptr, value, SMALL, 0]])
+            if len(pending) >= MAX_BATCH_CALLS:
+                self.seq += 1
+                sock.send(b"N" + packb(calls_header(self.seq, pending, False)))
+                pending = []
+        if pending:
+            self.seq += 1
+            sock.send(b"N" + packb(calls_header(self.seq, pending, False)))
+        self._echo()
+        return time.perf_counter() - t0
+
+    def async_single(self, n: int) -> float:
+        """n calls, one message each, never answered, then one echo."""
+        sock, packb, op, dptr = self.sock, self.msgpack.packb, self.memset_op, self.dptr
+        value = n & 0xFF
+        t0 = time.perf_counter()
+        for seq in range(self.seq + 1, self.seq + n + 1):
+            sock.send(b"N" + packb(calls_header(seq, [[op, [dptr, value, SMALL, 0]]], False)))
+        self.seq += n
+        self._echo()
+        return time.perf_counter() - t0
+
+    def h2d(self, size: int) -> float:
+        header = b"A" + self.msgpack.packb({"size": size})
+        view = memoryview(self.src)[:size]
+        t0 = time.perf_counter()
+        self.sock.send_multipart([header, view], copy=False)
+        self.sock.recv_multipart(copy=False)
+        return time.perf_counter() - t0
+
+    def d2h(self, size: int) -> float:
+        header = b"D" + self.msgpack.packb({"size": size})
+        t0 = time.perf_counter()
+        self.sock.send(header)
+        frames = self.sock.recv_multipart(copy=False)
+        elapsed = time.perf_counter() - t0
+        if len(frames[1].buffer) != size:
+            raise RuntimeError("short D2H reply")
+        return elapsed
+
+    def d2h_copy(self, size: int) -> float:
+        """D2H, then the bytes copied into an application buffer (as any driver must)."""
+        header = b"D" + self.msgpack.packb({"size": size})
+        dst = getattr(self, "dst", None)
+        if dst is None or len(dst) < size:
+            dst = self.dst = bytearray(size)
+        t0 = time.perf_counter()
+        self.sock.send(header)
+        frames = self.sock.recv_multipart(copy=False)
+        memoryview(dst)[:size] = frames[1].buffer
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.sock.send(b"Q")
+        self.sock.recv()
+        self.sock.close(0)
+        self.ctx.term()
+
+
+class ShimAgent:
+    """The driver through the preloaded shim, called from ctypes as a C program would."""
+
+    def __init__(self, bulk: int) -> None:
+        import ctypes
+
+        self.ctypes = ctypes
+        lib = ctypes.CDLL("libcuda.so.1")
+        self.shim_path = _loaded_from("libcuda.so.1")
+        c = ctypes
+        u64 = c.c_uint64
+
+        def fn(name: str, *argtypes: Any) -> Any:
+            f = getattr(lib, name)
+            f.restype, f.argtypes = c.c_int, list(argtypes)
+            return f
+
+        self.cuCtxSynchronize = fn("cuCtxSynchronize")
+        self.cuMemsetD8Async = fn("cuMemsetD8Async", u64, c.c_ubyte, c.c_size_t, c.c_void_p)
+        self.cuStreamSynchronize = fn("cuStreamSynchronize", c.c_void_p)
+        self.cuMemcpyHtoD = fn("cuMemcpyHtoD_v2", u64, c.c_void_p, c.c_size_t)
+        self.cuMemcpyDtoH = fn("cuMemcpyDtoH_v2", c.c_void_p, u64, c.c_size_t)
+        check = self.check
+        check("cuInit", fn("cuInit", c.c_uint)(0))
+        dev, ctx = c.c_int(), c.c_void_p()
+        check("cuDeviceGet", fn("cuDeviceGet", c.POINTER(c.c_int), c.c_int)(c.byref(dev), 0))
+        check("cuDevicePrimaryCtxRetain", fn("cuDevicePrimaryCtxRetain", c.POINTER(c.c_void_p), c.c_int)(
+            c.byref(ctx), dev))
+        check("cuCtxSetCurrent", fn("cuCtxSetCurrent", c.c_void_p)(ctx))
+        alloc = fn("cuMemAlloc_v2", c.POINTER(u64), c.c_size_t)
+        small, big = u64(), u64()
+        check("cuMemAlloc_v2", alloc(c.byref(small), SMALL))
+        check("cuMemAlloc_v2", alloc(c.byref(big), bulk))
+        self.small, self.big = small.value, big.value
+        self.src = bytearray(os.urandom(bulk))
+        self.dst = bytearray(bulk)
+        self.src_ptr = c.addressof(c.c_char.from_buffer(self.src))
+        self.dst_ptr = c.addressof(c.c_char.from_buffer(self.dst))
+        self.sync(100)
+
+    @staticmethod
+    def check(name: str, rc: int) -> None:
+        if rc:
+            raise RuntimeError(f"{name} returned CUresult {rc}")
+
+    def sync(self, n: int) -> float:
+        f = self.cuCtxSynchronize
+        bad = 0
+        t0 = time.perf_counter()
+        for _ in repeat(None, n):
+            if f():
+                bad += 1
+        elapsed = time.perf_counter() - t0
+        self.check("cuCtxSynchronize", bad)
+        return elapsed
+
+    def async_batched(self, n: int) -> float:
+        f, small, value = self.cuMemsetD8Async, self.small, n & 0xFF
+        bad = 0
+        t0 = time.perf_counter()
+        for _ in repeat(None, n):
+            if f(small, value, SMALL, None):
+                bad += 1
+        rc = self.cuStreamSynchronize(None)
+        elapsed = time.perf_counter() - t0
+        self.check("cuMemsetD8Async", bad)
+        self.check("cuStreamSynchronize", rc)
+        out = (self.ctypes.c_ubyte * SMALL)()
+        self.check("cuMemcpyDtoH_v2", self.cuMemcpyDtoH(out, small, SMALL))
+        if bytes(out) != bytes([value]) * SMALL:
+            raise RuntimeError("cuMemsetD8Async did not set the buffer")
+        return elapsed
+
+    def h2d(self, size: int) -> float:
+        t0 = time.perf_counter()
+        rc = self.cuMemcpyHtoD(self.big, self.src_ptr, size)
+        elapsed = time.perf_counter() - t0
+        self.check("cuMemcpyHtoD_v2", rc)
+        return elapsed
+
+    def d2h(self, size: int) -> float:
+        t0 = time.perf_counter()
+        rc = self.cuMemcpyDtoH(self.dst_ptr, self.big, size)
+        elapsed = time.perf_counter() - t0
+        self.check("cuMemcpyDtoH_v2", rc)
+        return elapsed
+
+    def verify(self, size: int) -> bool:
+        """The bytes that went up come back down."""
+        self.src[:64] = os.urandom(64)
+        self.h2d(size)
+        self.dst[:size] = bytes(size)
+        self.d2h(size)
+        return self.dst[:size] == self.src[:size]
+
+    def close(self) -> None:
+        pass
+
+
+def _loaded_from(soname: str) -> str:
+    """Which file a library was loaded from (Linux), to make sure it is the shim."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if line.rstrip().endswith(soname):
+                    return line.split()[-1]
+    except OSError:
+        pass
+    return "?"
+
+
+def agent(kind: str, endpoint: str, bulk: int, profile_dir: str | None) -> int:
+    """Serve the parent's commands (one JSON line each) until stdin closes."""
+    target: Any = RawAgent(endpoint, bulk) if kind == "raw" else ShimAgent(bulk)
+    hello = {"ready": kind, "pid": os.getpid()}
+    if kind == "shim":
+        hello["library"] = target.shim_path
+    _answer(hello)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        cmd = json.loads(line)
+        method = getattr(target, cmd["op"])
+        if cmd.get("profile") and profile_dir:
+            prof = cProfile.Profile()
+            result = prof.runcall(method, *cmd.get("args", []))
+            prof.dump_stats(os.path.join(profile_dir, f"{kind}-{cmd['op']}.pstats"))
+        else:
+            result = method(*cmd.get("args", []))
+        _answer({"result": result})
+    target.close()
+    return 0
+
+
+def _answer(obj: Any) -> None:
+    sys.stdout.write(TAG + json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+class Agent:
+    """The parent's handle on an agent process."""
+
+    def __init__(self, kind: str, args: list[str], env: dict[str, str]) -> None:
+        self.kind = kind
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--role", kind, *args]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.hello = self._read()
+        self.peer = 0  # the process serving this agent, for CPU accounting
+
+    def _read(self) -> Any:
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the {self.kind} agent ended (exit {self.proc.wait()})")
+            if line.startswith(TAG):
+                return json.loads(line[len(TAG):])
+            sys.stdout.write(f"[{self.kind}] {line}")
+
+    def __call__(self, op: str, *args: Any, profile: bool = False) -> Any:
+        self.proc.stdin.write(json.dumps({"op": op, "args": list(args), "profile": profile}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()["result"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+# ---- CPU accounting (Linux /proc; zeros elsewhere) ---------------------------------------------------
+TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system time of a process, all its threads."""
+    try:
+        fields = _stat(pid)
+    except (OSError, ValueError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def session_worker(daemon_pid: int) -> int:
+    """The worker process the daemon started for our one session (its only child)."""
+    children = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                if int(_stat(int(entry))[1]) == daemon_pid:
+                    children.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue
+    return children[0] if len(children) == 1 else 0
+
+
+# ---- servers ----------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "XPU_SERVER")}
+
+
+def start_sim_server(log_path: Path) -> tuple[subprocess.Popen, str]:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    env = {**clean_env(), "XPU_LOG": "INFO"}
+    with open(log_path, "w") as log:  # the server keeps its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "xpuremote.server.daemon", "--listen", address,
+                                 "--backend", "sim"], stderr=log, env=env)
+    deadline = time.monotonic() + 30
+    while "ready" not in log_path.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"xpu-server did not start:\n{log_path.read_text()}")
+        time.sleep(0.05)
+    return proc, address
+
+
+def start_echo_server() -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--role", "echo"],
+                            stdout=subprocess.PIPE, text=True, env=clean_env())
+    line = proc.stdout.readline()
+    if not line.startswith("endpoint "):
+        raise RuntimeError(f"echo server did not start (exit {proc.poll()})")
+    return proc, line.split()[1]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# ---- the server's own share, measured in-process ------------------------------------------------------
+def server_share(n_sync: int, n_async: int, profile_dir: Path | None) -> dict[str, float]:
+    """µs per call spent in worker.Session (decode + execute + encode), without any transport."""
+    import msgpack
+
+    from xpuremote.server.backends.sim import SimBackend
+    from xpuremote.server.worker import Session
+
+    session = Session(SimBackend())
+    dptr = session.backend.memory.alloc(SMALL)
+    sync_op, memset_op = CALLS["cuCtxSynchronize"].opcode, CALLS["cuMemsetD8Async"].opcode
+    sync_msg = msgpack.packb(calls_header(1, [[sync_op, []]], True))
+    batch = [[memset_op, [dptr, 7, SMALL, 0]]] * MAX_BATCH_CALLS
+    async_msg = msgpack.packb(calls_header(1, batch, False))
+
+    def sync_loop() -> None:
+        for _ in repeat(None, n_sync):
+            header = wire.decode([sync_msg])
+            answer = session.run_batch(header["calls"], True)
+            answer["seq"] = header["seq"]
+            wire.encode(answer)
+
+    def async_loop() -> None:
+        for _ in repeat(None, n_async // MAX_BATCH_CALLS):
+            header = wire.decode([async_msg])
+            session.run_batch(header["calls"], False)
+
+    out = {}
+    for name, fn, calls in (("sync", sync_loop, n_sync), ("async", async_loop, n_async)):
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        out[name] = statistics.median(times) / calls * 1e6
+        if profile_dir is not None:
+            cProfile.runctx("fn()", globals(), {"fn": fn}, str(profile_dir / f"server-{name}.pstats"))
+    return out
+
+
+def top(path: Path, limit: int = 22) -> str:
+    buf = io.StringIO()
+    pstats.Stats(str(path), stream=buf).strip_dirs().sort_stats("tottime").print_stats(limit)
+    lines = buf.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+    return "\n".join(lines[max(start - 4, 0):])
+
+
+# ---- the run -------------------------------------------------------------------------------------------
+def machine() -> dict[str, Any]:
+    import msgpack
+    import zmq
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cores": os.cpu_count(), "cpu": cpu, "system": f"{platform.system()} {platform.release()}",
+            "python": platform.python_version(), "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),
+            "msgpack": ".".join(map(str, msgpack.version)), "load_before": _loadavg()}
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from xpuremote.interpose.build import ensure_shim
+
+    shim = ensure_shim()
+    bulk = args.bulk_mib * MIB
+    tmp = Path(tempfile.mkdtemp(prefix="xpuremote-bench-"))
+    profile_dir = Path(args.profile).resolve() if args.profile else None
+    if profile_dir:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen] = []
+    agents: list[Agent] = []
+    try:
+        server, address = start_sim_server(tmp / "server.log")
+        procs.append(server)
+        echo, endpoint = start_echo_server()
+        procs.append(echo)
+        extra = ["--bulk-mib", str(args.bulk_mib)] + (["--profile", str(profile_dir)] if profile_dir else [])
+        raw = Agent("raw", ["--endpoint", endpoint, *extra], clean_env())
+        raw.peer = echo.pid
+        agents.append(raw)
+        env = clean_env()
+        env["LD_PRELOAD"] = str(shim)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(shim.parent), env.get("LD_LIBRARY_PATH")]))
+        env["XPU_SERVER"] = address
+        shim_agent = Agent("shim", extra, env)
+        agents.append(shim_agent)
+        if Path(shim_agent.hello["library"]).resolve() != shim.resolve():
+            raise RuntimeError(f"the shim agent loaded {shim_agent.hello['library']}, not {shim}")
+        shim_agent.peer = session_worker(server.pid)
+
+        results: dict[str, Any] = {}
+        # warm-up: caches, allocator, TCP windows
+        for a in (raw, shim_agent):
+            a("sync", min(args.sync_n, 2000))
+            a("async_batched", min(args.async_n, 20000))
+            a("h2d", bulk)
+            a("d2h", bulk)
+
+        samples: dict[str, list[float]] = {}
+        cpu: dict[str, list[list[float]]] = {}
+
+        def measure(key: str, a: Agent, op: str, arg: int, units: int, figure: Any) -> None:
+            """One repeat: the figure from the agent's wall time, and the CPU time that the agent and
+            its server (all their threads) spent per unit (µs per call, ms per copy)."""
+            before = (cpu_seconds(a.proc.pid), cpu_seconds(a.peer))
+            seconds = a(op, arg)
+            after = (cpu_seconds(a.proc.pid), cpu_seconds(a.peer))
+            samples.setdefault(key, []).append(figure(seconds))
+            scale = 1e6 / units if units > 1 else 1e3
+            cpu.setdefault(key, []).append([(y - x) * scale for x, y in zip(before, after)])
+
+        n, m = args.sync_n, args.async_n
+        for _ in range(args.repeats):
+            measure("sync_raw", raw, "sync", n, n, lambda t: t / n * 1e6)
+            measure("sync_shim", shim_agent, "sync", n, n, lambda t: t / n * 1e6)
+        for _ in range(args.repeats):
+            measure("async_raw_batched", raw, "async_batched", m, m, lambda t: m / t)
+            measure("async_raw_single", raw, "async_single", m, m, lambda t: m / t)
+            measure("async_shim", shim_agent, "async_batched", m, m, lambda t: m / t)
+        for _ in range(args.bulk_repeats):
+            for key, a, op in (("h2d_raw", raw, "h2d"), ("h2d_shim", shim_agent, "h2d"),
+                               ("d2h_raw", raw, "d2h"), ("d2h_raw_copy", raw, "d2h_copy"),
+                               ("d2h_shim", shim_agent, "d2h")):
+                measure(key, a, op, bulk, 1, lambda t: bulk / t / 1e9)
+        results["verified"] = shim_agent("verify", bulk)
+        if not results["verified"]:
+            raise RuntimeError("the bytes copied to the device did not come back unchanged")
+
+        if profile_dir:
+            shim_agent("sync", args.sync_n, profile=True)
+            shim_agent("async_batched", args.async_n, profile=True)
+            shim_agent("h2d", bulk, profile=True)
+            shim_agent("d2h", bulk, profile=True)
+        results["server_us_per_call"] = server_share(args.sync_n, args.async_n, profile_dir)
+        results["samples"] = {k: [round(x, 4) for x in v] for k, v in samples.items()}
+        results["median"] = {k: statistics.median(v) for k, v in samples.items()}
+        results["cpu"] = {k: {"client": statistics.median(c for c, _ in v),
+                              "server": statistics.median(s for _, s in v)} for k, v in cpu.items()}
+    finally:
+        for a in agents:
+            a.close()
+        for p in procs:
+            stop(p)
+    if profile_dir:
+        for path in sorted(profile_dir.glob("*.pstats")):
+            print(f"\n==== {path.name} ====\n{top(path)}")
+    return results
+
+
+def figures(args: argparse.Namespace, results: dict[str, Any]) -> list[dict[str, Any]]:
+    m, cpu, mib = results["median"], results["cpu"], args.bulk_mib
+
+    def row(figure: str, unit: str, shim: str, base: str, baseline_is: str, target: str, met: Any,
+            cpu_unit: str, **also: str) -> dict[str, Any]:
+        ratio = m[shim] / m[base]
+        return {"figure": figure, "unit": unit, "shim": m[shim], "baseline": m[base],
+                "baseline_is": baseline_is, "ratio": ratio, "ratio_is": "shim / baseline", "target": target,
+                "met": bool(met(ratio, m[shim])),
+                "also": {k: m[v] for k, v in also.items()},
+                "cpu": {"unit": cpu_unit, "shim": cpu[shim], "baseline": cpu[base]}}
+
+    return [
+        row(f"sync latency, cuCtxSynchronize x {args.sync_n}", "µs/call", "sync_shim", "sync_raw",
+            "pyzmq+msgpack echo round trip", "ratio <= 1.3", lambda r, v: r <= 1.3, "µs/call"),
+        row(f"async throughput, cuMemsetD8Async {SMALL} B x {args.async_n} + 1 sync", "calls/s", "async_shim",
+            "async_raw_batched", f"pyzmq+msgpack, {MAX_BATCH_CALLS} calls a message, no answers, then 1 echo",
+            ">= 150,000 calls/s", lambda r, v: v >= 150_000, "µs/call",
+            **{"pyzmq+msgpack, 1 call a message (calls/s)": "async_raw_single"}),
+        row(f"H2D cuMemcpyHtoD_v2 {mib} MiB", "GB/s", "h2d_shim", "h2d_raw",
+            "pyzmq: one frame to the echo server, ack back", "ratio >= 0.8", lambda r, v: r >= 0.8,
+            "ms/copy"),
+        row(f"D2H cuMemcpyDtoH_v2 {mib} MiB", "GB/s", "d2h_shim", "d2h_raw",
+            "pyzmq: request, one frame back from the echo server", "ratio >= 0.8", lambda r, v: r >= 0.8,
+            "ms/copy",
+            **{"pyzmq, the frame then copied into the application's buffer (GB/s)": "d2h_raw_copy"}),
+    ]
+
+
+def _fmt(x: float) -> str:
+    if x >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.3g}" if x < 10 else f"{x:.1f}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = "| figure | unit | shim | baseline | ratio | target | met |\n|---|---|---:|---:|---:|---|---|"
+    lines = [head]
+    for r in rows:
+        lines.append(f"| {r['figure']} | {r['unit']} | {_fmt(r['shim'])} | {_fmt(r['baseline'])} | "
+                     f"{r['ratio']:.2f}x | {r['target']} | {'yes' if r['met'] else 'NO'} |")
+    lines += ["", "CPU time, medians (all threads; client = the agent process, server = the sim worker or "
+              "the echo server):", "",
+              "| figure | unit | shim: client | shim: server | baseline: client | baseline: server |",
+              "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        c = r["cpu"]
+        cells = [c[side][end] for side in ("shim", "baseline") for end in ("client", "server")]
+        lines.append(f"| {r['figure']} | {c['unit']} | " + " | ".join(_fmt(x) for x in cells) + " |")
+    notes = []
+    for r in rows:
+        notes.append(f"- {r['figure']}: baseline = {r['baseline_is']}")
+        for k, v in r.get("also", {}).items():
+            notes.append(f"  - also {k}: {_fmt(v)}")
+    return "\n".join(lines) + "\n\n" + "\n".join(notes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write JSON here, and Markdown beside it (.md)")
+    parser.add_argument("--sync-n", type=int, default=20_000)
+    parser.add_argument("--async-n", type=int, default=200_000)
+    parser.add_argument("--bulk-mib", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--bulk-repeats", type=int, default=7)
+    parser.add_argument("--quick", action="store_true", help="small counts, for a smoke test")
+    parser.add_argument("--profile", metavar="DIR", help="also profile each phase; .pstats files go here")
+    parser.add_argument("--role", choices=["echo", "raw", "shim"], help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.role == "echo":
+        return echo_server()
+    if args.role:
+        return agent(args.role, args.endpoint, args.bulk_mib * MIB, args.profile)
+    if args.quick:
+        args.sync_n, args.async_n, args.repeats, args.bulk_repeats = 2000, 20000, 3, 3
+
+    info = machine()
+    started = time.time()
+    results = run(args)
+    rows = figures(args, results)
+    md = table(rows)
+    print(md)
+    print(f"\nserver share (in-process worker.Session, no transport): "
+          f"sync {results['server_us_per_call']['sync']:.2f} µs/call, "
+          f"async {results['server_us_per_call']['async']:.2f} µs/call")
+    if args.out:
+        command = "python bench/foundation.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"command": command, "machine": info, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z",
+               time.localtime(started)), "seconds": round(time.time() - started, 1),
+               "parameters": {"sync_n": args.sync_n, "async_n": args.async_n, "bulk_mib": args.bulk_mib,
+                              "repeats": args.repeats, "bulk_repeats": args.bulk_repeats},
+               "figures": rows, "server_us_per_call": results["server_us_per_call"],
+               "samples": results["samples"], "verified": results["verified"]}
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+        m = info
+        out.with_suffix(".md").write_text(
+            f"# Foundation benchmark (sim backend)\n\n`{command}`\n\n"
+            f"Machine: {m['cores']} cores, {m['cpu']}, {m['system']}; Python {m['python']}, "
+            f"pyzmq {m['pyzmq']} (libzmq {m['libzmq']}), msgpack {m['msgpack']}. "
+            f"Medians of {args.repeats} repeats "
+            f"({args.bulk_repeats} for copies); server, echo server and both agents share the machine.\n\n"
+            f"{md}\n\nServer share (worker.Session in-process, no transport): "
+            f"sync {results['server_us_per_call']['sync']:.2f} µs/call, "
+            f"async {results['server_us_per_call']['async']:.2f} µs/call.\n")
+        print(f"\nwrote {out} and {out.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
