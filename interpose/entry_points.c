@@ -509,132 +509,135 @@ XPU_EXPORT int cuParamSetv(void *a0, int32_t a1, void *a2, uint32_t a3) { uint64
 XPU_EXPORT int cuPointerGetAttribute(void *a0, uint32_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(505, s); }
 XPU_EXPORT int cuPointerGetAttributes(uint32_t a0, void *a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(506, s); }
 XPU_EXPORT int cuPointerSetAttribute(void *a0, uint32_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(507, s); }
-XPU_EXPORT int cuSignalExternalSemaphoresAsync(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(508, s); }
-XPU_EXPORT int cuSignalExternalSemaphoresAsync_ptsz(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(509, s); }
-XPU_EXPORT int cuStreamAddCallback(void *a0, void *a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(510, s); }
-XPU_EXPORT int cuStreamAddCallback_ptsz(void *a0, void *a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(511, s); }
-XPU_EXPORT int cuStreamAttachMemAsync(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(512, s); }
-XPU_EXPORT int cuStreamAttachMemAsync_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(513, s); }
-XPU_EXPORT int cuStreamBatchMemOp(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(514, s); }
-XPU_EXPORT int cuStreamBatchMemOp_ptsz(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(515, s); }
-XPU_EXPORT int cuStreamBatchMemOp_v2(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(516, s); }
-XPU_EXPORT int cuStreamBatchMemOp_v2_ptsz(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(517, s); }
-XPU_EXPORT int cuStreamBeginCapture(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(518, s); }
-XPU_EXPORT int cuStreamBeginCaptureToGraph(void *a0, void *a1, void *a2, void *a3, uint64_t a4, uint32_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(519, s); }
-XPU_EXPORT int cuStreamBeginCaptureToGraph_ptsz(void *a0, void *a1, void *a2, void *a3, uint64_t a4, uint32_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(520, s); }
-XPU_EXPORT int cuStreamBeginCapture_ptsz(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(521, s); }
-XPU_EXPORT int cuStreamBeginCapture_v2(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(522, s); }
-XPU_EXPORT int cuStreamBeginCapture_v2_ptsz(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(523, s); }
-XPU_EXPORT int cuStreamCopyAttributes(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(524, s); }
-XPU_EXPORT int cuStreamCopyAttributes_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(525, s); }
-XPU_EXPORT int cuStreamCreate(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(526, s); }
-XPU_EXPORT int cuStreamCreateWithPriority(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(527, s); }
-XPU_EXPORT int cuStreamDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(528, s); }
-XPU_EXPORT int cuStreamDestroy_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(529, s); }
-XPU_EXPORT int cuStreamEndCapture(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(530, s); }
-XPU_EXPORT int cuStreamEndCapture_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(531, s); }
-XPU_EXPORT int cuStreamGetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(532, s); }
-XPU_EXPORT int cuStreamGetAttribute_ptsz(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(533, s); }
-XPU_EXPORT int cuStreamGetCaptureInfo(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(534, s); }
-XPU_EXPORT int cuStreamGetCaptureInfo_ptsz(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(535, s); }
-XPU_EXPORT int cuStreamGetCaptureInfo_v2(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(536, s); }
-XPU_EXPORT int cuStreamGetCaptureInfo_v2_ptsz(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(537, s); }
-XPU_EXPORT int cuStreamGetCaptureInfo_v3(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5, void *a6) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6}; return xpu_enter(538, s); }
-XPU_EXPORT int cuStreamGetCaptureInfo_v3_ptsz(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5, void *a6) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6}; return xpu_enter(539, s); }
-XPU_EXPORT int cuStreamGetCtx(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(540, s); }
-XPU_EXPORT int cuStreamGetCtx_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(541, s); }
-XPU_EXPORT int cuStreamGetCtx_v2(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(542, s); }
-XPU_EXPORT int cuStreamGetCtx_v2_ptsz(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(543, s); }
-XPU_EXPORT int cuStreamGetDevice(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(544, s); }
-XPU_EXPORT int cuStreamGetDevice_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(545, s); }
-XPU_EXPORT int cuStreamGetFlags(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(546, s); }
-XPU_EXPORT int cuStreamGetFlags_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(547, s); }
-XPU_EXPORT int cuStreamGetGreenCtx(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(548, s); }
-XPU_EXPORT int cuStreamGetId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(549, s); }
-XPU_EXPORT int cuStreamGetId_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(550, s); }
-XPU_EXPORT int cuStreamGetPriority(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(551, s); }
-XPU_EXPORT int cuStreamGetPriority_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(552, s); }
-XPU_EXPORT int cuStreamIsCapturing(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(553, s); }
-XPU_EXPORT int cuStreamIsCapturing_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(554, s); }
-XPU_EXPORT int cuStreamQuery(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(555, s); }
-XPU_EXPORT int cuStreamQuery_ptsz(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(556, s); }
-XPU_EXPORT int cuStreamSetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(557, s); }
-XPU_EXPORT int cuStreamSetAttribute_ptsz(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(558, s); }
-XPU_EXPORT int cuStreamSynchronize(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(559, s); }
-XPU_EXPORT int cuStreamSynchronize_ptsz(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(560, s); }
-XPU_EXPORT int cuStreamUpdateCaptureDependencies(void *a0, void *a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(561, s); }
-XPU_EXPORT int cuStreamUpdateCaptureDependencies_ptsz(void *a0, void *a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(562, s); }
-XPU_EXPORT int cuStreamUpdateCaptureDependencies_v2(void *a0, void *a1, void *a2, uint64_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(563, s); }
-XPU_EXPORT int cuStreamUpdateCaptureDependencies_v2_ptsz(void *a0, void *a1, void *a2, uint64_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(564, s); }
-XPU_EXPORT int cuStreamWaitEvent(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(565, s); }
-XPU_EXPORT int cuStreamWaitEvent_ptsz(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(566, s); }
-XPU_EXPORT int cuStreamWaitValue32(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(567, s); }
-XPU_EXPORT int cuStreamWaitValue32_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(568, s); }
-XPU_EXPORT int cuStreamWaitValue32_v2(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(569, s); }
-XPU_EXPORT int cuStreamWaitValue32_v2_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(570, s); }
-XPU_EXPORT int cuStreamWaitValue64(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(571, s); }
-XPU_EXPORT int cuStreamWaitValue64_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(572, s); }
-XPU_EXPORT int cuStreamWaitValue64_v2(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(573, s); }
-XPU_EXPORT int cuStreamWaitValue64_v2_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(574, s); }
-XPU_EXPORT int cuStreamWriteValue32(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(575, s); }
-XPU_EXPORT int cuStreamWriteValue32_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(576, s); }
-XPU_EXPORT int cuStreamWriteValue32_v2(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(577, s); }
-XPU_EXPORT int cuStreamWriteValue32_v2_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(578, s); }
-XPU_EXPORT int cuStreamWriteValue64(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(579, s); }
-XPU_EXPORT int cuStreamWriteValue64_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(580, s); }
-XPU_EXPORT int cuStreamWriteValue64_v2(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(581, s); }
-XPU_EXPORT int cuStreamWriteValue64_v2_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(582, s); }
-XPU_EXPORT int cuSurfObjectCreate(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(583, s); }
-XPU_EXPORT int cuSurfObjectDestroy(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(584, s); }
-XPU_EXPORT int cuSurfObjectGetResourceDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(585, s); }
-XPU_EXPORT int cuSurfRefGetArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(586, s); }
-XPU_EXPORT int cuSurfRefSetArray(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(587, s); }
-XPU_EXPORT int cuTensorMapEncodeIm2col(void *a0, uint32_t a1, uint32_t a2, void *a3, void *a4, void *a5, void *a6, void *a7, uint32_t a8, uint32_t a9, void *a10, uint32_t a11, uint32_t a12, uint32_t a13, uint32_t a14) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(uint64_t)a8, (uint64_t)(uint64_t)a9, (uint64_t)(uintptr_t)a10, (uint64_t)(uint64_t)a11, (uint64_t)(uint64_t)a12, (uint64_t)(uint64_t)a13, (uint64_t)(uint64_t)a14}; return xpu_enter(588, s); }
-XPU_EXPORT int cuTensorMapEncodeIm2colWide(void *a0, uint32_t a1, uint32_t a2, void *a3, void *a4, void *a5, int32_t a6, int32_t a7, uint32_t a8, uint32_t a9, void *a10, uint32_t a11, uint32_t a12, uint32_t a13, uint32_t a14, uint32_t a15) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(int64_t)a6, (uint64_t)(int64_t)a7, (uint64_t)(uint64_t)a8, (uint64_t)(uint64_t)a9, (uint64_t)(uintptr_t)a10, (uint64_t)(uint64_t)a11, (uint64_t)(uint64_t)a12, (uint64_t)(uint64_t)a13, (uint64_t)(uint64_t)a14, (uint64_t)(uint64_t)a15}; return xpu_enter(589, s); }
-XPU_EXPORT int cuTensorMapEncodeTiled(void *a0, uint32_t a1, uint32_t a2, void *a3, void *a4, void *a5, void *a6, void *a7, uint32_t a8, uint32_t a9, uint32_t a10, uint32_t a11) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(uint64_t)a8, (uint64_t)(uint64_t)a9, (uint64_t)(uint64_t)a10, (uint64_t)(uint64_t)a11}; return xpu_enter(590, s); }
-XPU_EXPORT int cuTensorMapReplaceAddress(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(591, s); }
-XPU_EXPORT int cuTexObjectCreate(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(592, s); }
-XPU_EXPORT int cuTexObjectDestroy(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(593, s); }
-XPU_EXPORT int cuTexObjectGetResourceDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(594, s); }
-XPU_EXPORT int cuTexObjectGetResourceViewDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(595, s); }
-XPU_EXPORT int cuTexObjectGetTextureDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(596, s); }
-XPU_EXPORT int cuTexRefCreate(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(597, s); }
-XPU_EXPORT int cuTexRefDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(598, s); }
-XPU_EXPORT int cuTexRefGetAddress(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(599, s); }
-XPU_EXPORT int cuTexRefGetAddressMode(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(600, s); }
-XPU_EXPORT int cuTexRefGetAddress_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(601, s); }
-XPU_EXPORT int cuTexRefGetArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(602, s); }
-XPU_EXPORT int cuTexRefGetBorderColor(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(603, s); }
-XPU_EXPORT int cuTexRefGetFilterMode(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(604, s); }
-XPU_EXPORT int cuTexRefGetFlags(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(605, s); }
-XPU_EXPORT int cuTexRefGetFormat(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(606, s); }
-XPU_EXPORT int cuTexRefGetMaxAnisotropy(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(607, s); }
-XPU_EXPORT int cuTexRefGetMipmapFilterMode(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(608, s); }
-XPU_EXPORT int cuTexRefGetMipmapLevelBias(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(609, s); }
-XPU_EXPORT int cuTexRefGetMipmapLevelClamp(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(610, s); }
-XPU_EXPORT int cuTexRefGetMipmappedArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(611, s); }
-XPU_EXPORT int cuTexRefSetAddress(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(612, s); }
-XPU_EXPORT int cuTexRefSetAddress2D(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(613, s); }
-XPU_EXPORT int cuTexRefSetAddress2D_v2(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(614, s); }
-XPU_EXPORT int cuTexRefSetAddress2D_v3(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(615, s); }
-XPU_EXPORT int cuTexRefSetAddressMode(void *a0, int32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(616, s); }
-XPU_EXPORT int cuTexRefSetAddress_v2(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(617, s); }
-XPU_EXPORT int cuTexRefSetArray(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(618, s); }
-XPU_EXPORT int cuTexRefSetBorderColor(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(619, s); }
-XPU_EXPORT int cuTexRefSetFilterMode(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(620, s); }
-XPU_EXPORT int cuTexRefSetFlags(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(621, s); }
-XPU_EXPORT int cuTexRefSetFormat(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(622, s); }
-XPU_EXPORT int cuTexRefSetMaxAnisotropy(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(623, s); }
-XPU_EXPORT int cuTexRefSetMipmapFilterMode(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(624, s); }
-XPU_EXPORT int cuTexRefSetMipmapLevelBias(void *a0, float a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, xpu_bits_float(a1)}; return xpu_enter(625, s); }
-XPU_EXPORT int cuTexRefSetMipmapLevelClamp(void *a0, float a1, float a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, xpu_bits_float(a1), xpu_bits_float(a2)}; return xpu_enter(626, s); }
-XPU_EXPORT int cuTexRefSetMipmappedArray(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(627, s); }
-XPU_EXPORT int cuThreadExchangeStreamCaptureMode(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(628, s); }
-XPU_EXPORT int cuUserObjectCreate(void *a0, void *a1, void *a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(629, s); }
-XPU_EXPORT int cuUserObjectRelease(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(630, s); }
-XPU_EXPORT int cuUserObjectRetain(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(631, s); }
-XPU_EXPORT int cuWaitExternalSemaphoresAsync(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(632, s); }
-XPU_EXPORT int cuWaitExternalSemaphoresAsync_ptsz(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(633, s); }
+XPU_EXPORT int cuProfilerInitialize(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(508, s); }
+XPU_EXPORT int cuProfilerStart(void) { uint64_t *s = NULL; return xpu_enter(509, s); }
+XPU_EXPORT int cuProfilerStop(void) { uint64_t *s = NULL; return xpu_enter(510, s); }
+XPU_EXPORT int cuSignalExternalSemaphoresAsync(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(511, s); }
+XPU_EXPORT int cuSignalExternalSemaphoresAsync_ptsz(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(512, s); }
+XPU_EXPORT int cuStreamAddCallback(void *a0, void *a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(513, s); }
+XPU_EXPORT int cuStreamAddCallback_ptsz(void *a0, void *a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(514, s); }
+XPU_EXPORT int cuStreamAttachMemAsync(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(515, s); }
+XPU_EXPORT int cuStreamAttachMemAsync_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(516, s); }
+XPU_EXPORT int cuStreamBatchMemOp(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(517, s); }
+XPU_EXPORT int cuStreamBatchMemOp_ptsz(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(518, s); }
+XPU_EXPORT int cuStreamBatchMemOp_v2(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(519, s); }
+XPU_EXPORT int cuStreamBatchMemOp_v2_ptsz(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(520, s); }
+XPU_EXPORT int cuStreamBeginCapture(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(521, s); }
+XPU_EXPORT int cuStreamBeginCaptureToGraph(void *a0, void *a1, void *a2, void *a3, uint64_t a4, uint32_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(522, s); }
+XPU_EXPORT int cuStreamBeginCaptureToGraph_ptsz(void *a0, void *a1, void *a2, void *a3, uint64_t a4, uint32_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(523, s); }
+XPU_EXPORT int cuStreamBeginCapture_ptsz(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(524, s); }
+XPU_EXPORT int cuStreamBeginCapture_v2(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(525, s); }
+XPU_EXPORT int cuStreamBeginCapture_v2_ptsz(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(526, s); }
+XPU_EXPORT int cuStreamCopyAttributes(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(527, s); }
+XPU_EXPORT int cuStreamCopyAttributes_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(528, s); }
+XPU_EXPORT int cuStreamCreate(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(529, s); }
+XPU_EXPORT int cuStreamCreateWithPriority(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(530, s); }
+XPU_EXPORT int cuStreamDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(531, s); }
+XPU_EXPORT int cuStreamDestroy_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(532, s); }
+XPU_EXPORT int cuStreamEndCapture(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(533, s); }
+XPU_EXPORT int cuStreamEndCapture_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(534, s); }
+XPU_EXPORT int cuStreamGetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(535, s); }
+XPU_EXPORT int cuStreamGetAttribute_ptsz(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(536, s); }
+XPU_EXPORT int cuStreamGetCaptureInfo(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(537, s); }
+XPU_EXPORT int cuStreamGetCaptureInfo_ptsz(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(538, s); }
+XPU_EXPORT int cuStreamGetCaptureInfo_v2(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(539, s); }
+XPU_EXPORT int cuStreamGetCaptureInfo_v2_ptsz(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(540, s); }
+XPU_EXPORT int cuStreamGetCaptureInfo_v3(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5, void *a6) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6}; return xpu_enter(541, s); }
+XPU_EXPORT int cuStreamGetCaptureInfo_v3_ptsz(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5, void *a6) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6}; return xpu_enter(542, s); }
+XPU_EXPORT int cuStreamGetCtx(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(543, s); }
+XPU_EXPORT int cuStreamGetCtx_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(544, s); }
+XPU_EXPORT int cuStreamGetCtx_v2(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(545, s); }
+XPU_EXPORT int cuStreamGetCtx_v2_ptsz(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(546, s); }
+XPU_EXPORT int cuStreamGetDevice(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(547, s); }
+XPU_EXPORT int cuStreamGetDevice_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(548, s); }
+XPU_EXPORT int cuStreamGetFlags(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(549, s); }
+XPU_EXPORT int cuStreamGetFlags_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(550, s); }
+XPU_EXPORT int cuStreamGetGreenCtx(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(551, s); }
+XPU_EXPORT int cuStreamGetId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(552, s); }
+XPU_EXPORT int cuStreamGetId_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(553, s); }
+XPU_EXPORT int cuStreamGetPriority(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(554, s); }
+XPU_EXPORT int cuStreamGetPriority_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(555, s); }
+XPU_EXPORT int cuStreamIsCapturing(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(556, s); }
+XPU_EXPORT int cuStreamIsCapturing_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(557, s); }
+XPU_EXPORT int cuStreamQuery(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(558, s); }
+XPU_EXPORT int cuStreamQuery_ptsz(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(559, s); }
+XPU_EXPORT int cuStreamSetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(560, s); }
+XPU_EXPORT int cuStreamSetAttribute_ptsz(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(561, s); }
+XPU_EXPORT int cuStreamSynchronize(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(562, s); }
+XPU_EXPORT int cuStreamSynchronize_ptsz(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(563, s); }
+XPU_EXPORT int cuStreamUpdateCaptureDependencies(void *a0, void *a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(564, s); }
+XPU_EXPORT int cuStreamUpdateCaptureDependencies_ptsz(void *a0, void *a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(565, s); }
+XPU_EXPORT int cuStreamUpdateCaptureDependencies_v2(void *a0, void *a1, void *a2, uint64_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(566, s); }
+XPU_EXPORT int cuStreamUpdateCaptureDependencies_v2_ptsz(void *a0, void *a1, void *a2, uint64_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(567, s); }
+XPU_EXPORT int cuStreamWaitEvent(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(568, s); }
+XPU_EXPORT int cuStreamWaitEvent_ptsz(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(569, s); }
+XPU_EXPORT int cuStreamWaitValue32(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(570, s); }
+XPU_EXPORT int cuStreamWaitValue32_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(571, s); }
+XPU_EXPORT int cuStreamWaitValue32_v2(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(572, s); }
+XPU_EXPORT int cuStreamWaitValue32_v2_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(573, s); }
+XPU_EXPORT int cuStreamWaitValue64(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(574, s); }
+XPU_EXPORT int cuStreamWaitValue64_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(575, s); }
+XPU_EXPORT int cuStreamWaitValue64_v2(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(576, s); }
+XPU_EXPORT int cuStreamWaitValue64_v2_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(577, s); }
+XPU_EXPORT int cuStreamWriteValue32(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(578, s); }
+XPU_EXPORT int cuStreamWriteValue32_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(579, s); }
+XPU_EXPORT int cuStreamWriteValue32_v2(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(580, s); }
+XPU_EXPORT int cuStreamWriteValue32_v2_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(581, s); }
+XPU_EXPORT int cuStreamWriteValue64(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(582, s); }
+XPU_EXPORT int cuStreamWriteValue64_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(583, s); }
+XPU_EXPORT int cuStreamWriteValue64_v2(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(584, s); }
+XPU_EXPORT int cuStreamWriteValue64_v2_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(585, s); }
+XPU_EXPORT int cuSurfObjectCreate(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(586, s); }
+XPU_EXPORT int cuSurfObjectDestroy(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(587, s); }
+XPU_EXPORT int cuSurfObjectGetResourceDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(588, s); }
+XPU_EXPORT int cuSurfRefGetArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(589, s); }
+XPU_EXPORT int cuSurfRefSetArray(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(590, s); }
+XPU_EXPORT int cuTensorMapEncodeIm2col(void *a0, uint32_t a1, uint32_t a2, void *a3, void *a4, void *a5, void *a6, void *a7, uint32_t a8, uint32_t a9, void *a10, uint32_t a11, uint32_t a12, uint32_t a13, uint32_t a14) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(uint64_t)a8, (uint64_t)(uint64_t)a9, (uint64_t)(uintptr_t)a10, (uint64_t)(uint64_t)a11, (uint64_t)(uint64_t)a12, (uint64_t)(uint64_t)a13, (uint64_t)(uint64_t)a14}; return xpu_enter(591, s); }
+XPU_EXPORT int cuTensorMapEncodeIm2colWide(void *a0, uint32_t a1, uint32_t a2, void *a3, void *a4, void *a5, int32_t a6, int32_t a7, uint32_t a8, uint32_t a9, void *a10, uint32_t a11, uint32_t a12, uint32_t a13, uint32_t a14, uint32_t a15) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(int64_t)a6, (uint64_t)(int64_t)a7, (uint64_t)(uint64_t)a8, (uint64_t)(uint64_t)a9, (uint64_t)(uintptr_t)a10, (uint64_t)(uint64_t)a11, (uint64_t)(uint64_t)a12, (uint64_t)(uint64_t)a13, (uint64_t)(uint64_t)a14, (uint64_t)(uint64_t)a15}; return xpu_enter(592, s); }
+XPU_EXPORT int cuTensorMapEncodeTiled(void *a0, uint32_t a1, uint32_t a2, void *a3, void *a4, void *a5, void *a6, void *a7, uint32_t a8, uint32_t a9, uint32_t a10, uint32_t a11) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(uint64_t)a8, (uint64_t)(uint64_t)a9, (uint64_t)(uint64_t)a10, (uint64_t)(uint64_t)a11}; return xpu_enter(593, s); }
+XPU_EXPORT int cuTensorMapReplaceAddress(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(594, s); }
+XPU_EXPORT int cuTexObjectCreate(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(595, s); }
+XPU_EXPORT int cuTexObjectDestroy(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(596, s); }
+XPU_EXPORT int cuTexObjectGetResourceDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(597, s); }
+XPU_EXPORT int cuTexObjectGetResourceViewDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(598, s); }
+XPU_EXPORT int cuTexObjectGetTextureDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(599, s); }
+XPU_EXPORT int cuTexRefCreate(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(600, s); }
+XPU_EXPORT int cuTexRefDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(601, s); }
+XPU_EXPORT int cuTexRefGetAddress(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(602, s); }
+XPU_EXPORT int cuTexRefGetAddressMode(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(603, s); }
+XPU_EXPORT int cuTexRefGetAddress_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(604, s); }
+XPU_EXPORT int cuTexRefGetArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(605, s); }
+XPU_EXPORT int cuTexRefGetBorderColor(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(606, s); }
+XPU_EXPORT int cuTexRefGetFilterMode(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(607, s); }
+XPU_EXPORT int cuTexRefGetFlags(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(608, s); }
+XPU_EXPORT int cuTexRefGetFormat(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(609, s); }
+XPU_EXPORT int cuTexRefGetMaxAnisotropy(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(610, s); }
+XPU_EXPORT int cuTexRefGetMipmapFilterMode(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(611, s); }
+XPU_EXPORT int cuTexRefGetMipmapLevelBias(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(612, s); }
+XPU_EXPORT int cuTexRefGetMipmapLevelClamp(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(613, s); }
+XPU_EXPORT int cuTexRefGetMipmappedArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(614, s); }
+XPU_EXPORT int cuTexRefSetAddress(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(615, s); }
+XPU_EXPORT int cuTexRefSetAddress2D(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(616, s); }
+XPU_EXPORT int cuTexRefSetAddress2D_v2(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(617, s); }
+XPU_EXPORT int cuTexRefSetAddress2D_v3(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(618, s); }
+XPU_EXPORT int cuTexRefSetAddressMode(void *a0, int32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(619, s); }
+XPU_EXPORT int cuTexRefSetAddress_v2(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(620, s); }
+XPU_EXPORT int cuTexRefSetArray(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(621, s); }
+XPU_EXPORT int cuTexRefSetBorderColor(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(622, s); }
+XPU_EXPORT int cuTexRefSetFilterMode(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(623, s); }
+XPU_EXPORT int cuTexRefSetFlags(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(624, s); }
+XPU_EXPORT int cuTexRefSetFormat(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(625, s); }
+XPU_EXPORT int cuTexRefSetMaxAnisotropy(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(626, s); }
+XPU_EXPORT int cuTexRefSetMipmapFilterMode(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(627, s); }
+XPU_EXPORT int cuTexRefSetMipmapLevelBias(void *a0, float a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, xpu_bits_float(a1)}; return xpu_enter(628, s); }
+XPU_EXPORT int cuTexRefSetMipmapLevelClamp(void *a0, float a1, float a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, xpu_bits_float(a1), xpu_bits_float(a2)}; return xpu_enter(629, s); }
+XPU_EXPORT int cuTexRefSetMipmappedArray(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(630, s); }
+XPU_EXPORT int cuThreadExchangeStreamCaptureMode(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(631, s); }
+XPU_EXPORT int cuUserObjectCreate(void *a0, void *a1, void *a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(632, s); }
+XPU_EXPORT int cuUserObjectRelease(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(633, s); }
+XPU_EXPORT int cuUserObjectRetain(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(634, s); }
+XPU_EXPORT int cuWaitExternalSemaphoresAsync(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(635, s); }
+XPU_EXPORT int cuWaitExternalSemaphoresAsync_ptsz(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(636, s); }
 
 const char *const xpu_symbol_names[] = {
     "cuArray3DCreate",
@@ -1145,6 +1148,9 @@ const char *const xpu_symbol_names[] = {
     "cuPointerGetAttribute",
     "cuPointerGetAttributes",
     "cuPointerSetAttribute",
+    "cuProfilerInitialize",
+    "cuProfilerStart",
+    "cuProfilerStop",
     "cuSignalExternalSemaphoresAsync",
     "cuSignalExternalSemaphoresAsync_ptsz",
     "cuStreamAddCallback",
@@ -1272,7 +1278,7 @@ const char *const xpu_symbol_names[] = {
     "cuWaitExternalSemaphoresAsync",
     "cuWaitExternalSemaphoresAsync_ptsz",
 };
-const int xpu_symbol_count = 634;
+const int xpu_symbol_count = 637;
 
 void *const xpu_symbol_addrs[] = {
     (void *)cuArray3DCreate,
@@ -1783,6 +1789,9 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuPointerGetAttribute,
     (void *)cuPointerGetAttributes,
     (void *)cuPointerSetAttribute,
+    (void *)cuProfilerInitialize,
+    (void *)cuProfilerStart,
+    (void *)cuProfilerStop,
     (void *)cuSignalExternalSemaphoresAsync,
     (void *)cuSignalExternalSemaphoresAsync_ptsz,
     (void *)cuStreamAddCallback,
@@ -2422,131 +2431,134 @@ const xpu_variant xpu_variants[] = {
     {"cuPointerGetAttribute", 4000, 0, 505},
     {"cuPointerGetAttributes", 7000, 0, 506},
     {"cuPointerSetAttribute", 6000, 0, 507},
-    {"cuSignalExternalSemaphoresAsync", 10000, 0, 508},
-    {"cuSignalExternalSemaphoresAsync", 10000, 1, 509},
-    {"cuStreamAddCallback", 5000, 0, 510},
-    {"cuStreamAddCallback", 7000, 1, 511},
-    {"cuStreamAttachMemAsync", 6000, 0, 512},
-    {"cuStreamAttachMemAsync", 7000, 1, 513},
-    {"cuStreamBatchMemOp", 8000, 0, 514},
-    {"cuStreamBatchMemOp", 8000, 1, 515},
-    {"cuStreamBatchMemOp", 11070, 0, 516},
-    {"cuStreamBatchMemOp", 11070, 1, 517},
-    {"cuStreamBeginCapture", 10000, 0, 518},
-    {"cuStreamBeginCapture", 10000, 1, 521},
-    {"cuStreamBeginCapture", 10010, 0, 522},
-    {"cuStreamBeginCapture", 10010, 1, 523},
-    {"cuStreamBeginCaptureToGraph", 12030, 0, 519},
-    {"cuStreamBeginCaptureToGraph", 12030, 1, 520},
-    {"cuStreamCopyAttributes", 11000, 0, 524},
-    {"cuStreamCopyAttributes", 11000, 1, 525},
-    {"cuStreamCreate", 2000, 0, 526},
-    {"cuStreamCreateWithPriority", 5050, 0, 527},
-    {"cuStreamDestroy", 2000, 0, 528},
-    {"cuStreamDestroy", 4000, 0, 529},
-    {"cuStreamEndCapture", 10000, 0, 530},
-    {"cuStreamEndCapture", 10000, 1, 531},
-    {"cuStreamGetAttribute", 11000, 0, 532},
-    {"cuStreamGetAttribute", 11000, 1, 533},
-    {"cuStreamGetCaptureInfo", 10010, 0, 534},
-    {"cuStreamGetCaptureInfo", 10010, 1, 535},
-    {"cuStreamGetCaptureInfo", 11030, 0, 536},
-    {"cuStreamGetCaptureInfo", 11030, 1, 537},
-    {"cuStreamGetCaptureInfo", 12030, 0, 538},
-    {"cuStreamGetCaptureInfo", 12030, 1, 539},
-    {"cuStreamGetCtx", 9020, 0, 540},
-    {"cuStreamGetCtx", 9020, 1, 541},
-    {"cuStreamGetCtx", 12050, 0, 542},
-    {"cuStreamGetCtx", 12050, 1, 543},
-    {"cuStreamGetDevice", 12080, 0, 544},
-    {"cuStreamGetDevice", 12080, 1, 545},
-    {"cuStreamGetFlags", 5050, 0, 546},
-    {"cuStreamGetFlags", 7000, 1, 547},
-    {"cuStreamGetGreenCtx", 12040, 0, 548},
-    {"cuStreamGetId", 12000, 0, 549},
-    {"cuStreamGetId", 12000, 1, 550},
-    {"cuStreamGetPriority", 5050, 0, 551},
-    {"cuStreamGetPriority", 7000, 1, 552},
-    {"cuStreamIsCapturing", 10000, 0, 553},
-    {"cuStreamIsCapturing", 10000, 1, 554},
-    {"cuStreamQuery", 2000, 0, 555},
-    {"cuStreamQuery", 7000, 1, 556},
-    {"cuStreamSetAttribute", 11000, 0, 557},
-    {"cuStreamSetAttribute", 11000, 1, 558},
-    {"cuStreamSynchronize", 2000, 0, 559},
-    {"cuStreamSynchronize", 7000, 1, 560},
-    {"cuStreamUpdateCaptureDependencies", 11030, 0, 561},
-    {"cuStreamUpdateCaptureDependencies", 11030, 1, 562},
-    {"cuStreamUpdateCaptureDependencies", 12030, 0, 563},
-    {"cuStreamUpdateCaptureDependencies", 12030, 1, 564},
-    {"cuStreamWaitEvent", 3020, 0, 565},
-    {"cuStreamWaitEvent", 7000, 1, 566},
-    {"cuStreamWaitValue32", 8000, 0, 567},
-    {"cuStreamWaitValue32", 8000, 1, 568},
-    {"cuStreamWaitValue32", 11070, 0, 569},
-    {"cuStreamWaitValue32", 11070, 1, 570},
-    {"cuStreamWaitValue64", 9000, 0, 571},
-    {"cuStreamWaitValue64", 9000, 1, 572},
-    {"cuStreamWaitValue64", 11070, 0, 573},
-    {"cuStreamWaitValue64", 11070, 1, 574},
-    {"cuStreamWriteValue32", 8000, 0, 575},
-    {"cuStreamWriteValue32", 8000, 1, 576},
-    {"cuStreamWriteValue32", 11070, 0, 577},
-    {"cuStreamWriteValue32", 11070, 1, 578},
-    {"cuStreamWriteValue64", 9000, 0, 579},
-    {"cuStreamWriteValue64", 9000, 1, 580},
-    {"cuStreamWriteValue64", 11070, 0, 581},
-    {"cuStreamWriteValue64", 11070, 1, 582},
-    {"cuSurfObjectCreate", 5000, 0, 583},
-    {"cuSurfObjectDestroy", 5000, 0, 584},
-    {"cuSurfObjectGetResourceDesc", 5000, 0, 585},
-    {"cuSurfRefGetArray", 3000, 0, 586},
-    {"cuSurfRefSetArray", 3000, 0, 587},
-    {"cuTensorMapEncodeIm2col", 12000, 0, 588},
-    {"cuTensorMapEncodeIm2colWide", 12080, 0, 589},
-    {"cuTensorMapEncodeTiled", 12000, 0, 590},
-    {"cuTensorMapReplaceAddress", 12000, 0, 591},
-    {"cuTexObjectCreate", 5000, 0, 592},
-    {"cuTexObjectDestroy", 5000, 0, 593},
-    {"cuTexObjectGetResourceDesc", 5000, 0, 594},
-    {"cuTexObjectGetResourceViewDesc", 5000, 0, 595},
-    {"cuTexObjectGetTextureDesc", 5000, 0, 596},
-    {"cuTexRefCreate", 2000, 0, 597},
-    {"cuTexRefDestroy", 2000, 0, 598},
-    {"cuTexRefGetAddress", 2000, 0, 599},
-    {"cuTexRefGetAddress", 3020, 0, 601},
-    {"cuTexRefGetAddressMode", 2000, 0, 600},
-    {"cuTexRefGetArray", 2000, 0, 602},
-    {"cuTexRefGetBorderColor", 8000, 0, 603},
-    {"cuTexRefGetFilterMode", 2000, 0, 604},
-    {"cuTexRefGetFlags", 2000, 0, 605},
-    {"cuTexRefGetFormat", 2000, 0, 606},
-    {"cuTexRefGetMaxAnisotropy", 5000, 0, 607},
-    {"cuTexRefGetMipmapFilterMode", 5000, 0, 608},
-    {"cuTexRefGetMipmapLevelBias", 5000, 0, 609},
-    {"cuTexRefGetMipmapLevelClamp", 5000, 0, 610},
-    {"cuTexRefGetMipmappedArray", 5000, 0, 611},
-    {"cuTexRefSetAddress", 2000, 0, 612},
-    {"cuTexRefSetAddress", 3020, 0, 617},
-    {"cuTexRefSetAddress2D", 2020, 0, 613},
-    {"cuTexRefSetAddress2D", 3020, 0, 614},
-    {"cuTexRefSetAddress2D", 4010, 0, 615},
-    {"cuTexRefSetAddressMode", 2000, 0, 616},
-    {"cuTexRefSetArray", 2000, 0, 618},
-    {"cuTexRefSetBorderColor", 8000, 0, 619},
-    {"cuTexRefSetFilterMode", 2000, 0, 620},
-    {"cuTexRefSetFlags", 2000, 0, 621},
-    {"cuTexRefSetFormat", 2000, 0, 622},
-    {"cuTexRefSetMaxAnisotropy", 5000, 0, 623},
-    {"cuTexRefSetMipmapFilterMode", 5000, 0, 624},
-    {"cuTexRefSetMipmapLevelBias", 5000, 0, 625},
-    {"cuTexRefSetMipmapLevelClamp", 5000, 0, 626},
-    {"cuTexRefSetMipmappedArray", 5000, 0, 627},
-    {"cuThreadExchangeStreamCaptureMode", 10010, 0, 628},
-    {"cuUserObjectCreate", 11030, 0, 629},
-    {"cuUserObjectRelease", 11030, 0, 630},
-    {"cuUserObjectRetain", 11030, 0, 631},
-    {"cuWaitExternalSemaphoresAsync", 10000, 0, 632},
-    {"cuWaitExternalSemaphoresAsync", 10000, 1, 633},
+    {"cuProfilerInitialize", 4000, 0, 508},
+    {"cuProfilerStart", 4000, 0, 509},
+    {"cuProfilerStop", 4000, 0, 510},
+    {"cuSignalExternalSemaphoresAsync", 10000, 0, 511},
+    {"cuSignalExternalSemaphoresAsync", 10000, 1, 512},
+    {"cuStreamAddCallback", 5000, 0, 513},
+    {"cuStreamAddCallback", 7000, 1, 514},
+    {"cuStreamAttachMemAsync", 6000, 0, 515},
+    {"cuStreamAttachMemAsync", 7000, 1, 516},
+    {"cuStreamBatchMemOp", 8000, 0, 517},
+    {"cuStreamBatchMemOp", 8000, 1, 518},
+    {"cuStreamBatchMemOp", 11070, 0, 519},
+    {"cuStreamBatchMemOp", 11070, 1, 520},
+    {"cuStreamBeginCapture", 10000, 0, 521},
+    {"cuStreamBeginCapture", 10000, 1, 524},
+    {"cuStreamBeginCapture", 10010, 0, 525},
+    {"cuStreamBeginCapture", 10010, 1, 526},
+    {"cuStreamBeginCaptureToGraph", 12030, 0, 522},
+    {"cuStreamBeginCaptureToGraph", 12030, 1, 523},
+    {"cuStreamCopyAttributes", 11000, 0, 527},
+    {"cuStreamCopyAttributes", 11000, 1, 528},
+    {"cuStreamCreate", 2000, 0, 529},
+    {"cuStreamCreateWithPriority", 5050, 0, 530},
+    {"cuStreamDestroy", 2000, 0, 531},
+    {"cuStreamDestroy", 4000, 0, 532},
+    {"cuStreamEndCapture", 10000, 0, 533},
+    {"cuStreamEndCapture", 10000, 1, 534},
+    {"cuStreamGetAttribute", 11000, 0, 535},
+    {"cuStreamGetAttribute", 11000, 1, 536},
+    {"cuStreamGetCaptureInfo", 10010, 0, 537},
+    {"cuStreamGetCaptureInfo", 10010, 1, 538},
+    {"cuStreamGetCaptureInfo", 11030, 0, 539},
+    {"cuStreamGetCaptureInfo", 11030, 1, 540},
+    {"cuStreamGetCaptureInfo", 12030, 0, 541},
+    {"cuStreamGetCaptureInfo", 12030, 1, 542},
+    {"cuStreamGetCtx", 9020, 0, 543},
+    {"cuStreamGetCtx", 9020, 1, 544},
+    {"cuStreamGetCtx", 12050, 0, 545},
+    {"cuStreamGetCtx", 12050, 1, 546},
+    {"cuStreamGetDevice", 12080, 0, 547},
+    {"cuStreamGetDevice", 12080, 1, 548},
+    {"cuStreamGetFlags", 5050, 0, 549},
+    {"cuStreamGetFlags", 7000, 1, 550},
+    {"cuStreamGetGreenCtx", 12040, 0, 551},
+    {"cuStreamGetId", 12000, 0, 552},
+    {"cuStreamGetId", 12000, 1, 553},
+    {"cuStreamGetPriority", 5050, 0, 554},
+    {"cuStreamGetPriority", 7000, 1, 555},
+    {"cuStreamIsCapturing", 10000, 0, 556},
+    {"cuStreamIsCapturing", 10000, 1, 557},
+    {"cuStreamQuery", 2000, 0, 558},
+    {"cuStreamQuery", 7000, 1, 559},
+    {"cuStreamSetAttribute", 11000, 0, 560},
+    {"cuStreamSetAttribute", 11000, 1, 561},
+    {"cuStreamSynchronize", 2000, 0, 562},
+    {"cuStreamSynchronize", 7000, 1, 563},
+    {"cuStreamUpdateCaptureDependencies", 11030, 0, 564},
+    {"cuStreamUpdateCaptureDependencies", 11030, 1, 565},
+    {"cuStreamUpdateCaptureDependencies", 12030, 0, 566},
+    {"cuStreamUpdateCaptureDependencies", 12030, 1, 567},
+    {"cuStreamWaitEvent", 3020, 0, 568},
+    {"cuStreamWaitEvent", 7000, 1, 569},
+    {"cuStreamWaitValue32", 8000, 0, 570},
+    {"cuStreamWaitValue32", 8000, 1, 571},
+    {"cuStreamWaitValue32", 11070, 0, 572},
+    {"cuStreamWaitValue32", 11070, 1, 573},
+    {"cuStreamWaitValue64", 9000, 0, 574},
+    {"cuStreamWaitValue64", 9000, 1, 575},
+    {"cuStreamWaitValue64", 11070, 0, 576},
+    {"cuStreamWaitValue64", 11070, 1, 577},
+    {"cuStreamWriteValue32", 8000, 0, 578},
+    {"cuStreamWriteValue32", 8000, 1, 579},
+    {"cuStreamWriteValue32", 11070, 0, 580},
+    {"cuStreamWriteValue32", 11070, 1, 581},
+    {"cuStreamWriteValue64", 9000, 0, 582},
+    {"cuStreamWriteValue64", 9000, 1, 583},
+    {"cuStreamWriteValue64", 11070, 0, 584},
+    {"cuStreamWriteValue64", 11070, 1, 585},
+    {"cuSurfObjectCreate", 5000, 0, 586},
+    {"cuSurfObjectDestroy", 5000, 0, 587},
+    {"cuSurfObjectGetResourceDesc", 5000, 0, 588},
+    {"cuSurfRefGetArray", 3000, 0, 589},
+    {"cuSurfRefSetArray", 3000, 0, 590},
+    {"cuTensorMapEncodeIm2col", 12000, 0, 591},
+    {"cuTensorMapEncodeIm2colWide", 12080, 0, 592},
+    {"cuTensorMapEncodeTiled", 12000, 0, 593},
+    {"cuTensorMapReplaceAddress", 12000, 0, 594},
+    {"cuTexObjectCreate", 5000, 0, 595},
+    {"cuTexObjectDestroy", 5000, 0, 596},
+    {"cuTexObjectGetResourceDesc", 5000, 0, 597},
+    {"cuTexObjectGetResourceViewDesc", 5000, 0, 598},
+    {"cuTexObjectGetTextureDesc", 5000, 0, 599},
+    {"cuTexRefCreate", 2000, 0, 600},
+    {"cuTexRefDestroy", 2000, 0, 601},
+    {"cuTexRefGetAddress", 2000, 0, 602},
+    {"cuTexRefGetAddress", 3020, 0, 604},
+    {"cuTexRefGetAddressMode", 2000, 0, 603},
+    {"cuTexRefGetArray", 2000, 0, 605},
+    {"cuTexRefGetBorderColor", 8000, 0, 606},
+    {"cuTexRefGetFilterMode", 2000, 0, 607},
+    {"cuTexRefGetFlags", 2000, 0, 608},
+    {"cuTexRefGetFormat", 2000, 0, 609},
+    {"cuTexRefGetMaxAnisotropy", 5000, 0, 610},
+    {"cuTexRefGetMipmapFilterMode", 5000, 0, 611},
+    {"cuTexRefGetMipmapLevelBias", 5000, 0, 612},
+    {"cuTexRefGetMipmapLevelClamp", 5000, 0, 613},
+    {"cuTexRefGetMipmappedArray", 5000, 0, 614},
+    {"cuTexRefSetAddress", 2000, 0, 615},
+    {"cuTexRefSetAddress", 3020, 0, 620},
+    {"cuTexRefSetAddress2D", 2020, 0, 616},
+    {"cuTexRefSetAddress2D", 3020, 0, 617},
+    {"cuTexRefSetAddress2D", 4010, 0, 618},
+    {"cuTexRefSetAddressMode", 2000, 0, 619},
+    {"cuTexRefSetArray", 2000, 0, 621},
+    {"cuTexRefSetBorderColor", 8000, 0, 622},
+    {"cuTexRefSetFilterMode", 2000, 0, 623},
+    {"cuTexRefSetFlags", 2000, 0, 624},
+    {"cuTexRefSetFormat", 2000, 0, 625},
+    {"cuTexRefSetMaxAnisotropy", 5000, 0, 626},
+    {"cuTexRefSetMipmapFilterMode", 5000, 0, 627},
+    {"cuTexRefSetMipmapLevelBias", 5000, 0, 628},
+    {"cuTexRefSetMipmapLevelClamp", 5000, 0, 629},
+    {"cuTexRefSetMipmappedArray", 5000, 0, 630},
+    {"cuThreadExchangeStreamCaptureMode", 10010, 0, 631},
+    {"cuUserObjectCreate", 11030, 0, 632},
+    {"cuUserObjectRelease", 11030, 0, 633},
+    {"cuUserObjectRetain", 11030, 0, 634},
+    {"cuWaitExternalSemaphoresAsync", 10000, 0, 635},
+    {"cuWaitExternalSemaphoresAsync", 10000, 1, 636},
 };
-const int xpu_variant_count = 635;
+const int xpu_variant_count = 638;

@@ -173,6 +173,9 @@ cuEventQuery                sync
 cuEventSynchronize          sync
 cuEventDestroy              async
 cuEventElapsedTime          sync
+# profiling of the server's GPU
+cuProfilerStart             sync
+cuProfilerStop              sync
 # occupancy
 cuOccupancyMaxActiveBlocksPerMultiprocessor          sync
 cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags sync

@@ -33,6 +33,7 @@ C_OUT = ROOT / "interpose" / "entry_points.c"
 
 DECL_RE = re.compile(r"CUresult\s+(cu\w+)\s*\(([^;{}()]*)\)\s*;")
 PFN_RE = re.compile(r"typedef\s+CUresult\s*\(\s*CUDAAPI\s*\*\s*PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?\s*\)")
+PROFILER_RE = re.compile(r"PFN_(\w+?)_v(\d+)\s*\)\s*\(([^;{}()]*)\)\s*;")
 HANDLE_RE = re.compile(r"typedef\s+struct\s+\w+\s*\*\s*(\w+)\s*;")
 ENUM_RE = re.compile(r"\b((?:CU|CUDA)_[A-Z0-9_]+)\s*=\s*([-0-9xXa-fA-FuUlL<>|()\s]+?)\s*[,}]")
 VERSION_RE = re.compile(r"#define\s+CUDA_VERSION\s+(\d+)")
@@ -74,6 +75,10 @@ def declarations(include: Path) -> dict[str, list[tuple[str, str]]]:
         text = " ".join(preprocess(include, *defines).split())
         for name, params in DECL_RE.findall(text):
             decls.setdefault(name, split_params(params))
+    # The profiler functions are declared in cudaProfiler.h, which the runtime wheels do not
+    # ship; their typedefs (in a header they do ship) carry the same signatures.
+    for name, _version, params in PROFILER_RE.findall((include / "cudaProfilerTypedefs.h").read_text()):
+        decls.setdefault(name, split_params(params))
     return decls
 
 
@@ -84,7 +89,7 @@ def variants(include: Path, symbols: set[str]) -> list[tuple[str, int, int, str]
     that the library exports. A per-thread variant is the newest default-stream variant
     at or before its own version, with `_ptds`/`_ptsz` appended.
     """
-    text = (include / "cudaTypedefs.h").read_text()
+    text = "".join((include / h).read_text() for h in ("cudaTypedefs.h", "cudaProfilerTypedefs.h"))
     by_name: dict[str, dict[str, set[int]]] = {}
     for name, version, suffix in PFN_RE.findall(text):
         by_name.setdefault(name, {}).setdefault(suffix, set()).add(int(version))
@@ -108,6 +113,7 @@ def variants(include: Path, symbols: set[str]) -> list[tuple[str, int, int, str]
 
 PROBE_HEAD = """#include <stdio.h>
 #include <cuda.h>
+typedef int CUoutput_mode; /* the one enum of cudaProfiler.h, a header the runtime wheels lack */
 #define CLS(x) __builtin_classify_type(x)
 int main(void) {
 """

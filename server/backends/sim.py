@@ -452,6 +452,12 @@ class SimBackend(Backend):
             raise CudaError(errors.INVALID_HANDLE, "an event was created with CU_EVENT_DISABLE_TIMING")
         return ((end.recorded_at - start.recorded_at) * 1000.0,)
 
+    def cuProfilerStart(self) -> None:
+        """Nothing to profile on the sim device."""
+
+    def cuProfilerStop(self) -> None:
+        """Nothing to profile on the sim device."""
+
     # ---- occupancy: what an sm_90 with the defaults above allows ---------------------------
     def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, func: Function, block: int, smem: int) -> tuple[int]:
         if block <= 0:
