@@ -141,6 +141,6 @@ def pack(call: Call, args: list[Any], new_handle: Callable[[], int], snapshot: b
 def unpack(call: Call, args: list[Any], outs: list[Any]) -> None:
     """Write the reply's outputs through the application's output pointers."""
     targets = [a for p, a in zip(call.params, args) if p.direction != "in"]
-    for p, address, data in zip(call.outputs, targets, outs):
+    for address, data in zip(targets, outs):
         if address and isinstance(data, (bytes, memoryview)):
             write(address, data)

@@ -111,7 +111,8 @@ def cu_launch_host_func(d: Driver, call: Call, args: list[Any]) -> None:
         raise CudaError(errors.INVALID_VALUE)
     stream(d, handle)
     host_fn = marshal.ffi.cast("void (*)(void *)", fn)
-    run_after(d, 2 if call.per_thread and not handle else handle, lambda: host_fn(marshal.ffi.cast("void *", user_data)))
+    handle = 2 if call.per_thread and not handle else handle
+    run_after(d, handle, lambda: host_fn(marshal.ffi.cast("void *", user_data)))
 
 
 @implements("cuStreamAddCallback")

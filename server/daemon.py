@@ -88,7 +88,8 @@ class Daemon:
             log.warning("malformed message to the daemon: %s", exc)
             return {"op": "reply", "status": errors.INVALID_VALUE, "error": f"malformed message: {exc}"}
         if header["op"] != "hello":
-            return {"op": "reply", "status": errors.INVALID_VALUE, "error": f"the daemon only takes hello, not {header['op']!r}"}
+            why = f"the daemon only takes hello, not {header['op']!r}"
+            return {"op": "reply", "status": errors.INVALID_VALUE, "error": why}
         client = header.get("client") if isinstance(header.get("client"), dict) else {}
         try:
             worker = self.spawn(client)

@@ -47,9 +47,9 @@ def start_server(tmp: Path, backend: str = "sim", env: dict[str, str] | None = N
     log_path = tmp / f"server-{address.rsplit(':', 1)[1]}.log"
     full_env = {**os.environ, "XPU_SIM_KERNELS": SIM_KERNELS, "XPU_LOG": "INFO", **(env or {})}
     full_env.pop("LD_PRELOAD", None)
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "xpuremote.server.daemon", "--listen", address,
-                             "--backend", backend], stderr=log, env=full_env)
+    with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "xpuremote.server.daemon", "--listen", address,
+                                 "--backend", backend], stderr=log, env=full_env)
     deadline = time.monotonic() + 30
     while "ready" not in log_path.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -86,7 +86,8 @@ def shim_env(shim: Path, address: str, **extra: str) -> dict[str, str]:
 def run_on(shim: Path, server: Server):
     """run_on([cmd...], **env) -> CompletedProcess of a program using the shared sim server."""
 
-    def run(cmd: list[str], timeout: float = 120, address: str | None = None, **env: str) -> subprocess.CompletedProcess:
+    def run(cmd: list[str], timeout: float = 120, address: str | None = None,
+            **env: str) -> subprocess.CompletedProcess:
         return subprocess.run(cmd, env=shim_env(shim, address or server.address, **env), capture_output=True,
                               text=True, timeout=timeout)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 
 import pytest
+
 from xpuremote.client.integrity import DeviceId, hmac_md2, integrity_answer, md2
 
 LEGACY = 0x8ED383AA1F4CD1E83341181C03CB675C

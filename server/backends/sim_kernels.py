@@ -48,7 +48,8 @@ class Launch:
     def args(self, *formats: str) -> tuple[Any, ...]:
         """Decode the kernel's parameters with struct formats, one per parameter, in order."""
         if len(formats) != len(self.kernel.params):
-            raise ValueError(f"{self.kernel.name} has {len(self.kernel.params)} parameters, {len(formats)} formats given")
+            raise ValueError(f"{self.kernel.name} has {len(self.kernel.params)} parameters, "
+                             f"{len(formats)} formats given")
         return tuple(struct.unpack_from("<" + f, self.params, p.offset)[0] for f, p in zip(formats, self.kernel.params))
 
     def array(self, address: int, count: int, dtype: str) -> Any:
