@@ -89,6 +89,7 @@ def echo_server() -> int:
         elif mode == 0x51:  # Q
             sock.send_multipart(frames, copy=False)
             break
+        del frames  # as the worker does: a 64 MiB message is freed now, not when the next one comes
     sock.close(0)
     ctx.term()
     return 0
@@ -431,8 +432,15 @@ def start_sim_server(log_path: Path) -> tuple[subprocess.Popen, str]:
 
 
 def start_echo_server() -> tuple[subprocess.Popen, str]:
+    """The baseline's server, with the allocator settings the daemon gives its workers (if any), so
+    that the comparison is of the software, not of malloc's page faults."""
+    from xpuremote.server import daemon
+
+    env = clean_env()
+    tunables = getattr(daemon, "WORKER_TUNABLES", "")
+    env["GLIBC_TUNABLES"] = ":".join(filter(None, [tunables, env.get("GLIBC_TUNABLES")]))
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--role", "echo"],
-                            stdout=subprocess.PIPE, text=True, env=clean_env())
+                            stdout=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     if not line.startswith("endpoint "):
         raise RuntimeError(f"echo server did not start (exit {proc.poll()})")
@@ -507,9 +515,20 @@ def machine() -> dict[str, Any]:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
+    import xpuremote.client
+    from xpuremote.server import daemon
+
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp = f.read().strip()
+    except OSError:
+        thp = None
     return {"cores": os.cpu_count(), "cpu": cpu, "system": f"{platform.system()} {platform.release()}",
             "python": platform.python_version(), "pyzmq": zmq.__version__, "libzmq": zmq.zmq_version(),
-            "msgpack": ".".join(map(str, msgpack.version)), "load_before": _loadavg()}
+            "msgpack": ".".join(map(str, msgpack.version)), "transparent_hugepage": thp,
+            "worker_glibc_tunables": getattr(daemon, "WORKER_TUNABLES", None),
+            "code": "this checkout" if Path(xpuremote.client.__file__).resolve().parent == ROOT / "client"
+            else "another tree, found first on PYTHONPATH", "load_before": _loadavg()}
 
 
 def _loadavg() -> list[float] | None:
@@ -571,18 +590,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             cpu.setdefault(key, []).append([(y - x) * scale for x, y in zip(before, after)])
 
         n, m = args.sync_n, args.async_n
-        for _ in range(args.repeats):
-            measure("sync_raw", raw, "sync", n, n, lambda t: t / n * 1e6)
-            measure("sync_shim", shim_agent, "sync", n, n, lambda t: t / n * 1e6)
-        for _ in range(args.repeats):
-            measure("async_raw_batched", raw, "async_batched", m, m, lambda t: m / t)
-            measure("async_raw_single", raw, "async_single", m, m, lambda t: m / t)
-            measure("async_shim", shim_agent, "async_batched", m, m, lambda t: m / t)
-        for _ in range(args.bulk_repeats):
-            for key, a, op in (("h2d_raw", raw, "h2d"), ("h2d_shim", shim_agent, "h2d"),
-                               ("d2h_raw", raw, "d2h"), ("d2h_raw_copy", raw, "d2h_copy"),
-                               ("d2h_shim", shim_agent, "d2h")):
-                measure(key, a, op, bulk, 1, lambda t: bulk / t / 1e9)
+        phases = [
+            (args.repeats, [("sync_raw", raw, "sync", n, n, lambda t: t / n * 1e6),
+                            ("sync_shim", shim_agent, "sync", n, n, lambda t: t / n * 1e6)]),
+            (args.repeats, [("async_raw_batched", raw, "async_batched", m, m, lambda t: m / t),
+                            ("async_raw_single", raw, "async_single", m, m, lambda t: m / t),
+                            ("async_shim", shim_agent, "async_batched", m, m, lambda t: m / t)]),
+            (args.bulk_repeats, [(key, a, op, bulk, 1, lambda t: bulk / t / 1e9) for key, a, op in (
+                ("h2d_raw", raw, "h2d"), ("h2d_shim", shim_agent, "h2d"), ("d2h_raw", raw, "d2h"),
+                ("d2h_raw_copy", raw, "d2h_copy"), ("d2h_shim", shim_agent, "d2h"))]),
+        ]
+        for repeats, steps in phases:
+            for r in range(repeats):  # every other repeat in reverse order: no step always follows another
+                for step in steps if r % 2 == 0 else steps[::-1]:
+                    measure(*step)
         results["verified"] = shim_agent("verify", bulk)
         if not results["verified"]:
             raise RuntimeError("the bytes copied to the device did not come back unchanged")
@@ -672,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--async-n", type=int, default=200_000)
     parser.add_argument("--bulk-mib", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--bulk-repeats", type=int, default=7)
+    parser.add_argument("--bulk-repeats", type=int, default=11)
     parser.add_argument("--quick", action="store_true", help="small counts, for a smoke test")
     parser.add_argument("--profile", metavar="DIR", help="also profile each phase; .pstats files go here")
     parser.add_argument("--role", choices=["echo", "raw", "shim"], help=argparse.SUPPRESS)
@@ -703,18 +724,22 @@ def main(argv: list[str] | None = None) -> int:
                "parameters": {"sync_n": args.sync_n, "async_n": args.async_n, "bulk_mib": args.bulk_mib,
                               "repeats": args.repeats, "bulk_repeats": args.bulk_repeats},
                "figures": rows, "server_us_per_call": results["server_us_per_call"],
-               "samples": results["samples"], "verified": results["verified"]}
+               "samples": results["samples"], "verified": results["verified"], "load_after": _loadavg()}
         out.write_text(json.dumps(doc, indent=2) + "\n")
         m = info
         out.with_suffix(".md").write_text(
             f"# Foundation benchmark (sim backend)\n\n`{command}`\n\n"
             f"Machine: {m['cores']} cores, {m['cpu']}, {m['system']}; Python {m['python']}, "
             f"pyzmq {m['pyzmq']} (libzmq {m['libzmq']}), msgpack {m['msgpack']}. "
-            f"Medians of {args.repeats} repeats "
-            f"({args.bulk_repeats} for copies); server, echo server and both agents share the machine.\n\n"
+            f"Medians of {args.repeats} repeats ({args.bulk_repeats} for copies), the two agents "
+            f"interleaved; sim server, echo server and both agents share the machine (load average before "
+            f"{m['load_before']}, after {doc['load_after']}). Workers and the echo server run with "
+            f"GLIBC_TUNABLES={m['worker_glibc_tunables'] or '(none)'}, transparent huge pages "
+            f"{m['transparent_hugepage']}.\n\n"
             f"{md}\n\nServer share (worker.Session in-process, no transport): "
             f"sync {results['server_us_per_call']['sync']:.2f} µs/call, "
-            f"async {results['server_us_per_call']['async']:.2f} µs/call.\n")
+            f"async {results['server_us_per_call']['async']:.2f} µs/call. CPU times come from "
+            f"/proc/PID/stat at 10 ms resolution (coarse for the copies).\n")
         print(f"\nwrote {out} and {out.with_suffix('.md')}")
     return 0
 

@@ -33,6 +33,7 @@ MAX_BATCH_CALLS = 256
 MAX_BATCH_BYTES = 1 << 20
 MAX_BATCH_DELAY_S = 1e-3  # the flusher sends a batch still growing once it has waited this long
 HEARTBEAT_MS = 1000
+RECEIVE_SLICE_MS = 100  # a wait for an answer looks at the monitor (and its deadline) this often
 SET_CONTEXT = CALLS["cuCtxSetCurrent"]
 
 
@@ -57,10 +58,8 @@ class Connection:
         self.pid = os.getpid()
         endpoint, self.session = self._hello(connect_timeout_s)
         self.sock = self._socket(endpoint)
+        self.sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.poller = zmq.Poller()
-        self.poller.register(self.sock, zmq.POLLIN)
-        self.poller.register(self.monitor, zmq.POLLIN)
         self.inventory = self.request({"op": "init"}, connect_timeout_s)
         self.kick = threading.Event()
         self.closed = False
@@ -155,7 +154,10 @@ class Connection:
         header = {"op": "calls", "seq": self.seq, "calls": self.pending, "reply": reply}
         self.pending, self.pending_bytes = [], 0
         try:
-            self.sock.send_multipart(wire.encode(header), copy=False)
+            frames = wire.encode(header)
+            for frame in frames[:-1]:  # send_multipart(copy=False) without its per-frame checks
+                self.sock.send(frame, zmq.SNDMORE, copy=False)
+            self.sock.send(frames[-1], copy=False)
         except zmq.ZMQError as exc:
             self._die(f"cannot send to the server at {self.address}: {exc}")
         return self.seq
@@ -163,17 +165,23 @@ class Connection:
     def _receive(self, seq: int | None, timeout_s: float | None = None) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s if timeout_s else None
         while True:
-            ready = dict(self.poller.poll(1000))
-            if self.sock in ready:  # before the monitor: a worker may answer `bye` and leave at once
-                answer = wire.decode(self.sock.recv_multipart(copy=False))
+            # blocking in recv costs fewer system calls than polling the socket and the monitor;
+            # the socket comes first: a worker may answer `bye` and leave at once
+            try:
+                frames = [self.sock.recv(copy=False)]
+                while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
+                    frames.append(self.sock.recv(copy=False))
+                answer = wire.decode(frames)
+            except zmq.Again:  # nothing for RECEIVE_SLICE_MS: is the server still there?
+                if self.monitor.poll(0):
+                    event = zmq.utils.monitor.recv_monitor_message(self.monitor)
+                    if event["event"] == zmq.EVENT_DISCONNECTED:
+                        self._die(f"lost the connection to the server at {self.address}")
+            else:
                 if answer.get("seq") in self.later:
                     self._answer_later(answer)
                 elif seq is None or answer.get("seq") == seq or "seq" not in answer:
                     return answer
-            if self.monitor in ready:
-                event = zmq.utils.monitor.recv_monitor_message(self.monitor)
-                if event["event"] == zmq.EVENT_DISCONNECTED:
-                    self._die(f"lost the connection to the server at {self.address}")
             if deadline and time.monotonic() > deadline:
                 self._die(f"the server at {self.address} did not answer within {timeout_s:g} s")
 

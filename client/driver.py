@@ -228,6 +228,8 @@ class Driver:
     def translate(self, call: Call, args: list[Any]) -> list[Any]:
         """Client view -> server view: device ordinals, per-thread default streams, lazy objects."""
         out = list(args)
+        if not _translated(call):
+            return out
         for i, p in enumerate(call.params):
             if p.ctype == "CUdevice":
                 out[i] = self.device(out[i]).server_index
@@ -245,6 +247,16 @@ class Driver:
 
 # Hooks that make a lazily created object exist on the server before a call uses it.
 ENSURE: dict[str, Callable[[Driver, int], None]] = {}
+_TRANSLATED: dict[str, bool] = {}  # symbol -> has a parameter that Driver.translate() may change
+
+
+def _translated(call: Call) -> bool:
+    hit = _TRANSLATED.get(call.symbol)
+    if hit is None:
+        hit = _TRANSLATED[call.symbol] = any(
+            p.ctype == "CUdevice" or (p.ctype == "CUstream" and call.per_thread) or p.ctype in ENSURE
+            for p in call.params)
+    return hit
 
 
 def visible_devices(servers: list[Device], spec: str | None) -> list[Device]:

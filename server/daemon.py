@@ -30,6 +30,9 @@ from .backends import gpu_present
 
 log = logging.getLogger("xpuremote.server")
 WORKER_START_TIMEOUT_S = 30.0
+# Workers put large allocations (device memory copies, bulk frames) on transparent huge pages: a
+# fresh 64 MiB buffer then takes 32 page faults instead of 16384 (on glibc; ignored elsewhere).
+WORKER_TUNABLES = "glibc.malloc.hugetlb=1"
 
 
 @dataclass
@@ -63,7 +66,9 @@ class Daemon:
         session = f"{os.getpid()}-{next(self.ids)}"
         cmd = [sys.executable, "-m", "xpuremote.server.worker", "--bind", self.worker_bind(),
                "--backend", self.backend, "--session", session]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        env = dict(os.environ)  # the operator's own tunables come last, so they win
+        env["GLIBC_TUNABLES"] = ":".join(filter(None, [WORKER_TUNABLES, env.get("GLIBC_TUNABLES")]))
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
         line = _read_line(proc, WORKER_START_TIMEOUT_S)
         if not line.startswith("endpoint "):
             proc.kill()
