@@ -3,7 +3,6 @@ table entry, and write a reply's outputs back into the application's memory."""
 
 from __future__ import annotations
 
-import re
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -95,17 +94,6 @@ def get(p: Param, address: int) -> int:
 
 
 # ---- generic marshalling ---------------------------------------------------------------------
-def byte_count(p: Param, values: dict[str, Any]) -> int:
-    if p.count is None:
-        return p.pointee_size
-    if p.count.isdigit():
-        return int(p.count)
-    total = 1
-    for name in re.split(r"\s*\*\s*", p.count):
-        total *= int(values[name])
-    return total
-
-
 _SCALARS_ONLY: dict[str, bool] = {}  # symbol -> no pointer parameters: pack() has nothing to do
 
 
@@ -130,7 +118,7 @@ def pack(call: Call, args: list[Any], new_handle: Callable[[], int], snapshot: b
             elif p.is_string:
                 out.append(read_string(a))
             else:
-                n = byte_count(p, values)
+                n = p.byte_count(values)
                 carried += n
                 out.append(wire.frame(read(a, n) if snapshot or n <= wire.INLINE_MAX else view(a, n)))
         elif p.pointee == "handle" and call.cls == "shadow":
@@ -142,7 +130,7 @@ def pack(call: Call, args: list[Any], new_handle: Callable[[], int], snapshot: b
         elif p.count == "*":
             out.append(1 if a else None)
         else:
-            out.append(byte_count(p, values) if a else None)
+            out.append(p.byte_count(values) if a else None)
     return out, carried
 
 

@@ -22,6 +22,7 @@ import re
 import zlib
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 from .cuda_api import FUNCTIONS, TYPES
 
@@ -224,6 +225,20 @@ class Param:
     @property
     def is_buffer(self) -> bool:
         return self.kind == "ptr"
+
+    def byte_count(self, values: dict[str, Any]) -> int | None:
+        """Bytes behind this pointer, given the call's scalar arguments by name; None when the
+        size is not fixed by them (a string, or an output the server sizes)."""
+        if self.count in ("str", "*"):
+            return None
+        if self.count is None:
+            return self.pointee_size
+        if self.count.isdigit():
+            return int(self.count)
+        total = 1
+        for name in self.count.split("*"):
+            total *= int(values[name.strip()])
+        return total
 
 
 @dataclass(frozen=True)

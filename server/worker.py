@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import struct
 import sys
 import time
@@ -135,7 +134,7 @@ class Session:
             return value
         if not isinstance(value, (bytes, memoryview)):
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name} must be bytes")
-        expected = _count(p, scalars)
+        expected = p.byte_count(scalars)
         if expected is not None and len(value) != expected:
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: {len(value)} bytes, expected {expected}")
         return value
@@ -170,17 +169,6 @@ def _pack_scalar(p: Param, value: Any) -> bytes:
     if p.pointee == "float":
         return struct.pack("<f" if p.pointee_size == 4 else "<d", value)
     return int(value).to_bytes(p.pointee_size, "little", signed=int(value) < 0)
-
-
-def _count(p: Param, scalars: dict[str, Any]) -> int | None:
-    if p.count in (None, "str", "*"):
-        return None
-    if p.count.isdigit():
-        return int(p.count)
-    total = 1
-    for name in re.split(r"\s*\*\s*", p.count):
-        total *= int(scalars[name])
-    return total
 
 
 def _out_args(call: Call, args: list[Any]) -> list[Any]:
