@@ -126,6 +126,13 @@ class Connection:
             self._check()
             self._queue(call, args, ctx, 0)
             self.later[self._send(reply=True)] = on_answer
+        self.kick.set()  # the flusher reads the answer if no sync call comes to read it first
+
+    def send(self, header: dict[str, Any]) -> None:
+        """A message that needs no answer (`done` after a host function)."""
+        with self.lock:
+            self._check()
+            self.sock.send_multipart(wire.encode(header))
 
     def flush(self) -> None:
         with self.lock:
@@ -168,10 +175,7 @@ class Connection:
             # blocking in recv costs fewer system calls than polling the socket and the monitor;
             # the socket comes first: a worker may answer `bye` and leave at once
             try:
-                frames = [self.sock.recv(copy=False)]
-                while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
-                    frames.append(self.sock.recv(copy=False))
-                answer = wire.decode(frames)
+                answer = self._recv()
             except zmq.Again:  # nothing for RECEIVE_SLICE_MS: is the server still there?
                 if self.monitor.poll(0):
                     event = zmq.utils.monitor.recv_monitor_message(self.monitor)
@@ -184,6 +188,25 @@ class Connection:
                     return answer
             if deadline and time.monotonic() > deadline:
                 self._die(f"the server at {self.address} did not answer within {timeout_s:g} s")
+
+    def _recv(self) -> dict[str, Any]:
+        frames = [self.sock.recv(copy=False)]
+        while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
+            frames.append(self.sock.recv(copy=False))
+        return wire.decode(frames)
+
+    def _drain_later(self) -> None:
+        """Read answers that no sync call is waiting for, when the application makes none:
+        a host function must run even if nothing else is ever called."""
+        while self.later and not self.closed and not self.dead:
+            with self.lock:
+                while self.later and self.sock.poll(0):
+                    answer = self._recv()
+                    if answer.get("seq") in self.later:
+                        self._answer_later(answer)
+                    else:
+                        log.warning("dropped an answer nobody waits for (seq %s)", answer.get("seq"))
+            time.sleep(0.0005)
 
     def _answer_later(self, answer: dict[str, Any]) -> None:
         on_answer = self.later.pop(answer["seq"])
@@ -218,6 +241,7 @@ class Connection:
                 nap *= 2  # a few looks per batch, not one every window
             try:
                 self.flush()
+                self._drain_later()
             except CudaError:
                 return
 

@@ -96,12 +96,21 @@ def cu_stream_is_capturing(d: Driver, call: Call, args: list[Any]) -> None:
     marshal.put(call.params[1], args[1], 0)  # CU_STREAM_CAPTURE_STATUS_NONE: capture is not forwarded yet
 
 
-# ---- host functions: run once the stream's earlier work is done -------------------------------------
-def run_after(d: Driver, handle: int, fn: Any) -> None:
-    """Wait for the stream on the server, then run the function here, in order."""
-    sync = CALLS["cuStreamSynchronize_ptsz" if handle == 2 else "cuStreamSynchronize"]
-    d.call(sync, [handle])
-    fn()
+# ---- host functions: a reverse call --------------------------------------------------------------
+def enqueue_host_function(d: Driver, handle: int, fn: Any) -> None:
+    """The server stops when it reaches this point of the stream's work and answers; whoever
+    reads that answer here (a sync call, or the flusher thread) runs the function, then says
+    `done` and the server goes on. The caller does not wait."""
+    token = d.new_handle()
+    conn = d.session()
+
+    def run(status: int, outs: list[Any]) -> None:
+        try:
+            fn()
+        finally:
+            conn.send({"op": "done", "token": token})
+
+    conn.call_later(CALLS["xpuHostFunc"], [handle, token], d.wire_ctx(), run)
 
 
 @implements("cuLaunchHostFunc")
@@ -112,7 +121,7 @@ def cu_launch_host_func(d: Driver, call: Call, args: list[Any]) -> None:
     stream(d, handle)
     host_fn = marshal.ffi.cast("void (*)(void *)", fn)
     handle = 2 if call.per_thread and not handle else handle
-    run_after(d, handle, lambda: host_fn(marshal.ffi.cast("void *", user_data)))
+    enqueue_host_function(d, handle, lambda: host_fn(marshal.ffi.cast("void *", user_data)))
 
 
 @implements("cuStreamAddCallback")
@@ -122,8 +131,8 @@ def cu_stream_add_callback(d: Driver, call: Call, args: list[Any]) -> None:
         raise CudaError(errors.INVALID_VALUE)
     stream(d, handle)
     callback = marshal.ffi.cast("void (*)(void *, int, void *)", fn)
-    run_after(d, handle, lambda: callback(marshal.ffi.cast("void *", handle), 0,
-                                          marshal.ffi.cast("void *", user_data)))
+    enqueue_host_function(d, handle, lambda: callback(marshal.ffi.cast("void *", handle), 0,
+                                                      marshal.ffi.cast("void *", user_data)))
 
 
 # ---- events -----------------------------------------------------------------------------------------

@@ -152,7 +152,7 @@ cuFuncLoad                  local
 cuLaunchKernel              async
 cuLaunchKernelEx            async
 cuLaunchCooperativeKernel   async
-cuLaunchHostFunc            local
+cuLaunchHostFunc            async   fn=in:0 userData=in:0
 # streams and events: client-made handles
 cuStreamCreate              shadow
 cuStreamCreateWithPriority  shadow
@@ -165,7 +165,7 @@ cuStreamGetPriority         local
 cuStreamGetCtx              local
 cuStreamGetId               local
 cuStreamGetDevice           local
-cuStreamAddCallback         local
+cuStreamAddCallback         async   callback=in:0 userData=in:0
 cuStreamIsCapturing         local
 cuEventCreate               shadow
 cuEventRecord               async
@@ -195,6 +195,7 @@ xpuFuncGetParams(CUfunction func, void *layout)                                 
 xpuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, \
   unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, \
   CUstream hStream, const void *params, size_t paramBytes, unsigned int flags)       async  params=in:paramBytes
+xpuHostFunc(CUstream hStream, unsigned long long token)                             async
 xpuMemcpy2DDevice(CUdeviceptr dst, size_t dstPitch, CUdeviceptr src, size_t srcPitch, size_t width, \
   size_t height, CUstream hStream)                                                   async
 xpuMemcpy2DToHost(void *dst, CUdeviceptr src, size_t srcPitch, size_t width, size_t height, CUstream hStream) \

@@ -10,6 +10,7 @@ Ops (client -> server):
   init    to the worker: {}                                   -> {driver_version, devices}
   calls   {seq, calls: [[opcode, args], ...], reply: bool}    -> {seq, status, outs, deferred}
           a batch of calls executed in order; only `reply` batches are answered, by the last call
+  done    {token}: the host function the server stopped for has run (no answer)
   bye     the client is leaving; its resources are released
 Every answer carries `op: "reply"`; a request the server cannot serve is answered with
 `status` set and `error` saying why.

@@ -11,6 +11,7 @@ prints `endpoint <address>` on stdout once it listens.
 from __future__ import annotations
 
 import argparse
+import collections
 import logging
 import os
 import struct
@@ -46,6 +47,8 @@ class Session:
         self.deferred: list[tuple[str, int, str]] = []  # async failures not yet reported
         self.calls = 0
         self.errors = 0
+        self.awaiting: int | None = None  # a host function the client runs before more work is done
+        self.stash: collections.deque[list[Any]] = collections.deque()  # messages that came meanwhile
 
     # ---- handles --------------------------------------------------------------------------
     def resolve(self, param: Param, value: Any) -> Any:
@@ -93,6 +96,8 @@ class Session:
                     self.deferred.append((name, exc.code, exc.detail))
                 log.info("%s failed: %s", name, exc)
                 outs = []
+        if reply and status == errors.SUCCESS and call.symbol == "xpuHostFunc":
+            self.awaiting = args[1]  # stop here until the client says the function has run
         answer: dict[str, Any] = {"op": "reply", "status": status, "outs": outs}
         if reply and self.deferred:
             answer["deferred"] = [list(d) for d in self.deferred]
@@ -260,10 +265,35 @@ def _bind(sock: zmq.Socket, bind: str, session_id: str) -> str:
 
 
 def _handle(sock: zmq.Socket, session: Session) -> bool:
-    """Serve one message; False when the client said goodbye."""
+    """Take one message; False when the client said goodbye.
+
+    While the client runs a host function (`session.awaiting`), every other message waits in
+    the stash: work queued behind the function must not start before it has run."""
     frames = [sock.recv(copy=False)]
     while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
         frames.append(sock.recv(copy=False))
+    if session.awaiting is None:
+        return _serve(sock, session, frames)
+    if not _is_done(frames, session.awaiting):
+        session.stash.append(frames)
+        return True
+    session.awaiting = None
+    while session.stash and session.awaiting is None:
+        if not _serve(sock, session, session.stash.popleft()):
+            return False
+    return True
+
+
+def _is_done(frames: list[Any], token: int) -> bool:
+    try:
+        header = wire.decode(frames[1:])
+    except wire.WireError:
+        return False
+    return header["op"] == "done" and header.get("token") == token
+
+
+def _serve(sock: zmq.Socket, session: Session, frames: list[Any]) -> bool:
+    """Serve one message; False when the client said goodbye."""
     identity, frames = frames[0], frames[1:]
     try:
         header = wire.decode(frames)
@@ -275,6 +305,8 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
             answer["seq"] = header.get("seq")
             if not header.get("reply"):
                 return True
+        elif op == "done":
+            return True  # a host function finished after its wait was abandoned: nothing to answer
         elif op == "bye":
             sock.send_multipart([identity, *wire.encode({"op": "reply", "status": 0})])
             return False

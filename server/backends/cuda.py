@@ -165,6 +165,10 @@ class CudaBackend(Backend):
         self.check(self.lib.cuLaunchKernel(ffi.cast("void *", func), gx, gy, gz, bx, by, bz, shared,
                                            ffi.cast("void *", stream or 0), ffi.NULL, extra), "cuLaunchKernel")
 
+    def xpuHostFunc(self, stream: Any, token: int) -> None:
+        """Answer once the stream's earlier work is done; the worker then waits for the client."""
+        self.check(self.lib.cuStreamSynchronize(self.ffi.cast("void *", stream or 0)), "cuStreamSynchronize")
+
     def memcpy_2d(self, dst: tuple[int, int, int], src: tuple[int, int, int], width: int, height: int,
                   stream: Any) -> None:
         """dst/src: (memory type, address, pitch)."""

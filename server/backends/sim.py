@@ -490,6 +490,9 @@ class SimBackend(Backend):
             raise CudaError(errors.INVALID_VALUE, f"launch of grid {gx}x{gy}x{gz}, block {bx}x{by}x{bz}")
         self.launch(func, (gx, gy, gz), (bx, by, bz), shared, bytes(params))
 
+    def xpuHostFunc(self, stream: Any, token: int) -> None:
+        """The stream's earlier work is done (all work is, here): the client may run the function."""
+
     def xpuMemcpy2DDevice(self, dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int,
                           stream: Any) -> None:
         self.memcpy_2d(dst, dst_pitch, src, src_pitch, width, height)
