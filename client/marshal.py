@@ -94,17 +94,11 @@ def get(p: Param, address: int) -> int:
 
 
 # ---- generic marshalling ---------------------------------------------------------------------
-_SCALARS_ONLY: dict[str, bool] = {}  # symbol -> no pointer parameters: pack() has nothing to do
-
-
 def pack(call: Call, args: list[Any], new_handle: Callable[[], int], snapshot: bool) -> tuple[list[Any], int]:
     """Wire arguments for `call`; (args, bytes carried). Shadow outputs get a fresh client handle,
     written to the application at once. `snapshot` copies input buffers (async calls), otherwise
     they are sent straight from the application's memory."""
-    scalars_only = _SCALARS_ONLY.get(call.symbol)
-    if scalars_only is None:
-        scalars_only = _SCALARS_ONLY[call.symbol] = all(p.kind != "ptr" for p in call.params)
-    if scalars_only:
+    if not call.has_pointers:  # nothing to read or size: the arguments are the wire arguments
         return list(args), 0
     values = dict(zip(call.names, args))
     out: list[Any] = []

@@ -223,10 +223,6 @@ class Param:
     def is_string(self) -> bool:
         return self.count == "str"
 
-    @property
-    def is_buffer(self) -> bool:
-        return self.kind == "ptr"
-
     def byte_count(self, values: dict[str, Any]) -> int | None:
         """Bytes behind this pointer, given the call's scalar arguments by name; None when the
         size is not fixed by them (a string, or an output the server sizes)."""
@@ -258,6 +254,10 @@ class Call:
     @cached_property
     def names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
+
+    @cached_property
+    def has_pointers(self) -> bool:
+        return any(p.kind == "ptr" for p in self.params)
 
     @cached_property
     def outputs(self) -> tuple[Param, ...]:
