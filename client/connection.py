@@ -3,7 +3,13 @@
 Async calls are queued and go out together, when a sync call is made, when the batch grows
 past MAX_BATCH_CALLS or MAX_BATCH_BYTES, or when the flusher thread finds that nothing has been
 queued for the batch window (or the batch has waited MAX_BATCH_DELAY_S); the server answers
-nothing for them. Their failures come back with the next sync reply. A peer that goes away
+nothing for them. Their failures come back with the next sync reply.
+
+A few calls are sent at once but answered later (`call_later`: device-to-host copies into
+pinned memory, host functions): their answers are read by whichever sync call comes next, or
+by the flusher thread when none does, and always before any later sync call returns.
+
+A peer that goes away
 (TCP disconnect, or ZeroMQ heartbeats unanswered) fails the call in flight and every later
 one, with a message naming the server.
 """
