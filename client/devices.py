@@ -37,6 +37,8 @@ def cu_init(d: Driver, call: Call, args: list[Any]) -> None:
     except CudaError as exc:
         log.error("cuInit: %s", exc.detail)
         raise
+    if not d.devices:  # as the driver does when CUDA_VISIBLE_DEVICES hides every device
+        raise CudaError(errors.NO_DEVICE, "no device is visible (CUDA_VISIBLE_DEVICES)")
 
 
 @implements("cuDriverGetVersion")

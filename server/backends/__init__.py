@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes.util
 import logging
+import os
 
 from .base import Backend
 
@@ -21,7 +22,7 @@ def load_backend(name: str) -> Backend:
     if name == "sim":
         from .sim import SimBackend
 
-        return SimBackend()
+        return SimBackend(device_count=int(os.environ.get("XPU_SIM_DEVICES", "1")))
     if name == "cuda":
         from .cuda import CudaBackend
 
