@@ -165,11 +165,8 @@ print(f"cuInit {rc} {time.monotonic() - t:.2f} then {rc2}", flush=True)
     assert address in result.stderr, f"the error does not name {address}:\n{result.stderr}"
 
 
-# ---- (b) the server dies under a running client --------------------------------------------------------
-def test_server_killed_mid_run_fails_the_next_call(shim: Path, private_server: Server) -> None:
-    body = """
-ctx, ptr = setup()
-assert roundtrip(ptr)
+# A client that copies until a call fails, then says how it failed.
+COPY_UNTIL_FAILURE = """
 out = ctypes.create_string_buffer(4096)
 print("ready", flush=True)
 while True:
@@ -179,6 +176,15 @@ while True:
         print(f"failed {rc} after {time.monotonic() - t:.3f}", flush=True)
         break
     time.sleep(0.005)
+"""
+
+
+# ---- (b) the server dies under a running client --------------------------------------------------------
+def test_server_killed_mid_run_fails_the_next_call(shim: Path, private_server: Server) -> None:
+    body = """
+ctx, ptr = setup()
+assert roundtrip(ptr)
+""" + COPY_UNTIL_FAILURE + """
 t = time.monotonic()
 rc = cu.cuCtxSynchronize()
 print(f"then {rc} after {time.monotonic() - t:.3f}", flush=True)
@@ -220,16 +226,7 @@ def test_frozen_server_fails_the_call_in_flight(shim: Path, private_server: Serv
     host or a partition in life): ZeroMQ heartbeats must fail the call, not leave it waiting."""
     body = """
 ctx, ptr = setup()
-out = ctypes.create_string_buffer(4096)
-print("ready", flush=True)
-while True:
-    t = time.monotonic()
-    rc = cu.cuMemcpyDtoH_v2(out, c_uint64(ptr), c_size_t(4096))
-    if rc:
-        print(f"failed {rc} after {time.monotonic() - t:.3f}", flush=True)
-        break
-    time.sleep(0.005)
-"""
+""" + COPY_UNTIL_FAILURE
     proc, lines = spawn(program(body), shim_env(shim, private_server.address))
     stopped = []
     try:
