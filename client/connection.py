@@ -19,6 +19,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -62,13 +63,14 @@ class Connection:
         self.dead: str | None = None
         self.batch_window_s = batch_window_us / 1e6
         self.pid = os.getpid()
-        endpoint, self.session = self._hello(connect_timeout_s)
-        self.sock = self._socket(endpoint)
+        self.endpoint, self.session = self._hello(connect_timeout_s)
+        self.sock = self._socket(self.endpoint)
         self.sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.inventory = self.request({"op": "init"}, connect_timeout_s)
         self.kick = threading.Event()
         self.closed = False
+        self.host_functions: queue.SimpleQueue | None = None  # (function, token), run by their own thread
         threading.Thread(target=self._flusher, name="xpuremote-flush", daemon=True).start()
 
     # ---- set-up -------------------------------------------------------------------------
@@ -134,11 +136,30 @@ class Connection:
             self.later[self._send(reply=True)] = on_answer
         self.kick.set()  # the flusher reads the answer if no sync call comes to read it first
 
-    def send(self, header: dict[str, Any]) -> None:
-        """A message that needs no answer (`done` after a host function)."""
+    def run_host_function(self, fn: Callable[[], None], token: int) -> None:
+        """Run `fn` on the host-function thread, then tell the server it may go on.
+
+        Not on the thread that read the answer: that one may hold the connection, and a host
+        function may wait for another thread that needs it. `done` goes out on a socket of the
+        host-function thread's own, so it never waits for the connection either."""
         with self.lock:
-            self._check()
-            self.sock.send_multipart(wire.encode(header))
+            if self.host_functions is None:
+                self.host_functions = queue.SimpleQueue()
+                threading.Thread(target=self._host_function_thread, name="xpuremote-hostfn", daemon=True).start()
+        self.host_functions.put((fn, token))
+
+    def _host_function_thread(self) -> None:
+        control = self._socket(self.endpoint)
+        while True:
+            fn, token = self.host_functions.get()
+            if fn is None:
+                break
+            try:
+                fn()
+            except Exception:
+                log.exception("a host function raised")
+            control.send_multipart(wire.encode({"op": "done", "token": token}))
+        control.close(0)
 
     def flush(self) -> None:
         with self.lock:
@@ -263,5 +284,7 @@ class Connection:
             pass
         self.closed = True
         self.kick.set()
+        if self.host_functions is not None:
+            self.host_functions.put((None, 0))
         self.sock.close(0)
         self.monitor.close(0)

@@ -98,19 +98,13 @@ def cu_stream_is_capturing(d: Driver, call: Call, args: list[Any]) -> None:
 
 # ---- host functions: a reverse call --------------------------------------------------------------
 def enqueue_host_function(d: Driver, handle: int, fn: Any) -> None:
-    """The server stops when it reaches this point of the stream's work and answers; whoever
-    reads that answer here (a sync call, or the flusher thread) runs the function, then says
-    `done` and the server goes on. The caller does not wait."""
+    """The server stops when it reaches this point of the stream's work and answers; the
+    function then runs on the client's host-function thread, which says `done`, and the server
+    goes on. The caller does not wait."""
     token = d.new_handle()
     conn = d.session()
-
-    def run(status: int, outs: list[Any]) -> None:
-        try:
-            fn()
-        finally:
-            conn.send({"op": "done", "token": token})
-
-    conn.call_later(CALLS["xpuHostFunc"], [handle, token], d.wire_ctx(), run)
+    conn.call_later(CALLS["xpuHostFunc"], [handle, token], d.wire_ctx(),
+                    lambda status, outs: conn.run_host_function(fn, token))
 
 
 @implements("cuLaunchHostFunc")

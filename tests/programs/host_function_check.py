@@ -82,4 +82,20 @@ def callback(s, status, data):
 check(cu.cuStreamAddCallback(stream, callback, ctypes.c_void_p(0x1234), 0) == 0, "cuStreamAddCallback")
 cu.cuStreamSynchronize(stream)
 check(seen == [(stream.value, 0, 0x1234)], f"callback arguments {seen}")
+# 5. a host function may wait for a thread that is making CUDA calls meanwhile
+other, waited = ctypes.c_void_p(), []
+cu.cuStreamCreate(ctypes.byref(other), 0)
+go = threading.Event()
+
+
+@HOSTFN
+def waits_for_main(_data):
+    waited.append(go.wait(5))
+
+
+cu.cuLaunchHostFunc(stream, waits_for_main, None)
+time.sleep(0.2)  # the server has reached the function by now
+check(cu.cuMemsetD8Async(ptr, 7, 16, other) == 0, "a call on another stream while the function runs")
+go.set()
+check(cu.cuStreamSynchronize(stream) == 0 and waited == [True], f"no deadlock: {waited}")
 print("ALL OK")
