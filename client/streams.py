@@ -7,13 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpuremote.protocol import errors
-from xpuremote.protocol.calls import CALLS, Call
+from xpuremote.protocol.calls import CALLS, DEFAULT_STREAMS, Call
 from xpuremote.protocol.errors import CudaError
 
 from . import marshal
 from .driver import Driver, implements
-
-DEFAULT_STREAMS = (0, 1, 2)  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 
 
 @dataclass

@@ -204,6 +204,9 @@ xpuMemcpy2DFromHost(CUdeviceptr dst, size_t dstPitch, const void *src, size_t wi
   CUstream hStream)                                                                  async  src=in:width*height
 """
 
+# Stream handles that are not handles: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD.
+DEFAULT_STREAMS = (0, 1, 2)
+
 VARIANT_SUFFIX = re.compile(r"(_v\d+)?(_ptds|_ptsz)?$")
 
 
@@ -351,7 +354,7 @@ def _build(spec: str) -> dict[str, Call]:
             if n not in names:
                 raise TableError(f"SPEC: {family} has no parameter {n!r} (has {sorted(names)})")
             for ref in re.findall(r"[A-Za-z_]\w*", count or ""):
-                if ref not in ("str",) and ref not in names:
+                if ref != "str" and ref not in names:
                     raise TableError(f"SPEC: {family}.{n} counts by {ref!r}, not a parameter of {symbol}")
     _validate(table, rows)
     return table

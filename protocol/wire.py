@@ -98,11 +98,6 @@ def frame(data: Any) -> Any:
     return data if len(data) <= INLINE_MAX else Bulk(data)
 
 
-def bulk(data: Any) -> Any:
-    """Mark bytes so that encode() sends them as a frame when they are large."""
-    return data if len(data) <= INLINE_MAX else memoryview(data)
-
-
 def decode(frames: Sequence[Any]) -> dict[str, Any]:
     """Frames -> header dict with bulk references replaced by the frames' buffers."""
     if not frames:

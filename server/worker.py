@@ -23,7 +23,7 @@ import zmq
 import zmq.utils.monitor
 
 from xpuremote.protocol import errors, wire
-from xpuremote.protocol.calls import BY_OPCODE, Call, Param
+from xpuremote.protocol.calls import BY_OPCODE, DEFAULT_STREAMS, Call, Param
 from xpuremote.protocol.errors import CudaError
 
 from .backends import load_backend
@@ -31,7 +31,6 @@ from .backends.base import Backend
 
 log = logging.getLogger("xpuremote.worker")
 
-SPECIAL_STREAMS = (0, 1, 2)  # NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
 MAX_OUTPUT_BYTES = 1 << 34  # a single reply larger than this is an error, not an attempt
 SERVER_HANDLE_BASE = 0x5E00_0000_0000
 HANDLE_FAMILIES = {"CUfunction": "CUfunction", "CUkernel": "CUfunction"}  # a CUkernel works as a CUfunction
@@ -56,7 +55,7 @@ class Session:
             return None
         if not isinstance(value, int):
             raise CudaError(errors.INVALID_HANDLE, f"{param.name}: handle must be an integer")
-        if param.ctype == "CUstream" and value in SPECIAL_STREAMS:
+        if param.ctype == "CUstream" and value in DEFAULT_STREAMS:
             return value
         entry = self.handles.get(value)
         if entry is None or entry[0] != _handle_family(param.ctype):
