@@ -9,6 +9,12 @@ A few calls are sent at once but answered later (`call_later`: device-to-host co
 pinned memory, host functions): their answers are read by whichever sync call comes next, or
 by the flusher thread when none does, and always before any later sync call returns.
 
+With an emulated link (protocol/link.py), messages carry their send time; this end holds each
+answer until the link delivers it, and the worker does the same for requests.
+
+With a trace recorder (client/trace.py), each message is reported as it is sent and answered,
+with the server's times for it.
+
 A peer that goes away
 (TCP disconnect, or ZeroMQ heartbeats unanswered) fails the call in flight and every later
 one, with a message naming the server.
@@ -33,6 +39,9 @@ import zmq.utils.monitor
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
+from xpuremote.protocol.link import NO_LINK, LinkSpec, Wire, size_of
+
+from . import trace
 
 log = logging.getLogger("xpuremote.client")
 
@@ -49,7 +58,8 @@ class ServerGone(CudaError):
 
 
 class Connection:
-    def __init__(self, address: str, connect_timeout_s: float = 10.0, batch_window_us: float = 50.0) -> None:
+    def __init__(self, address: str, connect_timeout_s: float = 10.0, batch_window_us: float = 50.0,
+                 link: LinkSpec = NO_LINK, measure: bool = False) -> None:
         self.address = address
         self.ctx = zmq.Context()
         self.lock = threading.RLock()
@@ -63,11 +73,15 @@ class Connection:
         self.dead: str | None = None
         self.batch_window_s = batch_window_us / 1e6
         self.pid = os.getpid()
+        self.link = link
+        self.downlink = Wire(link) if link.active else None
+        self.sent_ns = 0  # when the last message went out
+        self.down_bytes = 0  # size of the last answer read
         self.endpoint, self.session = self._hello(connect_timeout_s)
         self.sock = self._socket(self.endpoint)
         self.sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.inventory = self.request({"op": "init"}, connect_timeout_s)
+        self.inventory = self.request({"op": "init", "link": link.to_wire(), "measure": measure}, connect_timeout_s)
         self.kick = threading.Event()
         self.closed = False
         self.host_functions: queue.SimpleQueue | None = None  # (function, token), run by their own thread
@@ -122,6 +136,8 @@ class Connection:
             self._queue(call, args, ctx, 0)
             seq = self._send(reply=True)
             answer = self._receive(seq)
+            if trace.RECORDER:
+                trace.RECORDER.answered(seq, time.monotonic_ns() - self.sent_ns, self.down_bytes)
             deferred = self.late_errors + (answer.get("deferred") or [])
             self.late_errors = []
         return answer.get("status", errors.UNKNOWN), answer.get("outs") or [], deferred
@@ -133,7 +149,7 @@ class Connection:
         with self.lock:
             self._check()
             self._queue(call, args, ctx, 0)
-            self.later[self._send(reply=True)] = on_answer
+            self.later[self._send(reply=True, kind="later")] = on_answer
         self.kick.set()  # the flusher reads the answer if no sync call comes to read it first
 
     def run_host_function(self, fn: Callable[[], None], token: int) -> None:
@@ -158,7 +174,7 @@ class Connection:
                 fn()
             except Exception:
                 log.exception("a host function raised")
-            control.send_multipart(wire.encode({"op": "done", "token": token}))
+            control.send_multipart(wire.encode(self._stamped({"op": "done", "token": token})))
         control.close(0)
 
     def flush(self) -> None:
@@ -169,7 +185,7 @@ class Connection:
     def request(self, header: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
         with self.lock:
             self._check()
-            self.sock.send_multipart(wire.encode(header))
+            self.sock.send_multipart(wire.encode(self._stamped(header)))
             answer = self._receive(None, timeout_s)
         if answer.get("status"):
             raise CudaError(answer["status"], answer.get("error", ""))
@@ -182,13 +198,25 @@ class Connection:
         self.pending.append([call.opcode, args])
         self.pending_bytes += size
         self.queued += 1
+        if trace.RECORDER:
+            trace.RECORDER.queued(self.seq + 1, len(self.pending) - 1)
 
-    def _send(self, reply: bool) -> int:
+    def _stamped(self, header: dict[str, Any]) -> dict[str, Any]:
+        """With an emulated link, a message says when it was sent: the receiver holds it from then."""
+        if self.downlink:
+            header["sent"] = self.sent_ns = time.monotonic_ns()
+        return header
+
+    def _send(self, reply: bool, kind: str = "sync") -> int:
         self.seq += 1
         header = {"op": "calls", "seq": self.seq, "calls": self.pending, "reply": reply}
-        self.pending, self.pending_bytes = [], 0
+        calls, self.pending, self.pending_bytes = len(self.pending), [], 0
         try:
-            frames = wire.encode(header)
+            frames = wire.encode(self._stamped(header))
+            if not self.downlink:
+                self.sent_ns = time.monotonic_ns()
+            if trace.RECORDER:
+                trace.RECORDER.sent(self.seq, kind if reply else "async", self.sent_ns, size_of(frames), calls)
             for frame in frames[:-1]:  # send_multipart(copy=False) without its per-frame checks
                 self.sock.send(frame, zmq.SNDMORE, copy=False)
             self.sock.send(frames[-1], copy=False)
@@ -217,10 +245,18 @@ class Connection:
                 self._die(f"the server at {self.address} did not answer within {timeout_s:g} s")
 
     def _recv(self) -> dict[str, Any]:
+        if self.downlink:
+            self.downlink.waiting()
         frames = [self.sock.recv(copy=False)]
         while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
             frames.append(self.sock.recv(copy=False))
-        return wire.decode(frames)
+        answer = wire.decode(frames)
+        self.down_bytes = size_of(frames)
+        if self.downlink and isinstance(answer.get("sent"), int):
+            self.downlink.hold(answer["sent"], self.down_bytes)
+        if trace.RECORDER and answer.get("timing"):
+            trace.RECORDER.timed(answer["timing"])
+        return answer
 
     def _drain_later(self) -> None:
         """Read answers that no sync call is waiting for, when the application makes none:
@@ -237,6 +273,8 @@ class Connection:
 
     def _answer_later(self, answer: dict[str, Any]) -> None:
         on_answer = self.later.pop(answer["seq"])
+        if trace.RECORDER:
+            trace.RECORDER.answered(answer["seq"], 0, self.down_bytes)
         self.late_errors += answer.get("deferred") or []
         status = answer.get("status", errors.UNKNOWN)
         if status:

@@ -24,8 +24,9 @@ from typing import Any
 from xpuremote.protocol import errors
 from xpuremote.protocol.calls import CALLS, SYMBOLS, Call
 from xpuremote.protocol.errors import CudaError
+from xpuremote.protocol.link import LinkSpec
 
-from . import marshal
+from . import marshal, trace
 from .connection import Connection
 
 log = logging.getLogger("xpuremote.client")
@@ -134,7 +135,9 @@ class Driver:
             if self.conn is None:
                 timeout = float(os.environ.get("XPU_CONNECT_TIMEOUT_S", "10"))
                 batch_us = float(os.environ.get("XPU_BATCH_US", "50"))
-                conn = Connection(self.server(), timeout, batch_us)
+                link = LinkSpec(float(os.environ.get("XPU_LINK_RTT_US") or 0),
+                                float(os.environ.get("XPU_LINK_GBPS") or 0))
+                conn = Connection(self.server(), timeout, batch_us, link, measure=bool(os.environ.get("XPU_TRACE")))
                 self._adopt(conn)
             return self.conn
 
@@ -148,6 +151,8 @@ class Driver:
         for i, p in enumerate(self.primaries):
             self.ctxs[p.handle] = Context(i, primary=True, ident=i + 1)
         self.conn = conn
+        trace.start({"server": conn.address, "backend": inv.get("backend"), "link": conn.link.to_wire(),
+                     "devices": [d.name for d in self.devices]})
         log.info("connected to %s (%s backend, driver %d, %d devices)", conn.address, inv.get("backend"),
                  self.driver_version, len(self.devices))
 
@@ -307,7 +312,19 @@ def handler(call: Call) -> Callable[[Any], int]:
             log.exception("internal error in %s", call.symbol)
             return errors.UNKNOWN
 
-    return run
+    stream = next((i for i, p in enumerate(call.params) if p.ctype == "CUstream"), None)
+
+    def run_traced(slots: Any) -> int:
+        recorder = trace.RECORDER
+        if recorder is None:
+            return run(slots)
+        entry = recorder.begin()
+        try:
+            return run(slots)
+        finally:
+            recorder.end(call, entry, int(slots[stream] or 0) if stream is not None else 0)
+
+    return run_traced if os.environ.get("XPU_TRACE") else run
 
 
 def handlers() -> list[Callable[[Any], int]]:

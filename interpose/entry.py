@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from xpuremote.client import driver, integrity
+from xpuremote.client import driver, integrity, trace
 from xpuremote.protocol import errors
 
 log = logging.getLogger("xpuremote.client")
@@ -87,21 +87,27 @@ def install(ffi: Any, lib: Any) -> None:
     setup_logging()
     table = driver.handlers()
     count = lib.xpu_symbol_count
-    internal = [primary_context, integrity_check, unknown_slot]
     d = driver.DRIVER
     d.contexts = ShimContexts(lib)
     d.state["requested_version"] = lib.xpu_requested_version
+
+    def at_exit() -> None:
+        lib.xpu_set_finalized()
+        if d.conn is not None:
+            d.conn.close()
+        trace.stop()
+
+    def exiting(ffi: Any, slots: Any) -> int:  # C's exit() in a program that is not Python
+        at_exit()
+        return 0
+
+    internal = [primary_context, integrity_check, unknown_slot, exiting]
 
     @ffi.def_extern(error=errors.UNKNOWN)
     def xpu_dispatch(op: int, slots: Any) -> int:
         if op < count:
             return table[op](slots)
         return internal[op - count](ffi, slots)
-
-    def at_exit() -> None:
-        if d.conn is not None:
-            d.conn.close()
-        lib.xpu_set_finalized()
 
     atexit.register(at_exit)
     lib.xpu_set_python_ready()

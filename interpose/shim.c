@@ -39,7 +39,7 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid);
 #include "entry_points.c"
 
 /* Operations the export tables ask of the client, numbered after the driver symbols. */
-enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2 };
+enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2, XPU_OP_EXIT = 3 };
 
 static volatile int xpu_finalized, xpu_python_ready;
 static volatile int xpu_max_requested_version;
@@ -55,7 +55,19 @@ static int xpu_internal(int op, uint64_t *slots) { return xpu_enter(xpu_symbol_c
 
 /* ---- called from Python ------------------------------------------------------------ */
 static void xpu_set_finalized(void) { xpu_finalized = 1; }
-static void xpu_set_python_ready(void) { xpu_python_ready = 1; }
+/* A C program never finalizes the embedded interpreter, so Python's atexit would not run: end
+ * the session (goodbye to the server, the trace closed) from C's exit() instead. In a Python
+ * program, Python's own exit comes first and sets xpu_finalized. */
+static void xpu_at_exit(void) {
+    if (!xpu_finalized && Py_IsInitialized()) {
+        uint64_t none[1] = {0};
+        xpu_internal(XPU_OP_EXIT, none);
+    }
+}
+static void xpu_set_python_ready(void) {
+    xpu_python_ready = 1;
+    atexit(xpu_at_exit);
+}
 static int xpu_requested_version(void) { return xpu_max_requested_version; }
 static void *xpu_symbol_address(int op) { return xpu_symbol_addrs[op]; }
 

@@ -25,6 +25,7 @@ import zmq.utils.monitor
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import BY_OPCODE, DEFAULT_STREAMS, Call, Param
 from xpuremote.protocol.errors import CudaError
+from xpuremote.protocol.link import LinkSpec, Wire, size_of
 
 from .backends import load_backend
 from .backends.base import Backend
@@ -48,6 +49,20 @@ class Session:
         self.errors = 0
         self.awaiting: int | None = None  # a host function the client runs before more work is done
         self.stash: collections.deque[list[Any]] = collections.deque()  # messages that came meanwhile
+        self.uplink: Wire | None = None  # the client's emulated link, for what reaches this end
+        self.measure = False  # time each message and call for the client's trace
+        self.timings: list[list[Any]] = []  # [seq, server_ns, per_call_ns, gpu_ns] not yet sent back
+        self.per_call: list[int] | None = None
+
+    def start(self, header: dict[str, Any]) -> dict[str, Any]:
+        """The `init` request: the client's link and trace settings; answered with the inventory."""
+        try:
+            link = LinkSpec.from_wire(header.get("link"))
+        except ValueError as exc:
+            raise wire.WireError(str(exc)) from None
+        self.uplink = Wire(link) if link.active else None
+        self.measure = bool(header.get("measure"))
+        return {"op": "reply", "status": 0, **self.backend.inventory().to_wire()}
 
     # ---- handles --------------------------------------------------------------------------
     def resolve(self, param: Param, value: Any) -> Any:
@@ -85,7 +100,12 @@ class Session:
             last = i == len(batch) - 1
             try:
                 call, args = _unpack(item)
-                outs = self.execute(call, args)
+                if self.per_call is not None:
+                    began = time.monotonic_ns()
+                    outs = self.execute(call, args)
+                    self.per_call.append(time.monotonic_ns() - began)
+                else:
+                    outs = self.execute(call, args)
                 status = errors.SUCCESS
             except CudaError as exc:
                 status = exc.code
@@ -268,9 +288,13 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
 
     While the client runs a host function (`session.awaiting`), every other message waits in
     the stash: work queued behind the function must not start before it has run."""
+    if session.uplink:
+        session.uplink.waiting()
     frames = [sock.recv(copy=False)]
     while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
         frames.append(sock.recv(copy=False))
+    if session.uplink:
+        _hold(session.uplink, frames)
     if session.awaiting is None:
         return _serve(sock, session, frames)
     if not _is_done(frames, session.awaiting):
@@ -281,6 +305,16 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
         if not _serve(sock, session, session.stash.popleft()):
             return False
     return True
+
+
+def _hold(uplink: Wire, frames: list[Any]) -> None:
+    """Keep a message until the client's emulated link delivers it (see protocol/link.py)."""
+    try:
+        sent = wire.decode(frames[1:]).get("sent")
+    except wire.WireError:
+        return  # malformed: answered as such without delay
+    if isinstance(sent, int):
+        uplink.hold(sent, size_of(frames[1:]))
 
 
 def _is_done(frames: list[Any], token: int) -> bool:
@@ -294,20 +328,26 @@ def _is_done(frames: list[Any], token: int) -> bool:
 def _serve(sock: zmq.Socket, session: Session, frames: list[Any]) -> bool:
     """Serve one message; False when the client said goodbye."""
     identity, frames = frames[0], frames[1:]
+    began = time.monotonic_ns()
     try:
         header = wire.decode(frames)
         op = header["op"]
         if op == "init":
-            answer = {"op": "reply", "status": 0, **session.backend.inventory().to_wire()}
+            answer = session.start(header)
         elif op == "calls":
+            session.per_call = [] if session.measure else None
             answer = session.run_batch(header.get("calls"), bool(header.get("reply")))
             answer["seq"] = header.get("seq")
+            if session.measure:
+                session.timings.append([header.get("seq"), time.monotonic_ns() - began, session.per_call, None])
             if not header.get("reply"):
                 return True
+            if session.timings:
+                answer["timing"], session.timings = session.timings, []
         elif op == "done":
             return True  # a host function finished after its wait was abandoned: nothing to answer
-        elif op == "bye":
-            sock.send_multipart([identity, *wire.encode({"op": "reply", "status": 0})])
+        elif op == "bye":  # with the server's times for the last batches, for a client's trace
+            sock.send_multipart([identity, *wire.encode({"op": "reply", "status": 0, "timing": session.timings})])
             return False
         else:
             raise wire.WireError(f"unknown op {op!r}")
@@ -317,6 +357,8 @@ def _serve(sock: zmq.Socket, session: Session, frames: list[Any]) -> bool:
     except Exception as exc:  # never let one message end the session
         log.exception("internal error")
         answer = {"op": "reply", "status": errors.UNKNOWN, "error": f"server error: {type(exc).__name__}: {exc}"}
+    if session.uplink:
+        answer["sent"] = time.monotonic_ns()  # the client holds the answer from here
     try:
         frames = wire.encode(answer)
         sock.send(identity, zmq.SNDMORE, copy=False)  # send_multipart(copy=False) without its checks

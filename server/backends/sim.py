@@ -230,8 +230,8 @@ class SimBackend(Backend):
     def cuCtxSetCurrent(self, ctx: Context | None) -> None:
         pass
 
-    def cuCtxSynchronize(self) -> None:
-        pass
+    def cuCtxSynchronize(self, ctx: Any = None) -> None:
+        """Work runs as it is submitted here; _v2 (CUDA 13's cudaDeviceSynchronize) names a context."""
 
     def cuCtxGetLimit(self, limit: int) -> tuple[int]:
         defaults = {0: 1024, 1: 1 << 20, 2: 8 << 20, 3: 2, 4: 2048, 5: 0, 6: 0}

@@ -1,0 +1,181 @@
+"""The performance model: a recorded run replayed over another network.
+
+The application's own time between messages is kept as recorded. Each message is replayed
+through queues that the recorded run measured or that the network adds:
+
+    client sends at t  (t = recorded send time + the delay accumulated so far)
+    the real transport:  ready = t + base/2 + bytes * per_byte       (fitted from the trace)
+    uplink wire:         leaves = max(ready, uplink free) + bytes / bandwidth;  arrives = leaves + RTT/2
+    server:              done = max(arrives, server free) + the server's recorded time on it
+    downlink, for answered messages, the same way back
+    a sync message's sender resumes when the answer arrives: the delay grows by
+    (predicted wait - recorded wait)
+
+The bandwidth is a queue shared by consecutive messages in each direction, and batched async
+calls travel as the one message they were. The server is a queue too: a sync call waits for the
+async work sent before it. The client's own costs (the application, the shim, encoding) come
+from the trace as measured, not from constants. The recorded transport (base latency and per-byte
+cost of the loopback or network the trace was taken on) is fitted from the trace's sync round
+trips. The predicted network is added on top of it, as it is in the link emulation.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from xpuremote.protocol import trace as fmt
+
+SMALL_BYTES = 64 * 1024  # round trips smaller than this calibrate the base latency; larger ones the per-byte cost
+
+
+@dataclass(frozen=True)
+class Network:
+    rtt_us: float = 0.0
+    gbps: float = 0.0  # 0: unlimited
+
+    def serialise_ns(self, nbytes: float) -> float:
+        return nbytes * 8 / self.gbps if self.gbps > 0 else 0.0
+
+    def __str__(self) -> str:
+        bandwidth = f"{self.gbps:g} Gbit/s" if self.gbps > 0 else "unlimited"
+        return f"RTT {self.rtt_us:g} µs, {bandwidth}"
+
+
+@dataclass(frozen=True)
+class Msg:
+    """One message, as the model sees it."""
+
+    sent: float  # ns after the trace's epoch, in the recorded run
+    kind: str  # async | sync | later
+    up: int
+    down: int
+    server: float  # ns the server spent on it
+    wait: float  # ns the sender waited for its answer in the recorded run
+
+
+@dataclass(frozen=True)
+class Transport:
+    """What the recorded run's own transport cost, beyond the network it emulated."""
+
+    base_ns: float  # round trip of a small message, less the server's time
+    per_byte_ns: float  # each byte, either way
+
+    def one_way(self, nbytes: int) -> float:
+        return self.base_ns / 2 + nbytes * self.per_byte_ns
+
+
+@dataclass
+class Breakdown:
+    """Where the predicted run's time goes (seconds); the parts add up to the total."""
+
+    client: float = 0.0  # the application and the client library, between waits
+    latency: float = 0.0  # RTTs on the critical path
+    bytes: float = 0.0  # serialisation at the link's rate, and queueing behind other messages
+    transport: float = 0.0  # the software stack's own round trip (fitted)
+    server: float = 0.0  # the server working, or busy with earlier work the answer waits for
+    round_trips: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
+@dataclass
+class Prediction:
+    network: Network
+    trace_s: float
+    predicted_s: float
+    breakdown: Breakdown = field(default_factory=Breakdown)
+
+    @property
+    def slowdown(self) -> float:
+        return self.predicted_s / self.trace_s if self.trace_s else 1.0
+
+    def to_json(self) -> dict[str, object]:
+        b = self.breakdown
+        return {"rtt_us": self.network.rtt_us, "gbps": self.network.gbps or None, "trace_s": self.trace_s,
+                "predicted_s": self.predicted_s, "slowdown": self.slowdown,
+                "breakdown_s": {"client": b.client, "latency": b.latency, "bytes": b.bytes,
+                                "transport": b.transport, "server": b.server},
+                "round_trips": b.round_trips, "bytes_up": b.bytes_up, "bytes_down": b.bytes_down}
+
+
+# ---- from a trace ---------------------------------------------------------------------------
+def messages(trace: fmt.Trace) -> list[Msg]:
+    return [Msg(m.sent, m.kind, m.up, m.down, float(m.server or 0), float(m.wait)) for m in trace.messages]
+
+
+def fit_transport(msgs: Iterable[Msg], recorded: Network) -> Transport:
+    """The recorded run's transport, from its round trips: wait = base + bytes * per_byte + server,
+    plus the network the trace was recorded on. Medians: a round trip that queued behind
+    earlier work on the server is an outlier here, not a sample."""
+    small, large = [], []
+    for m in msgs:
+        if m.kind != "sync":
+            continue
+        rest = m.wait - m.server - recorded.rtt_us * 1e3 - recorded.serialise_ns(m.up + m.down)
+        (small if m.up + m.down < SMALL_BYTES else large).append((rest, m.up + m.down))
+    base = statistics.median(r for r, _ in small) if small else 0.0
+    per_byte = statistics.median(max(0.0, r - base) / n for r, n in large) if large else 0.0
+    return Transport(max(0.0, base), per_byte)
+
+
+# ---- the replay ---------------------------------------------------------------------------------
+def replay(msgs: Sequence[Msg], span: float, transport: Transport, net: Network) -> Prediction:
+    """The predicted duration of a run of `span` ns whose messages are `msgs` (in send order)."""
+    half_rtt = net.rtt_us * 500.0
+    up_free = down_free = server_free = 0.0
+    shift = 0.0  # how much later than recorded the client is at this point
+    b = Breakdown()
+    waited = 0.0
+    for m in msgs:
+        t = m.sent + shift
+        ready = t + transport.one_way(m.up)
+        leaves = max(ready, up_free) + net.serialise_ns(m.up)
+        up_free = leaves
+        arrives = leaves + half_rtt
+        server_free = max(arrives, server_free) + m.server
+        b.bytes_up += m.up
+        if m.kind == "async":
+            continue
+        b.bytes_down += m.down
+        ready = server_free + transport.one_way(m.down)
+        down_free = max(ready, down_free) + net.serialise_ns(m.down)
+        if m.kind != "sync":
+            continue
+        wait = down_free + half_rtt - t
+        shift += wait - m.wait
+        waited += wait
+        b.round_trips += 1
+        b.latency += 2 * half_rtt
+        b.transport += transport.base_ns + (m.up + m.down) * transport.per_byte_ns
+        b.server += server_free - arrives  # its own time, and any earlier work it queued behind
+    predicted = span + shift
+    b.bytes = max(0.0, waited - b.latency - b.transport - b.server)
+    b.client = predicted - waited
+    for name in ("client", "latency", "bytes", "transport", "server"):
+        setattr(b, name, getattr(b, name) / 1e9)
+    return Prediction(net, span / 1e9, predicted / 1e9, b)
+
+
+class Model:
+    """A trace, ready to be replayed over any network."""
+
+    def __init__(self, trace: fmt.Trace, msgs: list[Msg] | None = None) -> None:
+        """`msgs`: the trace's messages changed (what-if); the transport is fitted from the originals."""
+        self.trace = trace
+        recorded = messages(trace)
+        self.msgs = recorded if msgs is None else msgs
+        link = trace.link
+        self.recorded = Network(link.get("rtt_us", 0.0), link.get("gbps", 0.0))
+        self.transport = fit_transport(recorded, self.recorded)
+        self.span = float(trace.span_ns)
+        # replaying the recorded network reproduces the recorded run up to the fit's error: that
+        # error, taken off every prediction, makes the model exact at the point it was measured
+        self.bias = replay(recorded, self.span, self.transport, self.recorded).predicted_s - self.span / 1e9
+
+    def predict(self, net: Network) -> Prediction:
+        pred = replay(self.msgs, self.span, self.transport, net)
+        pred.predicted_s -= self.bias
+        pred.breakdown.client -= self.bias
+        return pred

@@ -1,0 +1,72 @@
+"""What each of the client's optimisations buys: the same trace with one of them turned off.
+
+- no async: every async call waits for its own answer, as a plain RPC layer would do;
+- no shadow handles: each call creating a handle (stream, event, module, function) waits for the
+  server to make it, instead of using a handle the client made;
+- no local answers: every call answered from the client's cache (device attributes, contexts,
+  pointer queries) goes to the server.
+
+Turned-off calls become sync round trips at their recorded entry time, with the server's
+recorded time for them (per call), and bytes shared out equally among the calls of their
+message. Local calls were never sent, so they get the median size and server time of the
+trace's small round trips.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+from xpuremote.protocol import trace as fmt
+
+from .model import SMALL_BYTES, Model, Msg
+
+OFF = {
+    "no async": lambda c: c.cls == "async",
+    "no shadow handles": lambda c: c.cls == "shadow",
+    "no local answers": lambda c: c.cls == "local",
+}
+
+
+def without(model: Model, turned_off: Callable[[fmt.Call], bool]) -> Model:
+    """The model of the same run with the calls `turned_off` selects made synchronous."""
+    by_seq = {m.seq: m for m in model.trace.messages}
+    removed: dict[int, list[int]] = {}  # seq -> positions taken out of that message
+    added: list[Msg] = []
+    local = _typical_round_trip(model.msgs)
+    for call in model.trace.calls:
+        if not turned_off(call):
+            continue
+        if call.cls == "local":
+            added.append(Msg(call.entry, "sync", local.up, local.down, local.server, 0.0))
+            continue
+        m = by_seq.get(call.seq)
+        if m is None:
+            continue  # never sent: it failed before reaching the connection
+        removed.setdefault(m.seq, []).append(call.pos)
+        added.append(Msg(call.entry, "sync", m.up // max(m.n, 1), local.down, _call_time(m, call.pos), 0.0))
+    kept = [_shrunk(m, removed.get(m.seq, [])) for m in model.trace.messages]
+    msgs = sorted([k for k in kept if k is not None] + added, key=lambda m: m.sent)
+    return Model(model.trace, msgs)
+
+
+def _call_time(m: fmt.Message, pos: int) -> float:
+    if m.per_call and pos < len(m.per_call):
+        return float(m.per_call[pos])
+    return float(m.server or 0) / max(m.n, 1)
+
+
+def _shrunk(m: fmt.Message, positions: list[int]) -> Msg | None:
+    """A message without the calls at `positions`; None if nothing of it is left."""
+    if len(positions) >= m.n:
+        return None
+    server = float(m.server or 0) - sum(_call_time(m, p) for p in positions)
+    up = m.up - len(positions) * (m.up // max(m.n, 1))
+    return Msg(m.sent, m.kind, up, m.down, max(server, 0.0), float(m.wait))
+
+
+def _typical_round_trip(msgs: list[Msg]) -> Msg:
+    sync = [m for m in msgs if m.kind == "sync"] or msgs
+    small = [m for m in sync if m.up + m.down < SMALL_BYTES] or sorted(sync, key=lambda m: m.up + m.down)[:1]
+    return Msg(0, "sync", int(statistics.median(m.up for m in small)), int(statistics.median(m.down for m in small)),
+               statistics.median(m.server for m in small), 0.0)

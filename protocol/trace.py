@@ -1,0 +1,205 @@
+"""The trace file: what a client recorded of its run, for xpu-perf. Written by the client
+(`XPU_TRACE=path`), read by the performance model.
+
+Format, version 1: the 8 bytes MAGIC, then one zstd stream of concatenated msgpack values:
+a header map, then records (arrays, the first element says which kind). Times are integer
+nanoseconds of CLOCK_MONOTONIC relative to the header's `epoch_ns` (the moment the session
+with the server was up), written as differences from the previous record of the same kind
+so that each fits in a few bytes; zstd then folds the repeats of a loop together.
+
+  [NAME, id, name]                          a call name, defined before its first use
+  [CALL, id, cls, d_entry, dur, stream, seq, pos]
+      one driver API call: `cls` an index into CLASSES; `d_entry` its entry time minus the
+      previous call's; `dur` entry to return; `stream` a small number per stream handle
+      (0 = none or the default stream); `seq`, `pos`: the message and the position in it of
+      the last request the call queued (seq 0: the call sent nothing)
+  [MESSAGE, seq, kind, d_sent, up, n, wait, down, server, per_call, gpu]
+      one message to the server: `kind` an index into KINDS; `d_sent` its send time minus
+      the previous message's; `up`, `down` bytes each way (down 0 when unanswered); `wait`
+      how long the sending thread waited for the answer (0 for kinds that do not wait);
+      `n` calls in it; `server` the server's time on it, from reading it to answering;
+      `per_call` the server's time on each call in order (or nil); `gpu` the GPU time of the
+      GPU work in it, where the server measured it (or nil)
+  [END, span]                               the recording ended `span` after the epoch
+
+Messages are written when the server's times for them are known, so not in send order.
+A trace cut short (the process killed) reads up to its last complete block.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import msgpack
+import zstandard
+
+MAGIC = b"XPUTRACE"
+VERSION = 1
+NAME, CALL, MESSAGE, END = range(4)
+CLASSES = ("local", "async", "shadow", "sync", "internal")
+KINDS = ("async", "sync", "later")  # later: sent at once, its answer read by whoever comes next
+FLUSH_RECORDS = 4096
+
+
+class TraceError(ValueError):
+    pass
+
+
+# ---- writing ------------------------------------------------------------------------------
+class TraceWriter:
+    """Appends records; thread-safe; compresses a block every FLUSH_RECORDS records."""
+
+    def __init__(self, path: str | Path, header: dict[str, Any]) -> None:
+        self.file: BinaryIO = open(path, "wb")  # noqa: SIM115  (closed by close())
+        self.file.write(MAGIC)
+        self.stream = zstandard.ZstdCompressor(level=3).stream_writer(self.file, closefd=False)
+        self.epoch = time.monotonic_ns()
+        self.lock = threading.Lock()
+        self.records: list[list[Any]] = []
+        self.names: dict[str, int] = {}
+        self.streams: dict[int, int] = {0: 0}
+        self.last_call = 0
+        self.last_message = 0
+        self.closed = False
+        self.stream.write(msgpack.packb({"format": "xpuremote-trace", "version": VERSION,
+                                         "epoch_ns": self.epoch, **header}))
+
+    def call(self, name: str, cls: int, entry: int, ret: int, stream: int, seq: int, pos: int) -> None:
+        with self.lock:
+            ident = self.names.get(name)
+            if ident is None:
+                ident = self.names[name] = len(self.names)
+                self.records.append([NAME, ident, name])
+            sid = self.streams.setdefault(stream, len(self.streams))
+            entry -= self.epoch
+            self.records.append([CALL, ident, cls, entry - self.last_call, ret - self.epoch - entry, sid, seq, pos])
+            self.last_call = entry
+            self._maybe_flush()
+
+    def message(self, seq: int, kind: int, sent: int, up: int, n: int, wait: int, down: int,
+                server: int | None, per_call: list[int] | None, gpu: int | None) -> None:
+        with self.lock:
+            sent -= self.epoch
+            self.records.append([MESSAGE, seq, kind, sent - self.last_message, up, n, wait, down,
+                                 server, per_call, gpu])
+            self.last_message = sent
+            self._maybe_flush()
+
+    def _maybe_flush(self) -> None:
+        if len(self.records) >= FLUSH_RECORDS:
+            self._flush()
+
+    def _flush(self) -> None:
+        packer = msgpack.Packer()
+        self.stream.write(b"".join(packer.pack(r) for r in self.records))
+        self.stream.flush(zstandard.FLUSH_BLOCK)
+        self.records.clear()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self.records.append([END, time.monotonic_ns() - self.epoch])
+            self._flush()
+            self.stream.close()
+            self.file.close()
+
+
+# ---- reading ------------------------------------------------------------------------------
+@dataclass
+class Call:
+    name: str
+    cls: str
+    entry: int  # ns after the epoch
+    ret: int
+    stream: int
+    seq: int
+    pos: int
+
+
+@dataclass
+class Message:
+    seq: int
+    kind: str
+    sent: int  # ns after the epoch
+    up: int
+    n: int
+    wait: int
+    down: int
+    server: int | None
+    per_call: list[int] | None
+    gpu: int | None
+
+
+@dataclass
+class Trace:
+    header: dict[str, Any]
+    calls: list[Call] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)  # in send order
+    end: int | None = None  # None: the trace was cut short
+
+    @property
+    def span_ns(self) -> int:
+        """The recorded run: from the session being up to the last call's return."""
+        last = max((c.ret for c in self.calls), default=0)
+        return max(last, max((m.sent + m.wait for m in self.messages), default=0))
+
+    @property
+    def link(self) -> dict[str, float]:
+        return self.header.get("link") or {"rtt_us": 0.0, "gbps": 0.0}
+
+
+def read(path: str | Path) -> Trace:
+    with open(path, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise TraceError(f"{path} is not an xpuremote trace")
+        values = _values(f)
+        header = next(values, None)
+        if not isinstance(header, dict) or header.get("version") != VERSION:
+            version = header.get("version") if isinstance(header, dict) else None
+            raise TraceError(f"{path}: trace format version {version!r}, this reader knows {VERSION}")
+        trace = Trace(header)
+        _fill(trace, values)
+    trace.messages.sort(key=lambda m: m.sent)
+    return trace
+
+
+def _values(f: BinaryIO) -> Iterator[Any]:
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+    reader = zstandard.ZstdDecompressor().stream_reader(f)
+    while True:
+        try:
+            chunk = reader.read(1 << 16)
+        except zstandard.ZstdError:
+            chunk = b""  # a trace cut short: keep what was complete
+        if not chunk:
+            return
+        unpacker.feed(chunk)
+        yield from unpacker
+
+
+def _fill(trace: Trace, values: Iterator[Any]) -> None:
+    names: dict[int, str] = {}
+    last_call = last_message = 0
+    for rec in values:
+        kind = rec[0]
+        if kind == NAME:
+            names[rec[1]] = rec[2]
+        elif kind == CALL:
+            _, ident, cls, d_entry, dur, stream, seq, pos = rec
+            last_call += d_entry
+            trace.calls.append(Call(names[ident], CLASSES[cls], last_call, last_call + dur, stream, seq, pos))
+        elif kind == MESSAGE:
+            _, seq, mkind, d_sent, up, n, wait, down, server, per_call, gpu = rec
+            last_message += d_sent
+            trace.messages.append(Message(seq, KINDS[mkind], last_message, up, n, wait, down, server, per_call, gpu))
+        elif kind == END:
+            trace.end = rec[1]
+        else:
+            raise TraceError(f"unknown record kind {kind}")
