@@ -1,6 +1,6 @@
 """xpu-run: run a program with xpuremote's libcuda.so.1 in place of NVIDIA's.
 
-    xpu-run [--server tcp://host:port] [--backend auto|cuda|sim] -- CMD [ARGS...]
+    xpu-run [--server tcp://host:port] [--backend auto|cuda|sim] [--trace PATH] -- CMD [ARGS...]
 
 Without --server (or XPU_SERVER), starts a local xpu-server for the program's lifetime:
 on a GPU if this machine has one, else the sim device.
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", default=os.environ.get("XPU_SERVER"), help="tcp://host:port of an xpu-server")
     parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "sim"],
                         help="backend of the local server started when no --server is given")
+    parser.add_argument("--trace", help="record the run for xpu-perf into this file (sets XPU_TRACE)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -80,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     if not server:
         server_proc, server = start_local_server(args.backend)
     try:
-        child = subprocess.Popen(command, env=child_env(str(shim.parent), server))
+        env = child_env(str(shim.parent), server)
+        if args.trace:
+            env["XPU_TRACE"] = os.path.abspath(args.trace)
+        child = subprocess.Popen(command, env=env)
         signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))
         signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
         code = child.wait()

@@ -69,10 +69,11 @@ def run_traced(command: list[str], server: str, path: Path, net: Network) -> fmt
 
 def validate(command: list[str], server: str, rtts: tuple[float, ...] = RTTS_US, gbps: tuple[float, ...] = GBPS,
              repeat: int = 1) -> Validation:
-    """Predictions from one loopback recording against runs over each emulated link (the median
-    of `repeat` runs each)."""
+    """Predictions from a loopback recording against runs over each emulated link: with `repeat`,
+    the recording is the median of that many, and each measurement the median of that many runs."""
     with tempfile.TemporaryDirectory(prefix="xpu-perf-") as tmp:
-        model = Model(run_traced(command, server, Path(tmp, "recorded.trace"), Network()))
+        recordings = [run_traced(command, server, Path(tmp, f"recorded{i}.trace"), Network()) for i in range(repeat)]
+        model = Model(sorted(recordings, key=lambda t: t.span_ns)[len(recordings) // 2])
         points = []
         for rtt in rtts:
             for bw in gbps:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-SPIN_NS = 200_000  # waits shorter than this spin: sleep() overshoots by tens of microseconds
+SPIN_NS = 1_000_000  # the last stretch of a wait spins: sleep() wakes up tens to hundreds of µs late
 LATENCY_WEIGHT = 0.05  # weight of each new idle-receiver sample in the transport's latency estimate
 
 

@@ -3,9 +3,10 @@
 
 Format, version 1: the 8 bytes MAGIC, then one zstd stream of concatenated msgpack values:
 a header map, then records (arrays, the first element says which kind). Times are integer
-nanoseconds of CLOCK_MONOTONIC relative to the header's `epoch_ns` (the moment the session
-with the server was up), written as differences from the previous record of the same kind
-so that each fits in a few bytes; zstd then folds the repeats of a loop together.
+ticks of TICK_NS of CLOCK_MONOTONIC relative to the header's `epoch_ns` (the moment the
+session with the server was up); time stamps are written as differences from the previous
+record of the same kind, so that each fits in a few bytes; zstd then folds the repeats of a
+loop together. The reader returns nanoseconds.
 
   [NAME, id, name]                          a call name, defined before its first use
   [CALL, id, cls, d_entry, dur, stream, seq, pos]
@@ -44,6 +45,7 @@ NAME, CALL, MESSAGE, END = range(4)
 CLASSES = ("local", "async", "shadow", "sync", "internal")
 KINDS = ("async", "sync", "later")  # later: sent at once, its answer read by whoever comes next
 FLUSH_RECORDS = 4096
+TICK_NS = 100  # finer than any call's own cost; the noise below it would not compress
 
 
 class TraceError(ValueError):
@@ -76,19 +78,22 @@ class TraceWriter:
                 ident = self.names[name] = len(self.names)
                 self.records.append([NAME, ident, name])
             sid = self.streams.setdefault(stream, len(self.streams))
-            entry -= self.epoch
-            self.records.append([CALL, ident, cls, entry - self.last_call, ret - self.epoch - entry, sid, seq, pos])
+            entry, ret = self._ticks(entry), self._ticks(ret)
+            self.records.append([CALL, ident, cls, entry - self.last_call, ret - entry, sid, seq, pos])
             self.last_call = entry
             self._maybe_flush()
 
     def message(self, seq: int, kind: int, sent: int, up: int, n: int, wait: int, down: int,
                 server: int | None, per_call: list[int] | None, gpu: int | None) -> None:
         with self.lock:
-            sent -= self.epoch
-            self.records.append([MESSAGE, seq, kind, sent - self.last_message, up, n, wait, down,
-                                 server, per_call, gpu])
+            sent = self._ticks(sent)
+            self.records.append([MESSAGE, seq, kind, sent - self.last_message, up, n, wait // TICK_NS, down,
+                                 _tick(server), per_call and [t // TICK_NS for t in per_call], _tick(gpu)])
             self.last_message = sent
             self._maybe_flush()
+
+    def _ticks(self, t_ns: int) -> int:
+        return (t_ns - self.epoch) // TICK_NS
 
     def _maybe_flush(self) -> None:
         if len(self.records) >= FLUSH_RECORDS:
@@ -105,10 +110,14 @@ class TraceWriter:
             if self.closed:
                 return
             self.closed = True
-            self.records.append([END, time.monotonic_ns() - self.epoch])
+            self.records.append([END, self._ticks(time.monotonic_ns())])
             self._flush()
             self.stream.close()
             self.file.close()
+
+
+def _tick(t_ns: int | None) -> int | None:
+    return None if t_ns is None else t_ns // TICK_NS
 
 
 # ---- reading ------------------------------------------------------------------------------
@@ -170,17 +179,18 @@ def read(path: str | Path) -> Trace:
     return trace
 
 
+def _ns(ticks: int | None) -> int | None:
+    return None if ticks is None else ticks * TICK_NS
+
+
 def _values(f: BinaryIO) -> Iterator[Any]:
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
-    reader = zstandard.ZstdDecompressor().stream_reader(f)
-    while True:
+    decompressor = zstandard.ZstdDecompressor().decompressobj()
+    while chunk := f.read(1 << 16):
         try:
-            chunk = reader.read(1 << 16)
+            unpacker.feed(decompressor.decompress(chunk))
         except zstandard.ZstdError:
-            chunk = b""  # a trace cut short: keep what was complete
-        if not chunk:
-            return
-        unpacker.feed(chunk)
+            return  # damaged: keep what came before
         yield from unpacker
 
 
@@ -194,12 +204,14 @@ def _fill(trace: Trace, values: Iterator[Any]) -> None:
         elif kind == CALL:
             _, ident, cls, d_entry, dur, stream, seq, pos = rec
             last_call += d_entry
-            trace.calls.append(Call(names[ident], CLASSES[cls], last_call, last_call + dur, stream, seq, pos))
+            entry = last_call * TICK_NS
+            trace.calls.append(Call(names[ident], CLASSES[cls], entry, entry + dur * TICK_NS, stream, seq, pos))
         elif kind == MESSAGE:
             _, seq, mkind, d_sent, up, n, wait, down, server, per_call, gpu = rec
             last_message += d_sent
-            trace.messages.append(Message(seq, KINDS[mkind], last_message, up, n, wait, down, server, per_call, gpu))
+            trace.messages.append(Message(seq, KINDS[mkind], last_message * TICK_NS, up, n, wait * TICK_NS, down,
+                                          _ns(server), per_call and [t * TICK_NS for t in per_call], _ns(gpu)))
         elif kind == END:
-            trace.end = rec[1]
+            trace.end = rec[1] * TICK_NS
         else:
             raise TraceError(f"unknown record kind {kind}")

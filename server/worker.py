@@ -293,12 +293,13 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
     frames = [sock.recv(copy=False)]
     while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
         frames.append(sock.recv(copy=False))
-    if session.uplink:
-        _hold(session.uplink, frames)
+    message = Message(frames[0], frames[1:])
+    if session.uplink and isinstance(message.header.get("sent"), int):
+        session.uplink.hold(message.header["sent"], size_of(message.frames))  # see protocol/link.py
     if session.awaiting is None:
-        return _serve(sock, session, frames)
-    if not _is_done(frames, session.awaiting):
-        session.stash.append(frames)
+        return _serve(sock, session, message)
+    if message.header.get("op") != "done" or message.header.get("token") != session.awaiting:
+        session.stash.append(message)
         return True
     session.awaiting = None
     while session.stash and session.awaiting is None:
@@ -307,30 +308,27 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
     return True
 
 
-def _hold(uplink: Wire, frames: list[Any]) -> None:
-    """Keep a message until the client's emulated link delivers it (see protocol/link.py)."""
-    try:
-        sent = wire.decode(frames[1:]).get("sent")
-    except wire.WireError:
-        return  # malformed: answered as such without delay
-    if isinstance(sent, int):
-        uplink.hold(sent, size_of(frames[1:]))
+class Message:
+    """A request as read: who sent it, its frames, its header (decoded once; {} if malformed)."""
+
+    def __init__(self, identity: Any, frames: list[Any]) -> None:
+        self.identity, self.frames = identity, frames
+        self.error: wire.WireError | None = None
+        began = time.monotonic_ns()
+        try:
+            self.header = wire.decode(frames)
+        except wire.WireError as exc:
+            self.header, self.error = {}, exc
+        self.decode_ns = time.monotonic_ns() - began  # part of the server's time on it
 
 
-def _is_done(frames: list[Any], token: int) -> bool:
-    try:
-        header = wire.decode(frames[1:])
-    except wire.WireError:
-        return False
-    return header["op"] == "done" and header.get("token") == token
-
-
-def _serve(sock: zmq.Socket, session: Session, frames: list[Any]) -> bool:
+def _serve(sock: zmq.Socket, session: Session, message: Message) -> bool:
     """Serve one message; False when the client said goodbye."""
-    identity, frames = frames[0], frames[1:]
+    identity, header = message.identity, message.header
     began = time.monotonic_ns()
     try:
-        header = wire.decode(frames)
+        if message.error:
+            raise message.error
         op = header["op"]
         if op == "init":
             answer = session.start(header)
@@ -339,7 +337,8 @@ def _serve(sock: zmq.Socket, session: Session, frames: list[Any]) -> bool:
             answer = session.run_batch(header.get("calls"), bool(header.get("reply")))
             answer["seq"] = header.get("seq")
             if session.measure:
-                session.timings.append([header.get("seq"), time.monotonic_ns() - began, session.per_call, None])
+                server_ns = time.monotonic_ns() - began + message.decode_ns
+                session.timings.append([header.get("seq"), server_ns, session.per_call, None])
             if not header.get("reply"):
                 return True
             if session.timings:

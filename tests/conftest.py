@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,3 +93,30 @@ def run_on(shim: Path, server: Server):
                               text=True, timeout=timeout)
 
     return run
+
+
+Build = Callable[[str, list[str]], Path]
+
+
+@pytest.fixture(scope="session")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
+    """build(output_name, nvcc_args) -> the output file, compiled once per session."""
+    from toolchain import nvcc_path
+
+    nvcc = nvcc_path()
+    if nvcc is None:
+        pytest.skip("nvcc is not installed (pip install nvidia-cuda-nvcc)")
+    if shutil.which("g++") is None:
+        pytest.skip("nvcc needs a host C++ compiler (g++)")
+    out_dir = tmp_path_factory.mktemp("nvcc")
+    done: dict[str, Path] = {}
+
+    def compile_(name: str, args: list[str]) -> Path:
+        if name not in done:
+            out = out_dir / name
+            proc = subprocess.run([nvcc, *args, "-o", str(out)], capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, f"nvcc {' '.join(args)} failed:\n{proc.stdout}{proc.stderr}"
+            done[name] = out
+        return done[name]
+
+    return compile_

@@ -8,43 +8,16 @@ Their kernels run through the host implementations in tests/sim_kernels.py and e
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from toolchain import nvcc_lib_dir, nvcc_path
+from conftest import Build
+from toolchain import nvcc_lib_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 DRIVER_API = ROOT / "tests" / "programs" / "driver_api.cu"
 VECTOR_ADD = ROOT / "examples" / "vector_add.cu"
 CUDA_ERROR_NO_BINARY_FOR_GPU = 209
-
-Build = Callable[[str, list[str]], Path]
-
-
-@pytest.fixture(scope="session")
-def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
-    """build(output_name, nvcc_args) -> the output file, compiled once per session."""
-    nvcc = nvcc_path()
-    if nvcc is None:
-        pytest.skip("nvcc is not installed (pip install nvidia-cuda-nvcc)")
-    if shutil.which("g++") is None:
-        pytest.skip("nvcc needs a host C++ compiler (g++)")
-    out_dir = tmp_path_factory.mktemp("nvcc")
-    done: dict[str, Path] = {}
-
-    def compile_(name: str, args: list[str]) -> Path:
-        if name not in done:
-            out = out_dir / name
-            proc = subprocess.run([nvcc, *args, "-o", str(out)], capture_output=True, text=True, timeout=300)
-            assert proc.returncode == 0, f"nvcc {' '.join(args)} failed:\n{proc.stdout}{proc.stderr}"
-            done[name] = out
-        return done[name]
-
-    return compile_
-
 
 def kernels(build: Build, name: str, *options: str) -> Path:
     """The kernels of driver_api.cu alone, as a module image (--fatbin or --cubin in `options`)."""

@@ -1,0 +1,212 @@
+"""xpu-perf: traces recorded from real programs on a real sim server, the emulated link, the model
+and its command line, and the model's accuracy against runs over emulated links.
+
+The programs are examples/workloads.cu in its three mixes (round-trip bound, launch bound,
+bandwidth bound), compiled with nvcc; their kernels run through examples/sim_kernels.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, Build, start_server
+from toolchain import nvcc_lib_dir
+
+from xpuremote.perfmodel import model, validate
+from xpuremote.protocol import trace
+
+WORKLOADS = ROOT / "examples" / "workloads.cu"
+MIXES = (["sync", "400"], ["async", "300"], ["bytes", "10"])
+CHUNK = 4 << 20  # bytes per copy in the bytes mix
+
+
+@pytest.fixture(scope="module")
+def workloads(build: Build) -> Path:
+    lib_dir = nvcc_lib_dir()
+    if lib_dir is None:
+        pytest.skip("nvcc's wheel has no lib directory with libcudart_static.a")
+    return build("workloads", ["-arch=sm_90", f"-L{lib_dir}", str(WORKLOADS)])
+
+
+def record(run_on, path: Path, *cmd: str, **env: str) -> trace.Trace:
+    proc = run_on([*map(str, cmd)], XPU_TRACE=str(path), **env)
+    assert proc.returncode == 0, proc.stderr
+    return trace.read(path)
+
+
+def xpu_perf(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xpuremote.perfmodel.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=300)
+
+
+# ---- recording ---------------------------------------------------------------------------------
+def test_trace_holds_every_call_and_message(run_on, workloads: Path, tmp_path: Path) -> None:
+    t = record(run_on, tmp_path / "sync.trace", workloads, "sync", 50)
+    names = collections.Counter(c.name for c in t.calls)
+    assert names["cuMemcpyHtoD_v2"] == names["cuMemcpyDtoH_v2"] == names["cuLaunchKernel"] == 50
+    assert {c.cls for c in t.calls} >= {"local", "sync", "async"}
+    launches = [c for c in t.calls if c.name == "cuLaunchKernel"]
+    assert all(c.seq for c in launches), "each launch names the message it went in"
+    by_seq = {m.seq: m for m in t.messages}
+    sync = [m for m in t.messages if m.kind == "sync"]
+    assert len(sync) >= 100 and all(m.wait > 0 and m.down > 0 for m in sync)
+    assert all(m.server is not None and len(m.per_call) == m.n for m in t.messages), "the server timed each"
+    assert all(by_seq[c.seq].n > c.pos for c in launches)
+    assert t.end is not None and 0 < t.span_ns <= t.end
+    assert t.header["backend"] == "sim" and t.header["argv"][1:] == ["sync", "50"]
+
+
+def test_trace_counts_bytes_each_way(run_on, workloads: Path, tmp_path: Path) -> None:
+    t = record(run_on, tmp_path / "bytes.trace", workloads, "bytes", 3)
+    assert sum(m.up for m in t.messages) >= 3 * CHUNK
+    assert sum(m.down for m in t.messages) >= 3 * CHUNK
+
+
+def test_trace_is_a_few_bytes_per_call(run_on, workloads: Path, tmp_path: Path) -> None:
+    path = tmp_path / "async.trace"
+    t = record(run_on, path, workloads, "async", 300)
+    records = len(t.calls) + len(t.messages)
+    assert records > 5000
+    assert path.stat().st_size / records < 8, f"{path.stat().st_size} bytes for {records} records"
+
+
+def test_trace_cut_short_reads_up_to_its_last_block(run_on, workloads: Path, tmp_path: Path) -> None:
+    path = tmp_path / "async.trace"
+    whole = record(run_on, path, workloads, "async", 300)
+    cut = tmp_path / "cut.trace"
+    cut.write_bytes(path.read_bytes()[:-10])  # its last block damaged, as by a process killed while writing
+    part = trace.read(cut)
+    assert part.end is None and 0 < len(part.calls) < len(whole.calls)
+    assert part.calls == whole.calls[: len(part.calls)]
+
+
+def test_not_a_trace_is_a_clear_error(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.trace"
+    bogus.write_bytes(b"not a trace at all")
+    with pytest.raises(trace.TraceError, match="not an xpuremote trace"):
+        trace.read(bogus)
+    proc = xpu_perf("predict", bogus)
+    assert proc.returncode != 0 and "not an xpuremote trace" in proc.stderr
+
+
+# ---- the emulated link ---------------------------------------------------------------------------
+def test_emulated_rtt_delays_each_round_trip(run_on, workloads: Path, tmp_path: Path) -> None:
+    plain = record(run_on, tmp_path / "plain.trace", workloads, "sync", 100)
+    slow = record(run_on, tmp_path / "slow.trace", workloads, "sync", 100, XPU_LINK_RTT_US="2000")
+    round_trips = sum(m.kind == "sync" for m in slow.messages)
+    added = (slow.span_ns - plain.span_ns) / 1e9
+    assert round_trips * 2e-3 * 0.9 < added < round_trips * 2e-3 * 1.5
+    assert slow.link == {"rtt_us": 2000.0, "gbps": 0.0}
+
+
+def test_emulated_bandwidth_limits_bytes(run_on, workloads: Path, tmp_path: Path) -> None:
+    plain = record(run_on, tmp_path / "plain.trace", workloads, "bytes", 4)
+    slow = record(run_on, tmp_path / "slow.trace", workloads, "bytes", 4, XPU_LINK_GBPS="1")
+    on_wire = sum(m.up + m.down for m in slow.messages) * 8 / 1e9  # seconds at 1 Gbit/s
+    assert on_wire * 0.9 < (slow.span_ns - plain.span_ns) / 1e9 < on_wire * 1.5
+
+
+# ---- the model on traces made by hand ---------------------------------------------------------------
+def synthetic(msgs: list[trace.Message], span_ns: int) -> trace.Trace:
+    t = trace.Trace({"version": trace.VERSION}, messages=msgs, end=span_ns)
+    t.calls.append(trace.Call("cuCtxSynchronize", "sync", 0, span_ns, 0, 0, 0))
+    return t
+
+
+def sync_msg(sent: int, wait: int = 100_000, server: int = 40_000, up: int = 100, down: int = 100) -> trace.Message:
+    return trace.Message(sent + 1, "sync", sent, up, 1, wait, down, server, [server], None)
+
+
+def test_model_adds_one_rtt_per_round_trip() -> None:
+    t = synthetic([sync_msg(i * 1_000_000) for i in range(10)], 10_000_000)
+    m = model.Model(t)
+    assert m.predict(model.Network()).predicted_s == pytest.approx(0.010)
+    p = m.predict(model.Network(rtt_us=500))
+    assert p.predicted_s == pytest.approx(0.010 + 10 * 500e-6)
+    assert p.breakdown.round_trips == 10 and p.breakdown.latency == pytest.approx(10 * 500e-6)
+
+
+def test_model_queues_bytes_on_the_link() -> None:
+    big = trace.Message(1, "async", 0, 125_000_000, 1, 0, 0, 1_000, [1_000], None)  # 1 s at 1 Gbit/s
+    t = synthetic([big, sync_msg(10_000)], 1_000_000)
+    p = model.Model(t).predict(model.Network(gbps=1))
+    # the sync message goes out behind the gigabit of the async one and waits for it
+    assert p.predicted_s == pytest.approx(1.0 + 0.001, rel=0.01)
+
+
+def test_model_hides_async_work_behind_the_client() -> None:
+    # an async batch whose server work ends before the client's next round trip starts costs nothing
+    work = trace.Message(1, "async", 0, 200, 10, 0, 0, 300_000, None, None)
+    t = synthetic([work, sync_msg(2_000_000)], 3_000_000)
+    assert model.Model(t).predict(model.Network(rtt_us=100)).predicted_s == pytest.approx(0.003 + 100e-6)
+
+
+# ---- the command line -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def async_trace(tmp_path_factory, shim: Path, server, workloads: Path) -> Path:
+    from conftest import shim_env
+
+    path = tmp_path_factory.mktemp("perf") / "async.trace"
+    env = shim_env(shim, server.address, XPU_TRACE=str(path))
+    subprocess.run([str(workloads), "async", "100"], env=env, check=True, capture_output=True, timeout=120)
+    return path
+
+
+def test_predict_json(async_trace: Path) -> None:
+    proc = xpu_perf("predict", async_trace, "--rtt-us", "200", "--gbps", "10", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["predicted_s"] > out["trace_s"] > 0 and out["slowdown"] == pytest.approx(
+        out["predicted_s"] / out["trace_s"])
+    parts = out["breakdown_s"]
+    assert sum(parts.values()) == pytest.approx(out["predicted_s"], rel=1e-6)
+    text = xpu_perf("predict", async_trace, "--rtt-us", "200").stdout
+    assert "where the predicted time goes" in text and "round trips" in text
+
+
+def test_sweep_plots_a_heat_map(async_trace: Path, tmp_path: Path) -> None:
+    png = tmp_path / "sweep.png"
+    proc = xpu_perf("sweep", async_trace, "--plot", png, "--json")
+    assert proc.returncode == 0, proc.stderr
+    grid = json.loads(proc.stdout)["slowdown"]
+    assert all(row == sorted(row) for row in grid), "slowdown grows with the RTT"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_requirements_frontier(async_trace: Path) -> None:
+    out = json.loads(xpu_perf("requirements", async_trace, "--max-slowdown", "10%", "--json").stdout)
+    rtts = [p["max_rtt_us"] or 0.0 for p in out["frontier"]]
+    assert rtts == sorted(rtts) and rtts[-1] > 0, "more bandwidth never needs a shorter RTT"
+    text = xpu_perf("requirements", async_trace, "--max-slowdown", "10%").stdout
+    assert "max RTT" in text and "Gbit/s" in text.splitlines()[-1]
+
+
+def test_whatif_shows_what_each_optimisation_buys(async_trace: Path) -> None:
+    out = json.loads(xpu_perf("whatif", async_trace, "--rtt-us", "100", "--json").stdout)
+    recorded = out["as recorded (all optimisations)"]
+    assert out["no async"]["predicted_s"] > 2 * recorded["predicted_s"], "the launch-bound mix relies on async"
+    assert out["no async"]["round_trips"] > recorded["round_trips"] + 100 * 16
+    assert out["no local answers"]["predicted_s"] > recorded["predicted_s"]
+
+
+# ---- accuracy --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def quiet_server(tmp_path_factory):
+    srv = start_server(tmp_path_factory.mktemp("perf-server"), env={"XPU_LOG": "WARNING"})
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("mix", MIXES, ids=lambda m: m[0])
+def test_validate_predicts_emulated_links(quiet_server, shim: Path, workloads: Path, mix: list[str]) -> None:
+    """The issue's bar: over RTT {0, 50, 200, 1000} µs x {1, 10 Gbit/s, unlimited}, the median
+    error of the predicted run time is at most 5% and the worst at most 10%."""
+    result = validate.validate([str(workloads), *mix], quiet_server.address, repeat=3)
+    print(validate.table(result))
+    assert result.median_error <= 0.05, validate.table(result)
+    assert result.worst_error <= 0.10, validate.table(result)
