@@ -102,7 +102,7 @@ RECORDER: Recorder | None = None
 def start(header: dict[str, Any]) -> Recorder | None:
     """Begin recording if XPU_TRACE asks for it; called once the session is up."""
     global RECORDER
-    path = os.environ.get("XPU_TRACE")
+    path = os.environ.get("XPU_TRACE", "").replace("%p", str(os.getpid()))  # %p: one file per process
     if path and RECORDER is None:
         RECORDER = Recorder(path, header)
     return RECORDER
