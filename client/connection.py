@@ -59,7 +59,7 @@ class ServerGone(CudaError):
 
 class Connection:
     def __init__(self, address: str, connect_timeout_s: float = 10.0, batch_window_us: float = 50.0,
-                 link: LinkSpec = NO_LINK, measure: bool = False) -> None:
+                 link: LinkSpec = NO_LINK, measure: bool = False, measure_gpu: bool = False) -> None:
         self.address = address
         self.ctx = zmq.Context()
         self.lock = threading.RLock()
@@ -81,7 +81,8 @@ class Connection:
         self.sock = self._socket(self.endpoint)
         self.sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.inventory = self.request({"op": "init", "link": link.to_wire(), "measure": measure}, connect_timeout_s)
+        self.inventory = self.request({"op": "init", "link": link.to_wire(), "measure": measure, "gpu": measure_gpu},
+                                      connect_timeout_s)
         self.kick = threading.Event()
         self.closed = False
         self.host_functions: queue.SimpleQueue | None = None  # (function, token), run by their own thread
@@ -256,6 +257,8 @@ class Connection:
             self.downlink.hold(answer["sent"], self.down_bytes)
         if trace.RECORDER and answer.get("timing"):
             trace.RECORDER.timed(answer["timing"])
+        if trace.RECORDER and answer.get("gpu"):
+            trace.RECORDER.gpu_timed(answer["gpu"])
         return answer
 
     def _drain_later(self) -> None:

@@ -137,7 +137,9 @@ class Driver:
                 batch_us = float(os.environ.get("XPU_BATCH_US", "50"))
                 link = LinkSpec(float(os.environ.get("XPU_LINK_RTT_US") or 0),
                                 float(os.environ.get("XPU_LINK_GBPS") or 0))
-                conn = Connection(self.server(), timeout, batch_us, link, measure=bool(os.environ.get("XPU_TRACE")))
+                tracing = bool(os.environ.get("XPU_TRACE"))
+                conn = Connection(self.server(), timeout, batch_us, link, measure=tracing,
+                                  measure_gpu=tracing and os.environ.get("XPU_TRACE_GPU") == "1")
                 self._adopt(conn)
             return self.conn
 

@@ -45,7 +45,7 @@ class Recorder:
     # ---- messages ----------------------------------------------------------------------------
     def sent(self, seq: int, kind: str, sent: int, up: int, n: int) -> None:
         with self.lock:
-            self.open[seq] = _Open([seq, KIND_INDEX[kind], sent, up, n, 0, 0, None, None, None],
+            self.open[seq] = _Open([seq, KIND_INDEX[kind], sent, up, n, 0, 0, None, None],
                                    answered=kind == "async")  # nothing answers an async batch
 
     def answered(self, seq: int, wait: int, down: int) -> None:
@@ -57,14 +57,19 @@ class Recorder:
                 self._write_if_done(msg)
 
     def timed(self, timings: list[list[Any]]) -> None:
-        """The server's [seq, server_ns, per_call_ns, gpu_ns] for messages it has finished."""
+        """The server's [seq, server_ns, per_call_ns] for messages it has finished."""
         with self.lock:
-            for seq, server, per_call, gpu in timings:
+            for seq, server, per_call in timings:
                 msg = self.open.get(seq)
                 if msg is not None:
-                    msg.fields[7:10] = [server, per_call, gpu]
+                    msg.fields[7:9] = [server, per_call]
                     msg.timed = True
                     self._write_if_done(msg)
+
+    def gpu_timed(self, times: list[list[int]]) -> None:
+        """The server's [seq, gpu_ns] for messages whose GPU work has finished."""
+        for seq, gpu_ns in times:
+            self.writer.gpu(seq, gpu_ns)
 
     def _write_if_done(self, msg: _Open) -> None:
         if msg.answered and msg.timed:

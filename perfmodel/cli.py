@@ -51,6 +51,9 @@ def describe(pred: Prediction, model: Model) -> str:
              "where the predicted time goes:"]
     lines += [f"  {name:<40} {seconds * 1e3:10.2f} ms  {seconds / pred.predicted_s:6.1%}"
               for name, seconds in parts if pred.predicted_s]
+    gpu = [m.gpu for m in model.trace.messages if m.gpu is not None]
+    if gpu:
+        lines.append(f"GPU work measured in the recorded run: {sum(gpu) / 1e6:.2f} ms (part of the server's time)")
     return "\n".join(lines)
 
 

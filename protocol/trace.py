@@ -14,13 +14,14 @@ loop together. The reader returns nanoseconds.
       previous call's; `dur` entry to return; `stream` a small number per stream handle
       (0 = none or the default stream); `seq`, `pos`: the message and the position in it of
       the last request the call queued (seq 0: the call sent nothing)
-  [MESSAGE, seq, kind, d_sent, up, n, wait, down, server, per_call, gpu]
+  [MESSAGE, seq, kind, d_sent, up, n, wait, down, server, per_call]
       one message to the server: `kind` an index into KINDS; `d_sent` its send time minus
       the previous message's; `up`, `down` bytes each way (down 0 when unanswered); `wait`
       how long the sending thread waited for the answer (0 for kinds that do not wait);
       `n` calls in it; `server` the server's time on it, from reading it to answering;
-      `per_call` the server's time on each call in order (or nil); `gpu` the GPU time of the
-      GPU work in it, where the server measured it (or nil)
+      `per_call` the server's time on each call in order (or nil)
+  [GPU, seq, gpu]                           the GPU time of the kernels, copies and memsets of
+      message `seq`, measured with events (only with XPU_TRACE_GPU=1)
   [END, span]                               the recording ended `span` after the epoch
 
 Messages are written when the server's times for them are known, so not in send order.
@@ -41,7 +42,7 @@ import zstandard
 
 MAGIC = b"XPUTRACE"
 VERSION = 1
-NAME, CALL, MESSAGE, END = range(4)
+NAME, CALL, MESSAGE, END, GPU = range(5)
 CLASSES = ("local", "async", "shadow", "sync", "internal")
 KINDS = ("async", "sync", "later")  # later: sent at once, its answer read by whoever comes next
 FLUSH_RECORDS = 4096
@@ -84,12 +85,17 @@ class TraceWriter:
             self._maybe_flush()
 
     def message(self, seq: int, kind: int, sent: int, up: int, n: int, wait: int, down: int,
-                server: int | None, per_call: list[int] | None, gpu: int | None) -> None:
+                server: int | None, per_call: list[int] | None) -> None:
         with self.lock:
             sent = self._ticks(sent)
             self.records.append([MESSAGE, seq, kind, sent - self.last_message, up, n, wait // TICK_NS, down,
-                                 _tick(server), per_call and [t // TICK_NS for t in per_call], _tick(gpu)])
+                                 _tick(server), per_call and [t // TICK_NS for t in per_call]])
             self.last_message = sent
+            self._maybe_flush()
+
+    def gpu(self, seq: int, gpu_ns: int) -> None:
+        with self.lock:
+            self.records.append([GPU, seq, gpu_ns // TICK_NS])
             self._maybe_flush()
 
     def _ticks(self, t_ns: int) -> int:
@@ -143,7 +149,7 @@ class Message:
     down: int
     server: int | None
     per_call: list[int] | None
-    gpu: int | None
+    gpu: int | None = None  # ns, where measured
 
 
 @dataclass
@@ -196,6 +202,7 @@ def _values(f: BinaryIO) -> Iterator[Any]:
 
 def _fill(trace: Trace, values: Iterator[Any]) -> None:
     names: dict[int, str] = {}
+    gpu: dict[int, int] = {}
     last_call = last_message = 0
     for rec in values:
         kind = rec[0]
@@ -207,11 +214,15 @@ def _fill(trace: Trace, values: Iterator[Any]) -> None:
             entry = last_call * TICK_NS
             trace.calls.append(Call(names[ident], CLASSES[cls], entry, entry + dur * TICK_NS, stream, seq, pos))
         elif kind == MESSAGE:
-            _, seq, mkind, d_sent, up, n, wait, down, server, per_call, gpu = rec
+            _, seq, mkind, d_sent, up, n, wait, down, server, per_call = rec
             last_message += d_sent
             trace.messages.append(Message(seq, KINDS[mkind], last_message * TICK_NS, up, n, wait * TICK_NS, down,
-                                          _ns(server), per_call and [t * TICK_NS for t in per_call], _ns(gpu)))
+                                          _ns(server), per_call and [t * TICK_NS for t in per_call]))
+        elif kind == GPU:
+            gpu[rec[1]] = rec[2] * TICK_NS
         elif kind == END:
             trace.end = rec[1] * TICK_NS
         else:
             raise TraceError(f"unknown record kind {kind}")
+    for m in trace.messages:
+        m.gpu = gpu.get(m.seq)

@@ -7,11 +7,16 @@ msgpack. No pickle anywhere: a peer can only send data, never code.
 
 Ops (client -> server):
   hello   to the daemon: {client: {pid, host, user}}          -> {worker: endpoint, session}
-  init    to the worker: {}                                   -> {driver_version, devices}
+  init    to the worker: {link, measure, gpu}                 -> {driver_version, devices}
+          link: the client's emulated link (protocol/link.py); measure: time every message and
+          call for a trace; gpu: time GPU work with events too
   calls   {seq, calls: [[opcode, args], ...], reply: bool}    -> {seq, status, outs, deferred}
-          a batch of calls executed in order; only `reply` batches are answered, by the last call
+          a batch of calls executed in order; only `reply` batches are answered, by the last call;
+          while measuring, answers carry `timing` [[seq, server_ns, per_call_ns], ...] and `gpu`
+          [[seq, gpu_ns], ...] for the messages finished since the last answer
   done    {token}: the host function the server stopped for has run (no answer)
   bye     the client is leaving; its resources are released
+With an emulated link, every message carries `sent` (its send time, CLOCK_MONOTONIC ns).
 Every answer carries `op: "reply"`; a request the server cannot serve is answered with
 `status` set and `error` saying why.
 """

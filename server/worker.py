@@ -29,6 +29,7 @@ from xpuremote.protocol.link import LinkSpec, Wire, size_of
 
 from .backends import load_backend
 from .backends.base import Backend
+from .gpu_timer import GpuTimer, is_gpu_work
 
 log = logging.getLogger("xpuremote.worker")
 
@@ -53,6 +54,8 @@ class Session:
         self.measure = False  # time each message and call for the client's trace
         self.timings: list[list[Any]] = []  # [seq, server_ns, per_call_ns, gpu_ns] not yet sent back
         self.per_call: list[int] | None = None
+        self.gpu_timer: GpuTimer | None = None  # events around GPU work, when the client asks
+        self.seq = 0  # the message being served
 
     def start(self, header: dict[str, Any]) -> dict[str, Any]:
         """The `init` request: the client's link and trace settings; answered with the inventory."""
@@ -62,6 +65,7 @@ class Session:
             raise wire.WireError(str(exc)) from None
         self.uplink = Wire(link) if link.active else None
         self.measure = bool(header.get("measure"))
+        self.gpu_timer = GpuTimer(self.backend) if header.get("gpu") else None
         return {"op": "reply", "status": 0, **self.backend.inventory().to_wire()}
 
     # ---- handles --------------------------------------------------------------------------
@@ -89,6 +93,14 @@ class Session:
         """Destroy calls drop the handle they destroyed."""
         if call.family.endswith(("Destroy", "Unload")) and args and isinstance(args[0], int):
             self.handles.pop(args[0], None)
+
+    def add_timings(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """Give an answer the times measured since the last one, for the client's trace."""
+        if self.timings:
+            answer["timing"], self.timings = self.timings, []
+        if self.gpu_timer and (gpu := self.gpu_timer.collect()):
+            answer["gpu"] = gpu
+        return answer
 
     # ---- calls ----------------------------------------------------------------------------
     def run_batch(self, batch: Any, reply: bool) -> dict[str, Any]:
@@ -130,7 +142,12 @@ class Session:
         scalars = {p.name: a for p, a in zip(call.params, args) if p.kind in ("int", "float")}
         decoded = [self.decode(p, a, scalars, call) for p, a in zip(call.params, args)]
         try:
-            outs = self.backend.execute(call, decoded)
+            if self.gpu_timer and is_gpu_work(call):
+                begun = self.gpu_timer.start(call, decoded)
+                outs = self.backend.execute(call, decoded)
+                self.gpu_timer.stop(self.seq, begun)
+            else:
+                outs = self.backend.execute(call, decoded)
         except CudaError:
             raise
         except (TypeError, AttributeError, ValueError, IndexError, KeyError, struct.error) as exc:
@@ -334,19 +351,19 @@ def _serve(sock: zmq.Socket, session: Session, message: Message) -> bool:
             answer = session.start(header)
         elif op == "calls":
             session.per_call = [] if session.measure else None
+            session.seq = header.get("seq")
             answer = session.run_batch(header.get("calls"), bool(header.get("reply")))
             answer["seq"] = header.get("seq")
             if session.measure:
                 server_ns = time.monotonic_ns() - began + message.decode_ns
-                session.timings.append([header.get("seq"), server_ns, session.per_call, None])
+                session.timings.append([header.get("seq"), server_ns, session.per_call])
             if not header.get("reply"):
                 return True
-            if session.timings:
-                answer["timing"], session.timings = session.timings, []
+            session.add_timings(answer)
         elif op == "done":
             return True  # a host function finished after its wait was abandoned: nothing to answer
         elif op == "bye":  # with the server's times for the last batches, for a client's trace
-            sock.send_multipart([identity, *wire.encode({"op": "reply", "status": 0, "timing": session.timings})])
+            sock.send_multipart([identity, *wire.encode(session.add_timings({"op": "reply", "status": 0}))])
             return False
         else:
             raise wire.WireError(f"unknown op {op!r}")

@@ -61,6 +61,15 @@ def test_trace_holds_every_call_and_message(run_on, workloads: Path, tmp_path: P
     assert t.header["backend"] == "sim" and t.header["argv"][1:] == ["sync", "50"]
 
 
+def test_gpu_time_is_measured_only_when_asked(run_on, workloads: Path, tmp_path: Path) -> None:
+    plain = record(run_on, tmp_path / "plain.trace", workloads, "async", 5)
+    assert all(m.gpu is None for m in plain.messages)
+    timed = record(run_on, tmp_path / "gpu.trace", workloads, "async", 5, XPU_TRACE_GPU="1")
+    launching = {c.seq for c in timed.calls if c.name == "cuLaunchKernel"}
+    gpu = {m.seq: m.gpu for m in timed.messages if m.gpu is not None}
+    assert launching <= set(gpu) and all(0 < gpu[s] <= timed.span_ns for s in launching)
+
+
 def test_trace_counts_bytes_each_way(run_on, workloads: Path, tmp_path: Path) -> None:
     t = record(run_on, tmp_path / "bytes.trace", workloads, "bytes", 3)
     assert sum(m.up for m in t.messages) >= 3 * CHUNK
