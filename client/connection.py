@@ -205,7 +205,7 @@ class Connection:
     def _stamped(self, header: dict[str, Any]) -> dict[str, Any]:
         """With an emulated link, a message says when it was sent: the receiver holds it from then."""
         if self.downlink:
-            header["sent"] = self.sent_ns = time.monotonic_ns()
+            header["sent"] = time.monotonic_ns()
         return header
 
     def _send(self, reply: bool, kind: str = "sync") -> int:
@@ -214,8 +214,7 @@ class Connection:
         calls, self.pending, self.pending_bytes = len(self.pending), [], 0
         try:
             frames = wire.encode(self._stamped(header))
-            if not self.downlink:
-                self.sent_ns = time.monotonic_ns()
+            self.sent_ns = header.get("sent") or time.monotonic_ns()
             if trace.RECORDER:
                 trace.RECORDER.sent(self.seq, kind if reply else "async", self.sent_ns, size_of(frames), calls)
             for frame in frames[:-1]:  # send_multipart(copy=False) without its per-frame checks

@@ -49,11 +49,11 @@ class Session:
         self.calls = 0
         self.errors = 0
         self.awaiting: int | None = None  # a host function the client runs before more work is done
-        self.stash: collections.deque[list[Any]] = collections.deque()  # messages that came meanwhile
+        self.stash: collections.deque[Message] = collections.deque()  # messages that came meanwhile
         self.uplink: Wire | None = None  # the client's emulated link, for what reaches this end
         self.measure = False  # time each message and call for the client's trace
-        self.timings: list[list[Any]] = []  # [seq, server_ns, per_call_ns, gpu_ns] not yet sent back
-        self.per_call: list[int] | None = None
+        self.timings: list[list[Any]] = []  # [seq, server_ns, per_call_ns] not yet sent back
+        self.per_call: list[int] | None = None  # the server's time on each call of this message
         self.gpu_timer: GpuTimer | None = None  # events around GPU work, when the client asks
         self.seq = 0  # the message being served
 
