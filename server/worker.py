@@ -14,6 +14,7 @@ import argparse
 import collections
 import logging
 import os
+import signal
 import struct
 import sys
 import time
@@ -26,8 +27,10 @@ from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import BY_OPCODE, DEFAULT_STREAMS, Call, Param
 from xpuremote.protocol.errors import CudaError
 
+from . import auth, metrics
 from .backends import load_backend
 from .backends.base import Backend
+from .limits import Accounted, Limits, parse_size
 
 log = logging.getLogger("xpuremote.worker")
 
@@ -48,6 +51,8 @@ class Session:
         self.errors = 0
         self.awaiting: int | None = None  # a host function the client runs before more work is done
         self.stash: collections.deque[list[Any]] = collections.deque()  # messages that came meanwhile
+        self.peer: Any = None  # the client's socket identity: where a last word goes at shutdown
+        self.limits = Limits()
 
     # ---- handles --------------------------------------------------------------------------
     def resolve(self, param: Param, value: Any) -> Any:
@@ -196,15 +201,24 @@ def _name_of(item: Any) -> str:
 
 
 # ---- the process ------------------------------------------------------------------------
-def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = 30.0) -> int:
-    backend = load_backend(backend_name)
+def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = 30.0, limits: Limits | None = None,
+          keys: auth.ServerKeys | None = None, client_key: str = "") -> int:
+    backend = Accounted(load_backend(backend_name), limits or Limits())
     session = Session(backend)
+    session.limits = backend.limits
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # a client host that vanishes without a FIN is noticed
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+    if session.limits.max_request_bytes:  # a larger frame drops the connection before it is allocated
+        sock.setsockopt(zmq.MAXMSGSIZE, session.limits.max_request_bytes)
+    authenticator = None
+    if keys is not None:  # only the client this session was started for gets in
+        auth.make_server(sock, keys)
+        authenticator = auth.start_authenticator(ctx, lambda key: key.decode() == client_key, f"session {session_id}")
+    stopping = _stop_on_sigterm()
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
     endpoint = _bind(sock, bind, session_id)
     print(f"endpoint {endpoint}", flush=True)
@@ -213,20 +227,20 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
     poller.register(monitor, zmq.POLLIN)
     sock.setsockopt(zmq.RCVTIMEO, 100)
     parent, started, connected = os.getppid(), time.monotonic(), False
-    peak, look_at = 0, 0.0
+    look_at, reported = 0.0, None
     try:
-        while True:
+        while not stopping:
             if connected and time.monotonic() < look_at:
                 # serving: wait in recv on the socket alone, fewer system calls than polling it
                 # with the monitor; that is looked at after 100 ms without a message, or each second
                 try:
                     if not _handle(sock, session):
                         break
-                    peak = max(peak, getattr(getattr(backend, "memory", None), "used", 0))
                     continue
                 except zmq.Again:
                     pass
             look_at = time.monotonic() + 1.0
+            reported = _report(session, reported)
             ready = dict(poller.poll(1000))
             if os.getppid() != parent:
                 log.warning("session %s: the daemon is gone; ending", session_id)
@@ -243,15 +257,45 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
                 break
             if sock in ready and not _handle(sock, session):
                 break
-            peak = max(peak, getattr(getattr(backend, "memory", None), "used", 0))
+        if stopping:
+            _say_closing(sock, session)
     finally:
         backend.close()
+        _report(session, None)
         log.info("session %s ended: %d calls, %d errors, peak device memory %d bytes",
-                 session_id, session.calls, session.errors, peak)
-        sock.close(0)
+                 session_id, session.calls, session.errors, backend.peak)
+        sock.close()
         monitor.close(0)
+        if authenticator is not None:
+            authenticator.stop()
         ctx.term()
     return 0
+
+
+def _stop_on_sigterm() -> list[int]:
+    """A list that is non-empty once SIGTERM came: the daemon is shutting down. The batch in
+    flight is finished and answered first (the handler only sets the flag)."""
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
+    return stopping
+
+
+def _say_closing(sock: zmq.Socket, session: Session) -> None:
+    """Tell the client that the session ends: its next call fails with this, not a timeout."""
+    if session.peer is None:
+        return
+    notice = {"op": "closing", "status": errors.DEINITIALIZED, "error": "the server is shutting down"}
+    sock.setsockopt(zmq.LINGER, 2000)  # the notice must leave before the socket closes
+    sock.send_multipart([session.peer, *wire.encode(notice)])
+
+
+def _report(session: Session, last: str | None) -> str:
+    """Counters to the daemon (stdout), when they changed."""
+    backend = session.backend
+    line = metrics.stats_line(session.calls, session.errors, getattr(backend, "used", 0), getattr(backend, "peak", 0))
+    if line != last:
+        print(line, flush=True)
+    return line
 
 
 def _bind(sock: zmq.Socket, bind: str, session_id: str) -> str:
@@ -295,8 +339,13 @@ def _serve(sock: zmq.Socket, session: Session, frames: list[Any]) -> bool:
     """Serve one message; False when the client said goodbye."""
     identity, frames = frames[0], frames[1:]
     try:
+        too_big = session.limits.request_error(frames)
+        if too_big:
+            raise wire.WireError(too_big)
         header = wire.decode(frames)
         op = header["op"]
+        if op != "done":
+            session.peer = identity
         if op == "init":
             answer = {"op": "reply", "status": 0, **session.backend.inventory().to_wire()}
         elif op == "calls":
@@ -334,10 +383,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bind", required=True, help="tcp://HOST or ipc://PATH-PREFIX")
     parser.add_argument("--backend", default="sim")
     parser.add_argument("--session", required=True)
+    parser.add_argument("--mem-quota", type=parse_size, default=0, help="device memory per client (0: none)")
+    parser.add_argument("--max-request-bytes", type=parse_size, default=0, help="largest request (0: no limit)")
+    parser.add_argument("--key", help="the server's secret key file: CURVE on")
+    parser.add_argument("--client-key", default="", help="z85 public key of the only client admitted (with --key)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("XPU_LOG", "INFO").upper(), stream=sys.stderr,
                         format=f"xpu-server[{args.session}] %(levelname)s %(message)s")
-    return serve(args.bind, args.backend, args.session)
+    keys = auth.load_server_keys(args.key) if args.key else None
+    return serve(args.bind, args.backend, args.session, limits=Limits(args.mem_quota, args.max_request_bytes),
+                 keys=keys, client_key=args.client_key)
 
 
 if __name__ == "__main__":
