@@ -19,9 +19,9 @@ from pathlib import Path
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
-from zmq.utils import z85
 
 log = logging.getLogger("xpuremote.server")
+ZAP_DOMAIN = "xpuremote"
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def make_server(sock: zmq.Socket, keys: ServerKeys) -> None:
     sock.curve_server = True
     sock.curve_secretkey = keys.secret
     sock.curve_publickey = keys.public
-    sock.zap_domain = b"xpuremote"
+    sock.zap_domain = ZAP_DOMAIN.encode()
 
 
 class AllowedKeys:
@@ -83,7 +83,7 @@ class AllowedKeys:
         keys = set()
         for entry in entries:
             try:
-                keys.add(z85.encode(zmq.auth.load_certificate(str(entry))[0]))
+                keys.add(zmq.auth.load_certificate(str(entry))[0])  # z85, as ZAP gives it
             except (OSError, ValueError) as exc:
                 log.warning("ignoring %s: %s", entry, exc)
         self.keys, self.stamp = keys, stamp
@@ -112,7 +112,7 @@ def start_authenticator(ctx: zmq.Context, admits: Callable[[bytes], bool], where
     """A ZAP handler for every CURVE server socket of `ctx`."""
     auth = ThreadAuthenticator(ctx, log=logging.getLogger("xpuremote.zap"))
     auth.start()
-    auth.configure_curve_callback("*", credentials_provider=_Provider(admits, where))
+    auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_Provider(admits, where))
     return auth
 
 

@@ -106,7 +106,7 @@ class Daemon:
                "--backend", self.backend, "--session", session, "--mem-quota", str(limits.mem_quota),
                "--max-request-bytes", str(limits.max_request_bytes)]
         if self.options.keys is not None:
-            cmd += ["--key", self.options.keys.secret_path, "--client-key", key]
+            cmd += ["--key", self.options.keys.secret_path, f"--client-key={key}"]  # a z85 key may start with -
         env = dict(os.environ)  # the operator's own tunables come last, so they win
         env["GLIBC_TUNABLES"] = ":".join(filter(None, [WORKER_TUNABLES, env.get("GLIBC_TUNABLES")]))
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)

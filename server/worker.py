@@ -52,6 +52,7 @@ class Session:
         self.awaiting: int | None = None  # a host function the client runs before more work is done
         self.stash: collections.deque[list[Any]] = collections.deque()  # messages that came meanwhile
         self.peer: Any = None  # the client's socket identity: where a last word goes at shutdown
+        self.peers: set[int] = set()  # connections (fds) that have sent messages: the client's own
         self.limits = Limits()
 
     # ---- handles --------------------------------------------------------------------------
@@ -249,10 +250,12 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
                 event = zmq.utils.monitor.recv_monitor_message(monitor)
                 if event["event"] == zmq.EVENT_ACCEPTED:
                     connected = True
-                elif event["event"] == zmq.EVENT_DISCONNECTED:
+                elif event["event"] == zmq.EVENT_DISCONNECTED and int(event["value"]) in session.peers:
+                    # only the client's own connections count: one that never got a message
+                    # through (a port scan, a refused key) must not end the session
                     log.info("session %s: client disconnected", session_id)
                     break
-            if not connected and time.monotonic() - started > idle_connect_s:
+            if not session.peers and time.monotonic() - started > idle_connect_s:
                 log.warning("session %s: no client connected within %.0f s", session_id, idle_connect_s)
                 break
             if sock in ready and not _handle(sock, session):
@@ -315,6 +318,7 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
     frames = [sock.recv(copy=False)]
     while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
         frames.append(sock.recv(copy=False))
+    session.peers.add(frames[-1].get(zmq.SRCFD))
     if session.awaiting is None:
         return _serve(sock, session, frames)
     if not _is_done(frames, session.awaiting):
