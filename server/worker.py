@@ -144,7 +144,10 @@ class Session:
             return value
         if not isinstance(value, (bytes, memoryview)):
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name} must be bytes")
-        expected = p.byte_count(scalars)
+        try:
+            expected = p.byte_count(scalars)
+        except (TypeError, ValueError, OverflowError, KeyError):  # a size argument that is not a number
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: its size is not a number") from None
         if expected is not None and len(value) != expected:
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: {len(value)} bytes, expected {expected}")
         return value
@@ -178,7 +181,10 @@ def _fits(p: Param, value: Any) -> bool:
 def _pack_scalar(p: Param, value: Any) -> bytes:
     if p.pointee == "float":
         return struct.pack("<f" if p.pointee_size == 4 else "<d", value)
-    return int(value).to_bytes(p.pointee_size, "little", signed=int(value) < 0)
+    try:
+        return int(value).to_bytes(p.pointee_size, "little", signed=int(value) < 0)
+    except OverflowError:  # e.g. 16 GiB free through the 32-bit cuMemGetInfo of old
+        raise CudaError(errors.INVALID_VALUE, f"{p.name}={value} does not fit in {p.pointee_size} bytes") from None
 
 
 def _out_args(call: Call, args: list[Any]) -> list[Any]:
