@@ -7,6 +7,7 @@ msgpack. No pickle anywhere: a peer can only send data, never code.
 
 Ops (client -> server):
   hello   to the daemon: {client: {pid, host, user}}          -> {worker: endpoint, session}
+  status  to the daemon: {}            -> {listen, backend, curve, limits, sessions: [...], devices: [...]}
   init    to the worker: {}                                   -> {driver_version, devices}
   calls   {seq, calls: [[opcode, args], ...], reply: bool}    -> {seq, status, outs, deferred}
           a batch of calls executed in order; only `reply` batches are answered, by the last call
@@ -14,6 +15,8 @@ Ops (client -> server):
   bye     the client is leaving; its resources are released
 Every answer carries `op: "reply"`; a request the server cannot serve is answered with
 `status` set and `error` saying why.
+Server -> client, unasked:
+  closing {status, error}: the session ends (the server is shutting down); every later call fails
 """
 
 from __future__ import annotations

@@ -8,11 +8,13 @@ server's log. Captured traffic can neither be replayed into a session nor read.
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import shutil
 import socket
 import stat
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -240,3 +242,13 @@ def _free() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_xpu_run_passes_the_keys(keys: dict[str, Path], curve_server: Server, shim: Path) -> None:
+    body = "ctx, ptr = setup()\nprint('roundtrip', roundtrip(ptr), flush=True)\n"
+    env = {k: v for k, v in os.environ.items() if k not in ("XPU_CLIENT_KEY", "XPU_SERVER_KEY", "LD_PRELOAD")}
+    result = subprocess.run([sys.executable, "-m", "xpuremote.interpose.run", "--server", curve_server.address,
+                             "--key", str(keys["alice"]), "--server-key", str(keys["server.pub"]), "--",
+                             sys.executable, "-c", PRELUDE + body], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and "roundtrip True" in result.stdout, result.stdout + result.stderr
