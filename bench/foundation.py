@@ -1,6 +1,7 @@
 """Foundation benchmark: what the shim costs over the bare transport, on the sim backend.
 
     python bench/foundation.py [--out bench/results/foundation-sim.json] [--quick] [--profile DIR]
+                               [--curve off|on|both]
 
 Starts its own `xpu-server --backend sim` and a raw pyzmq echo server on loopback, and two
 long-lived agent processes:
@@ -19,6 +20,11 @@ each figure beside its baseline:
                                                           one echo; and one message per call
   3. bulk copies      cuMemcpyHtoD_v2 / DtoH_v2       vs  the same bytes as one frame, acknowledged (H2D)
                       of 64 MiB                           or sent back by the echo server (D2H)
+
+With --curve on, every connection is encrypted with CURVE (the sim server with --key and
+--allowed-keys, the shim with XPU_CLIENT_KEY/XPU_SERVER_KEY, the echo server and raw agent with
+the same keys); --curve both runs the whole benchmark without, then with, and adds a table
+of the figures side by side.
 
 Medians over the repeats; results as JSON and Markdown with --out. With --profile DIR, every
 phase is also run once under cProfile inside the shim agent, and the server's per-call work is
@@ -69,6 +75,9 @@ def echo_server() -> int:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
+    keys = curve_keys("server")
+    if keys:
+        sock.curve_server, (sock.curve_publickey, sock.curve_secretkey) = True, keys
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     print(f"endpoint tcp://127.0.0.1:{port}", flush=True)
     blobs: dict[int, bytes] = {}
@@ -95,6 +104,26 @@ def echo_server() -> int:
     return 0
 
 
+def curve_keys(name: str) -> tuple[bytes, bytes] | None:
+    """(public, secret) of NAME in XPU_BENCH_KEYS (the run's key directory), or None: plain TCP."""
+    import zmq.auth
+
+    folder = os.environ.get("XPU_BENCH_KEYS")
+    return zmq.auth.load_certificate(os.path.join(folder, f"{name}.key_secret")) if folder else None
+
+
+def make_keys(folder: Path) -> dict[str, str]:
+    """Server and client keys for a CURVE run; the environment that names them to the agents."""
+    from xpuremote.server.auth import keygen
+
+    for name in ("server", "client"):
+        keygen(str(folder), name)
+    (folder / "allowed").mkdir()
+    (folder / "allowed" / "client.key").write_bytes((folder / "client.key").read_bytes())
+    return {"XPU_BENCH_KEYS": str(folder), "XPU_CLIENT_KEY": str(folder / "client.key_secret"),
+            "XPU_SERVER_KEY": str(folder / "server.key")}
+
+
 # ---- agents -----------------------------------------------------------------------------------------
 def calls_header(seq: int, calls: list[Any], reply: bool) -> dict[str, Any]:
     """The header the client sends for a batch of calls (see protocol/wire.py)."""
@@ -112,6 +141,10 @@ class RawAgent:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        keys = curve_keys("client")
+        if keys:
+            self.sock.curve_publickey, self.sock.curve_secretkey = keys
+            self.sock.curve_serverkey = curve_keys("server")[0]
         self.sock.connect(endpoint)
         self.src = bytearray(os.urandom(bulk))
         self.seq = 0
@@ -413,16 +446,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "XPU_SERVER")}
+def clean_env(keys: dict[str, str] | None = None) -> dict[str, str]:
+    drop = ("LD_PRELOAD", "XPU_SERVER", "XPU_CLIENT_KEY", "XPU_SERVER_KEY", "XPU_BENCH_KEYS")
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, **(keys or {})}
 
 
-def start_sim_server(log_path: Path) -> tuple[subprocess.Popen, str]:
+def start_sim_server(log_path: Path, keys: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     address = f"tcp://127.0.0.1:{free_port()}"
     env = {**clean_env(), "XPU_LOG": "INFO"}
+    curve = ["--key", f"{keys['XPU_BENCH_KEYS']}/server.key_secret", "--allowed-keys",
+             f"{keys['XPU_BENCH_KEYS']}/allowed"] if keys else []
     with open(log_path, "w") as log:  # the server keeps its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-m", "xpuremote.server.daemon", "--listen", address,
-                                 "--backend", "sim"], stderr=log, env=env)
+                                 "--backend", "sim", *curve], stderr=log, env=env)
     deadline = time.monotonic() + 30
     while "ready" not in log_path.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -431,12 +467,12 @@ def start_sim_server(log_path: Path) -> tuple[subprocess.Popen, str]:
     return proc, address
 
 
-def start_echo_server() -> tuple[subprocess.Popen, str]:
+def start_echo_server(keys: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """The baseline's server, with the allocator settings the daemon gives its workers (if any), so
     that the comparison is of the software, not of malloc's page faults."""
     from xpuremote.server import daemon
 
-    env = clean_env()
+    env = clean_env(keys)
     tunables = getattr(daemon, "WORKER_TUNABLES", "")
     env["GLIBC_TUNABLES"] = ":".join(filter(None, [tunables, env.get("GLIBC_TUNABLES")]))
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--role", "echo"],
@@ -538,27 +574,28 @@ def _loadavg() -> list[float] | None:
         return None
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
     from xpuremote.interpose.build import ensure_shim
 
     shim = ensure_shim()
     bulk = args.bulk_mib * MIB
     tmp = Path(tempfile.mkdtemp(prefix="xpuremote-bench-"))
+    keys = make_keys(tmp / "keys") if curve else None
     profile_dir = Path(args.profile).resolve() if args.profile else None
     if profile_dir:
         profile_dir.mkdir(parents=True, exist_ok=True)
     procs: list[subprocess.Popen] = []
     agents: list[Agent] = []
     try:
-        server, address = start_sim_server(tmp / "server.log")
+        server, address = start_sim_server(tmp / "server.log", keys)
         procs.append(server)
-        echo, endpoint = start_echo_server()
+        echo, endpoint = start_echo_server(keys)
         procs.append(echo)
         extra = ["--bulk-mib", str(args.bulk_mib)] + (["--profile", str(profile_dir)] if profile_dir else [])
-        raw = Agent("raw", ["--endpoint", endpoint, *extra], clean_env())
+        raw = Agent("raw", ["--endpoint", endpoint, *extra], clean_env(keys))
         raw.peer = echo.pid
         agents.append(raw)
-        env = clean_env()
+        env = clean_env(keys)
         env["LD_PRELOAD"] = str(shim)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(shim.parent), env.get("LD_LIBRARY_PATH")]))
         env["XPU_SERVER"] = address
@@ -696,6 +733,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bulk-repeats", type=int, default=11)
     parser.add_argument("--quick", action="store_true", help="small counts, for a smoke test")
     parser.add_argument("--profile", metavar="DIR", help="also profile each phase; .pstats files go here")
+    parser.add_argument("--curve", choices=["off", "on", "both"], default="off",
+                        help="encrypt every connection with CURVE; both: a run without, then one with")
     parser.add_argument("--role", choices=["echo", "raw", "shim"], help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -708,25 +747,40 @@ def main(argv: list[str] | None = None) -> int:
 
     info = machine()
     started = time.time()
-    results = run(args)
-    rows = figures(args, results)
-    md = table(rows)
-    print(md)
-    print(f"\nserver share (in-process worker.Session, no transport): "
-          f"sync {results['server_us_per_call']['sync']:.2f} µs/call, "
-          f"async {results['server_us_per_call']['async']:.2f} µs/call")
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.curve]
+    runs = {curve: run(args, curve) for curve in modes}
+    command = "python bench/foundation.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    sections, docs = [], {}
+    for curve, results in runs.items():
+        rows = figures(args, results)
+        md = table(rows)
+        share = results["server_us_per_call"]
+        title = f"CURVE {'on' if curve else 'off'}"
+        print(f"\n## {title}\n\n{md}\n\nserver share (in-process worker.Session, no transport): "
+              f"sync {share['sync']:.2f} µs/call, async {share['async']:.2f} µs/call")
+        sections.append(f"## {title}\n\n{md}\n\nServer share (worker.Session in-process, no transport): "
+                        f"sync {share['sync']:.2f} µs/call, async {share['async']:.2f} µs/call.")
+        docs[title] = {"figures": rows, "server_us_per_call": share, "samples": results["samples"],
+                       "verified": results["verified"]}
+    if len(runs) == 2:
+        compare = curve_table(*(figures(args, r) for r in runs.values()))
+        print(f"\n## CURVE off and on\n\n{compare}")
+        sections.insert(0, f"## CURVE off and on (the shim's figures)\n\n{compare}")
     if args.out:
-        command = "python bench/foundation.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         doc = {"command": command, "machine": info, "started": time.strftime("%Y-%m-%dT%H:%M:%S%z",
                time.localtime(started)), "seconds": round(time.time() - started, 1),
                "parameters": {"sync_n": args.sync_n, "async_n": args.async_n, "bulk_mib": args.bulk_mib,
-                              "repeats": args.repeats, "bulk_repeats": args.bulk_repeats},
-               "figures": rows, "server_us_per_call": results["server_us_per_call"],
-               "samples": results["samples"], "verified": results["verified"], "load_after": _loadavg()}
+                              "repeats": args.repeats, "bulk_repeats": args.bulk_repeats, "curve": args.curve},
+               "load_after": _loadavg()}
+        if len(docs) == 1:
+            doc |= next(iter(docs.values()))
+        else:
+            doc["runs"] = docs
         out.write_text(json.dumps(doc, indent=2) + "\n")
         m = info
+        body = sections[0].split("\n\n", 1)[1] if len(sections) == 1 else "\n\n".join(sections)
         out.with_suffix(".md").write_text(
             f"# Foundation benchmark (sim backend)\n\n`{command}`\n\n"
             f"Machine: {m['cores']} cores, {m['cpu']}, {m['system']}; Python {m['python']}, "
@@ -736,12 +790,19 @@ def main(argv: list[str] | None = None) -> int:
             f"{m['load_before']}, after {doc['load_after']}). Workers and the echo server run with "
             f"GLIBC_TUNABLES={m['worker_glibc_tunables'] or '(none)'}, transparent huge pages "
             f"{m['transparent_hugepage']}.\n\n"
-            f"{md}\n\nServer share (worker.Session in-process, no transport): "
-            f"sync {results['server_us_per_call']['sync']:.2f} µs/call, "
-            f"async {results['server_us_per_call']['async']:.2f} µs/call. CPU times come from "
-            f"/proc/PID/stat at 10 ms resolution (coarse for the copies).\n")
+            f"{body}\n\nCPU times come from /proc/PID/stat at 10 ms resolution (coarse for the copies).\n")
         print(f"\nwrote {out} and {out.with_suffix('.md')}")
     return 0
+
+
+def curve_table(off: list[dict[str, Any]], on: list[dict[str, Any]]) -> str:
+    """The shim's figures and their baselines, without and with CURVE, side by side."""
+    lines = ["| figure | unit | shim, CURVE off | shim, CURVE on | on / off | baseline off | baseline on |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for a, b in zip(off, on):
+        lines.append(f"| {a['figure']} | {a['unit']} | {_fmt(a['shim'])} | {_fmt(b['shim'])} | "
+                     f"{b['shim'] / a['shim']:.2f}x | {_fmt(a['baseline'])} | {_fmt(b['baseline'])} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

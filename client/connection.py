@@ -41,7 +41,7 @@ from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import NO_LINK, LinkSpec, Wire, size_of
 
-from . import trace
+from . import auth, trace
 
 log = logging.getLogger("xpuremote.client")
 
@@ -77,6 +77,7 @@ class Connection:
         self.downlink = Wire(link) if link.active else None
         self.sent_ns = 0  # when the last message went out
         self.down_bytes = 0  # size of the last answer read
+        self.keys = auth.client_keys()  # CURVE keys from the environment, or None for plain TCP
         self.endpoint, self.session = self._hello(connect_timeout_s)
         self.sock = self._socket(self.endpoint)
         self.sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)
@@ -94,19 +95,27 @@ class Connection:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5 * HEARTBEAT_MS)
+        auth.secure(sock, self.keys)
         sock.connect(endpoint)
         return sock
 
     def _hello(self, timeout_s: float) -> tuple[str, str]:
         sock = self._socket(self.address)
+        monitor = sock.get_monitor_socket(auth.WATCHED)  # a refused handshake fails now, not at the timeout
         try:
             client = {"pid": os.getpid(), "host": socket.gethostname(), "user": getpass.getuser()}
             sock.send_multipart(wire.encode({"op": "hello", "client": client}))
-            if not sock.poll(int(timeout_s * 1000)):
+            why = auth.wait_for_answer(sock, monitor, timeout_s, self.keys is not None)
+            if why == "timeout":
                 raise ServerGone(errors.NO_DEVICE, f"no xpuremote server answered at {self.address} "
                                  f"within {timeout_s:g} s (is xpu-server running there?)")
+            if why:
+                raise ServerGone(errors.NO_DEVICE, f"the server at {self.address} refused the connection: {why} "
+                                 "(XPU_CLIENT_KEY, XPU_SERVER_KEY)")
             answer = wire.decode(sock.recv_multipart())
         finally:
+            sock.disable_monitor()
+            monitor.close(0)
             sock.close(0)
         if answer.get("status"):
             raise ServerGone(errors.NO_DEVICE, f"server at {self.address} refused: {answer.get('error')}")
@@ -237,6 +246,8 @@ class Connection:
                     if event["event"] == zmq.EVENT_DISCONNECTED:
                         self._die(f"lost the connection to the server at {self.address}")
             else:
+                if answer.get("op") == "closing":  # the server is going away: this and every later call fail
+                    self._die(f"the server at {self.address} ended this session: {answer.get('error')}")
                 if answer.get("seq") in self.later:
                     self._answer_later(answer)
                 elif seq is None or answer.get("seq") == seq or "seq" not in answer:

@@ -1,6 +1,7 @@
 """xpu-run: run a program with xpuremote's libcuda.so.1 in place of NVIDIA's.
 
-    xpu-run [--server tcp://host:port] [--backend auto|cuda|sim] [--trace PATH] -- CMD [ARGS...]
+    xpu-run [--server tcp://host:port] [--backend auto|cuda|sim] [--trace PATH]
+            [--key CLIENT.key_secret --server-key SERVER.key] -- CMD [ARGS...]
 
 Without --server (or XPU_SERVER), starts a local xpu-server for the program's lifetime:
 on a GPU if this machine has one, else the sim device.
@@ -55,8 +56,11 @@ def forward_stderr(proc: subprocess.Popen) -> None:
     threading.Thread(target=pump, daemon=True).start()
 
 
-def child_env(shim_dir: str, server: str) -> dict[str, str]:
+def child_env(shim_dir: str, server: str, key: str | None = None, server_key: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    for name, path in (("XPU_CLIENT_KEY", key), ("XPU_SERVER_KEY", server_key)):
+        if path:
+            env[name] = os.path.abspath(path)
     preload = os.path.join(shim_dir, "libcuda.so.1")
     env["LD_PRELOAD"] = " ".join(filter(None, [preload, env.get("LD_PRELOAD")]))
     env["LD_LIBRARY_PATH"] = ":".join(filter(None, [shim_dir, env.get("LD_LIBRARY_PATH")]))
@@ -70,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "sim"],
                         help="backend of the local server started when no --server is given")
     parser.add_argument("--trace", help="record the run for xpu-perf into this file (sets XPU_TRACE)")
+    parser.add_argument("--key", help="this client's CURVE secret key file (NAME.key_secret; or XPU_CLIENT_KEY)")
+    parser.add_argument("--server-key", help="the server's CURVE public key file (server.key; or XPU_SERVER_KEY)")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -81,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if not server:
         server_proc, server = start_local_server(args.backend)
     try:
-        env = child_env(str(shim.parent), server)
+        env = child_env(str(shim.parent), server, args.key, args.server_key)
         if args.trace:
             env["XPU_TRACE"] = os.path.abspath(args.trace)
         child = subprocess.Popen(command, env=env)

@@ -303,7 +303,9 @@ def ptx_kernels(ptx: str) -> dict[str, Kernel]:
 
 def _ptx_param(tokens: list[str]) -> tuple[int, int]:
     """(size, alignment) of ``.param [.align N] .type [.ptr [.space] [.align N]] name[dims]``."""
-    elem = next(int(m.group(1)) // 8 for t in tokens if (m := _PARAM_TYPE.match(t)))
+    elem = next((int(m.group(1)) // 8 for t in tokens if (m := _PARAM_TYPE.match(t))), None)
+    if not elem:
+        raise ValueError(f"PTX parameter {' '.join(tokens)!r} has no type")
     count = math.prod(int(dim) for dim in re.findall(r"\[(\d+)\]", tokens[-1]))
     # After .ptr, .align describes the memory pointed to, not the parameter itself.
     head = tokens[: tokens.index(".ptr")] if ".ptr" in tokens else tokens

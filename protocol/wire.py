@@ -7,6 +7,7 @@ msgpack. No pickle anywhere: a peer can only send data, never code.
 
 Ops (client -> server):
   hello   to the daemon: {client: {pid, host, user}}          -> {worker: endpoint, session}
+  status  to the daemon: {}            -> {listen, backend, curve, limits, sessions: [...], devices: [...]}
   init    to the worker: {link, measure, gpu}                 -> {driver_version, devices}
           link: the client's emulated link (protocol/link.py); measure: time every message and
           call for a trace; gpu: time GPU work with events too
@@ -19,6 +20,8 @@ Ops (client -> server):
 With an emulated link, every message carries `sent` (its send time, CLOCK_MONOTONIC ns).
 Every answer carries `op: "reply"`; a request the server cannot serve is answered with
 `status` set and `error` saying why.
+Server -> client, unasked:
+  closing {status, error}: the session ends (the server is shutting down); every later call fails
 """
 
 from __future__ import annotations

@@ -1,16 +1,22 @@
 """xpu-server: accepts clients and gives each a worker process of its own.
 
     xpu-server --listen tcp://0.0.0.0:17000 --backend auto|cuda|sim
+               [--key server.key_secret --allowed-keys DIR] [--mem-quota 8G] [--max-clients N]
+               [--max-request-bytes 1G] [--metrics-port 9400]
+    xpu-server keygen DIR [--name NAME]      a CURVE key pair: NAME.key, NAME.key_secret
+    xpu-server status [--listen ADDR]        the sessions and devices of a running server
 
 A client says `hello` to the daemon and is answered with the endpoint of its own worker; from
 then on it talks to that worker directly (one hop, no proxy in the data path). Prints a line
-containing `ready` on stderr once it accepts clients.
+containing `ready` on stderr once it accepts clients. SIGTERM (or SIGINT) stops it gracefully:
+no new sessions, each worker finishes the batch in flight and tells its client, then exit.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import logging
 import os
 import signal
@@ -18,21 +24,35 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
 import zmq
+import zmq.utils.monitor
 
 from xpuremote.protocol import errors, wire
 
-from .backends import gpu_present
+from . import auth, metrics
+from .backends import gpu_present, load_backend
+from .limits import Limits, parse_size
 
 log = logging.getLogger("xpuremote.server")
 WORKER_START_TIMEOUT_S = 30.0
 # Workers put large allocations (device memory copies, bulk frames) on transparent huge pages: a
 # fresh 64 MiB buffer then takes 32 page faults instead of 16384 (on glibc; ignored elsewhere).
 WORKER_TUNABLES = "glibc.malloc.hugetlb=1"
+DAEMON_MAX_MESSAGE = 1 << 20  # the daemon takes only small control messages (hello, status)
+
+
+@dataclass
+class Options:
+    keys: auth.ServerKeys | None = None
+    allowed_keys: str = ""  # directory of the public key files of the clients admitted
+    limits: Limits = field(default_factory=Limits)
+    max_clients: int = 0  # 0: no limit
+    metrics_port: int | None = None
+    shutdown_grace_s: float = 10.0
 
 
 @dataclass
@@ -40,32 +60,53 @@ class Worker:
     session: str
     process: subprocess.Popen
     endpoint: str
-    client: dict[str, Any]
+    client: dict[str, str]
     started: float
+    key: str = ""
+    stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(metrics.COUNTERS, 0))
+    reader: threading.Thread | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"session": self.session, **self.client, "key": self.key, **self.stats,
+                "age_s": round(time.time() - self.started, 1), "worker_pid": self.process.pid}
 
 
 class Daemon:
-    def __init__(self, listen: str, backend: str) -> None:
+    def __init__(self, listen: str, backend: str, options: Options | None = None) -> None:
         self.listen = listen
         self.backend = backend
+        self.options = options or Options()
         self.workers: dict[str, Worker] = {}
         self.ids = itertools.count(1)
         self.stopping = threading.Event()
+        self.totals = {"sessions_started": 0, "sessions_refused": 0, "auth_failures": 0}
+        self.devices: list[dict[str, Any]] | None = None
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, DAEMON_MAX_MESSAGE)
+        self.authenticator = None
+        self.metrics_server = None
 
     def worker_bind(self) -> str:
         """Where workers listen: the daemon's host on a free port, or an ipc path beside its own."""
         if self.listen.startswith("ipc://"):
             return self.listen
-        host = urlparse(self.listen).hostname or "127.0.0.1"
-        return f"tcp://{'[' + host + ']' if ':' in host else host}"
+        return f"tcp://{self.host()}"
 
-    def spawn(self, client: dict[str, Any]) -> Worker:
+    def host(self) -> str:
+        host = urlparse(self.listen).hostname or "127.0.0.1"
+        return "[" + host + "]" if ":" in host else host
+
+    # ---- sessions ---------------------------------------------------------------------------------
+    def spawn(self, client: dict[str, str], key: str) -> Worker:
         session = f"{os.getpid()}-{next(self.ids)}"
+        limits = self.options.limits
         cmd = [sys.executable, "-m", "xpuremote.server.worker", "--bind", self.worker_bind(),
-               "--backend", self.backend, "--session", session]
+               "--backend", self.backend, "--session", session, "--mem-quota", str(limits.mem_quota),
+               "--max-request-bytes", str(limits.max_request_bytes)]
+        if self.options.keys is not None:
+            cmd += ["--key", self.options.keys.secret_path, f"--client-key={key}"]  # a z85 key may start with -
         env = dict(os.environ)  # the operator's own tunables come last, so they win
         env["GLIBC_TUNABLES"] = ":".join(filter(None, [WORKER_TUNABLES, env.get("GLIBC_TUNABLES")]))
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
@@ -73,62 +114,154 @@ class Daemon:
         if not line.startswith("endpoint "):
             proc.kill()
             raise RuntimeError(f"worker for session {session} failed to start (exit {proc.poll()})")
-        worker = Worker(session, proc, line.split(None, 1)[1].strip(), client, time.time())
+        worker = Worker(session, proc, line.split(None, 1)[1].strip(), client, time.time(), key)
+        worker.reader = threading.Thread(target=_read_stats, args=(worker,), name=f"stats-{session}", daemon=True)
+        worker.reader.start()
         self.workers[session] = worker
-        log.info("session %s started for %s (pid %s on %s), worker at %s", session, client.get("user"),
-                 client.get("pid"), client.get("host"), worker.endpoint)
+        self.totals["sessions_started"] += 1
+        log.info(metrics.kv("session_start", session=session, user=client["user"], host=client["host"],
+                            pid=client["pid"], key=key, worker=worker.endpoint, worker_pid=proc.pid))
         return worker
 
     def reap(self) -> None:
         for session, worker in list(self.workers.items()):
             code = worker.process.poll()
             if code is not None:
-                log.info("session %s ended (worker exit %s) after %.1f s", session, code, time.time() - worker.started)
+                if worker.reader is not None:
+                    worker.reader.join(1.0)  # its last stats line
+                s = worker.stats
+                log.info(metrics.kv("session_end", session=session, user=worker.client["user"],
+                                    host=worker.client["host"], pid=worker.client["pid"], key=worker.key,
+                                    duration_s=time.time() - worker.started, peak_memory=s["peak"],
+                                    calls=s["calls"], errors=s["errors"], exit=code))
                 del self.workers[session]
 
-    def answer(self, frames: list[Any]) -> dict[str, Any]:
+    # ---- requests -----------------------------------------------------------------------------------
+    def answer(self, frames: list[Any], key: str = "") -> dict[str, Any]:
         try:
             header = wire.decode(frames)
         except wire.WireError as exc:
             log.warning("malformed message to the daemon: %s", exc)
             return {"op": "reply", "status": errors.INVALID_VALUE, "error": f"malformed message: {exc}"}
+        if header["op"] == "status":
+            return {"op": "reply", "status": 0, **self.status()}
         if header["op"] != "hello":
-            why = f"the daemon only takes hello, not {header['op']!r}"
+            why = f"the daemon only takes hello and status, not {header['op']!r}"
             return {"op": "reply", "status": errors.INVALID_VALUE, "error": why}
-        client = header.get("client") if isinstance(header.get("client"), dict) else {}
+        client = _client(header.get("client"))
+        refusal = self.refusal()
+        if refusal:
+            self.totals["sessions_refused"] += 1
+            log.warning(metrics.kv("session_refused", user=client["user"], host=client["host"], pid=client["pid"],
+                                   key=key, reason=refusal))
+            return {"op": "reply", "status": errors.NOT_PERMITTED, "error": refusal}
         try:
-            worker = self.spawn(client)
+            worker = self.spawn(client, key)
         except (OSError, RuntimeError) as exc:
             log.error("cannot start a worker: %s", exc)
             return {"op": "reply", "status": errors.OPERATING_SYSTEM, "error": str(exc)}
         return {"op": "reply", "status": 0, "worker": worker.endpoint, "session": worker.session}
 
+    def refusal(self) -> str | None:
+        if self.stopping.is_set():
+            return "the server is shutting down"
+        self.reap()
+        limit = self.options.max_clients
+        if limit and len(self.workers) >= limit:
+            return f"the server is full: it serves at most {limit} clients at a time (--max-clients)"
+        return None
+
+    def status(self) -> dict[str, Any]:
+        limits = self.options.limits
+        return {"listen": self.listen, "backend": self.backend, "curve": self.options.keys is not None,
+                "limits": {"mem_quota": limits.mem_quota, "max_request_bytes": limits.max_request_bytes,
+                           "max_clients": self.options.max_clients},
+                "sessions": [w.describe() for w in list(self.workers.values())], "devices": self.inventory()}
+
+    def inventory(self) -> list[dict[str, Any]]:
+        """The devices, as a worker's backend sees them (looked up once)."""
+        if self.devices is None:
+            try:
+                backend = load_backend(self.backend)
+                inv = backend.inventory()
+                backend.close()
+                self.devices = [{"index": i, "name": d.name, "total_mem": d.total_mem}
+                                for i, d in enumerate(inv.devices)]
+            except Exception as exc:  # a status must not fail for want of a device list
+                log.warning("cannot list the devices: %s", exc)
+                return []
+        return self.devices
+
+    # ---- the loop -------------------------------------------------------------------------------------
+    def secure(self) -> zmq.Socket:
+        """CURVE on the daemon's socket when keys are given; a monitor for refused handshakes."""
+        keys = self.options.keys
+        if keys is not None:
+            auth.make_server(self.sock, keys)
+            allowed = auth.AllowedKeys(self.options.allowed_keys)
+            self.authenticator = auth.start_authenticator(self.ctx, allowed.__contains__, "the daemon")
+        elif not auth.is_loopback(self.listen):
+            log.warning("listening on %s without CURVE keys: anyone who can reach this port can use the GPU and "
+                        "read the traffic; use --key and --allowed-keys beyond a trusted network", self.listen)
+        return self.sock.get_monitor_socket(auth.HANDSHAKE_FAILURES)
+
     def run(self) -> int:
+        monitor = self.secure()
         self.sock.bind(self.listen)
-        backend = self.backend if self.backend != "auto" else ("cuda" if gpu_present() else "sim")
-        self.backend = backend
-        print(f"xpu-server ready on {self.listen} (backend {backend})", file=sys.stderr, flush=True)
+        self.backend = self.backend if self.backend != "auto" else ("cuda" if gpu_present() else "sim")
+        if self.options.metrics_port is not None:
+            host = self.host().strip("[]")
+            self.metrics_server = metrics.serve_metrics(host, self.options.metrics_port,
+                                                        lambda: metrics.render(self.status(), self.totals))
+        print(f"xpu-server ready on {self.listen} (backend {self.backend}, CURVE "
+              f"{'on' if self.options.keys else 'off'})", file=sys.stderr, flush=True)
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
+        poller.register(monitor, zmq.POLLIN)
         while not self.stopping.is_set():
-            if poller.poll(500):
-                identity, *frames = self.sock.recv_multipart()
-                self.sock.send_multipart([identity, *wire.encode(self.answer(frames))])
+            ready = dict(poller.poll(500))
+            if monitor in ready:
+                event = zmq.utils.monitor.recv_monitor_message(monitor)
+                self.totals["auth_failures"] += 1
+                log.warning("refused a client at %s: %s", self.listen, auth.describe_handshake_failure(event))
+            if self.sock in ready:
+                identity, *frames = self.sock.recv_multipart(copy=False)
+                key = auth.peer_key(frames[0]) if frames and self.options.keys is not None else ""
+                self.sock.send_multipart([identity, *wire.encode(self.answer(frames, key))])
             self.reap()
+        self.sock.disable_monitor()
+        monitor.close(0)
         self.shutdown()
         return 0
 
     def shutdown(self) -> None:
-        log.info("shutting down: ending %d sessions", len(self.workers))
+        """Graceful: no new sessions, then each worker finishes its batch in flight, tells its
+        client that the server is going away, and exits; one that overstays is killed."""
+        self.sock.close(0)  # no more hellos: new connections are refused from now on
+        log.info(metrics.kv("shutdown", sessions=len(self.workers)))
         for worker in self.workers.values():
             worker.process.terminate()
+        deadline = time.monotonic() + self.options.shutdown_grace_s
         for worker in self.workers.values():
             try:
-                worker.process.wait(5)
+                worker.process.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
+                log.warning("session %s did not end within %.0f s; killing it", worker.session,
+                            self.options.shutdown_grace_s)
                 worker.process.kill()
-        self.sock.close(0)
+                worker.process.wait()
+        self.reap()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+        if self.authenticator is not None:
+            self.authenticator.stop()
         self.ctx.term()
+
+
+def _client(value: Any) -> dict[str, str]:
+    """The client's description (informational, never trusted): user, host, pid, as short strings."""
+    value = value if isinstance(value, dict) else {}
+    return {k: str(value.get(k, "?"))[:64] for k in ("user", "host", "pid")}
 
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
@@ -139,21 +272,111 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
     return result[0] if result else ""
 
 
+def _read_stats(worker: Worker) -> None:
+    """The worker's counters, from its stdout until it exits."""
+    for line in worker.process.stdout:
+        stats = metrics.parse_stats(line)
+        if stats is not None:
+            worker.stats = stats
+
+
+# ---- the command line --------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="xpu-server", description="xpuremote GPU server")
+    argv = sys.argv[1:] if argv is None else argv
+    command = {"keygen": keygen_main, "status": status_main}.get(argv[0] if argv else "")
+    if command is not None:
+        return command(argv[1:])
+    return serve_main(argv)
+
+
+def serve_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="xpu-server", description="xpuremote GPU server (also: keygen, status)")
     parser.add_argument("--listen", default=os.environ.get("XPU_LISTEN", "tcp://127.0.0.1:17000"))
     parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "sim"])
+    parser.add_argument("--key", help="the server's secret key file (NAME.key_secret): CURVE on")
+    parser.add_argument("--allowed-keys", help="directory of the public key files (*.key) of admitted clients")
+    parser.add_argument("--mem-quota", type=parse_size, default=0, help="device memory per client, e.g. 8G (0: none)")
+    parser.add_argument("--max-clients", type=int, default=0, help="sessions at a time (0: no limit)")
+    parser.add_argument("--max-request-bytes", type=parse_size, default=0,
+                        help="largest request a client may send, e.g. 1G (0: no limit)")
+    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (plain HTTP)")
+    parser.add_argument("--shutdown-grace", type=float, default=10.0, help="seconds sessions get to end on SIGTERM")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("XPU_LOG", "INFO").upper(), stream=sys.stderr,
                         format="xpu-server %(levelname)s %(message)s")
-    daemon = Daemon(args.listen, args.backend)
+    if bool(args.key) != bool(args.allowed_keys):
+        parser.error("--key and --allowed-keys go together")
+    try:
+        keys = auth.load_server_keys(args.key) if args.key else None
+        if args.allowed_keys and not os.path.isdir(args.allowed_keys):
+            raise ValueError(f"--allowed-keys {args.allowed_keys} is not a directory")
+    except (OSError, ValueError) as exc:
+        print(f"xpu-server: {exc}", file=sys.stderr)
+        return 2
+    options = Options(keys, args.allowed_keys or "", Limits(args.mem_quota, args.max_request_bytes),
+                      args.max_clients, args.metrics_port, args.shutdown_grace)
+    daemon = Daemon(args.listen, args.backend, options)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stopping.set())
     try:
         return daemon.run()
-    except zmq.ZMQError as exc:
+    except (zmq.ZMQError, OSError) as exc:
         print(f"xpu-server: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 1
+
+
+def keygen_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="xpu-server keygen", description="Make a CURVE key pair.")
+    parser.add_argument("directory", help="where to write NAME.key (public) and NAME.key_secret (private)")
+    parser.add_argument("--name", default="server", help="file name stem: 'server', or a client's name")
+    args = parser.parse_args(argv)
+    try:
+        public, secret = auth.keygen(args.directory, args.name)
+    except (OSError, ValueError) as exc:
+        print(f"xpu-server keygen: {exc}", file=sys.stderr)
+        return 1
+    print(f"public key: {public}\nsecret key: {secret} (keep it private)")
+    return 0
+
+
+def status_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="xpu-server status", description="Sessions and devices of a running server.")
+    parser.add_argument("--listen", default=os.environ.get("XPU_SERVER", os.environ.get("XPU_LISTEN",
+                        "tcp://127.0.0.1:17000")), help="the server's address")
+    parser.add_argument("--json", action="store_true", help="print the raw answer as JSON")
+    parser.add_argument("--timeout", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    try:
+        answer = ask_status(args.listen, args.timeout)
+    except (RuntimeError, ValueError, errors.CudaError) as exc:
+        print(f"xpu-server status: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer, indent=1, default=str) if args.json else metrics.format_status(answer))
+    return 0
+
+
+def ask_status(address: str, timeout_s: float) -> dict[str, Any]:
+    """The `status` answer of the daemon at `address` (CURVE keys from XPU_CLIENT_KEY/XPU_SERVER_KEY)."""
+    from xpuremote.client import auth as client_auth
+
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        keys = client_auth.client_keys()
+        client_auth.secure(sock, keys)
+        monitor = sock.get_monitor_socket(client_auth.WATCHED)
+        sock.connect(address)
+        sock.send_multipart(wire.encode({"op": "status"}))
+        why = client_auth.wait_for_answer(sock, monitor, timeout_s, keys is not None)
+        if why:
+            raise RuntimeError(f"no status from {address}: {why}")
+        answer = wire.decode(sock.recv_multipart())
+    finally:
+        ctx.destroy(0)
+    if answer.get("status"):
+        raise RuntimeError(f"{address}: {answer.get('error')}")
+    return answer
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import argparse
 import collections
 import logging
 import os
+import signal
 import struct
 import sys
 import time
@@ -27,9 +28,11 @@ from xpuremote.protocol.calls import BY_OPCODE, DEFAULT_STREAMS, Call, Param
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import LinkSpec, Wire, size_of
 
+from . import auth, metrics
 from .backends import load_backend
 from .backends.base import Backend
 from .gpu_timer import GpuTimer, is_gpu_work
+from .limits import Accounted, Limits, parse_size
 
 log = logging.getLogger("xpuremote.worker")
 
@@ -56,6 +59,9 @@ class Session:
         self.per_call: list[int] | None = None  # the server's time on each call of this message
         self.gpu_timer: GpuTimer | None = None  # events around GPU work, when the client asks
         self.seq = 0  # the message being served
+        self.peer: Any = None  # the client's socket identity: where a last word goes at shutdown
+        self.peers: set[int] = set()  # connections (fds) that have sent messages: the client's own
+        self.limits = Limits()
 
     def start(self, header: dict[str, Any]) -> dict[str, Any]:
         """The `init` request: the client's link and trace settings; answered with the inventory."""
@@ -175,7 +181,10 @@ class Session:
             return value
         if not isinstance(value, (bytes, memoryview)):
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name} must be bytes")
-        expected = p.byte_count(scalars)
+        try:
+            expected = p.byte_count(scalars)
+        except (TypeError, ValueError, OverflowError, KeyError):  # a size argument that is not a number
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: its size is not a number") from None
         if expected is not None and len(value) != expected:
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: {len(value)} bytes, expected {expected}")
         return value
@@ -209,7 +218,10 @@ def _fits(p: Param, value: Any) -> bool:
 def _pack_scalar(p: Param, value: Any) -> bytes:
     if p.pointee == "float":
         return struct.pack("<f" if p.pointee_size == 4 else "<d", value)
-    return int(value).to_bytes(p.pointee_size, "little", signed=int(value) < 0)
+    try:
+        return int(value).to_bytes(p.pointee_size, "little", signed=int(value) < 0)
+    except OverflowError:  # e.g. 16 GiB free through the 32-bit cuMemGetInfo of old
+        raise CudaError(errors.INVALID_VALUE, f"{p.name}={value} does not fit in {p.pointee_size} bytes") from None
 
 
 def _out_args(call: Call, args: list[Any]) -> list[Any]:
@@ -233,15 +245,24 @@ def _name_of(item: Any) -> str:
 
 
 # ---- the process ------------------------------------------------------------------------
-def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = 30.0) -> int:
-    backend = load_backend(backend_name)
+def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = 30.0, limits: Limits | None = None,
+          keys: auth.ServerKeys | None = None, client_key: str = "") -> int:
+    backend = Accounted(load_backend(backend_name), limits or Limits())
     session = Session(backend)
+    session.limits = backend.limits
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)  # a client host that vanishes without a FIN is noticed
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+    if session.limits.max_request_bytes:  # a larger frame drops the connection before it is allocated
+        sock.setsockopt(zmq.MAXMSGSIZE, session.limits.max_request_bytes)
+    authenticator = None
+    if keys is not None:  # only the client this session was started for gets in
+        auth.make_server(sock, keys)
+        authenticator = auth.start_authenticator(ctx, lambda key: key.decode() == client_key, f"session {session_id}")
+    stopping = _stop_on_sigterm()
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
     endpoint = _bind(sock, bind, session_id)
     print(f"endpoint {endpoint}", flush=True)
@@ -250,20 +271,20 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
     poller.register(monitor, zmq.POLLIN)
     sock.setsockopt(zmq.RCVTIMEO, 100)
     parent, started, connected = os.getppid(), time.monotonic(), False
-    peak, look_at = 0, 0.0
+    look_at, reported = 0.0, None
     try:
-        while True:
+        while not stopping:
             if connected and time.monotonic() < look_at:
                 # serving: wait in recv on the socket alone, fewer system calls than polling it
                 # with the monitor; that is looked at after 100 ms without a message, or each second
                 try:
                     if not _handle(sock, session):
                         break
-                    peak = max(peak, getattr(getattr(backend, "memory", None), "used", 0))
                     continue
                 except zmq.Again:
                     pass
             look_at = time.monotonic() + 1.0
+            reported = _report(session, reported)
             ready = dict(poller.poll(1000))
             if os.getppid() != parent:
                 log.warning("session %s: the daemon is gone; ending", session_id)
@@ -272,23 +293,55 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
                 event = zmq.utils.monitor.recv_monitor_message(monitor)
                 if event["event"] == zmq.EVENT_ACCEPTED:
                     connected = True
-                elif event["event"] == zmq.EVENT_DISCONNECTED:
+                elif event["event"] == zmq.EVENT_DISCONNECTED and int(event["value"]) in session.peers:
+                    # only the client's own connections count: one that never got a message
+                    # through (a port scan, a refused key) must not end the session
                     log.info("session %s: client disconnected", session_id)
                     break
-            if not connected and time.monotonic() - started > idle_connect_s:
+            if not session.peers and time.monotonic() - started > idle_connect_s:
                 log.warning("session %s: no client connected within %.0f s", session_id, idle_connect_s)
                 break
             if sock in ready and not _handle(sock, session):
                 break
-            peak = max(peak, getattr(getattr(backend, "memory", None), "used", 0))
+        if stopping:
+            _say_closing(sock, session)
     finally:
         backend.close()
+        _report(session, None)
         log.info("session %s ended: %d calls, %d errors, peak device memory %d bytes",
-                 session_id, session.calls, session.errors, peak)
-        sock.close(0)
+                 session_id, session.calls, session.errors, backend.peak)
+        sock.close()
         monitor.close(0)
+        if authenticator is not None:
+            authenticator.stop()
         ctx.term()
     return 0
+
+
+def _stop_on_sigterm() -> list[int]:
+    """A list that is non-empty once SIGTERM came: the daemon is shutting down. The batch in
+    flight is finished and answered first (the handler only sets the flag)."""
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _: stopping.append(signum))
+    return stopping
+
+
+def _say_closing(sock: zmq.Socket, session: Session) -> None:
+    """Tell the client that the session ends: its next call fails with this, not a timeout."""
+    if session.peer is None:
+        return
+    notice = {"op": "closing", "status": errors.DEINITIALIZED, "error": "the server is shutting down"}
+    sock.setsockopt(zmq.LINGER, 2000)  # the notice must leave before the socket closes
+    sock.send_multipart([session.peer, *wire.encode(notice)])
+
+
+def _report(session: Session, last: str | None) -> str:
+    """Counters to the daemon (stdout), when they changed."""
+    backend = session.backend
+    line = metrics.stats_line(session.calls, session.errors, getattr(backend, "used", 0), getattr(backend, "peak", 0))
+    if line != last:
+        print(line, flush=True)
+    return line
 
 
 def _bind(sock: zmq.Socket, bind: str, session_id: str) -> str:
@@ -310,7 +363,8 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
     frames = [sock.recv(copy=False)]
     while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
         frames.append(sock.recv(copy=False))
-    message = Message(frames[0], frames[1:])
+    session.peers.add(frames[-1].get(zmq.SRCFD))
+    message = Message(frames[0], frames[1:], session.limits.request_error(frames[1:]))
     if session.uplink and isinstance(message.header.get("sent"), int):
         session.uplink.hold(message.header["sent"], size_of(message.frames))  # see protocol/link.py
     if session.awaiting is None:
@@ -328,14 +382,16 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
 class Message:
     """A request as read: who sent it, its frames, its header (decoded once; {} if malformed)."""
 
-    def __init__(self, identity: Any, frames: list[Any]) -> None:
+    def __init__(self, identity: Any, frames: list[Any], too_big: str | None = None) -> None:
         self.identity, self.frames = identity, frames
-        self.error: wire.WireError | None = None
+        self.header: dict[str, Any] = {}
+        self.error = wire.WireError(too_big) if too_big else None
         began = time.monotonic_ns()
         try:
-            self.header = wire.decode(frames)
+            if not too_big:  # not even decoded
+                self.header = wire.decode(frames)
         except wire.WireError as exc:
-            self.header, self.error = {}, exc
+            self.error = exc
         self.decode_ns = time.monotonic_ns() - began  # part of the server's time on it
 
 
@@ -347,6 +403,8 @@ def _serve(sock: zmq.Socket, session: Session, message: Message) -> bool:
         if message.error:
             raise message.error
         op = header["op"]
+        if op != "done":
+            session.peer = identity
         if op == "init":
             answer = session.start(header)
         elif op == "calls":
@@ -392,10 +450,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bind", required=True, help="tcp://HOST or ipc://PATH-PREFIX")
     parser.add_argument("--backend", default="sim")
     parser.add_argument("--session", required=True)
+    parser.add_argument("--mem-quota", type=parse_size, default=0, help="device memory per client (0: none)")
+    parser.add_argument("--max-request-bytes", type=parse_size, default=0, help="largest request (0: no limit)")
+    parser.add_argument("--key", help="the server's secret key file: CURVE on")
+    parser.add_argument("--client-key", default="", help="z85 public key of the only client admitted (with --key)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("XPU_LOG", "INFO").upper(), stream=sys.stderr,
                         format=f"xpu-server[{args.session}] %(levelname)s %(message)s")
-    return serve(args.bind, args.backend, args.session)
+    keys = auth.load_server_keys(args.key) if args.key else None
+    return serve(args.bind, args.backend, args.session, limits=Limits(args.mem_quota, args.max_request_bytes),
+                 keys=keys, client_key=args.client_key)
 
 
 if __name__ == "__main__":

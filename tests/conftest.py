@@ -42,15 +42,16 @@ class Server:
                 self.process.kill()
 
 
-def start_server(tmp: Path, backend: str = "sim", env: dict[str, str] | None = None) -> Server:
-    """A real `xpu-server` on a free loopback port; returns once it says `ready`."""
-    address = f"tcp://127.0.0.1:{free_port()}"
-    log_path = tmp / f"server-{address.rsplit(':', 1)[1]}.log"
+def start_server(tmp: Path, backend: str = "sim", env: dict[str, str] | None = None, args: tuple[str, ...] = (),
+                 address: str | None = None) -> Server:
+    """A real `xpu-server` on a free loopback port (or `address`); returns once it says `ready`."""
+    address = address or f"tcp://127.0.0.1:{free_port()}"
+    log_path = tmp / f"server-{address.rsplit(':', 1)[1]}-{time.monotonic_ns()}.log"
     full_env = {**os.environ, "XPU_SIM_KERNELS": SIM_KERNELS, "XPU_LOG": "INFO", **(env or {})}
     full_env.pop("LD_PRELOAD", None)
     with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-m", "xpuremote.server.daemon", "--listen", address,
-                                 "--backend", backend], stderr=log, env=full_env)
+                                 "--backend", backend, *args], stderr=log, env=full_env)
     deadline = time.monotonic() + 30
     while "ready" not in log_path.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:

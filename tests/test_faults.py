@@ -496,7 +496,7 @@ time.sleep(120)
     proc, lines = spawn(program(body), shim_env(shim, private_server.address))
     try:
         assert lines.wait("^ready", 30), finish(proc, 1)
-        match = re.search(rf"session (\S+) started for \S+ \(pid {proc.pid} ", private_server.log())
+        match = re.search(rf"session_start session=(\S+) .*pid={proc.pid} ", private_server.log())
         assert match, private_server.log()
         session = match.group(1)
         workers = pids_of_children(private_server.process.pid)

@@ -102,7 +102,24 @@ class CudaBackend(Backend):
             if p.direction != "in":
                 outs.append(buffer)
         self.check(getattr(self.lib, call.symbol)(*c_args), call.symbol)
-        return [self.result(p, b) for p, b in zip(call.outputs, outs)]
+        results = [self.result(p, b) for p, b in zip(call.outputs, outs)]
+        if call.family in ("cuMemAlloc", "cuMemAllocPitch"):
+            self.clear(call, args, results)
+        return results
+
+    def clear(self, call: Call, args: list[Any], results: list[Any]) -> None:
+        """Zero a new allocation before the client sees it: the driver may hand out memory that
+        another process has just freed, with its bytes still in it. Cleared here rather than at
+        free, so that a worker that dies (kill -9) leaves nothing readable either."""
+        address = int.from_bytes(results[0], "little")
+        if call.family == "cuMemAlloc":
+            size = args[1]
+        else:  # pitch * height
+            size = int.from_bytes(results[1], "little") * args[3] if results[1] is not None else args[2] * args[3]
+        status = self.lib.cuMemsetD8_v2(address, 0, size)
+        if status:
+            self.lib.cuMemFree_v2(address)
+            self.check(status, "clearing a new allocation (cuMemsetD8)")
 
     def argument(self, p: Param, value: Any) -> tuple[Any, Any]:
         """(C argument, output buffer or None) for one parameter."""

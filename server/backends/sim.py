@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import secrets
 import struct
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from .base import Backend, DeviceInfo, Inventory
 SIM_DRIVER_VERSION = 13000
 SIM_SM = 90
 BASE_ADDRESS = 0x3000_0000_0000  # far from where Linux puts a process's heap and libraries
+WINDOWS = 1 << 12  # each session starts at a random 4 GiB window above it
 ALIGN = 512
 
 
@@ -43,7 +45,9 @@ class Memory:
         self.used = 0
         self.bases: list[int] = []
         self.allocs: dict[int, Allocation] = {}
-        self.next = BASE_ADDRESS
+        # sessions are separate address spaces, as processes on a GPU are; a random start makes
+        # another session's pointer point at nothing here rather than at this session's own memory
+        self.next = BASE_ADDRESS + (secrets.randbelow(WINDOWS) << 32)
 
     def alloc(self, size: int) -> int:
         if size <= 0:
@@ -53,6 +57,7 @@ class Memory:
         base = self.next
         self.next += (size + ALIGN - 1) // ALIGN * ALIGN + ALIGN  # a guard gap between allocations
         bisect.insort(self.bases, base)
+        # a fresh buffer is zero-filled: no allocation ever shows the bytes of an earlier one
         self.allocs[base] = Allocation(base, bytearray(size))
         self.used += size
         return base

@@ -1,0 +1,86 @@
+"""The client's CURVE keys, and a clear reason when a server refuses the connection.
+
+XPU_CLIENT_KEY names the client's secret key file (NAME.key_secret from `xpu-server keygen`),
+XPU_SERVER_KEY the server's public key file (its NAME.key). Both set: every socket to the
+server is encrypted and authenticated; neither: plain TCP. ZeroMQ keeps a refused connection
+quiet (it retries forever), so the hello watches the handshake events and fails at once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import zmq
+import zmq.auth
+import zmq.utils.monitor
+
+from xpuremote.protocol import errors
+from xpuremote.protocol.errors import CudaError
+
+FAILED = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server does not accept this client's key",
+          zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the two ends disagree on security (one uses CURVE keys, the other not)",
+          zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the handshake failed"}
+WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+for _event in FAILED:
+    WATCHED |= _event
+
+
+@dataclass(frozen=True)
+class ClientKeys:
+    public: bytes
+    secret: bytes
+    server: bytes
+
+
+def client_keys() -> ClientKeys | None:
+    """The keys named by the environment, or None for plain TCP."""
+    own, server = os.environ.get("XPU_CLIENT_KEY"), os.environ.get("XPU_SERVER_KEY")
+    if not own and not server:
+        return None
+    try:
+        return _load(own, server)
+    except (OSError, ValueError) as exc:
+        raise CudaError(errors.INVALID_VALUE, f"cannot use the CURVE keys: {exc}") from None
+
+
+def _load(own: str | None, server: str | None) -> ClientKeys:
+    if not own or not server:
+        raise ValueError("set both XPU_CLIENT_KEY (this client's NAME.key_secret) and XPU_SERVER_KEY "
+                         "(the server's public NAME.key), or neither")
+    public, secret = zmq.auth.load_certificate(own)
+    if not secret:
+        raise ValueError(f"XPU_CLIENT_KEY={own} holds no secret key (give the NAME.key_secret file)")
+    server_public, _ = zmq.auth.load_certificate(server)
+    return ClientKeys(public, secret, server_public)
+
+
+def secure(sock: zmq.Socket, keys: ClientKeys | None) -> None:
+    """Make `sock` a CURVE client (before it connects)."""
+    if keys is not None:
+        sock.curve_secretkey = keys.secret
+        sock.curve_publickey = keys.public
+        sock.curve_serverkey = keys.server
+
+
+def wait_for_answer(sock: zmq.Socket, monitor: zmq.Socket, timeout_s: float, curve: bool) -> str | None:
+    """Wait until `sock` has something to read: None then, else why it never will."""
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(monitor, zmq.POLLIN)
+    remaining_ms = int(timeout_s * 1000)
+    while remaining_ms > 0:
+        start = time.monotonic()
+        ready = dict(poller.poll(remaining_ms))
+        if sock in ready:
+            return None
+        if monitor in ready:
+            event = zmq.utils.monitor.recv_monitor_message(monitor)
+            if event["event"] in FAILED:
+                return FAILED[event["event"]]
+            if event["event"] == zmq.EVENT_DISCONNECTED and curve:
+                # a CURVE server that cannot open our hello (another server key) just hangs up
+                return "the server closed the connection during the CURVE handshake (is XPU_SERVER_KEY its key?)"
+        remaining_ms -= int((time.monotonic() - start) * 1000) or 1
+    return "timeout"

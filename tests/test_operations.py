@@ -1,0 +1,326 @@
+"""Running a shared server: limits, cleanup of vanished clients, graceful shutdown, restarts,
+status, metrics and the session log lines.
+
+Each test starts its own server with the flags it needs; clients are shim programs (to die
+like applications die) or the Python client library (to be many, or to look inside).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+from conftest import Server, free_port, shim_env, start_server
+from pyclient import PyClient, sessions, wait_for
+from test_faults import COPY_UNTIL_FAILURE, alive, finish, pids_of_children, program, spawn
+
+from xpuremote.protocol import errors, wire
+from xpuremote.protocol.errors import CudaError
+
+MIB = 1 << 20
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[list[Server]]:
+    """Servers a test starts (append to the list); all killed at the end, workers included."""
+    started: list[Server] = []
+    yield started
+    for srv in started:
+        for pid in pids_of_children(srv.process.pid):
+            os.kill(pid, signal.SIGKILL)
+        srv.stop()
+
+
+def launch(servers: list[Server], tmp_path: Path, *args: str, address: str | None = None) -> Server:
+    servers.append(start_server(tmp_path, args=args, address=address))
+    return servers[-1]
+
+
+# ---- limits ----------------------------------------------------------------------------------------
+def test_memory_quota_is_per_client(servers: list[Server], tmp_path: Path) -> None:
+    srv = launch(servers, tmp_path, "--mem-quota", "1M")
+    a, b = PyClient(srv.address), PyClient(srv.address)
+    try:
+        first = a.alloc(600_000)
+        with pytest.raises(CudaError) as info:
+            a.alloc(600_000)
+        assert info.value.code == errors.OUT_OF_MEMORY
+        assert a.status_of("cuMemAllocPitch_v2", 8, 8, 4096, 200, 4) == errors.OUT_OF_MEMORY  # 800 KiB pitched
+        other = b.alloc(MIB)  # b's quota is its own
+        b.write(other, b"b" * MIB)
+        a.post("cuMemFree_v2", first)
+        again = a.alloc(MIB)  # freed memory counts no more
+        a.write(again, b"a" * MIB)
+        assert b.read(other, MIB) == b"b" * MIB and a.read(again, MIB) == b"a" * MIB
+    finally:
+        a.close()
+        b.close()
+
+
+def test_max_clients_refuses_the_one_too_many(servers: list[Server], tmp_path: Path) -> None:
+    srv = launch(servers, tmp_path, "--max-clients", "2")
+    a, b = PyClient(srv.address), PyClient(srv.address)
+    try:
+        with pytest.raises(CudaError) as info:
+            PyClient(srv.address)
+        assert "full" in str(info.value) and "--max-clients" in str(info.value), info.value
+        assert "session_refused" in srv.log()
+        a.close()
+        assert wait_for(lambda: len(sessions(srv.address)) == 1, 5)
+        c = PyClient(srv.address)  # a place is free again
+        assert c.read(c.alloc(16), 16) == bytes(16)
+        c.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_request_size_limit(servers: list[Server], tmp_path: Path) -> None:
+    """A message over --max-request-bytes in total is refused with a reason; a single frame over it
+    never reaches the worker (ZeroMQ drops the connection); the server goes on either way."""
+    srv = launch(servers, tmp_path, "--max-request-bytes", "1M")
+    client = PyClient(srv.address)
+    try:
+        ptr = client.alloc(2 * MIB)
+        client.write(ptr, b"x" * (512 << 10))  # under the limit
+        conn = client.conn
+        header = {"op": "calls", "seq": 99, "reply": True,
+                  "calls": [[0x1, [wire.Bulk(b"y" * (600 << 10))]], [0x1, [wire.Bulk(b"z" * (600 << 10))]]]}
+        with conn.lock:
+            conn.sock.send_multipart(wire.encode(header))
+            answer = conn._receive(None, 5)
+        assert answer["status"] == errors.INVALID_VALUE and "limit" in answer["error"], answer
+        assert client.read(ptr, 16) == b"x" * 16
+        with pytest.raises(CudaError):
+            client.write(ptr, b"w" * (2 * MIB))  # one frame over the limit: the connection goes
+    finally:
+        client.close()
+    fresh = PyClient(srv.address)
+    assert fresh.read(fresh.alloc(64), 64) == bytes(64)
+    fresh.close()
+    assert srv.process.poll() is None and "Traceback" not in srv.log()
+
+
+def test_device_memory_is_cleared_between_clients(servers: list[Server], tmp_path: Path) -> None:
+    srv = launch(servers, tmp_path)
+    a = PyClient(srv.address)
+    ptr = a.alloc(4 * MIB)
+    a.write(ptr, b"\xa5" * (4 * MIB))
+    a.post("cuMemFree_v2", ptr)
+    again = a.alloc(4 * MIB)
+    assert a.read(again, 4 * MIB) == bytes(4 * MIB), "a reallocation shows the bytes of a freed one"
+    a.close()
+    b = PyClient(srv.address)
+    try:
+        assert b.read(b.alloc(4 * MIB), 4 * MIB) == bytes(4 * MIB), "a new client sees an old client's bytes"
+    finally:
+        b.close()
+
+
+# ---- cleanup ---------------------------------------------------------------------------------------
+COPY_LOOP = """
+ctx, ptr = setup(8 << 20)
+data = os.urandom(8 << 20)
+print("ready", flush=True)
+while True:
+    check(cu.cuMemcpyHtoD_v2(c_uint64(ptr), data, c_size_t(len(data))), "cuMemcpyHtoD")
+"""
+
+
+@pytest.mark.parametrize("how", ["kill -9", "SIGSTOP"])
+def test_vanished_client_is_cleaned_up(how: str, shim: Path, servers: list[Server], tmp_path: Path) -> None:
+    """kill -9 mid-copy: the worker ends and the memory is released within 5 s. A frozen client
+    (SIGSTOP: no FIN, no heartbeat answers): within the 5 s heartbeat timeout plus a second."""
+    srv = launch(servers, tmp_path)
+    proc, lines = spawn(program(COPY_LOOP), shim_env(shim, srv.address))
+    try:
+        assert lines.wait("^ready", 30), finish(proc, 1)
+        assert wait_for(lambda: any(s["memory"] >= 8 * MIB for s in sessions(srv.address)), 5), sessions(srv.address)
+        (worker,) = pids_of_children(srv.process.pid)
+        time.sleep(0.3)  # copies in flight
+        gone = time.monotonic()
+        proc.send_signal(signal.SIGKILL if how == "kill -9" else signal.SIGSTOP)
+        limit = 5 if how == "kill -9" else 8
+        assert wait_for(lambda: not alive(worker), limit), f"the worker outlived its client by {limit} s"
+        assert wait_for(lambda: not sessions(srv.address), 1), sessions(srv.address)
+        took = time.monotonic() - gone
+        end = re.search(r"session_end .*peak_memory=(\d+) calls=(\d+) errors=(\d+)", srv.log())
+        assert end and int(end.group(1)) >= 8 * MIB and int(end.group(2)) > 0, srv.log()
+        print(f"{how}: session released {took:.2f} s after the client stopped")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+
+
+# ---- the server goes away ---------------------------------------------------------------------------
+IDLE_THEN_CALL = """
+ctx, ptr = setup()
+assert roundtrip(ptr)
+print("ready", flush=True)
+sys.stdin.readline()
+t = time.monotonic()
+rc = cu.cuCtxSynchronize()
+print(f"failed {rc} after {time.monotonic() - t:.3f}", flush=True)
+"""
+
+
+def test_server_killed_every_client_fails_fast_and_a_restart_serves(shim: Path, servers: list[Server],
+                                                                     tmp_path: Path) -> None:
+    """kill -9 of the daemon and its workers: each client's next call fails within 5 s (two are mid
+    copy, one idle), none hangs; a server started again on the same address serves new clients."""
+    srv = launch(servers, tmp_path)
+    busy = [spawn(program("ctx, ptr = setup()\n" + COPY_UNTIL_FAILURE), shim_env(shim, srv.address))
+            for _ in range(2)]
+    idle = subprocess.Popen(program(IDLE_THEN_CALL), env=shim_env(shim, srv.address), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for proc, lines in busy:
+            assert lines.wait("^ready", 30), finish(proc, 1)
+        assert idle.stdout.readline().strip() == "ready"
+        killed = time.monotonic()
+        for pid in [srv.process.pid, *pids_of_children(srv.process.pid)]:
+            os.kill(pid, signal.SIGKILL)
+        srv.process.wait(5)
+        for proc, lines in busy:
+            failed = lines.wait("^failed", 10)
+            assert failed and failed[0] - killed < 5, f"no failure within 5 s:\n{finish(proc, 1)}"
+            stderr = finish(proc, 5)
+            assert srv.address in stderr and "lost the connection" in stderr, stderr
+        idle.stdin.write("go\n")
+        idle.stdin.flush()
+        out, err = idle.communicate(timeout=10)
+        m = re.search(r"failed (\d+) after ([\d.]+)", out)
+        assert m and int(m.group(1)) != 0 and float(m.group(2)) < 5, out + err
+        assert srv.address in err, err
+
+        again = launch(servers, tmp_path, address=srv.address)
+        client = PyClient(again.address)
+        ptr = client.alloc(MIB)
+        client.write(ptr, b"r" * MIB)
+        assert client.read(ptr, MIB) == b"r" * MIB
+        client.close()
+    finally:
+        for proc in [p for p, _ in busy] + [idle]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+GRACEFUL = """
+ctx, ptr = setup(1 << 20)
+out = ctypes.create_string_buffer(1 << 20)
+print("ready", flush=True)
+n = 0
+while True:
+    data = bytes([n & 0xFF]) * (1 << 20)
+    rc = cu.cuMemcpyHtoD_v2(c_uint64(ptr), data, c_size_t(1 << 20))
+    if rc == 0:
+        rc = cu.cuMemcpyDtoH_v2(out, c_uint64(ptr), c_size_t(1 << 20))
+    if rc:
+        print(f"stopped {rc} after {n} good copies", flush=True)
+        break
+    if out.raw != data:
+        print("CORRUPT", flush=True)
+        break
+    n += 1
+"""
+
+
+def test_sigterm_shuts_down_gracefully(shim: Path, servers: list[Server], tmp_path: Path) -> None:
+    """SIGTERM: no new sessions; the batch in flight finishes; each client is told the server is
+    shutting down (its next call fails with CUDA_ERROR_DEINITIALIZED and says so); the server exits 0."""
+    srv = launch(servers, tmp_path)
+    clients = [spawn(program(GRACEFUL), shim_env(shim, srv.address)) for _ in range(2)]
+    try:
+        for proc, lines in clients:
+            assert lines.wait("^ready", 30), finish(proc, 1)
+        time.sleep(0.5)
+        srv.process.send_signal(signal.SIGTERM)
+        assert srv.process.wait(15) == 0, srv.log()
+        for proc, lines in clients:
+            stopped = lines.wait("^stopped|CORRUPT", 10)
+            assert stopped and "CORRUPT" not in stopped[1], finish(proc, 1)
+            assert int(stopped[1].split()[1]) == errors.DEINITIALIZED, stopped[1]
+            stderr = finish(proc, 5)
+            assert "shutting down" in stderr and srv.address in stderr, stderr
+        log = srv.log()
+        assert "shutdown sessions=2" in log and log.count("session_end") == 2, log
+        assert "Traceback" not in log and "killing it" not in log, log
+    finally:
+        for proc, _ in clients:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    with pytest.raises(CudaError):
+        PyClient(srv.address, timeout_s=1)  # nobody accepts new sessions
+
+
+# ---- operability -----------------------------------------------------------------------------------
+def test_status_metrics_and_session_log_lines(servers: list[Server], tmp_path: Path) -> None:
+    port = free_port()
+    srv = launch(servers, tmp_path, "--metrics-port", str(port))
+    client = PyClient(srv.address)
+    try:
+        ptr = client.alloc(3 * MIB)
+        client.write(ptr, b"s" * (3 * MIB))
+        client.status_of("cuMemFree_v2", 0x1234)  # one error
+        session = client.conn.session
+        assert wait_for(lambda: any(s["memory"] == 3 * MIB and s["errors"] == 1 for s in sessions(srv.address)), 5)
+
+        out = subprocess.run([sys.executable, "-m", "xpuremote.server.daemon", "status", "--listen", srv.address],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        row = next(line for line in out.stdout.splitlines() if line.startswith(session))
+        assert "3.0 MiB" in row and f":{os.getpid()}" in row, out.stdout
+        assert "xpuremote sim device 0" in out.stdout, out.stdout
+
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        memory = re.search(rf'xpu_session_memory_bytes{{session="{session}",[^}}]*}} (\d+)', text)
+        assert memory and int(memory.group(1)) == 3 * MIB, text
+        assert re.search(rf'xpu_session_errors_total{{session="{session}",[^}}]*}} 1\b', text), text
+        calls = re.search(rf'xpu_session_calls_total{{session="{session}",[^}}]*}} (\d+)', text)
+        assert calls and int(calls.group(1)) >= 3, text
+        assert "xpu_sessions 1" in text and "xpu_sessions_started_total 1" in text, text
+    finally:
+        client.close()
+    assert wait_for(lambda: "session_end" in srv.log(), 5), srv.log()
+    start = re.search(rf"session_start session={session} user=\S+ host=\S+ pid={os.getpid()} ", srv.log())
+    end = re.search(rf"session_end session={session} user=\S+ host=\S+ pid={os.getpid()} key=- duration_s=\S+ "
+                    rf"peak_memory={3 * MIB} calls=\d+ errors=1 exit=0", srv.log())
+    assert start and end, srv.log()
+
+
+def test_status_of_a_server_that_is_not_there() -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"
+    out = subprocess.run([sys.executable, "-m", "xpuremote.server.daemon", "status", "--listen", address,
+                          "--timeout", "1"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1 and address in out.stderr, out.stderr
+
+
+def test_garbage_to_the_metrics_port_and_unknown_paths(servers: list[Server], tmp_path: Path) -> None:
+    port = free_port()
+    srv = launch(servers, tmp_path, "--metrics-port", str(port))
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/nothing", timeout=5)
+    ctx = zmq.Context()
+    try:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(srv.address)
+        sock.send_multipart(wire.encode({"op": "status"}))
+        assert sock.poll(5000)
+        answer = wire.decode(sock.recv_multipart())
+        assert answer["status"] == 0 and answer["sessions"] == [] and answer["devices"], answer
+    finally:
+        ctx.destroy(0)

@@ -1,0 +1,254 @@
+"""CURVE: who gets in, what a refused client is told, and what the network sees.
+
+Keys come from `xpu-server keygen`; the server admits the public keys in --allowed-keys. A
+client without keys, with a key not on the list, or with the wrong server key is refused,
+with a clear error on its side (at once, not at the connect timeout) and a line in the
+server's log. Captured traffic can neither be replayed into a session nor read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+from conftest import Server, start_server
+from pyclient import PyClient, Relay, make_keys, wait_for
+from test_faults import PRELUDE
+
+from xpuremote.client.connection import Connection
+from xpuremote.protocol import errors, wire
+from xpuremote.protocol.errors import CudaError
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("keys")
+    made = make_keys(folder, "server", "alice", "bob", "mallory", "impostor")
+    allowed = folder / "allowed"
+    allowed.mkdir()
+    for name in ("alice", "bob"):
+        shutil.copy(folder / f"{name}.key", allowed)
+    return {**made, "allowed": allowed, "server.pub": folder / "server.key", "impostor.pub": folder / "impostor.key"}
+
+
+@pytest.fixture(scope="module")
+def curve_server(keys: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("curve"), args=("--key", str(keys["server"]),
+                                                                "--allowed-keys", str(keys["allowed"])))
+    yield srv
+    srv.stop()
+
+
+def use(monkeypatch: pytest.MonkeyPatch, client: Path | None, server: Path | None) -> None:
+    for name, path in (("XPU_CLIENT_KEY", client), ("XPU_SERVER_KEY", server)):
+        if path is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, str(path))
+
+
+def test_keygen_keeps_the_secret_private(keys: dict[str, Path]) -> None:
+    assert stat.S_IMODE(keys["alice"].stat().st_mode) == 0o600
+    public = keys["alice"].with_suffix(".key").read_text()
+    assert "public-key" in public and "secret-key" not in public
+    again = make_keys  # a second keygen of the same name must not overwrite the key
+    with pytest.raises(Exception):  # noqa: B017 (CalledProcessError)
+        again(keys["alice"].parent, "alice")
+
+
+def test_allowed_client_works_through_the_shim(keys: dict[str, Path], curve_server: Server, run_on) -> None:
+    body = "ctx, ptr = setup(1 << 20)\nprint('roundtrip', roundtrip(ptr, 1 << 20), flush=True)\n"
+    result = run_on([sys.executable, "-c", PRELUDE + body], timeout=60, address=curve_server.address,
+                    XPU_CLIENT_KEY=str(keys["alice"]), XPU_SERVER_KEY=str(keys["server.pub"]))
+    assert result.returncode == 0 and "roundtrip True" in result.stdout, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("who", ["no keys", "unknown key", "wrong server key"])
+def test_refused_clients_are_told_at_once(who: str, keys: dict[str, Path], curve_server: Server, run_on) -> None:
+    env = {"no keys": {},
+           "unknown key": {"XPU_CLIENT_KEY": str(keys["mallory"]), "XPU_SERVER_KEY": str(keys["server.pub"])},
+           "wrong server key": {"XPU_CLIENT_KEY": str(keys["alice"]), "XPU_SERVER_KEY": str(keys["impostor.pub"])},
+           }[who]
+    body = "t = time.monotonic()\nrc = cu.cuInit(0)\nprint(f'cuInit {rc} {time.monotonic() - t:.2f}', flush=True)\n"
+    before = curve_server.log().count("refused a client")
+    started = curve_server.log().count("session_start")
+    result = run_on([sys.executable, "-c", PRELUDE + body], timeout=60, address=curve_server.address,
+                    XPU_CONNECT_TIMEOUT_S="20", **env)
+    m = re.search(r"cuInit (\d+) ([\d.]+)", result.stdout)
+    assert m, result.stdout + result.stderr
+    assert int(m.group(1)) == errors.NO_DEVICE, result.stderr
+    assert float(m.group(2)) < 5, f"refusal took {m.group(2)} s (the connect timeout is 20 s)"
+    assert "refused the connection" in result.stderr and curve_server.address in result.stderr, result.stderr
+    if who == "unknown key":
+        assert "does not accept this client's key" in result.stderr, result.stderr
+        mallory = keys["mallory"].with_suffix(".key").read_text()
+        key = re.search(r'public-key = "(.+)"', mallory).group(1)
+        assert wait_for(lambda: f"its key {key} is not allowed" in curve_server.log(), 5), curve_server.log()
+    else:
+        assert wait_for(lambda: curve_server.log().count("refused a client") > before, 5), curve_server.log()
+    assert curve_server.log().count("session_start") == started, "a refused client got a session"
+
+
+def test_a_worker_admits_only_its_own_client(keys: dict[str, Path], curve_server: Server,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bob holds an allowed key, but alice's worker is alice's: bob cannot attach to it."""
+    use(monkeypatch, keys["alice"], keys["server.pub"])
+    alice = PyClient(curve_server.address)
+    try:
+        ptr = alice.alloc(4096)
+        alice.write(ptr, b"A" * 4096)
+        ctx = zmq.Context()
+        try:
+            bob = ctx.socket(zmq.DEALER)
+            bob.setsockopt(zmq.LINGER, 0)
+            public, secret = zmq.auth.load_certificate(str(keys["bob"]))
+            bob.curve_publickey, bob.curve_secretkey = public, secret
+            bob.curve_serverkey = zmq.auth.load_certificate(str(keys["server.pub"]))[0]
+            monitor = bob.get_monitor_socket()
+            bob.connect(alice.conn.endpoint)
+            bob.send_multipart(wire.encode({"op": "calls", "seq": 1, "reply": True,
+                                            "calls": [[0x1234, []]]}))
+            events = []
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and zmq.EVENT_HANDSHAKE_FAILED_AUTH not in events:
+                if monitor.poll(100):
+                    events.append(zmq.utils.monitor.recv_monitor_message(monitor)["event"])
+            assert zmq.EVENT_HANDSHAKE_FAILED_AUTH in events, events
+            assert not bob.poll(500), "bob got an answer from alice's worker"
+        finally:
+            ctx.destroy(0)
+        assert alice.read(ptr, 4096) == b"A" * 4096
+    finally:
+        alice.close()
+    assert wait_for(lambda: "refused a client" in curve_server.log(), 5)
+
+
+def relayed_session(address: str, pattern: bytes, monkeypatch: pytest.MonkeyPatch) -> list[Relay]:
+    """A client session whose every connection (daemon and worker) goes through a recording relay;
+    it copies `pattern` to the device and back. The relays, daemon's first."""
+    relays = [Relay.to(address)]
+    real = Connection._worker_endpoint
+
+    def through_relay(self: Connection, endpoint: str) -> str:
+        relays.append(Relay.to(real(self, endpoint)))
+        return relays[-1].address
+
+    monkeypatch.setattr(Connection, "_worker_endpoint", through_relay)
+    client = PyClient(relays[0].address)
+    try:
+        ptr = client.alloc(len(pattern))
+        client.write(ptr, pattern)  # over 64 KiB: a bulk frame
+        assert client.read(ptr, len(pattern)) == pattern
+        small = client.alloc(4096)
+        client.write(small, pattern[:4096])  # inline in the msgpack header
+        assert client.read(small, 4096) == pattern[:4096]
+    finally:
+        client.close()
+    monkeypatch.setattr(Connection, "_worker_endpoint", real)
+    return relays
+
+
+@pytest.mark.parametrize("curve", [True, False], ids=["curve", "plain"])
+def test_captured_traffic_holds_none_of_the_copied_bytes(curve: bool, keys: dict[str, Path], curve_server: Server,
+                                                         server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CURVE the copied bytes appear nowhere on the wire; without it (the control) they do."""
+    pattern = secrets.token_bytes(256) * 1024
+    use(monkeypatch, keys["alice"] if curve else None, keys["server.pub"] if curve else None)
+    relays = relayed_session((curve_server if curve else server).address, pattern, monkeypatch)
+    capture = b"".join(r.captured() for r in relays)
+    for r in relays:
+        r.close()
+    assert len(relays) == 2 and len(capture) > 2 * len(pattern), len(capture)
+    probes = [pattern[i : i + 32] for i in (0, 1000, 4064, 100_000, len(pattern) - 32)]
+    found = [p in capture for p in probes]
+    assert found == [not curve] * len(probes), found
+
+
+@pytest.mark.parametrize("curve", [True, False], ids=["curve", "plain"])
+def test_a_replayed_session_gets_nothing(curve: bool, keys: dict[str, Path], curve_server: Server, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bytes a client sent to the daemon, sent again on a fresh TCP connection: with CURVE the
+    handshake fails (the server's cookie and nonces are new each time) and no session starts;
+    without CURVE (the control) the replay starts one, so the test can fail."""
+    target = curve_server if curve else start_server(tmp_path)
+    try:
+        use(monkeypatch, keys["alice"] if curve else None, keys["server.pub"] if curve else None)
+        relays = relayed_session(target.address, secrets.token_bytes(70_000), monkeypatch)
+        up = bytes(relays[0].connections[0][0])
+        for r in relays:
+            r.close()
+        started = target.log().count("session_start")
+        host, port = target.address.removeprefix("tcp://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=3) as raw:
+            for part in (up[:10], up[10:64], up[64:]):  # the ZMTP greeting's steps, then the rest
+                raw.sendall(part)
+                time.sleep(0.2)
+            answer = _read_for(raw, 2.0)
+        replayed = wait_for(lambda: target.log().count("session_start") > started, 3)
+        assert replayed != curve, (answer, target.log()[-2000:])
+        if curve:  # the daemon's answer is never more than its side of a failed handshake
+            assert b"worker" not in answer and b"tcp://" not in answer, answer
+            assert wait_for(lambda: "refused a client" in target.log(), 5)
+    finally:
+        if not curve:
+            target.stop()
+
+
+def _read_for(sock: socket.socket, seconds: float) -> bytes:
+    data, deadline = b"", time.monotonic() + seconds
+    sock.settimeout(0.2)
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_plain_server_beyond_loopback_warns(tmp_path: Path) -> None:
+    srv = start_server(tmp_path, address=f"tcp://0.0.0.0:{_free()}")
+    try:
+        assert "without CURVE keys" in srv.log(), srv.log()
+    finally:
+        srv.stop()
+
+
+def test_curve_key_files_missing_is_a_clear_client_error(monkeypatch: pytest.MonkeyPatch, curve_server: Server,
+                                                          tmp_path: Path) -> None:
+    monkeypatch.setenv("XPU_CLIENT_KEY", str(tmp_path / "nope.key_secret"))
+    monkeypatch.setenv("XPU_SERVER_KEY", str(tmp_path / "nope.key"))
+    with pytest.raises(CudaError) as info:
+        Connection(curve_server.address, 5)
+    assert "CURVE keys" in str(info.value)
+
+
+def _free() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_xpu_run_passes_the_keys(keys: dict[str, Path], curve_server: Server, shim: Path) -> None:
+    body = "ctx, ptr = setup()\nprint('roundtrip', roundtrip(ptr), flush=True)\n"
+    env = {k: v for k, v in os.environ.items() if k not in ("XPU_CLIENT_KEY", "XPU_SERVER_KEY", "LD_PRELOAD")}
+    result = subprocess.run([sys.executable, "-m", "xpuremote.interpose.run", "--server", curve_server.address,
+                             "--key", str(keys["alice"]), "--server-key", str(keys["server.pub"]), "--",
+                             sys.executable, "-c", PRELUDE + body], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0 and "roundtrip True" in result.stdout, result.stdout + result.stderr
