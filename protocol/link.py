@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 SPIN_NS = 1_000_000  # the last stretch of a wait spins: sleep() wakes up tens to hundreds of µs late
 LATENCY_WEIGHT = 0.05  # weight of each new idle-receiver sample in the transport's latency estimate
+LATENCY_SAMPLE_MAX = 64 * 1024  # messages up to this size measure the transport's latency
 
 
 @dataclass(frozen=True)
@@ -68,9 +69,10 @@ class Wire:
         """When a message sent at `sent_ns`, read now, leaves the emulated link."""
         now = time.monotonic_ns() if now is None else now
         if sent_ns >= self.idle_since:  # the receiver was waiting: `now` is when it really arrived
-            sample = now - sent_ns
-            self.latency_ns = sample if self.latency_ns is None else (
-                self.latency_ns + LATENCY_WEIGHT * (sample - self.latency_ns))
+            if nbytes < LATENCY_SAMPLE_MAX:  # a large one's time is mostly its copying, not latency
+                sample = now - sent_ns
+                self.latency_ns = sample if self.latency_ns is None else (
+                    self.latency_ns + LATENCY_WEIGHT * (sample - self.latency_ns))
             arrived = now
         else:  # it may have waited for the receiver: it arrived one transport latency after sending
             arrived = min(now, sent_ns + (self.latency_ns or 0.0))
