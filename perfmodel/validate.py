@@ -69,18 +69,22 @@ def run_traced(command: list[str], server: str, path: Path, net: Network) -> fmt
 
 def validate(command: list[str], server: str, rtts: tuple[float, ...] = RTTS_US, gbps: tuple[float, ...] = GBPS,
              repeat: int = 1) -> Validation:
-    """Predictions from a loopback recording against runs over each emulated link: with `repeat`,
-    the recording is the median of that many, and each measurement the median of that many runs."""
+    """Predictions from a loopback recording against runs over each emulated link.
+
+    With `repeat`, the recording and every link's run are made that many times, in rounds (a
+    recording, then each link once), so that a machine whose speed drifts during the
+    validation affects the recording and the runs alike; the recording is the median by
+    duration, and each link's measurement the median of its runs."""
+    nets = [Network(rtt, bw) for rtt in rtts for bw in gbps]
+    recordings: list[fmt.Trace] = []
+    spans: dict[Network, list[float]] = {net: [] for net in nets}
     with tempfile.TemporaryDirectory(prefix="xpu-perf-") as tmp:
-        recordings = [run_traced(command, server, Path(tmp, f"recorded{i}.trace"), Network()) for i in range(repeat)]
-        model = Model(sorted(recordings, key=lambda t: t.span_ns)[len(recordings) // 2])
-        points = []
-        for rtt in rtts:
-            for bw in gbps:
-                net = Network(rtt, bw)
-                spans = [run_traced(command, server, Path(tmp, f"run{i}.trace"), net).span_ns / 1e9
-                         for i in range(repeat)]
-                points.append(Point(net, model.predict(net).predicted_s, statistics.median(spans)))
+        for i in range(repeat):
+            recordings.append(run_traced(command, server, Path(tmp, f"recorded{i}.trace"), Network()))
+            for net in nets:
+                spans[net].append(run_traced(command, server, Path(tmp, "run.trace"), net).span_ns / 1e9)
+    model = Model(sorted(recordings, key=lambda t: t.span_ns)[len(recordings) // 2])
+    points = [Point(net, model.predict(net).predicted_s, statistics.median(spans[net])) for net in nets]
     return Validation(command, model.span / 1e9, points)
 
 
