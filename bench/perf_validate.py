@@ -27,7 +27,7 @@ from trace_overhead import build  # noqa: E402
 from xpuremote.interpose.run import start_local_server  # noqa: E402
 from xpuremote.perfmodel import plots, validate  # noqa: E402
 
-MIXES = (("sync", "400"), ("async", "300"), ("bytes", "10"))
+MIXES = (("sync", "400"), ("async", "300"), ("bytes", "8"))
 
 
 def main() -> int:

@@ -60,7 +60,7 @@ int main(int argc, char **argv) {
     const char *mix = argv[1];
     int iters = atoi(argv[2]);
     const int n = 256;
-    const size_t big = 4 << 20;
+    const size_t big = 16 << 20;
     float *a, *b, *c, *host = (float *)calloc(big / sizeof(float), sizeof(float));
     CHECK(cudaMalloc(&a, big));
     CHECK(cudaMalloc(&b, n * sizeof(float)));

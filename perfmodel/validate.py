@@ -9,6 +9,7 @@ starting a worker are outside both.
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -71,18 +72,24 @@ def validate(command: list[str], server: str, rtts: tuple[float, ...] = RTTS_US,
              repeat: int = 1) -> Validation:
     """Predictions from a loopback recording against runs over each emulated link.
 
-    With `repeat`, the recording and every link's run are made that many times, in rounds (a
-    recording, then each link once), so that a machine whose speed drifts during the
-    validation affects the recording and the runs alike; the recording is the median by
-    duration, and each link's measurement the median of its runs."""
+    With `repeat`, the recording and every link's run are made that many times, in rounds of
+    one recording and one run per link, in a different order each round: drift in the
+    machine's speed, and whatever one run leaves behind for the next, hit the recording and
+    the runs alike. The recording is the median by duration, each link's measurement the
+    median of its runs."""
     nets = [Network(rtt, bw) for rtt in rtts for bw in gbps]
     recordings: list[fmt.Trace] = []
     spans: dict[Network, list[float]] = {net: [] for net in nets}
+    order = random.Random(0)
     with tempfile.TemporaryDirectory(prefix="xpu-perf-") as tmp:
         for i in range(repeat):
-            recordings.append(run_traced(command, server, Path(tmp, f"recorded{i}.trace"), Network()))
-            for net in nets:
-                spans[net].append(run_traced(command, server, Path(tmp, "run.trace"), net).span_ns / 1e9)
+            runs: list[Network | None] = [None, *nets]  # None: the recording
+            order.shuffle(runs)
+            for net in runs:
+                if net is None:
+                    recordings.append(run_traced(command, server, Path(tmp, f"recorded{i}.trace"), Network()))
+                else:
+                    spans[net].append(run_traced(command, server, Path(tmp, "run.trace"), net).span_ns / 1e9)
     model = Model(sorted(recordings, key=lambda t: t.span_ns)[len(recordings) // 2])
     points = [Point(net, model.predict(net).predicted_s, statistics.median(spans[net])) for net in nets]
     return Validation(command, model.span / 1e9, points)

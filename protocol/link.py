@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-SPIN_NS = 1_000_000  # the last stretch of a wait spins: sleep() wakes up tens to hundreds of µs late
+SPIN_NS = 300_000  # the last stretch of a wait spins: sleep() wakes up tens of µs late
 LATENCY_WEIGHT = 0.05  # weight of each new idle-receiver sample in the transport's latency estimate
 LATENCY_SAMPLE_MAX = 64 * 1024  # messages up to this size measure the transport's latency
 

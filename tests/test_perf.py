@@ -21,8 +21,8 @@ from xpuremote.perfmodel import model, validate
 from xpuremote.protocol import trace
 
 WORKLOADS = ROOT / "examples" / "workloads.cu"
-MIXES = (["sync", "400"], ["async", "300"], ["bytes", "30"])
-CHUNK = 4 << 20  # bytes per copy in the bytes mix
+MIXES = (["sync", "400"], ["async", "300"], ["bytes", "8"])
+CHUNK = 16 << 20  # bytes per copy in the bytes mix
 
 
 @pytest.fixture(scope="module")
