@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("shim.c", "entry_points.c")
+SOURCES = ("shim.c", "entry_points.c", "first_call.h")
 NAME = "libcuda.so.1"
 
 CDEF = """

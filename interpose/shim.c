@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <Python.h>
+#include "first_call.h"
 
 #define XPU_EXPORT __attribute__((visibility("default")))
 #define CUDA_SUCCESS 0
@@ -48,6 +49,7 @@ static int xpu_enter(int op, uint64_t *slots) {
     /* before the first call Python may not be running yet: cffi starts it on demand */
     if (xpu_finalized || (xpu_python_ready && !Py_IsInitialized()))
         return CUDA_ERROR_DEINITIALIZED;
+    if (!xpu_python_ready) return xpu_first_call(xpu_dispatch, &xpu_python_ready, op, slots);
     return xpu_dispatch(op, slots);
 }
 

@@ -23,7 +23,7 @@ from xpuremote.protocol.errors import CudaError
 from . import sim_kernels
 from .base import Backend, DeviceInfo, Inventory
 
-SIM_DRIVER_VERSION = 13000
+SIM_DRIVER_VERSION = 13020  # what a CUDA 13.2 driver reports: runtimes up to 13.2 (PyTorch cu132) accept it
 SIM_SM = 90
 BASE_ADDRESS = 0x3000_0000_0000  # far from where Linux puts a process's heap and libraries
 ALIGN = 512
