@@ -202,6 +202,7 @@ xpuMemcpy2DToHost(void *dst, CUdeviceptr src, size_t srcPitch, size_t width, siz
                                                                                      sync   dst=out:width*height
 xpuMemcpy2DFromHost(CUdeviceptr dst, size_t dstPitch, const void *src, size_t width, size_t height, \
   CUstream hStream)                                                                  async  src=in:width*height
+xpuDeviceStatus(unsigned int index, void *status)                                   sync   status=out:*
 """
 
 # Stream handles that are not handles: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD.
