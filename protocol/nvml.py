@@ -83,8 +83,9 @@ SUCCESS, UNINITIALIZED, INVALID_ARGUMENT = CODES["SUCCESS"], CODES["UNINITIALIZE
 NOT_SUPPORTED, NOT_FOUND, INSUFFICIENT_SIZE = CODES["NOT_SUPPORTED"], CODES["NOT_FOUND"], CODES["INSUFFICIENT_SIZE"]
 DRIVER_NOT_LOADED, UNKNOWN = CODES["DRIVER_NOT_LOADED"], CODES["UNKNOWN"]
 
-# nvmlClockType_t -> the device status key answering it
+# nvmlClockType_t (graphics, SM, memory, video) -> the device status key answering it
 CLOCKS = {0: "clock_graphics_mhz", 1: "clock_sm_mhz", 2: "clock_memory_mhz", 3: "clock_graphics_mhz"}
+CLOCK_TYPES = {"clock_graphics_mhz": 0, "clock_sm_mhz": 1, "clock_memory_mhz": 2}
 TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t
 P2P_STATUS_NOT_SUPPORTED = 5  # nvmlGpuP2PStatus_t NVML_P2P_STATUS_NOT_SUPPORTED
 
