@@ -35,6 +35,8 @@ cuDriverGetVersion          local
 cuGetErrorName              local
 cuGetErrorString            local
 cuModuleGetLoadingMode      local
+cuLogsRegisterCallback      local
+cuLogsUnregisterCallback    local
 # devices: inventory fetched once at connect
 cuDeviceGet                 local
 cuDeviceGetCount            local

@@ -1,8 +1,9 @@
 """Stock PyTorch's CUDA paths, run under xpu-run by tests/test_torch.py; prints one JSON line.
 
-Only operations that need no kernel of PyTorch's own run here (the sim device executes no
-GPU code): device queries, allocation, host<->device and device<->device copies, pinned
-memory, streams, events, memory statistics and the NVML-based queries of torch.cuda.
+The sim device executes no GPU code, so this keeps to what needs no kernel (device queries,
+allocation, copies, pinned memory, streams, events, memory statistics, the NVML-based queries
+of torch.cuda) plus fills, whose ATen kernel has a host implementation in
+tests/torch_sim_kernels.py.
 """
 
 from __future__ import annotations
@@ -45,6 +46,16 @@ def empty_and_copy() -> dict[str, Any]:
     b.copy_(a)  # same dtype and layout: a device-to-device memcpy, no kernel
     return {"empty_device": str(e.device), "empty_shape": list(e.shape), "empty_ptr": e.data_ptr(),
             "copy_equal": same_bits(b.cpu(), x), "distinct": a.data_ptr() != b.data_ptr()}
+
+
+def fills() -> dict[str, Any]:
+    """zeros is a memset; ones, full and fill_ launch ATen's fill kernel (the test's sim kernels)."""
+    n = 1000
+    return {"zeros": same_bits(torch.zeros(n, device="cuda").cpu(), torch.zeros(n)),
+            "ones": same_bits(torch.ones(n, device="cuda").cpu(), torch.ones(n)),
+            "full": same_bits(torch.full((n,), 2.5, device="cuda").cpu(), torch.full((n,), 2.5)),
+            "fill_int64": same_bits(torch.empty(n, dtype=torch.int64, device="cuda").fill_(-7).cpu(),
+                                    torch.full((n,), -7, dtype=torch.int64))}
 
 
 def pinned() -> dict[str, Any]:
@@ -105,8 +116,9 @@ def main() -> int:
     result: dict[str, Any] = {"ok": True, "torch": torch.__version__, "cuda": torch.version.cuda}
     result["available"] = torch.cuda.is_available()
     result["count"] = torch.cuda.device_count()
-    for name, check in [("properties", properties), ("round_trips", round_trips), ("copy", empty_and_copy),
-                        ("pinned", pinned), ("streams", streams_and_events), ("memory", memory), ("nvml", nvml)]:
+    checks = [("properties", properties), ("round_trips", round_trips), ("copy", empty_and_copy), ("fills", fills),
+              ("pinned", pinned), ("streams", streams_and_events), ("memory", memory), ("nvml", nvml)]
+    for name, check in checks:
         try:
             result[name] = check()
         except Exception as exc:  # report every check, not only the first failure
