@@ -118,6 +118,10 @@ def test_streams_and_events(result: dict[str, Any]) -> None:
     assert r["elapsed_ms"] >= 0
 
 
+def test_threads_and_dataloader_pin_memory(result: dict[str, Any]) -> None:
+    assert result["threads"] == {"failures": [], "alive": 0, "loader_equal": True, "loader_pinned": True}
+
+
 def test_memory_statistics_agree_with_the_server(result: dict[str, Any], inventory: dict[str, Any]) -> None:
     m = result["memory"]
     assert m["total"] == inventory["devices"][0]["total_mem"]
