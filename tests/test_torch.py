@@ -46,6 +46,21 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="module")
+def two_device_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("torch-server-2"), env={"XPU_SIM_DEVICES": "2"})
+    yield srv
+    srv.stop()
+
+
+def run_torch(server: Server, args: list[str], **env: str) -> subprocess.CompletedProcess:
+    python = torch_python()
+    full_env = {**os.environ, **env}
+    full_env.pop("LD_PRELOAD", None)
+    cmd = [str(python), "-m", "xpuremote.interpose.run", "--server", server.address, "--", str(python), *args]
+    return subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
 def inventory(torch_server: Server) -> dict[str, Any]:
     conn = Connection(torch_server.address, 10.0, 50.0)
     try:
@@ -56,12 +71,7 @@ def inventory(torch_server: Server) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def result(torch_server: Server) -> dict[str, Any]:
-    python = torch_python()
-    env = {**os.environ, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
-    env.pop("LD_PRELOAD", None)
-    cmd = [str(python), "-m", "xpuremote.interpose.run", "--server", torch_server.address, "--",
-           str(python), str(SCRIPT)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_torch(torch_server, [str(SCRIPT)], PYTORCH_NVML_BASED_CUDA_CHECK="1")
     lines = proc.stdout.strip().splitlines()
     assert lines, f"no output (exit {proc.returncode})\nstderr:\n{proc.stderr[-4000:]}"
     found = json.loads(lines[-1])
@@ -144,3 +154,27 @@ def test_nvml_queries_of_torch_cuda(result: dict[str, Any], inventory: dict[str,
     # the session's worker holds the 4 MiB block (and whatever else the allocator keeps)
     assert "GPU:0" in n["processes"] and "process" in n["processes"], n["processes"]
 
+
+
+VISIBLE = """
+import json, torch
+block = torch.empty(16 << 20, dtype=torch.uint8, device="cuda")
+free, total = torch.cuda.mem_get_info()
+print(json.dumps({"count": torch.cuda.device_count(), "name": torch.cuda.get_device_name(0),
+                  "used": total - free, "nvml_used": torch.cuda.device_memory_used(0)}))
+"""
+
+
+def test_cuda_visible_devices_maps_nvml_by_uuid(two_device_server: Server) -> None:
+    """CUDA_VISIBLE_DEVICES=1: torch's device 0 is the server's device 1, for CUDA and for NVML
+    (which numbers all devices; torch maps between the two by UUID)."""
+    proc = run_torch(two_device_server, ["-c", VISIBLE], CUDA_VISIBLE_DEVICES="1", PYTORCH_NVML_BASED_CUDA_CHECK="1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    conn = Connection(two_device_server.address)
+    try:
+        names = [d["name"] for d in conn.inventory["devices"]]
+    finally:
+        conn.close()
+    assert found["count"] == 1 and found["name"] == names[1]
+    assert found["nvml_used"] == found["used"] >= 16 << 20
