@@ -169,6 +169,7 @@ cuStreamGetId               local
 cuStreamGetDevice           local
 cuStreamAddCallback         async   callback=in:0 userData=in:0
 cuStreamIsCapturing         local
+cuStreamGetCaptureInfo      local
 cuEventCreate               shadow
 cuEventRecord               async
 cuEventRecordWithFlags      async

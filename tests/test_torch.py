@@ -178,3 +178,25 @@ def test_cuda_visible_devices_maps_nvml_by_uuid(two_device_server: Server) -> No
         conn.close()
     assert found["count"] == 1 and found["name"] == names[1]
     assert found["nvml_used"] == found["used"] >= 16 << 20
+
+
+RANDOM = """
+import torch
+x = torch.randn(1000, device="cuda")  # asks for the stream's capture state, then launches a kernel
+torch.cuda.synchronize()
+print(x.shape[0], torch.cuda.is_current_stream_capturing())
+"""
+
+
+def test_random_numbers_with_kernels_skipped(tmp_path: Path) -> None:
+    """XPU_SIM_SKIP_KERNELS=1 lets a program run past kernels the sim cannot execute (garbage
+    values), to find the driver calls it makes: torch.randn's are all answered."""
+    srv = start_server(tmp_path, env={"XPU_SIM_SKIP_KERNELS": "1"})
+    try:
+        proc = run_torch(srv, ["-c", RANDOM])
+    finally:
+        srv.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["1000", "False"]
+    assert "not supported by xpuremote" not in proc.stderr, proc.stderr[-3000:]
+    assert "skipping kernel" in srv.log() and "normal" in srv.log()

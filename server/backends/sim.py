@@ -10,6 +10,7 @@ error that names the kernel.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import struct
 import time
@@ -25,6 +26,7 @@ from . import sim_kernels
 from .base import Backend, DeviceInfo, Inventory
 from .sim_board import Board
 
+log = logging.getLogger("xpuremote.server")
 SIM_DRIVER_VERSION = 13020  # what a CUDA 13.2 driver reports: runtimes up to 13.2 (PyTorch cu132) accept it
 SIM_SM = 90
 SIM_TEMPERATURE_C, SIM_POWER_MW = 35, 60_000  # an idle device's sensors
@@ -201,6 +203,10 @@ class SimBackend(Backend):
         self.memory = Memory(memory_bytes, self.board.publish)
         self.memory_bytes = memory_bytes
         self.current: Context | None = None  # the context the client's calls run in
+        # kernels without a host implementation do nothing: their results are garbage, but an
+        # application runs on, which shows which driver calls it makes (not for results)
+        self.skip_unknown_kernels = os.environ.get("XPU_SIM_SKIP_KERNELS") == "1"
+        self.skipped: set[str] = set()
         self.primary: dict[int, Context] = {}
         self.modules: dict[int, Module] = {}
         self.images: dict[bytes, Module] = {}  # content hash -> module loaded from it
@@ -438,6 +444,11 @@ class SimBackend(Backend):
     def launch(self, func: Function, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared: int, params: bytes) -> None:
         impl = sim_kernels.find(func.kernel.name)
+        if impl is None and self.skip_unknown_kernels:
+            if func.kernel.name not in self.skipped:
+                self.skipped.add(func.kernel.name)
+                log.warning("skipping kernel %s (no host implementation; XPU_SIM_SKIP_KERNELS)", func.kernel.name)
+            return
         if impl is None:
             raise CudaError(errors.NOT_SUPPORTED, f"the sim backend has no host implementation of kernel "
                             f"{func.kernel.name!r} ({sim_kernels.demangle(func.kernel.name)}); register one "
