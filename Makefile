@@ -8,8 +8,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TOOLS  := $(PY) -c 'import sys; sys.path.insert(0, "tests"); import toolchain as t; print(getattr(t, sys.argv[1])() or "")'
 BUILD  := build
+# The stock PyTorch CUDA wheel lives in a venv of its own: it needs a newer CUDA runtime wheel
+# than the one the test extra pins for the runtime tests.
+TORCH_VENV  := .venv-torch
+TORCH_STAMP := $(TORCH_VENV)/.installed
 
-.PHONY: setup shim demo test lint check-generated bench clean
+.PHONY: setup shim torch demo test lint check-generated bench clean
 
 setup: $(STAMP)
 
@@ -18,6 +22,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $@
+
+# About 2.8 GB from the package index (torch and its nvidia-* wheels), 5.3 GB installed.
+$(TORCH_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(TORCH_VENV)/bin/python -m pip install --quiet -e '.[torch]'
+	touch $@
+
+torch: $(TORCH_STAMP)
 
 shim: setup
 	$(PY) -m xpuremote.interpose.build
@@ -36,7 +49,7 @@ lint: setup
 check-generated: setup
 	$(PY) -m xpuremote.protocol.generate --check
 
-test: lint check-generated shim
+test: lint check-generated shim torch
 	$(PY) -m pytest -q
 
 bench: shim

@@ -70,6 +70,21 @@ def cu_module_get_loading_mode(d: Driver, call: Call, args: list[Any]) -> None:
     out(call, "mode", args[0], ENUMS["CU_MODULE_LAZY_LOADING"])
 
 
+@implements("cuLogsRegisterCallback")
+def cu_logs_register_callback(d: Driver, call: Call, args: list[Any]) -> None:
+    """Accepted and never called: the server's driver log stays on the server (PyTorch registers one)."""
+    _callback, _user_data, address = args
+    if not address:
+        raise CudaError(errors.INVALID_VALUE)
+    marshal.put_u64(address, d.new_handle())
+
+
+@implements("cuLogsUnregisterCallback")
+def cu_logs_unregister_callback(d: Driver, call: Call, args: list[Any]) -> None:
+    if not args[0]:
+        raise CudaError(errors.INVALID_VALUE)
+
+
 # ---- devices ---------------------------------------------------------------------------------
 @implements("cuDeviceGetCount")
 def cu_device_get_count(d: Driver, call: Call, args: list[Any]) -> None:

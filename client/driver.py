@@ -221,6 +221,18 @@ class Driver:
             raise CudaError(deferred[0][1], f"earlier {deferred[0][0]}: {deferred[0][2]}")
         return outs
 
+    def query(self, call: Call, wire_args: list[Any]) -> list[Any]:
+        """A synchronous call made for a tool API (NVML), not for the application's CUDA work:
+        failures of earlier asynchronous calls are left for the application's next call."""
+        conn = self.session()
+        status, outs, deferred = conn.call(call, wire_args, self.wire_ctx())
+        if deferred:
+            with conn.lock:
+                conn.late_errors[:0] = deferred
+        if status:
+            raise CudaError(status, f"{call.symbol} on the server")
+        return outs
+
     def post(self, call: Call, wire_args: list[Any], size: int = 0) -> None:
         self.session().post(call, wire_args, self.wire_ctx(), size)
 

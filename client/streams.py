@@ -94,6 +94,15 @@ def cu_stream_is_capturing(d: Driver, call: Call, args: list[Any]) -> None:
     marshal.put(call.params[1], args[1], 0)  # CU_STREAM_CAPTURE_STATUS_NONE: capture is not forwarded yet
 
 
+@implements("cuStreamGetCaptureInfo")
+def cu_stream_get_capture_info(d: Driver, call: Call, args: list[Any]) -> None:
+    """Not capturing (PyTorch asks before drawing random numbers); the graph outputs are NULL/0."""
+    stream(d, args[0])
+    for p, address in zip(call.params[1:], args[1:]):
+        if address:
+            marshal.write(address, bytes(4 if p.name == "captureStatus_out" else 8))
+
+
 # ---- host functions: a reverse call --------------------------------------------------------------
 def enqueue_host_function(d: Driver, handle: int, fn: Any) -> None:
     """The server stops when it reaches this point of the stream's work and answers; the

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from xpuremote.client import driver, integrity, trace
+from xpuremote.client import driver, integrity, nvml, trace
 from xpuremote.protocol import errors
 
 log = logging.getLogger("xpuremote.client")
@@ -87,6 +87,7 @@ def install(ffi: Any, lib: Any) -> None:
     setup_logging()
     table = driver.handlers()
     count = lib.xpu_symbol_count
+    nvml_table = nvml.handlers()  # ops after the internal ones: the libnvidia-ml.so.1 forwarder's
     d = driver.DRIVER
     d.contexts = ShimContexts(lib)
     d.state["requested_version"] = lib.xpu_requested_version
@@ -107,7 +108,9 @@ def install(ffi: Any, lib: Any) -> None:
     def xpu_dispatch(op: int, slots: Any) -> int:
         if op < count:
             return table[op](slots)
-        return internal[op - count](ffi, slots)
+        if op < count + len(internal):
+            return internal[op - count](ffi, slots)
+        return nvml_table[op - count - len(internal)](slots)
 
     atexit.register(at_exit)
     lib.xpu_set_python_ready()

@@ -1,4 +1,4 @@
-"""xpu-run: run a program with xpuremote's libcuda.so.1 in place of NVIDIA's.
+"""xpu-run: run a program with xpuremote's libcuda.so.1 and libnvidia-ml.so.1 in place of NVIDIA's.
 
     xpu-run [--server tcp://host:port] [--backend auto|cuda|sim] [--trace PATH]
             [--key CLIENT.key_secret --server-key SERVER.key] -- CMD [ARGS...]
@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from .build import ensure_shim
+from .build import NVML_NAME, ensure_shim
 
 
 def free_port() -> int:
@@ -61,8 +61,8 @@ def child_env(shim_dir: str, server: str, key: str | None = None, server_key: st
     for name, path in (("XPU_CLIENT_KEY", key), ("XPU_SERVER_KEY", server_key)):
         if path:
             env[name] = os.path.abspath(path)
-    preload = os.path.join(shim_dir, "libcuda.so.1")
-    env["LD_PRELOAD"] = " ".join(filter(None, [preload, env.get("LD_PRELOAD")]))
+    preload = [os.path.join(shim_dir, name) for name in ("libcuda.so.1", NVML_NAME)]
+    env["LD_PRELOAD"] = " ".join(filter(None, [*preload, env.get("LD_PRELOAD")]))
     env["LD_LIBRARY_PATH"] = ":".join(filter(None, [shim_dir, env.get("LD_LIBRARY_PATH")]))
     env["XPU_SERVER"] = server
     return env

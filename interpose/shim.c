@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <Python.h>
+#include "first_call.h"
 
 #define XPU_EXPORT __attribute__((visibility("default")))
 #define CUDA_SUCCESS 0
@@ -38,8 +39,9 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid);
 
 #include "entry_points.c"
 
-/* Operations the export tables ask of the client, numbered after the driver symbols. */
-enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2, XPU_OP_EXIT = 3 };
+/* Operations the export tables ask of the client, numbered after the driver symbols; the
+ * NVML functions (protocol/nvml.py order) follow them. */
+enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2, XPU_OP_EXIT = 3, XPU_OP_NVML = 4 };
 
 static volatile int xpu_finalized, xpu_python_ready;
 static volatile int xpu_max_requested_version;
@@ -48,10 +50,19 @@ static int xpu_enter(int op, uint64_t *slots) {
     /* before the first call Python may not be running yet: cffi starts it on demand */
     if (xpu_finalized || (xpu_python_ready && !Py_IsInitialized()))
         return CUDA_ERROR_DEINITIALIZED;
+    if (!xpu_python_ready) return xpu_first_call(xpu_dispatch, &xpu_python_ready, op, slots);
     return xpu_dispatch(op, slots);
 }
 
 static int xpu_internal(int op, uint64_t *slots) { return xpu_enter(xpu_symbol_count + op, slots); }
+
+/* The entry of xpuremote's libnvidia-ml.so.1, a plain C forwarder: NVML shares this embedded
+ * client (one interpreter start, one connection to the server). Returns an nvmlReturn_t. */
+XPU_EXPORT int xpu_nvml_enter(int op, uint64_t *slots) {
+    if (xpu_finalized || (xpu_python_ready && !Py_IsInitialized()))
+        return 1;  /* NVML_ERROR_UNINITIALIZED */
+    return xpu_internal(XPU_OP_NVML + op, slots);
+}
 
 /* ---- called from Python ------------------------------------------------------------ */
 static void xpu_set_finalized(void) { xpu_finalized = 1; }

@@ -35,6 +35,8 @@ cuDriverGetVersion          local
 cuGetErrorName              local
 cuGetErrorString            local
 cuModuleGetLoadingMode      local
+cuLogsRegisterCallback      local
+cuLogsUnregisterCallback    local
 # devices: inventory fetched once at connect
 cuDeviceGet                 local
 cuDeviceGetCount            local
@@ -167,6 +169,7 @@ cuStreamGetId               local
 cuStreamGetDevice           local
 cuStreamAddCallback         async   callback=in:0 userData=in:0
 cuStreamIsCapturing         local
+cuStreamGetCaptureInfo      local
 cuEventCreate               shadow
 cuEventRecord               async
 cuEventRecordWithFlags      async
@@ -202,6 +205,7 @@ xpuMemcpy2DToHost(void *dst, CUdeviceptr src, size_t srcPitch, size_t width, siz
                                                                                      sync   dst=out:width*height
 xpuMemcpy2DFromHost(CUdeviceptr dst, size_t dstPitch, const void *src, size_t width, size_t height, \
   CUstream hStream)                                                                  async  src=in:width*height
+xpuDeviceStatus(unsigned int index, void *status)                                   sync   status=out:*
 """
 
 # Stream handles that are not handles: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD.

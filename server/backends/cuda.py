@@ -20,6 +20,7 @@ from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import MEMCPY2D
 
 from .base import Backend, DeviceInfo, Inventory
+from .nvml_status import NvmlStatus
 
 C_INT = {(1, 0): "uint8_t", (1, 1): "int8_t", (2, 0): "uint16_t", (2, 1): "int16_t",
          (4, 0): "uint32_t", (4, 1): "int32_t", (8, 0): "uint64_t", (8, 1): "int64_t"}
@@ -53,6 +54,7 @@ class CudaBackend(Backend):
         self.ffi.cdef(declarations())
         self.lib = self.ffi.dlopen(os.environ.get("XPU_CUDA_LIBRARY", "libcuda.so.1"))
         self.modules: dict[bytes, int] = {}  # content hash -> CUmodule, within this session
+        self.nvml: NvmlStatus | None = None  # loaded on the first xpuDeviceStatus
         self.check(self.lib.cuInit(0), "cuInit")
 
     def check(self, status: int, what: str) -> None:
@@ -63,6 +65,14 @@ class CudaBackend(Backend):
         value = self.ffi.new(ctype)
         self.check(fn(value, *args), what)
         return value[0]
+
+    def xpuDeviceStatus(self, index: int) -> tuple[dict[str, Any]]:
+        """What NVML says of the device (untested here: no GPU in this project's CI)."""
+        uuid = self.ffi.new("char[16]")
+        self.check(self.lib.cuDeviceGetUuid_v2(uuid, index), "cuDeviceGetUuid")
+        if self.nvml is None:
+            self.nvml = NvmlStatus()
+        return (self.nvml.status(bytes(self.ffi.buffer(uuid))),)
 
     def inventory(self) -> Inventory:
         lib = self.lib

@@ -10,10 +10,12 @@ error that names the kernel.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import secrets
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +25,12 @@ from xpuremote.protocol.errors import CudaError
 
 from . import sim_kernels
 from .base import Backend, DeviceInfo, Inventory
+from .sim_board import Board
 
-SIM_DRIVER_VERSION = 13000
+log = logging.getLogger("xpuremote.server")
+SIM_DRIVER_VERSION = 13020  # what a CUDA 13.2 driver reports: runtimes up to 13.2 (PyTorch cu132) accept it
 SIM_SM = 90
+SIM_TEMPERATURE_C, SIM_POWER_MW = 35, 60_000  # an idle device's sensors
 BASE_ADDRESS = 0x3000_0000_0000  # far from where Linux puts a process's heap and libraries
 WINDOWS = 1 << 12  # each session starts at a random 4 GiB window above it
 ALIGN = 512
@@ -35,31 +40,38 @@ ALIGN = 512
 class Allocation:
     base: int
     data: bytearray
+    device: int = 0
 
 
 class Memory:
-    """Device memory: allocations kept sorted by address, every access bounds-checked."""
+    """Device memory: allocations kept sorted by address, every access bounds-checked.
 
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+    One address space for all devices of the session (as with unified addressing), with a
+    capacity per device; `on_change(device, bytes)` hears each device's new total."""
+
+    def __init__(self, capacity: int, on_change: Callable[[int, int], None] | None = None) -> None:
+        self.capacity = capacity  # per device
         self.used = 0
+        self.by_device: dict[int, int] = {}
         self.bases: list[int] = []
         self.allocs: dict[int, Allocation] = {}
         # sessions are separate address spaces, as processes on a GPU are; a random start makes
         # another session's pointer point at nothing here rather than at this session's own memory
         self.next = BASE_ADDRESS + (secrets.randbelow(WINDOWS) << 32)
+        self.on_change = on_change
 
-    def alloc(self, size: int) -> int:
+    def alloc(self, size: int, device: int = 0) -> int:
         if size <= 0:
             raise CudaError(errors.INVALID_VALUE, "allocation of 0 bytes")
-        if self.used + size > self.capacity:
-            raise CudaError(errors.OUT_OF_MEMORY, f"{size} bytes requested, {self.capacity - self.used} free")
+        held = self.by_device.get(device, 0)
+        if held + size > self.capacity:
+            raise CudaError(errors.OUT_OF_MEMORY, f"{size} bytes requested, {self.capacity - held} free")
         base = self.next
         self.next += (size + ALIGN - 1) // ALIGN * ALIGN + ALIGN  # a guard gap between allocations
         bisect.insort(self.bases, base)
         # a fresh buffer is zero-filled: no allocation ever shows the bytes of an earlier one
-        self.allocs[base] = Allocation(base, bytearray(size))
-        self.used += size
+        self.allocs[base] = Allocation(base, bytearray(size), device)
+        self._count(device, size)
         return base
 
     def free(self, base: int) -> None:
@@ -67,7 +79,13 @@ class Memory:
         if alloc is None:
             raise CudaError(errors.INVALID_VALUE, f"{base:#x} is not the start of an allocation")
         self.bases.remove(base)
-        self.used -= len(alloc.data)
+        self._count(alloc.device, -len(alloc.data))
+
+    def _count(self, device: int, delta: int) -> None:
+        self.used += delta
+        self.by_device[device] = self.by_device.get(device, 0) + delta
+        if self.on_change is not None:
+            self.on_change(device, self.by_device[device])
 
     def find(self, address: int, size: int = 1) -> tuple[Allocation, int]:
         """The allocation holding [address, address+size) and the offset into it."""
@@ -106,7 +124,8 @@ class Memory:
     def release_all(self) -> None:
         self.bases.clear()
         self.allocs.clear()
-        self.used = 0
+        for device in list(self.by_device):
+            self._count(device, -self.by_device[device])
 
 
 @dataclass
@@ -185,8 +204,14 @@ class SimBackend(Backend):
 
     def __init__(self, device_count: int = 1, memory_bytes: int = 16 * 2**30) -> None:
         self.device_count = device_count
-        self.memory = Memory(memory_bytes * device_count)
+        self.board = Board()
+        self.memory = Memory(memory_bytes, self.board.publish)
         self.memory_bytes = memory_bytes
+        self.current: Context | None = None  # the context the client's calls run in
+        # kernels without a host implementation do nothing: their results are garbage, but an
+        # application runs on, which shows which driver calls it makes (not for results)
+        self.skip_unknown_kernels = os.environ.get("XPU_SIM_SKIP_KERNELS") == "1"
+        self.skipped: set[str] = set()
         self.primary: dict[int, Context] = {}
         self.modules: dict[int, Module] = {}
         self.images: dict[bytes, Module] = {}  # content hash -> module loaded from it
@@ -207,6 +232,7 @@ class SimBackend(Backend):
     def close(self) -> None:
         self.memory.release_all()
         self.modules.clear()
+        self.board.close()
 
     # ---- contexts: bookkeeping only, one address space per session ---------------------
     def _device(self, dev: int) -> int:
@@ -230,13 +256,17 @@ class SimBackend(Backend):
         return (Context(self._device(dev), flags),)
 
     def cuCtxDestroy(self, ctx: Context) -> None:
-        pass
+        if self.current is ctx:
+            self.current = None
 
     def cuCtxSetCurrent(self, ctx: Context | None) -> None:
-        pass
+        self.current = ctx
 
-    def cuCtxSynchronize(self, ctx: Any = None) -> None:
-        """Work runs as it is submitted here; _v2 (CUDA 13's cudaDeviceSynchronize) names a context."""
+    def _current_device(self) -> int:
+        return self.current.device if self.current is not None else 0
+
+    def cuCtxSynchronize(self, *ctx: Any) -> None:
+        """Everything has completed already (cuCtxSynchronize_v2 of CUDA 13 names the context)."""
 
     def cuCtxGetLimit(self, limit: int) -> tuple[int]:
         defaults = {0: 1024, 1: 1 << 20, 2: 8 << 20, 3: 2, 4: 2048, 5: 0, 6: 0}
@@ -259,19 +289,32 @@ class SimBackend(Backend):
 
     # ---- memory --------------------------------------------------------------------------
     def cuMemAlloc(self, bytesize: int) -> tuple[int]:
-        return (self.memory.alloc(bytesize),)
+        return (self.memory.alloc(bytesize, self._current_device()),)
 
     def cuMemAllocPitch(self, width: int, height: int, element_size: int) -> tuple[int, int]:
         if element_size not in (4, 8, 16) or width == 0 or height == 0:
             raise CudaError(errors.INVALID_VALUE, f"pitch allocation {width}x{height} of {element_size}-byte elements")
         pitch = (width + ALIGN - 1) // ALIGN * ALIGN
-        return self.memory.alloc(pitch * height), pitch
+        return self.memory.alloc(pitch * height, self._current_device()), pitch
 
     def cuMemFree(self, dptr: int) -> None:
         self.memory.free(dptr)
 
     def cuMemGetInfo(self) -> tuple[int, int]:
-        return self.memory.capacity - self.memory.used, self.memory.capacity
+        """Device-wide, as a real driver answers: every session's allocations count."""
+        return self.memory_bytes - self.board.used(self._current_device()), self.memory_bytes
+
+    def xpuDeviceStatus(self, index: int) -> tuple[dict[str, Any]]:
+        """What NVML would say of the device: memory from every session, steady sensor values."""
+        self._device(index)
+        sessions = self.board.sessions(index)
+        used = sum(sessions.values())
+        clock_mhz = DEVICE_ATTRIBUTES["CLOCK_RATE"] // 1000
+        return ({"memory_total": self.memory_bytes, "memory_used": used, "memory_free": self.memory_bytes - used,
+                 "utilization_gpu": 0, "utilization_memory": 0, "temperature_c": SIM_TEMPERATURE_C,
+                 "power_mw": SIM_POWER_MW, "clock_sm_mhz": clock_mhz, "clock_graphics_mhz": clock_mhz,
+                 "clock_memory_mhz": DEVICE_ATTRIBUTES["MEMORY_CLOCK_RATE"] // 1000,
+                 "processes": [[pid, size] for pid, size in sorted(sessions.items())]},)
 
     def cuMemcpyHtoD(self, dst: int, src: bytes, count: int) -> None:
         if len(src) != count:
@@ -356,7 +399,7 @@ class SimBackend(Backend):
             raise CudaError(errors.INVALID_IMAGE, f"cannot read the module image: {exc}") from None
         addresses, sizes = {}, {}
         for name, (size, init) in globals_.items():
-            addresses[name] = self.memory.alloc(max(size, 1))
+            addresses[name] = self.memory.alloc(max(size, 1), self._current_device())
             sizes[name] = size
             if init:
                 self.memory.write(addresses[name], init)
@@ -406,6 +449,11 @@ class SimBackend(Backend):
     def launch(self, func: Function, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared: int, params: bytes) -> None:
         impl = sim_kernels.find(func.kernel.name)
+        if impl is None and self.skip_unknown_kernels:
+            if func.kernel.name not in self.skipped:
+                self.skipped.add(func.kernel.name)
+                log.warning("skipping kernel %s (no host implementation; XPU_SIM_SKIP_KERNELS)", func.kernel.name)
+            return
         if impl is None:
             raise CudaError(errors.NOT_SUPPORTED, f"the sim backend has no host implementation of kernel "
                             f"{func.kernel.name!r} ({sim_kernels.demangle(func.kernel.name)}); register one "

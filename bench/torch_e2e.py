@@ -1,0 +1,255 @@
+"""PyTorch end to end, natively and through xpuremote, side by side. NOT YET RUN ON A GPU.
+
+    python bench/torch_e2e.py --out DIR [--server tcp://host:port] [--workloads a,b] [--steps N]
+
+Runs each workload twice in fresh processes: natively on this machine's GPU, then under
+`xpu-run` (against --server, else a local `xpu-server --backend cuda` that xpu-run starts),
+and writes DIR/torch_e2e.json and DIR/torch_e2e.md: median step time of each, the slowdown,
+and the loss or output checksum of each so that the two runs can be seen to compute the same.
+Needs a GPU for the native runs (the sim device runs no PyTorch kernels); `transformers` for
+gpt2_generate (randomly initialised GPT-2 small, nothing downloaded).
+
+    python bench/torch_e2e.py --run WORKLOAD --steps N     # one workload in this process (JSON line)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+WORKLOADS = ("mlp_train", "cnn_train_fp32", "cnn_train_amp", "gpt2_step_bf16", "cnn_infer_b1", "cnn_infer_b32",
+             "mlp_compile_graph", "gpt2_generate")
+WARMUP = 3
+
+
+# ---- the workloads: each returns (step function, checksum function) ------------------------------
+def _mlp(torch: Any) -> Any:
+    nn = torch.nn
+    return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 10))
+
+
+def _resnet18(torch: Any) -> Any:
+    """ResNet-18's shape (basic blocks 2-2-2-2, 64..512 channels) without torchvision."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout),
+                                      nn.ReLU(inplace=True), nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
+                                      nn.BatchNorm2d(cout))
+            self.skip = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                         if stride != 1 or cin != cout else nn.Identity())
+
+        def forward(self, x: Any) -> Any:
+            return torch.relu(self.body(x) + self.skip(x))
+
+    layers, cin = [], 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
+        cin = cout
+    return nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
+                         nn.MaxPool2d(3, 2, 1), *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000))
+
+
+def _gpt(torch: Any, layers: int = 12, width: int = 768, heads: int = 12, vocab: int = 50257, ctx: int = 1024) -> Any:
+    """GPT-2 small's size: pre-norm blocks, causal scaled_dot_product_attention."""
+    nn, F = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
+
+        def forward(self, x: Any) -> Any:
+            b, t, c = x.shape
+            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, heads, c // heads).transpose(1, 3).unbind(2)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, c)
+            x = x + self.proj(y)
+            return x + self.mlp(self.ln2(x))
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(ctx, width)
+            self.blocks = nn.Sequential(*[Block() for _ in range(layers)])
+            self.ln, self.head = nn.LayerNorm(width), nn.Linear(width, vocab, bias=False)
+
+        def forward(self, idx: Any) -> Any:
+            x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+            return self.head(self.ln(self.blocks(x)))
+
+    return GPT()
+
+
+def _train(torch: Any, model: Any, make_batch: Callable[[], tuple[Any, Any]], loss_fn: Any,
+           amp: Any = None) -> tuple[Callable[[], Any], Callable[[], float]]:
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp == torch.float16)
+    x, y = make_batch()
+    last: list[Any] = [None]
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        last[0] = loss
+
+    return step, lambda: float(last[0])
+
+
+def build(name: str, torch: Any) -> tuple[Callable[[], Any], Callable[[], float]]:
+    torch.manual_seed(0)
+    dev, F = "cuda", torch.nn.functional
+    if name == "mlp_train":
+        batch = lambda: (torch.randn(256, 1024, device=dev), torch.randint(0, 10, (256,), device=dev))  # noqa: E731
+        return _train(torch, _mlp(torch).to(dev), batch, F.cross_entropy)
+    if name in ("cnn_train_fp32", "cnn_train_amp"):
+        model = _resnet18(torch).to(dev).to(memory_format=torch.channels_last)
+        batch = lambda: (torch.randn(32, 3, 224, 224, device=dev).to(memory_format=torch.channels_last),  # noqa: E731
+                         torch.randint(0, 1000, (32,), device=dev))
+        return _train(torch, model, batch, F.cross_entropy, torch.float16 if name.endswith("amp") else None)
+    if name == "gpt2_step_bf16":
+        model = _gpt(torch).to(dev)
+        tokens = lambda: (torch.randint(0, 50257, (8, 512), device=dev),) * 2  # noqa: E731
+        loss = lambda logits, y: F.cross_entropy(logits[:, :-1].flatten(0, 1), y[:, 1:].flatten())  # noqa: E731
+        return _train(torch, model, tokens, loss, torch.bfloat16)
+    if name in ("cnn_infer_b1", "cnn_infer_b32"):
+        model = _resnet18(torch).to(dev).eval()
+        x = torch.randn(1 if name.endswith("b1") else 32, 3, 224, 224, device=dev)
+        out: list[Any] = [None]
+
+        def infer() -> None:
+            with torch.inference_mode():
+                out[0] = model(x)
+
+        return infer, lambda: float(out[0].float().sum())
+    if name == "mlp_compile_graph":  # torch.compile's reduce-overhead mode replays a CUDA graph
+        model = torch.compile(_mlp(torch).to(dev).eval(), mode="reduce-overhead")
+        x = torch.randn(64, 1024, device=dev)
+        out = [None]
+
+        def compiled() -> None:
+            with torch.inference_mode():
+                out[0] = model(x)
+
+        return compiled, lambda: float(out[0].float().sum())
+    if name == "gpt2_generate":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        model = GPT2LMHeadModel(GPT2Config()).to(dev).eval()
+        prompt = torch.randint(0, 50257, (1, 32), device=dev)
+        out = [None]
+
+        def generate() -> None:
+            with torch.inference_mode():
+                out[0] = model.generate(prompt, max_new_tokens=64, do_sample=False, use_cache=True,
+                                        pad_token_id=0, attention_mask=torch.ones_like(prompt))
+
+        return generate, lambda: float(out[0].sum())
+    raise SystemExit(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
+
+
+def run_one(name: str, steps: int) -> dict[str, Any]:
+    """One workload in this process: per-step times after warm-up, and a checksum."""
+    import torch
+
+    step, checksum = build(name, torch)
+    for _ in range(WARMUP):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return {"workload": name, "steps_s": times, "median_ms": 1000 * statistics.median(times), "checksum": checksum(),
+            "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+            "max_allocated": torch.cuda.max_memory_allocated()}
+
+
+# ---- the comparison ---------------------------------------------------------------------------------
+def measure(name: str, steps: int, remote: bool, server: str | None, timeout_s: float) -> dict[str, Any]:
+    me = [sys.executable, str(Path(__file__).resolve()), "--run", name, "--steps", str(steps)]
+    cmd = me
+    if remote:
+        cmd = [sys.executable, "-m", "xpuremote.interpose.run", *(["--server", server] if server else []),
+               "--backend", "cuda", "--", *me]
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    wall = time.perf_counter() - started
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return {"workload": name, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}", "wall_s": wall}
+    return {**json.loads(lines[-1]), "wall_s": wall}
+
+
+def _said(run: dict[str, Any]) -> str:
+    return f"{run['median_ms']:.2f} ms/step" if "median_ms" in run else "error: " + run["error"].splitlines()[-1]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows = ["| workload | native ms/step | xpuremote ms/step | slowdown | checksums (native / remote) |",
+            "|---|---|---|---|---|"]
+    for r in report["results"]:
+        n, x = r["native"], r["remote"]
+        if "error" in n or "error" in x:
+            why = (n.get("error") or x.get("error") or "").splitlines()[-1:] or [""]
+            rows.append(f"| {r['workload']} | {n.get('median_ms', '-')} | {x.get('median_ms', '-')} | - | "
+                        f"error: {why[0][:120]} |")
+            continue
+        rows.append(f"| {r['workload']} | {n['median_ms']:.2f} | {x['median_ms']:.2f} | "
+                    f"{x['median_ms'] / n['median_ms']:.2f}x | {n['checksum']:.6g} / {x['checksum']:.6g} |")
+    head = [f"# PyTorch end to end: native vs xpuremote ({report['when']})", "",
+            f"Command: `{report['command']}`", f"Machine: {report['machine']}", f"Server: {report['server']}",
+            f"Steps per workload: {report['steps']} after {WARMUP} warm-up steps; medians.", ""]
+    return "\n".join(head + rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="folder for torch_e2e.json and torch_e2e.md")
+    parser.add_argument("--server", default=os.environ.get("XPU_SERVER"), help="xpu-server to use (else a local one)")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--run", help=argparse.SUPPRESS)  # one workload in this process
+    args = parser.parse_args(argv)
+    if args.run:
+        print(json.dumps(run_one(args.run, args.steps)))
+        return 0
+    if args.out is None:
+        parser.error("--out DIR is required")
+    results = []
+    for name in filter(None, args.workloads.split(",")):
+        native = measure(name, args.steps, False, None, args.timeout)
+        remote = measure(name, args.steps, True, args.server, args.timeout)
+        results.append({"workload": name, "native": native, "remote": remote})
+        print(f"{name}: native {_said(native)}, xpuremote {_said(remote)}", file=sys.stderr)
+    report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv),
+              "machine": f"{platform.node()} {platform.platform()} {os.cpu_count()} cpus",
+              "server": args.server or "local xpu-server --backend cuda", "steps": args.steps, "results": results}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "torch_e2e.json").write_text(json.dumps(report, indent=1))
+    (args.out / "torch_e2e.md").write_text(markdown(report))
+    print(args.out / "torch_e2e.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,91 @@
+"""xpu-smi: an nvidia-smi-style listing of an xpu-server's devices.
+
+    xpu-smi [--server tcp://host:port] [--json]
+
+Opens a session of its own (as any client does), reads the device inventory and asks the server
+for each device's status: memory used device-wide, utilisation, temperature, power, and the
+server processes (one worker per client session) holding memory on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from xpuremote.protocol.calls import CALLS
+from xpuremote.protocol.errors import CudaError
+from xpuremote.protocol.nvml import uuid_text
+
+from .connection import Connection
+from .driver import DEFAULT_SERVER
+
+MIB = 1 << 20
+
+
+def device_status(conn: Connection, index: int) -> dict[str, Any]:
+    status, outs, _ = conn.call(CALLS["xpuDeviceStatus"], [index, 1], None)
+    if status:
+        raise CudaError(status, f"device {index} status")
+    return outs[0]
+
+
+def snapshot(address: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """Everything xpu-smi shows, as plain data."""
+    conn = Connection(address, timeout_s)
+    try:
+        inv = conn.inventory
+        devices = []
+        for i, d in enumerate(inv["devices"]):
+            devices.append({"index": i, "name": d["name"], "uuid": uuid_text(bytes(d["uuid"])),
+                            "compute_capability": f"{d['sm'] // 10}.{d['sm'] % 10}",
+                            "pci": "{:08X}:{:02X}:{:02X}.0".format(*d["pci"]), **device_status(conn, i)})
+        return {"server": address, "backend": inv.get("backend"), "driver_version": inv["driver_version"],
+                "devices": devices}
+    finally:
+        conn.close()
+
+
+def _value(v: Any, unit: str) -> str:
+    return "N/A" if v is None else f"{v}{unit}"
+
+
+def render(snap: dict[str, Any]) -> str:
+    v = snap["driver_version"]
+    lines = [f"xpu-smi  server {snap['server']}  backend {snap['backend']}  CUDA driver {v // 1000}.{v % 1000 // 10}"]
+    header = f"{'GPU':>3}  {'Name':<34} {'Memory used / total':>22}  {'Util':>5}  {'Temp':>5}  {'Power':>7}  {'CC':>4}"
+    rule = "-" * len(header)
+    lines += [rule, header, rule]
+    for d in snap["devices"]:
+        memory = f"{d['memory_used'] // MIB}MiB / {d['memory_total'] // MIB}MiB"
+        power = None if d.get("power_mw") is None else d["power_mw"] // 1000
+        util, temp = _value(d.get("utilization_gpu"), "%"), _value(d.get("temperature_c"), "C")
+        lines.append(f"{d['index']:>3}  {d['name'][:34]:<34} {memory:>22}  {util:>5}  {temp:>5}"
+                     f"  {_value(power, 'W'):>7}  {d['compute_capability']:>4}")
+    lines += [rule, "Processes (server side: one worker per client session)", f"{'GPU':>3}  {'PID':>8}  {'Memory':>12}"]
+    procs = [(d["index"], pid, used) for d in snap["devices"] for pid, used in d.get("processes", [])]
+    lines += [f"{gpu:>3}  {pid:>8}  {used // MIB:>9}MiB" for gpu, pid, used in procs] or ["  no processes"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="xpu-smi", description="List an xpu-server's devices.")
+    parser.add_argument("--server", default=os.environ.get("XPU_SERVER", DEFAULT_SERVER),
+                        help="tcp://host:port of the xpu-server (default: $XPU_SERVER, else %(default)s)")
+    parser.add_argument("--json", action="store_true", help="print the listing as JSON")
+    parser.add_argument("--timeout", type=float, default=float(os.environ.get("XPU_CONNECT_TIMEOUT_S", "10")),
+                        help="seconds to wait for the server")
+    args = parser.parse_args(argv)
+    try:
+        snap = snapshot(args.server, args.timeout)
+    except CudaError as exc:
+        print(f"xpu-smi: {exc.detail}", file=sys.stderr)
+        return 1
+    print(json.dumps(snap, indent=1) if args.json else render(snap))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
