@@ -1,8 +1,8 @@
 """Load: 32 clients at once, each running 1,000 randomised allocate / copy / free sequences with
 checksums, against one server. Zero corruption, zero cross-talk (each client's bytes carry its
-own seed, so another client's bytes never checksum right), and every session's device memory
-back to zero before it leaves; afterwards no session is left and the daemon's memory is back
-near its baseline.
+own seed, so another client's bytes never checksum right); afterwards no session is left, the
+device's memory is all free again (cuMemGetInfo counts every session's, as on a GPU) and the
+daemon's memory is back near its baseline.
 
 The clients are threads of this process, each with its own session through the Python client
 library (`xpuremote.client.connection`, what the shim drives): 32 shim processes would spend
@@ -69,8 +69,8 @@ def run_client(address: str, seed: int, results: dict[int, str]) -> None:
                 client.post("cuMemFree_v2", old)
         for ptr, _, _ in held:
             client.post("cuMemFree_v2", ptr)
-        free, total = client.mem_info()
-        results[seed] = "ok" if free == total else f"{total - free} bytes still allocated"
+        client.mem_info()  # a sync call: every free has been done
+        results[seed] = "ok"
     except Exception as exc:  # noqa: BLE001 (reported per client)
         results[seed] = f"{type(exc).__name__}: {exc}"
     finally:
@@ -94,6 +94,10 @@ def test_32_clients_1000_sequences_each(tmp_path: Path) -> None:
         assert len(results) == CLIENTS and not bad, bad
         assert wait_for(lambda: not sessions(srv.address), 10), sessions(srv.address)
         assert srv.log().count("session_end") == CLIENTS, srv.log()[-3000:]
+        probe = PyClient(srv.address)
+        free, total = probe.mem_info()
+        probe.close()
+        assert free == total, f"{total - free} bytes of device memory still allocated"
         grown = rss(srv.process.pid) - baseline
         assert grown < 32 << 20, f"the daemon grew by {grown >> 20} MiB"
         assert "Traceback" not in srv.log() and "internal error" not in srv.log()
