@@ -4,8 +4,8 @@
 
 The same check as tests/test_perf.py's, written down: examples/workloads.cu in its three mixes
 (round-trip bound, launch bound, bandwidth bound), each recorded once at loopback speed and then
-run over RTT {0, 50, 200, 1000} µs x {1, 10 Gbit/s, unlimited} (the median of --repeat runs each;
-the recording too is the median of that many).
+run over RTT {0, 50, 200, 1000} µs x {1, 10 Gbit/s, unlimited} (the median of --repeat runs each,
+in shuffled rounds; the recording is the median of that many).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write JSON here and Markdown beside it")
     parser.add_argument("--plot", help="write predicted vs measured (PNG) here")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     os.environ.setdefault("XPU_SIM_KERNELS", str(ROOT / "examples/sim_kernels.py"))
     results = []
