@@ -23,6 +23,7 @@ from .model import Model, Network
 
 RTTS_US = (0.0, 50.0, 200.0, 1000.0)
 GBPS = (1.0, 10.0, 0.0)  # 0: unlimited
+RECORDINGS = 3  # per round
 
 
 @dataclass
@@ -72,22 +73,23 @@ def validate(command: list[str], server: str, rtts: tuple[float, ...] = RTTS_US,
              repeat: int = 1) -> Validation:
     """Predictions from a loopback recording against runs over each emulated link.
 
-    With `repeat`, the recording and every link's run are made that many times, in rounds of
-    one recording and one run per link, in a different order each round: drift in the
-    machine's speed, and whatever one run leaves behind for the next, hit the recording and
-    the runs alike. The recording is the median by duration, each link's measurement the
-    median of its runs."""
+    With `repeat`, every link's run is made that many times, in rounds of RECORDINGS recordings
+    and one run per link, in a different order each round: drift in the machine's speed, and
+    whatever one run leaves behind for the next, hit the recordings and the runs alike. The
+    model is built from the median recording by duration (one recording's noise would shift
+    every prediction alike, hence more of them), each link's measurement is its median run."""
     nets = [Network(rtt, bw) for rtt in rtts for bw in gbps]
     recordings: list[fmt.Trace] = []
     spans: dict[Network, list[float]] = {net: [] for net in nets}
     order = random.Random(0)
     with tempfile.TemporaryDirectory(prefix="xpu-perf-") as tmp:
-        for i in range(repeat):
-            runs: list[Network | None] = [None, *nets]  # None: the recording
+        for _ in range(repeat):
+            runs: list[Network | None] = [*[None] * RECORDINGS, *nets]  # None: a recording
             order.shuffle(runs)
             for net in runs:
                 if net is None:
-                    recordings.append(run_traced(command, server, Path(tmp, f"recorded{i}.trace"), Network()))
+                    path = Path(tmp, f"recorded{len(recordings)}.trace")
+                    recordings.append(run_traced(command, server, path, Network()))
                 else:
                     spans[net].append(run_traced(command, server, Path(tmp, "run.trace"), net).span_ns / 1e9)
     model = Model(sorted(recordings, key=lambda t: t.span_ns)[len(recordings) // 2])
