@@ -39,7 +39,7 @@ import zmq.utils.monitor
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
-from xpuremote.protocol.link import NO_LINK, LinkSpec, Wire, size_of
+from xpuremote.protocol.link import NO_LINK, LinkSpec, Wire
 
 from . import auth, trace
 
@@ -225,7 +225,7 @@ class Connection:
             frames = wire.encode(self._stamped(header))
             self.sent_ns = header.get("sent") or time.monotonic_ns()
             if trace.RECORDER:
-                trace.RECORDER.sent(self.seq, kind if reply else "async", self.sent_ns, size_of(frames), calls)
+                trace.RECORDER.sent(self.seq, kind if reply else "async", self.sent_ns, wire.size_of(frames), calls)
             for frame in frames[:-1]:  # send_multipart(copy=False) without its per-frame checks
                 self.sock.send(frame, zmq.SNDMORE, copy=False)
             self.sock.send(frames[-1], copy=False)
@@ -262,7 +262,7 @@ class Connection:
         while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
             frames.append(self.sock.recv(copy=False))
         answer = wire.decode(frames)
-        self.down_bytes = size_of(frames)
+        self.down_bytes = wire.size_of(frames)
         if self.downlink and isinstance(answer.get("sent"), int):
             self.downlink.hold(answer["sent"], self.down_bytes)
         if trace.RECORDER and answer.get("timing"):

@@ -92,7 +92,3 @@ def wait_until(deadline_ns: float) -> None:
     while time.monotonic_ns() < deadline_ns:
         pass
 
-
-def size_of(frames: list) -> int:
-    """Bytes a message puts on the wire (its frames; ZeroMQ's framing is a few bytes more)."""
-    return sum(len(f) for f in frames)

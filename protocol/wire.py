@@ -136,5 +136,10 @@ def decode(frames: Sequence[Any]) -> dict[str, Any]:
     return header
 
 
+def size_of(frames: Sequence[Any]) -> int:
+    """Bytes a message puts on the wire (its frames; ZeroMQ's framing is a few bytes more)."""
+    return sum(len(f) for f in frames)
+
+
 def _bytes(frame: Any) -> Any:
     return frame.buffer if hasattr(frame, "buffer") else frame

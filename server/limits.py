@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from xpuremote.protocol import errors
+from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
 
@@ -41,7 +41,7 @@ class Limits:
         """Why a request is refused for its size, or None."""
         if not self.max_request_bytes:
             return None
-        size = sum(len(f) for f in frames)
+        size = wire.size_of(frames)
         if size > self.max_request_bytes:
             return f"request of {size} bytes is over the server's limit of {self.max_request_bytes} bytes"
         return None

@@ -26,7 +26,7 @@ import zmq.utils.monitor
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import BY_OPCODE, DEFAULT_STREAMS, Call, Param
 from xpuremote.protocol.errors import CudaError
-from xpuremote.protocol.link import LinkSpec, Wire, size_of
+from xpuremote.protocol.link import LinkSpec, Wire
 
 from . import auth, metrics
 from .backends import load_backend
@@ -366,7 +366,7 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
     session.peers.add(frames[-1].get(zmq.SRCFD))
     message = Message(frames[0], frames[1:], session.limits.request_error(frames[1:]))
     if session.uplink and isinstance(message.header.get("sent"), int):
-        session.uplink.hold(message.header["sent"], size_of(message.frames))  # see protocol/link.py
+        session.uplink.hold(message.header["sent"], wire.size_of(message.frames))  # see protocol/link.py
     if session.awaiting is None:
         return _serve(sock, session, message)
     if message.header.get("op") != "done" or message.header.get("token") != session.awaiting:

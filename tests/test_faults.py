@@ -21,6 +21,7 @@ import msgpack
 import pytest
 import zmq
 from conftest import ROOT, Server, free_port, shim_env, start_server
+from pyclient import wait_for
 
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import CALLS
@@ -81,15 +82,6 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
-
-
-def wait_for(predicate: Any, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())
 
 
 class Lines:

@@ -27,7 +27,7 @@ import msgpack
 import pytest
 import zmq
 from conftest import Server, start_server
-from pyclient import PyClient, sessions, wait_for
+from pyclient import PyClient, rss, sessions, wait_for
 from test_faults import alive, pids_of_children
 from test_isolation import PTX
 
@@ -237,13 +237,6 @@ def _is_hello(frames: list[bytes]) -> bool:
         return wire.decode(frames)["op"] == "hello"
     except wire.WireError:
         return False
-
-
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 @pytest.fixture

@@ -19,17 +19,10 @@ import zlib
 from pathlib import Path
 
 from conftest import start_server
-from pyclient import PyClient, sessions, wait_for
+from pyclient import PyClient, rss, sessions, wait_for
 
 CLIENTS = 32
 SEQUENCES = int(os.environ.get("XPU_LOAD_SEQUENCES", "1000"))
-
-
-def rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 def run_client(address: str, seed: int, results: dict[int, str]) -> None:
