@@ -4,8 +4,8 @@
 
 The same check as tests/test_perf.py's, written down: examples/workloads.cu in its three mixes
 (round-trip bound, launch bound, bandwidth bound), each recorded once at loopback speed and then
-run over RTT {0, 50, 200, 1000} µs x {1, 10 Gbit/s, unlimited} (the median of --repeat runs each,
-in shuffled rounds; the recording is the median of that many).
+run over RTT {0, 50, 200, 1000} µs x {1, 10 Gbit/s, unlimited}, in --repeat shuffled rounds of
+three recordings and one run per link; each side's lower third is compared (perfmodel/validate.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from trace_overhead import build  # noqa: E402
 
-from xpuremote.interpose.run import start_local_server  # noqa: E402
 from xpuremote.perfmodel import plots, validate  # noqa: E402
 
 MIXES = (("sync", "400"), ("async", "300"), ("bytes", "8"))
@@ -34,20 +33,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write JSON here and Markdown beside it")
     parser.add_argument("--plot", help="write predicted vs measured (PNG) here")
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=8)
     args = parser.parse_args()
     os.environ.setdefault("XPU_SIM_KERNELS", str(ROOT / "examples/sim_kernels.py"))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(Path(tmp))
-        proc, server = start_local_server("sim")
-        try:
-            for mix in MIXES:
-                results.append(validate.validate([str(exe), *mix], server, repeat=args.repeat))
-                print(validate.table(results[-1]), flush=True)
-        finally:
-            proc.terminate()
-            proc.wait(10)
+        for mix in MIXES:
+            results.append(validate.validate([str(exe), *mix], repeat=args.repeat, backend="sim"))
+            print(validate.table(results[-1]), flush=True)
     errors = [abs(p.error) for r in results for p in r.points]
     command = "python bench/perf_validate.py " + " ".join(sys.argv[1:])
     summary = f"all {len(errors)} points: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}"

@@ -16,8 +16,14 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Collection
 
 from .build import NVML_NAME, ensure_shim
+
+
+def on_cpus(cpus: Collection[int] | None) -> Callable[[], None] | None:
+    """A `preexec_fn` that keeps a child (and what it starts) on `cpus`."""
+    return None if not cpus else lambda: os.sched_setaffinity(0, cpus)
 
 
 def free_port() -> int:
@@ -26,12 +32,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_local_server(backend: str) -> tuple[subprocess.Popen, str]:
-    """A private xpu-server on a free loopback port; returns once it says it is ready."""
+def start_local_server(backend: str, cpus: Collection[int] | None = None) -> tuple[subprocess.Popen, str]:
+    """A private xpu-server on a free loopback port, on `cpus` if given (its workers too);
+    returns once it says it is ready."""
     address = f"tcp://127.0.0.1:{free_port()}"
     cmd = [sys.executable, "-m", "xpuremote.server.daemon", "--listen", address, "--backend", backend]
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD",)}
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=on_cpus(cpus))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         line = proc.stderr.readline()

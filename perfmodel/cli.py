@@ -152,18 +152,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise SystemExit("xpu-perf validate: no command given (xpu-perf validate [options] -- CMD ...)")
     rtts = tuple(float(x) for x in args.rtt_us.split(","))
     gbps = tuple(float(x) for x in args.gbps.split(","))
-    server = args.server
-    proc = None
-    if not server:
-        from xpuremote.interpose.run import start_local_server
-
-        proc, server = start_local_server(args.backend)
-    try:
-        result = val.validate(command, server, rtts, gbps, args.repeat)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(10)
+    result = val.validate(command, args.server, rtts, gbps, args.repeat, args.backend)
     print(json.dumps(result.to_json()) if args.json else val.table(result))
     if args.plot:
         from . import plots
@@ -213,12 +202,12 @@ def parser() -> argparse.ArgumentParser:
     with_trace("whatif", "the prediction with each optimisation turned off").set_defaults(fn=cmd_whatif)
     s = sub.add_parser("validate", help="record CMD, predict a grid of links, run CMD on each emulated link")
     s.add_argument("--server", default=os.environ.get("XPU_SERVER"), help="an xpu-server on this machine "
-                   "(default: start a local one)")
+                   "(default: start a local one, on CPUs apart from the runs')")
     s.add_argument("--backend", default="auto", choices=["auto", "cuda", "sim"])
     s.add_argument("--rtt-us", default=",".join(f"{r:g}" for r in val.RTTS_US), help="comma-separated")
     s.add_argument("--gbps", default=",".join(f"{g:g}" for g in val.GBPS), help="comma-separated; 0: unlimited")
-    s.add_argument("--repeat", type=int, default=1,
-                   help="rounds of a recording and a run per link (the medians are compared)")
+    s.add_argument("--repeat", type=int, default=3,
+                   help="rounds of three recordings and a run per link (the lower third of each is compared)")
     s.add_argument("--plot", help="write predicted vs measured (PNG) here")
     s.add_argument("--json", action="store_true")
     s.add_argument("command", nargs=argparse.REMAINDER)

@@ -4,6 +4,11 @@ emulated link, and compare.
 Every run is traced: the measured duration is the traced span (from the session being up to
 the last call), the same span the prediction is of, so process start-up and the server
 starting a worker are outside both.
+
+When validate starts its own server, the server and the runs get CPUs of their own, as a
+client and a GPU server on two machines would: the scheduler's placement of both on shared
+CPUs, different from run to run, is not what the model predicts. On a 2-core virtual machine
+that placement alone moved identical runs by ±15%.
 """
 
 from __future__ import annotations
@@ -14,9 +19,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from xpuremote.interpose.run import on_cpus, start_local_server
 from xpuremote.protocol import trace as fmt
 
 from .model import Model, Network
@@ -24,6 +32,21 @@ from .model import Model, Network
 RTTS_US = (0.0, 50.0, 200.0, 1000.0)
 GBPS = (1.0, 10.0, 0.0)  # 0: unlimited
 RECORDINGS = 3  # per round
+# The statistic of repeated runs: interference on a shared machine only ever slows a run down,
+# so the lower third of the runs estimates the undisturbed time more stably than their median
+# (pulled by the slow tail) or their minimum (one lucky run). Recordings and runs alike.
+LOW = 1 / 3
+
+
+def low(values: Sequence[float]) -> float:
+    return sorted(values)[round(LOW * (len(values) - 1))]
+
+
+def split_cpus() -> tuple[frozenset[int], frozenset[int]] | None:
+    """CPUs for the runs and for the server: half each (None on one CPU)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    half = len(cpus) // 2
+    return (frozenset(cpus[:half]), frozenset(cpus[half:])) if half else None
 
 
 @dataclass
@@ -59,41 +82,62 @@ class Validation:
                            for p in self.points]}
 
 
-def run_traced(command: list[str], server: str, path: Path, net: Network) -> fmt.Trace:
-    """Run `command` under xpu-run over the emulated `net`, tracing it; its trace."""
+def run_traced(command: list[str], server: str, path: Path, net: Network,
+               cpus: Collection[int] | None = None) -> fmt.Trace:
+    """Run `command` under xpu-run (on `cpus`) over the emulated `net`, tracing it; its trace."""
     env = dict(os.environ, XPU_TRACE=str(path), XPU_LINK_RTT_US=str(net.rtt_us), XPU_LINK_GBPS=str(net.gbps))
     proc = subprocess.run([sys.executable, "-m", "xpuremote.interpose.run", "--server", server, "--", *command],
-                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=on_cpus(cpus))
     if proc.returncode:
         raise RuntimeError(f"{' '.join(command)} failed over {net} (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
     return fmt.read(path)
 
 
-def validate(command: list[str], server: str, rtts: tuple[float, ...] = RTTS_US, gbps: tuple[float, ...] = GBPS,
-             repeat: int = 1) -> Validation:
+@contextmanager
+def serving(server: str | None, backend: str, cpus: Collection[int] | None) -> Iterator[str]:
+    """`server`, or a local one of `backend` on `cpus` for the while."""
+    if server:
+        yield server
+        return
+    proc, address = start_local_server(backend, cpus)
+    try:
+        yield address
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def validate(command: list[str], server: str | None = None, rtts: tuple[float, ...] = RTTS_US,
+             gbps: tuple[float, ...] = GBPS, repeat: int = 1, backend: str = "auto") -> Validation:
     """Predictions from a loopback recording against runs over each emulated link.
 
+    Without `server`, a local one of `backend` is started on CPUs apart from the runs'.
     With `repeat`, every link's run is made that many times, in rounds of RECORDINGS recordings
     and one run per link, in a different order each round: drift in the machine's speed, and
     whatever one run leaves behind for the next, hit the recordings and the runs alike. The
-    model is built from the median recording by duration (one recording's noise would shift
-    every prediction alike, hence more of them), each link's measurement is its median run."""
+    model is built from the recording at LOW by duration (one recording's noise would shift
+    every prediction alike, hence more of them); each link's measurement is its runs' LOW."""
     nets = [Network(rtt, bw) for rtt in rtts for bw in gbps]
     recordings: list[fmt.Trace] = []
     spans: dict[Network, list[float]] = {net: [] for net in nets}
     order = random.Random(0)
-    with tempfile.TemporaryDirectory(prefix="xpu-perf-") as tmp:
+    cpus = None if server else split_cpus()
+    with serving(server, backend, cpus and cpus[1]) as address, \
+            tempfile.TemporaryDirectory(prefix="xpu-perf-") as tmp:
         for _ in range(repeat):
             runs: list[Network | None] = [*[None] * RECORDINGS, *nets]  # None: a recording
             order.shuffle(runs)
             for net in runs:
+                path = Path(tmp, f"recorded{len(recordings)}.trace" if net is None else "run.trace")
+                trace = run_traced(command, address, path, net or Network(), cpus and cpus[0])
                 if net is None:
-                    path = Path(tmp, f"recorded{len(recordings)}.trace")
-                    recordings.append(run_traced(command, server, path, Network()))
+                    recordings.append(trace)
                 else:
-                    spans[net].append(run_traced(command, server, Path(tmp, "run.trace"), net).span_ns / 1e9)
-    model = Model(sorted(recordings, key=lambda t: t.span_ns)[len(recordings) // 2])
-    points = [Point(net, model.predict(net).predicted_s, statistics.median(spans[net])) for net in nets]
+                    spans[net].append(trace.span_ns / 1e9)
+    recordings.sort(key=lambda t: t.span_ns)
+    model = Model(recordings[round(LOW * (len(recordings) - 1))])
+    points = [Point(net, model.predict(net).predicted_s, low(spans[net])) for net in nets]
     return Validation(command, model.span / 1e9, points)
 
 
