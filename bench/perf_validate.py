@@ -33,7 +33,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write JSON here and Markdown beside it")
     parser.add_argument("--plot", help="write predicted vs measured (PNG) here")
-    parser.add_argument("--repeat", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=12)
     args = parser.parse_args()
     os.environ.setdefault("XPU_SIM_KERNELS", str(ROOT / "examples/sim_kernels.py"))
     results = []

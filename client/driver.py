@@ -28,6 +28,7 @@ from xpuremote.protocol.link import LinkSpec
 
 from . import marshal, trace
 from .connection import Connection
+from .wake import probe as probe_wake
 
 log = logging.getLogger("xpuremote.client")
 
@@ -153,8 +154,11 @@ class Driver:
         for i, p in enumerate(self.primaries):
             self.ctxs[p.handle] = Context(i, primary=True, ident=i + 1)
         self.conn = conn
-        trace.start({"server": conn.address, "backend": inv.get("backend"), "link": conn.link.to_wire(),
-                     "devices": [d.name for d in self.devices]})
+        if trace.wanted():
+            # the wake-up probe measures this machine and the server's, not an emulated link
+            wake = None if conn.link.active else probe_wake(conn)
+            trace.start({"server": conn.address, "backend": inv.get("backend"), "link": conn.link.to_wire(),
+                         "devices": [d.name for d in self.devices], "wake": wake})
         log.info("connected to %s (%s backend, driver %d, %d devices)", conn.address, inv.get("backend"),
                  self.driver_version, len(self.devices))
 

@@ -104,12 +104,20 @@ def command_line() -> list[str]:
 RECORDER: Recorder | None = None
 
 
+def _path() -> str:
+    return os.environ.get("XPU_TRACE", "").replace("%p", str(os.getpid()))  # %p: one file per process
+
+
+def wanted() -> bool:
+    """XPU_TRACE asks for a recording that has not begun."""
+    return bool(_path()) and RECORDER is None
+
+
 def start(header: dict[str, Any]) -> Recorder | None:
     """Begin recording if XPU_TRACE asks for it; called once the session is up."""
     global RECORDER
-    path = os.environ.get("XPU_TRACE", "").replace("%p", str(os.getpid()))  # %p: one file per process
-    if path and RECORDER is None:
-        RECORDER = Recorder(path, header)
+    if wanted():
+        RECORDER = Recorder(_path(), header)
     return RECORDER
 
 

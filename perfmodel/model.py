@@ -6,10 +6,14 @@ through queues that the recorded run measured or that the network adds:
     client sends at t  (t = recorded send time + the delay accumulated so far)
     the real transport:  ready = t + base/2 + bytes * per_byte       (fitted from the trace)
     uplink wire:         leaves = max(ready, uplink free) + bytes / bandwidth;  arrives = leaves + RTT/2
-    server:              done = max(arrives, server free) + the server's recorded time on it
+    server:              done = max(arrives, server free + ...) + the server's recorded time on it
     downlink, for answered messages, the same way back
     a sync message's sender resumes when the answer arrives: the delay grows by
     (predicted wait - recorded wait)
+
+An end that idled waits a little longer still: its CPU wakes up late, the later the longer it
+idled. The trace's wake-up probe (client/wake.py) measured that, for the client and for the
+server, and the replay adds it to each wait and to each message reaching an idle server.
 
 The bandwidth is a queue shared by consecutive messages in each direction, and batched async
 calls travel as the one message they were. The server is a queue too: a sync call waits for the
@@ -66,6 +70,42 @@ class Transport:
         return self.base_ns / 2 + nbytes * self.per_byte_ns
 
 
+@dataclass(frozen=True)
+class Wake:
+    """How much later a message reaches an end that idled `idle` ns: measured points
+    (idle, extra), straight lines between them, flat beyond the last."""
+
+    points: tuple[tuple[float, float], ...] = ()
+
+    @classmethod
+    def from_header(cls, value: object) -> Wake:
+        if not isinstance(value, list):
+            return cls()
+        return cls(tuple(sorted((float(i), float(e)) for i, e in value)))
+
+    def extra(self, idle: float) -> float:
+        x0 = y0 = 0.0
+        for x1, y1 in self.points:
+            if idle <= x1:
+                return y0 + (y1 - y0) * (idle - x0) / (x1 - x0) if x1 > x0 else y1
+            x0, y0 = x1, y1
+        return y0
+
+
+@dataclass(frozen=True)
+class Machines:
+    """The wake-up costs of the recorded run's two ends (none if the trace did not probe)."""
+
+    client: Wake = Wake()
+    server: Wake = Wake()
+
+    @classmethod
+    def from_header(cls, value: object) -> Machines:
+        if not isinstance(value, dict):
+            return cls()
+        return cls(Wake.from_header(value.get("client")), Wake.from_header(value.get("server")))
+
+
 @dataclass
 class Breakdown:
     """Where the predicted run's time goes (seconds); the parts add up to the total."""
@@ -73,7 +113,7 @@ class Breakdown:
     client: float = 0.0  # the application and the client library, between waits
     latency: float = 0.0  # RTTs on the critical path
     bytes: float = 0.0  # serialisation at the link's rate, and queueing behind other messages
-    transport: float = 0.0  # the software stack's own round trip (fitted)
+    transport: float = 0.0  # the software stack's own round trip (fitted), and waking up after idling
     server: float = 0.0  # the server working, or busy with earlier work the answer waits for
     round_trips: int = 0
     bytes_up: int = 0
@@ -121,7 +161,8 @@ def fit_transport(msgs: Iterable[Msg], recorded: Network) -> Transport:
 
 
 # ---- the replay ---------------------------------------------------------------------------------
-def replay(msgs: Sequence[Msg], span: float, transport: Transport, net: Network) -> Prediction:
+def replay(msgs: Sequence[Msg], span: float, transport: Transport, net: Network,
+           machines: Machines = Machines()) -> Prediction:
     """The predicted duration of a run of `span` ns whose messages are `msgs` (in send order)."""
     half_rtt = net.rtt_us * 500.0
     up_free = down_free = server_free = 0.0
@@ -134,7 +175,9 @@ def replay(msgs: Sequence[Msg], span: float, transport: Transport, net: Network)
         leaves = max(ready, up_free) + net.serialise_ns(m.up)
         up_free = leaves
         arrives = leaves + half_rtt
-        server_free = max(arrives, server_free) + m.server
+        wake = machines.server.extra(arrives - server_free) if arrives > server_free else 0.0
+        begins = max(arrives + wake, server_free)
+        server_free = begins + m.server
         b.bytes_up += m.up
         if m.kind == "async":
             continue
@@ -144,12 +187,15 @@ def replay(msgs: Sequence[Msg], span: float, transport: Transport, net: Network)
         if m.kind != "sync":
             continue
         wait = down_free + half_rtt - t
+        woken = machines.client.extra(wait)
+        wait += woken
+        wake += woken
         shift += wait - m.wait
         waited += wait
         b.round_trips += 1
         b.latency += 2 * half_rtt
-        b.transport += transport.base_ns + (m.up + m.down) * transport.per_byte_ns
-        b.server += server_free - arrives  # its own time, and any earlier work it queued behind
+        b.transport += transport.base_ns + (m.up + m.down) * transport.per_byte_ns + wake
+        b.server += server_free - arrives - wake  # its own time, and any earlier work it queued behind
     predicted = span + shift
     b.bytes = max(0.0, waited - b.latency - b.transport - b.server)
     b.client = predicted - waited
@@ -169,13 +215,15 @@ class Model:
         link = trace.link
         self.recorded = Network(link.get("rtt_us", 0.0), link.get("gbps", 0.0))
         self.transport = fit_transport(recorded, self.recorded)
+        self.machines = Machines.from_header(trace.header.get("wake"))
         self.span = float(trace.span_ns)
         # replaying the recorded network reproduces the recorded run up to the fit's error: that
         # error, taken off every prediction, makes the model exact at the point it was measured
-        self.bias = replay(recorded, self.span, self.transport, self.recorded).predicted_s - self.span / 1e9
+        self.bias = replay(recorded, self.span, self.transport, self.recorded, self.machines).predicted_s \
+            - self.span / 1e9
 
     def predict(self, net: Network) -> Prediction:
-        pred = replay(self.msgs, self.span, self.transport, net)
+        pred = replay(self.msgs, self.span, self.transport, net, self.machines)
         pred.predicted_s -= self.bias
         pred.breakdown.client -= self.bias
         return pred

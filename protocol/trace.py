@@ -8,6 +8,10 @@ session with the server was up); time stamps are written as differences from the
 record of the same kind, so that each fits in a few bytes; zstd then folds the repeats of a
 loop together. The reader returns nanoseconds.
 
+The header: format, version, epoch_ns; server, backend, devices; link (the emulated link the
+run went over, if any); wake (the wake-up probe of client/wake.py: {"client": [[idle_ns,
+extra_ns], ...], "server": [...]}, or nil when the run went over an emulated link).
+
   [NAME, id, name]                          a call name, defined before its first use
   [CALL, id, cls, d_entry, dur, stream, seq, pos]
       one driver API call: `cls` an index into CLASSES; `d_entry` its entry time minus the

@@ -15,6 +15,8 @@ Ops (client -> server):
           a batch of calls executed in order; only `reply` batches are answered, by the last call;
           while measuring, answers carry `timing` [[seq, server_ns, per_call_ns], ...] and `gpu`
           [[seq, gpu_ns], ...] for the messages finished since the last answer
+  probe   {busy_ns}: answer after staying awake that long (at most PROBE_BUSY_MAX_NS), for
+          the wake-up probe of a trace (client/wake.py)                -> {}
   done    {token}: the host function the server stopped for has run (no answer)
   bye     the client is leaving; its resources are released
 With an emulated link, every message carries `sent` (its send time, CLOCK_MONOTONIC ns).
@@ -34,6 +36,7 @@ import msgpack
 PROTOCOL_VERSION = 1
 BULK = 1  # msgpack ext type code of a reference to a bulk frame
 INLINE_MAX = 64 * 1024
+PROBE_BUSY_MAX_NS = 10_000_000
 
 
 class WireError(ValueError):

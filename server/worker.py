@@ -26,7 +26,7 @@ import zmq.utils.monitor
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import BY_OPCODE, DEFAULT_STREAMS, Call, Param
 from xpuremote.protocol.errors import CudaError
-from xpuremote.protocol.link import LinkSpec, Wire
+from xpuremote.protocol.link import LinkSpec, Wire, wait_until
 
 from . import auth, metrics
 from .backends import load_backend
@@ -395,6 +395,15 @@ class Message:
         self.decode_ns = time.monotonic_ns() - began  # part of the server's time on it
 
 
+def _probe(header: dict[str, Any]) -> dict[str, Any]:
+    """The client's wake-up probe (client/wake.py): answer after `busy_ns` of staying awake."""
+    busy = header.get("busy_ns")
+    if not isinstance(busy, int) or not 0 <= busy <= wire.PROBE_BUSY_MAX_NS:
+        raise wire.WireError(f"probe: busy_ns must be an integer from 0 to {wire.PROBE_BUSY_MAX_NS}, not {busy!r}")
+    wait_until(time.monotonic_ns() + busy)
+    return {"op": "reply", "status": 0}
+
+
 def _serve(sock: zmq.Socket, session: Session, message: Message) -> bool:
     """Serve one message; False when the client said goodbye."""
     identity, header = message.identity, message.header
@@ -418,6 +427,8 @@ def _serve(sock: zmq.Socket, session: Session, message: Message) -> bool:
             if not header.get("reply"):
                 return True
             session.add_timings(answer)
+        elif op == "probe":
+            answer = _probe(header)
         elif op == "done":
             return True  # a host function finished after its wait was abandoned: nothing to answer
         elif op == "bye":  # with the server's times for the last batches, for a client's trace
