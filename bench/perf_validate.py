@@ -5,7 +5,8 @@
 The same check as tests/test_perf.py's, written down: examples/workloads.cu in its three mixes
 (round-trip bound, launch bound, bandwidth bound), each recorded once at loopback speed and then
 run over RTT {0, 50, 200, 1000} µs x {1, 10 Gbit/s, unlimited}, in --repeat shuffled rounds of
-three recordings and one run per link; each side's lower third is compared (perfmodel/validate.py).
+three recordings and one run per link; the faster two thirds of each side are compared
+(perfmodel/validate.py).
 """
 
 from __future__ import annotations

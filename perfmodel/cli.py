@@ -207,7 +207,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--rtt-us", default=",".join(f"{r:g}" for r in val.RTTS_US), help="comma-separated")
     s.add_argument("--gbps", default=",".join(f"{g:g}" for g in val.GBPS), help="comma-separated; 0: unlimited")
     s.add_argument("--repeat", type=int, default=3,
-                   help="rounds of three recordings and a run per link (the lower third of each is compared)")
+                   help="rounds of three recordings and a run per link (the faster two thirds are compared)")
     s.add_argument("--plot", help="write predicted vs measured (PNG) here")
     s.add_argument("--json", action="store_true")
     s.add_argument("command", nargs=argparse.REMAINDER)

@@ -45,6 +45,8 @@ def _log_norm(grid: Any) -> Any:
 
 def validation(points: Sequence[dict[str, Any]], title: str, out: Path) -> None:
     """Predicted against measured run time, one marker per (program, link)."""
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 6))
     for label in sorted({p["label"] for p in points}):
@@ -58,6 +60,10 @@ def validation(points: Sequence[dict[str, Any]], title: str, out: Path) -> None:
         ax.plot([low, high], [low * (1 - band), high * (1 - band)], style, color="grey", linewidth=1)
     ax.set(xscale="log", yscale="log", xlim=(low, high), ylim=(low, high), xlabel="measured run time (s)",
            ylabel="predicted run time (s)", title=title)
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers at 1-2-5 steps: minor labels run into each other
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(ScalarFormatter())
+        axis.set_minor_formatter(NullFormatter())
     ax.legend(title="dashed ±5%, dotted ±10%", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)

@@ -19,27 +19,32 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from xpuremote.interpose.run import on_cpus, start_local_server
 from xpuremote.protocol import trace as fmt
 
 from .model import Model, Network
 
+T = TypeVar("T")
+
 RTTS_US = (0.0, 50.0, 200.0, 1000.0)
 GBPS = (1.0, 10.0, 0.0)  # 0: unlimited
 RECORDINGS = 3  # per round
 # The statistic of repeated runs: interference on a shared machine only ever slows a run down,
-# so the lower third of the runs estimates the undisturbed time more stably than their median
-# (pulled by the slow tail) or their minimum (one lucky run). Recordings and runs alike.
-LOW = 1 / 3
+# so the slowest third is dropped and the rest averaged. That is steadier than the median
+# (pulled by the slow tail), the minimum (one lucky run) or any one order statistic when a
+# program's runs fall into two groups, as the async mix's batching does. Recordings and runs alike.
+KEEP = 2 / 3
 
 
-def low(values: Sequence[float]) -> float:
-    return sorted(values)[round(LOW * (len(values) - 1))]
+def fastest(values: Sequence[T], key: Callable[[T], float]) -> list[T]:
+    """The KEEP fastest of `values`."""
+    return sorted(values, key=key)[:max(1, round(KEEP * len(values)))]
 
 
 def split_cpus() -> tuple[frozenset[int], frozenset[int]] | None:
@@ -116,8 +121,9 @@ def validate(command: list[str], server: str | None = None, rtts: tuple[float, .
     With `repeat`, every link's run is made that many times, in rounds of RECORDINGS recordings
     and one run per link, in a different order each round: drift in the machine's speed, and
     whatever one run leaves behind for the next, hit the recordings and the runs alike. The
-    model is built from the recording at LOW by duration (one recording's noise would shift
-    every prediction alike, hence more of them); each link's measurement is its runs' LOW."""
+    prediction is the mean of the predictions from the KEEP fastest recordings (one recording's
+    noise would shift every prediction alike, hence more of them); each link's measurement is
+    the mean of its KEEP fastest runs."""
     nets = [Network(rtt, bw) for rtt in rtts for bw in gbps]
     recordings: list[fmt.Trace] = []
     spans: dict[Network, list[float]] = {net: [] for net in nets}
@@ -135,10 +141,10 @@ def validate(command: list[str], server: str | None = None, rtts: tuple[float, .
                     recordings.append(trace)
                 else:
                     spans[net].append(trace.span_ns / 1e9)
-    recordings.sort(key=lambda t: t.span_ns)
-    model = Model(recordings[round(LOW * (len(recordings) - 1))])
-    points = [Point(net, model.predict(net).predicted_s, low(spans[net])) for net in nets]
-    return Validation(command, model.span / 1e9, points)
+    models = [Model(t) for t in fastest(recordings, key=lambda t: t.span_ns)]
+    points = [Point(net, statistics.fmean(m.predict(net).predicted_s for m in models),
+                    statistics.fmean(fastest(spans[net], key=float))) for net in nets]
+    return Validation(command, statistics.fmean(m.span for m in models) / 1e9, points)
 
 
 def table(v: Validation) -> str:
