@@ -175,9 +175,9 @@ def replay(msgs: Sequence[Msg], span: float, transport: Transport, net: Network,
         leaves = max(ready, up_free) + net.serialise_ns(m.up)
         up_free = leaves
         arrives = leaves + half_rtt
-        wake = machines.server.extra(arrives - server_free) if arrives > server_free else 0.0
-        begins = max(arrives + wake, server_free)
-        server_free = begins + m.server
+        # a server that idled wakes up late; one still busy with earlier work takes it when done
+        server_wake = machines.server.extra(arrives - server_free) if arrives > server_free else 0.0
+        server_free = max(arrives + server_wake, server_free) + m.server
         b.bytes_up += m.up
         if m.kind == "async":
             continue
@@ -187,15 +187,14 @@ def replay(msgs: Sequence[Msg], span: float, transport: Transport, net: Network,
         if m.kind != "sync":
             continue
         wait = down_free + half_rtt - t
-        woken = machines.client.extra(wait)
-        wait += woken
-        wake += woken
+        client_wake = machines.client.extra(wait)
+        wait += client_wake
         shift += wait - m.wait
         waited += wait
         b.round_trips += 1
         b.latency += 2 * half_rtt
-        b.transport += transport.base_ns + (m.up + m.down) * transport.per_byte_ns + wake
-        b.server += server_free - arrives - wake  # its own time, and any earlier work it queued behind
+        b.transport += transport.base_ns + (m.up + m.down) * transport.per_byte_ns + server_wake + client_wake
+        b.server += server_free - arrives - server_wake  # its own time, and earlier work it queued behind
     predicted = span + shift
     b.bytes = max(0.0, waited - b.latency - b.transport - b.server)
     b.client = predicted - waited
