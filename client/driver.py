@@ -138,7 +138,7 @@ class Driver:
                 batch_us = float(os.environ.get("XPU_BATCH_US", "50"))
                 link = LinkSpec(float(os.environ.get("XPU_LINK_RTT_US") or 0),
                                 float(os.environ.get("XPU_LINK_GBPS") or 0))
-                tracing = bool(os.environ.get("XPU_TRACE"))
+                tracing = trace.requested()
                 conn = Connection(self.server(), timeout, batch_us, link, measure=tracing,
                                   measure_gpu=tracing and os.environ.get("XPU_TRACE_GPU") == "1")
                 self._adopt(conn)
@@ -342,7 +342,7 @@ def handler(call: Call) -> Callable[[Any], int]:
         finally:
             recorder.end(call, entry, int(slots[stream] or 0) if stream is not None else 0)
 
-    return run_traced if os.environ.get("XPU_TRACE") else run
+    return run_traced if trace.requested() else run
 
 
 def handlers() -> list[Callable[[Any], int]]:

@@ -108,9 +108,14 @@ def _path() -> str:
     return os.environ.get("XPU_TRACE", "").replace("%p", str(os.getpid()))  # %p: one file per process
 
 
+def requested() -> bool:
+    """This process is to record a trace (XPU_TRACE is set)."""
+    return bool(_path())
+
+
 def wanted() -> bool:
     """XPU_TRACE asks for a recording that has not begun."""
-    return bool(_path()) and RECORDER is None
+    return requested() and RECORDER is None
 
 
 def start(header: dict[str, Any]) -> Recorder | None:

@@ -83,9 +83,10 @@ SUCCESS, UNINITIALIZED, INVALID_ARGUMENT = CODES["SUCCESS"], CODES["UNINITIALIZE
 NOT_SUPPORTED, NOT_FOUND, INSUFFICIENT_SIZE = CODES["NOT_SUPPORTED"], CODES["NOT_FOUND"], CODES["INSUFFICIENT_SIZE"]
 DRIVER_NOT_LOADED, UNKNOWN = CODES["DRIVER_NOT_LOADED"], CODES["UNKNOWN"]
 
-# nvmlClockType_t (graphics, SM, memory, video) -> the device status key answering it
-CLOCKS = {0: "clock_graphics_mhz", 1: "clock_sm_mhz", 2: "clock_memory_mhz", 3: "clock_graphics_mhz"}
+# the device status keys of the clocks, and the nvmlClockType_t each is read with on the server
 CLOCK_TYPES = {"clock_graphics_mhz": 0, "clock_sm_mhz": 1, "clock_memory_mhz": 2}
+# nvmlClockType_t -> the key answering it; the video clock (3) has no key and is the graphics clock
+CLOCKS = {**{kind: key for key, kind in CLOCK_TYPES.items()}, 3: "clock_graphics_mhz"}
 TEMPERATURE_GPU = 0  # nvmlTemperatureSensors_t
 P2P_STATUS_NOT_SUPPORTED = 5  # nvmlGpuP2PStatus_t NVML_P2P_STATUS_NOT_SUPPORTED
 
