@@ -3,7 +3,9 @@
 Async calls are queued and go out together, when a sync call is made, when the batch grows
 past MAX_BATCH_CALLS or MAX_BATCH_BYTES, or when the flusher thread finds that nothing has been
 queued for the batch window (or the batch has waited MAX_BATCH_DELAY_S); the server answers
-nothing for them. Their failures come back with the next sync reply.
+nothing for them. Their failures come back with the next sync reply. The flusher sleeps on an
+alarm (client/alarm.py) that the first call of a batch sets and the message carrying the batch
+clears: it wakes up only for a batch that nothing else sent in time.
 
 A few calls are sent at once but answered later (`call_later`: device-to-host copies into
 pinned memory, host functions): their answers are read by whichever sync call comes next, or
@@ -42,6 +44,7 @@ from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import NO_LINK, LinkSpec, Wire
 
 from . import auth, trace
+from .alarm import Alarm
 
 log = logging.getLogger("xpuremote.client")
 
@@ -66,12 +69,15 @@ class Connection:
         self.pending: list[list[Any]] = []
         self.pending_bytes = 0
         self.queued = 0  # calls queued so far; the flusher holds a batch back while this grows
+        self.batch_seen = 0  # `queued` when the flusher's alarm was last set for this batch
+        self.batch_nap = self.batch_deadline = 0.0  # the flusher's next wait, and its last chance to wait
         self.seq = 0
         self.last_ctx: int | None = None
         self.later: dict[int, Callable[[int, list[Any]], None]] = {}  # seq -> writer of a late answer
         self.late_errors: list[list[Any]] = []
         self.dead: str | None = None
         self.batch_window_s = batch_window_us / 1e6
+        self.alarm = Alarm()
         self.pid = os.getpid()
         self.link = link
         self.downlink = Wire(link) if link.active else None
@@ -84,7 +90,6 @@ class Connection:
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.inventory = self.request({"op": "init", "link": link.to_wire(), "measure": measure, "gpu": measure_gpu},
                                       connect_timeout_s)
-        self.kick = threading.Event()
         self.closed = False
         self.host_functions: queue.SimpleQueue | None = None  # (function, token), run by their own thread
         threading.Thread(target=self._flusher, name="xpuremote-flush", daemon=True).start()
@@ -137,7 +142,7 @@ class Connection:
             if len(self.pending) >= MAX_BATCH_CALLS or self.pending_bytes >= MAX_BATCH_BYTES:
                 self._send(reply=False)
             elif len(self.pending) == 1:
-                self.kick.set()
+                self._start_batch()
 
     def call(self, call: Call, args: list[Any], ctx: int | None) -> tuple[int, list[Any], list[list[Any]]]:
         """Send everything queued plus this call; wait for its (status, outputs, deferred errors)."""
@@ -160,7 +165,7 @@ class Connection:
             self._check()
             self._queue(call, args, ctx, 0)
             self.later[self._send(reply=True, kind="later")] = on_answer
-        self.kick.set()  # the flusher reads the answer if no sync call comes to read it first
+            self.alarm.arm(self.batch_window_s)  # the flusher reads the answer if no sync call does first
 
     def run_host_function(self, fn: Callable[[], None], token: int) -> None:
         """Run `fn` on the host-function thread, then tell the server it may go on.
@@ -217,7 +222,15 @@ class Connection:
             header["sent"] = time.monotonic_ns()
         return header
 
+    def _start_batch(self) -> None:
+        """The first call of a batch: the flusher sends the batch if nothing else has in a window."""
+        self.batch_seen, self.batch_nap = self.queued, self.batch_window_s
+        self.batch_deadline = time.monotonic() + max(MAX_BATCH_DELAY_S, self.batch_window_s)
+        self.alarm.arm(self.batch_nap)
+
     def _send(self, reply: bool, kind: str = "sync") -> int:
+        if not self.later:  # nothing for the flusher to send or read
+            self.alarm.disarm()
         self.seq += 1
         header = {"op": "calls", "seq": self.seq, "calls": self.pending, "reply": reply}
         calls, self.pending, self.pending_bytes = len(self.pending), [], 0
@@ -305,23 +318,34 @@ class Connection:
         raise ServerGone(errors.DEINITIALIZED, why)
 
     def _flusher(self) -> None:
-        """Send queued async calls that would otherwise wait for the next sync call."""
-        while not self.closed:
-            self.kick.wait()
-            self.kick.clear()
-            # while the application keeps queueing, the batch fills up and goes out by itself:
-            # cutting it every window would send many small messages instead of a few full ones
-            seen, nap = -1, self.batch_window_s
-            deadline = time.monotonic() + max(MAX_BATCH_DELAY_S, self.batch_window_s)
-            while seen != self.queued and (left := deadline - time.monotonic()) > 0:
-                seen = self.queued
-                time.sleep(min(nap, left))
-                nap *= 2  # a few looks per batch, not one every window
+        """Send queued async calls that would otherwise wait for the next sync call, and read
+        answers no sync call has read; woken by the alarm only."""
+        while True:
+            self.alarm.wait()
+            if self.closed:
+                break
+            if self._still_growing():
+                continue
             try:
                 self.flush()
                 self._drain_later()
             except CudaError:
-                return
+                break
+        with self.lock:  # not while another thread may be setting it
+            self.alarm.close()
+
+    def _still_growing(self) -> bool:
+        """Whether to look again later: while the application keeps queueing, the batch fills up
+        and goes out by itself, and cutting it every window would send many small messages
+        instead of a few full ones. Each look waits twice as long as the last, until
+        MAX_BATCH_DELAY_S. Without the lock, which the application's thread holds while it
+        queues: a stale read costs a look more, or a flush of nothing; a batch is never left."""
+        left = self.batch_deadline - time.monotonic()
+        if not self.pending or self.queued == self.batch_seen or left <= 0:
+            return False
+        self.batch_seen, self.batch_nap = self.queued, self.batch_nap * 2
+        self.alarm.arm(min(self.batch_nap, left))
+        return True
 
     def close(self) -> None:
         """Say goodbye so that the server releases this session at once."""
@@ -333,8 +357,9 @@ class Connection:
                 self.request({"op": "bye"}, timeout_s=2.0)
         except CudaError:
             pass
-        self.closed = True
-        self.kick.set()
+        with self.lock:
+            self.closed = True
+            self.alarm.arm(0)  # the flusher wakes up, sees `closed` and ends
         if self.host_functions is not None:
             self.host_functions.put((None, 0))
         self.sock.close(0)
