@@ -136,8 +136,7 @@ class Driver:
             if self.conn is None:
                 timeout = float(os.environ.get("XPU_CONNECT_TIMEOUT_S", "10"))
                 batch_us = float(os.environ.get("XPU_BATCH_US", "50"))
-                link = LinkSpec(float(os.environ.get("XPU_LINK_RTT_US") or 0),
-                                float(os.environ.get("XPU_LINK_GBPS") or 0))
+                link = LinkSpec.from_env(os.environ)
                 tracing = trace.requested()
                 conn = Connection(self.server(), timeout, batch_us, link, measure=tracing,
                                   measure_gpu=tracing and os.environ.get("XPU_TRACE_GPU") == "1")
@@ -155,8 +154,8 @@ class Driver:
             self.ctxs[p.handle] = Context(i, primary=True, ident=i + 1)
         self.conn = conn
         if trace.wanted():
-            # the wake-up probe measures this machine and the server's, not an emulated link
-            wake = None if conn.link.active else probe_wake(conn)
+            # the wake-up probe measures this machine and the server's, not an emulated link's delays
+            wake = None if conn.link.delays else probe_wake(conn)
             trace.start({"server": conn.address, "backend": inv.get("backend"), "link": conn.link.to_wire(),
                          "devices": [d.name for d in self.devices], "wake": wake})
         log.info("connected to %s (%s backend, driver %d, %d devices)", conn.address, inv.get("backend"),

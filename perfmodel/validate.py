@@ -5,6 +5,11 @@ Every run is traced: the measured duration is the traced span (from the session 
 the last call), the same span the prediction is of, so process start-up and the server
 starting a worker are outside both.
 
+Every run goes through the link emulation, the recordings too (set to add nothing): its
+bookkeeping costs each message a few µs of Python at both ends, 10-17 µs a round trip on a
+2-core virtual machine, which a real network does not add. Left out of the recordings, it
+showed up as a model error of -2 to -6% on the round-trip-bound program.
+
 When validate starts its own server, the server and the runs get CPUs of their own, as a
 client and a GPU server on two machines would: the scheduler's placement of both on shared
 CPUs, different from run to run, is not what the model predicts. On a 2-core virtual machine

@@ -83,6 +83,9 @@ def test_trace_starts_with_the_wake_up_probe(run_on, workloads: Path, tmp_path: 
         assert all(0 <= extra < 50_000_000 for _, extra in points)
     linked = record(run_on, tmp_path / "linked.trace", workloads, "sync", 5, XPU_LINK_RTT_US="100")
     assert linked.header["wake"] is None, "an emulated link's holds would be measured, not the machines"
+    zero = record(run_on, tmp_path / "zero.trace", workloads, "sync", 5, XPU_LINK_RTT_US="0")
+    assert zero.link == {"rtt_us": 0.0, "gbps": 0.0, "on": True}, "set, even to 0: emulated"
+    assert zero.header["wake"] is not None, "a link that delays nothing leaves the machines to measure"
 
 
 def test_probe_asks_for_a_bounded_wait(server) -> None:
@@ -92,6 +95,18 @@ def test_probe_asks_for_a_bounded_wait(server) -> None:
         for bad in (-1, PROBE_BUSY_MAX_NS + 1, "soon", None):
             with pytest.raises(CudaError, match="probe: busy_ns must be an integer"):
                 client.conn.request({"op": "probe", "busy_ns": bad})
+    finally:
+        client.conn.close()
+
+
+@pytest.mark.parametrize("link", [{"rtt_us": -1, "gbps": 0}, {"rtt_us": 0, "gbps": "fast"},
+                                  {"rtt_us": 0, "gbps": 0, "on": "yes"}])
+def test_init_refuses_a_malformed_link(server, link: dict) -> None:
+    client = PyClient(server.address)
+    try:
+        with pytest.raises(CudaError, match="link: rtt_us and gbps must be"):
+            client.conn.request({"op": "init", "link": link})
+        assert client.mem_info()[1] > 0, "the session goes on"
     finally:
         client.conn.close()
 
@@ -135,7 +150,7 @@ def test_emulated_rtt_delays_each_round_trip(run_on, workloads: Path, tmp_path: 
     slow = record(run_on, tmp_path / "slow.trace", workloads, "sync", 100, XPU_LINK_RTT_US="2000")
     delay = sum(m.kind == "sync" for m in slow.messages) * 2e-3
     assert delay < slow.span_ns / 1e9 < plain.span_ns / 1e9 + delay * 2
-    assert slow.link == {"rtt_us": 2000.0, "gbps": 0.0}
+    assert slow.link == {"rtt_us": 2000.0, "gbps": 0.0, "on": True}
 
 
 def test_emulated_bandwidth_limits_bytes(run_on, workloads: Path, tmp_path: Path) -> None:
