@@ -18,6 +18,7 @@ that placement alone moved identical runs by ±15%.
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import statistics
@@ -26,7 +27,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -71,10 +72,35 @@ class Point:
 
 
 @dataclass
+class Rounds:
+    """What validate measured, round by round: each recording's span and its predictions for
+    each link, and each link's runs."""
+
+    nets: list[Network]
+    recorded: list[tuple[int, float, list[float]]] = field(default_factory=list)  # (round, span s, per net)
+    runs: list[tuple[int, int, float]] = field(default_factory=list)  # (round, net's index, span s)
+
+    def compare(self, rounds: Sequence[int] | None = None) -> tuple[float, list[Point]]:
+        """The recorded span and a point per link, from `rounds` (default all; one may repeat).
+        The prediction is the mean of the predictions from the KEEP fastest recordings (one
+        recording's noise would shift every prediction alike, hence more of them); each link's
+        measurement is the mean of its KEEP fastest runs."""
+        times = collections.Counter(rounds if rounds is not None else {r for r, _, _ in self.recorded})
+        recorded = fastest([r for r in self.recorded for _ in range(times[r[0]])], key=lambda r: r[1])
+        points = []
+        for i, net in enumerate(self.nets):
+            spans = [span for r, n, span in self.runs if n == i for _ in range(times[r])]
+            points.append(Point(net, statistics.fmean(preds[i] for _, _, preds in recorded),
+                                statistics.fmean(fastest(spans, key=float))))
+        return statistics.fmean(span for _, span, _ in recorded), points
+
+
+@dataclass
 class Validation:
     command: list[str]
     trace_s: float
     points: list[Point]
+    rounds: Rounds | None = None
 
     @property
     def median_error(self) -> float:
@@ -125,31 +151,34 @@ def validate(command: list[str], server: str | None = None, rtts: tuple[float, .
     Without `server`, a local one of `backend` is started on CPUs apart from the runs'.
     With `repeat`, every link's run is made that many times, in rounds of RECORDINGS recordings
     and one run per link, in a different order each round: drift in the machine's speed, and
-    whatever one run leaves behind for the next, hit the recordings and the runs alike. The
-    prediction is the mean of the predictions from the KEEP fastest recordings (one recording's
-    noise would shift every prediction alike, hence more of them); each link's measurement is
-    the mean of its KEEP fastest runs."""
-    nets = [Network(rtt, bw) for rtt in rtts for bw in gbps]
-    recordings: list[fmt.Trace] = []
-    spans: dict[Network, list[float]] = {net: [] for net in nets}
+    whatever one run leaves behind for the next, hit the recordings and the runs alike."""
+    rounds = Rounds([Network(rtt, bw) for rtt in rtts for bw in gbps])
     order = random.Random(0)
     cpus = None if server else split_cpus()
     with serving(server, backend, cpus and cpus[1]) as address, \
             tempfile.TemporaryDirectory(prefix="xpu-perf-") as tmp:
-        for _ in range(repeat):
-            runs: list[Network | None] = [*[None] * RECORDINGS, *nets]  # None: a recording
+        path = Path(tmp, "run.trace")
+        for r in range(repeat):
+            runs: list[int | None] = [*[None] * RECORDINGS, *range(len(rounds.nets))]  # None: a recording
             order.shuffle(runs)
-            for net in runs:
-                path = Path(tmp, f"recorded{len(recordings)}.trace" if net is None else "run.trace")
-                trace = run_traced(command, address, path, net or Network(), cpus and cpus[0])
-                if net is None:
-                    recordings.append(trace)
+            for i in runs:
+                trace = run_traced(command, address, path, Network() if i is None else rounds.nets[i],
+                                   cpus and cpus[0])
+                if i is None:
+                    model = Model(trace)
+                    rounds.recorded.append((r, model.span / 1e9, [model.predict(n).predicted_s for n in rounds.nets]))
                 else:
-                    spans[net].append(trace.span_ns / 1e9)
-    models = [Model(t) for t in fastest(recordings, key=lambda t: t.span_ns)]
-    points = [Point(net, statistics.fmean(m.predict(net).predicted_s for m in models),
-                    statistics.fmean(fastest(spans[net], key=float))) for net in nets]
-    return Validation(command, statistics.fmean(m.span for m in models) / 1e9, points)
+                    rounds.runs.append((r, i, trace.span_ns / 1e9))
+    return Validation(command, *rounds.compare(), rounds)
+
+
+def resampled_worst(rounds: Rounds, trials: int, size: int, seed: int = 0) -> list[float]:
+    """The worst point's error in each of `trials` validations of `size` rounds drawn, with
+    replacement, from these: how far the worst point of a validation that long may land."""
+    rng = random.Random(seed)
+    n = len({r for r, _, _ in rounds.recorded})
+    return [max(abs(p.error) for p in rounds.compare([rng.randrange(n) for _ in range(size)])[1])
+            for _ in range(trials)]
 
 
 def table(v: Validation) -> str:

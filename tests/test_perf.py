@@ -265,25 +265,48 @@ def test_whatif_shows_what_each_optimisation_buys(async_trace: Path) -> None:
     assert out["no local answers"]["predicted_s"] > recorded["predicted_s"]
 
 
+def test_validate_compares_the_faster_two_thirds() -> None:
+    nets = [model.Network(), model.Network(100)]
+    rounds = validate.Rounds(nets, [(r, span, [span, span + 0.1]) for r, span in enumerate((1.0, 2.0, 9.0))],
+                             [(r, i, 1.0 + 0.1 * i + r) for r in range(3) for i in range(2)])
+    trace_s, points = rounds.compare()
+    assert trace_s == 1.5, "the slowest recording is left out"
+    assert [(p.predicted_s, p.measured_s) for p in points] == [(1.5, 1.5), (1.6, pytest.approx(1.6))]
+    trace_s, points = rounds.compare([2, 2, 0])  # drawn again: a round may come twice
+    assert trace_s == 5.0 and points[0].measured_s == 2.0
+    assert validate.resampled_worst(rounds, 5, 3) == validate.resampled_worst(rounds, 5, 3), "seeded"
+
+
+def test_validate_command_line(shim: Path, workloads: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XPU_SIM_KERNELS", SIM_KERNELS)
+    out = xpu_perf("validate", "--rtt-us", "0,500", "--gbps", "0", "--backend", "sim", "--repeat", "1", "--json",
+                   "--plot", tmp_path / "v.png", "--", workloads, "sync", "20")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert [p["rtt_us"] for p in result["points"]] == [0, 500]
+    slow = result["points"][1]
+    assert slow["measured_s"] > result["trace_s"] + 40 * 500e-6, "40 round trips, each 500 µs longer"
+    assert abs(slow["error"]) < 0.5 and (tmp_path / "v.png").stat().st_size > 0
+
+
 # ---- accuracy --------------------------------------------------------------------------------------
 def test_validate_predicts_emulated_links(shim: Path, workloads: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Over the three programs and RTT {0, 50, 200, 1000} µs x {1, 10 Gbit/s, unlimited}: the
-    median error of the predicted run time is at most 5% (the issue's bar), and no point is off
-    by more than 15%.
+    """Over the three programs and RTT {0, 50, 200, 1000} µs x {1, 10 Gbit/s, unlimited}, the
+    issue's bar: the median error of the predicted run time is at most 5%, and no point is off
+    by more than 10%.
 
-    The issue asks for no point over 10%. bench/results/perf-validate.md shows that (worst 6.5%),
-    but on a 2-core virtual machine one point in 36 can still land past it in a run, by noise
-    alone: in two earlier runs the point that repeats the recordings' own configuration (async,
-    RTT 0, unlimited) was off by 11.5% and 12.6%. A model that got RTT, bandwidth, batching or
-    queueing wrong would miss both bounds by far.
-
-    validate starts its own sim server on a CPU apart from the runs', and makes 12 rounds of
-    three recordings and one run per link; see perfmodel/validate.py for why both."""
+    validate starts its own sim server on a CPU apart from the runs', records through a link
+    emulation that delays nothing, and makes 24 rounds of three recordings and one run per link;
+    see perfmodel/validate.py for why. On a 2-core virtual machine, runs of one program vary by
+    ±10%; with 24 rounds, bootstrap resamples of 24 recorded rounds put the worst of the 36
+    points past 10% in none of 300 (95th percentile 7.9%), with 12 rounds in 8% of them
+    (bench/results/perf-validate.md). A model that got RTT, bandwidth, batching or queueing
+    wrong would miss by far more."""
     monkeypatch.setenv("XPU_SIM_KERNELS", SIM_KERNELS)
     monkeypatch.setenv("XPU_LOG", "WARNING")
-    results = [validate.validate([str(workloads), *mix], repeat=12, backend="sim") for mix in MIXES]
+    results = [validate.validate([str(workloads), *mix], repeat=24, backend="sim") for mix in MIXES]
     report = "\n".join(map(validate.table, results))
     print(report)
     errors = [abs(p.error) for r in results for p in r.points]
     assert statistics.median(errors) <= 0.05, report
-    assert max(errors) <= 0.15, report
+    assert max(errors) <= 0.10, report
