@@ -44,7 +44,8 @@ RECORDINGS = 3  # per round
 # The statistic of repeated runs: interference on a shared machine only ever slows a run down,
 # so the slowest third is dropped and the rest averaged. That is steadier than the median
 # (pulled by the slow tail), the minimum (one lucky run) or any one order statistic when a
-# program's runs fall into two groups, as the async mix's batching does. Recordings and runs alike.
+# program's runs fall into two groups, as they do when its batching depends on timing. Recordings
+# and runs alike.
 KEEP = 2 / 3
 
 
