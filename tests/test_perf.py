@@ -285,7 +285,9 @@ def test_validate_command_line(shim: Path, workloads: Path, tmp_path: Path, monk
     result = json.loads(out.stdout)
     assert [p["rtt_us"] for p in result["points"]] == [0, 500]
     slow = result["points"][1]
-    assert slow["measured_s"] > result["trace_s"] + 40 * 500e-6, "40 round trips, each 500 µs longer"
+    # 40 round trips, each 500 µs longer, less what the idle ends no longer pay to wake up (the
+    # emulation spins out the last 300 µs of each hold): more than half of it at least
+    assert slow["measured_s"] > result["trace_s"] + 40 * 250e-6
     assert abs(slow["error"]) < 0.5 and (tmp_path / "v.png").stat().st_size > 0
 
 
