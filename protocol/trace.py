@@ -9,8 +9,9 @@ record of the same kind, so that each fits in a few bytes; zstd then folds the r
 loop together. The reader returns nanoseconds.
 
 The header: format, version, epoch_ns; server, backend, devices; link (the emulated link the
-run went over, if any); wake (the wake-up probe of client/wake.py: {"client": [[idle_ns,
-extra_ns], ...], "server": [...]}, or nil when the run went over an emulated link).
+run went over: {"rtt_us", "gbps", "on"}, "on" false when there was none); wake (the wake-up
+probe of client/wake.py: {"client": [[idle_ns, extra_ns], ...], "server": [...]}, or nil when
+the run went over an emulated link that adds delay).
 
   [NAME, id, name]                          a call name, defined before its first use
   [CALL, id, cls, d_entry, dur, stream, seq, pos]
