@@ -217,11 +217,12 @@ class Driver:
         """A synchronous call: its outputs, or CudaError (its own, or a deferred async one)."""
         status, outs, deferred = self.session().call(call, wire_args, self.wire_ctx())
         for symbol, code, detail in deferred:
-            log.warning("an earlier %s failed: %s (%s)", symbol, errors.name(code), detail)
+            log.warning("an earlier %s failed: %s (%s)", symbol, _status_name(symbol, code), detail)
         if status:
-            raise CudaError(status, f"{call.symbol} on the server")
+            raise CudaError(status, f"{call.symbol} on the server", call.library)
         if deferred:
-            raise CudaError(deferred[0][1], f"earlier {deferred[0][0]}: {deferred[0][2]}")
+            symbol, code, detail = deferred[0]
+            raise CudaError(code, f"earlier {symbol}: {detail}", _library_of(symbol))
         return outs
 
     def query(self, call: Call, wire_args: list[Any]) -> list[Any]:
@@ -265,6 +266,16 @@ class Driver:
         if key not in self._said:
             self._said.add(key)
             log.warning(message, *args)
+
+
+def _library_of(symbol: str) -> str:
+    call = CALLS.get(symbol)
+    return call.library if call is not None else "cuda"
+
+
+def _status_name(symbol: str, code: int) -> str:
+    library = _library_of(symbol)
+    return errors.name(code) if library == "cuda" else f"{library} status {code}"
 
 
 # Hooks that make a lazily created object exist on the server before a call uses it.
@@ -313,10 +324,12 @@ def handler(call: Call) -> Callable[[Any], int]:
         def impl(d: Driver, c: Call, args: list[Any]) -> None:
             d.forward(c, args)
     if impl is None:
+        not_supported = errors.status_for(CudaError(errors.NOT_SUPPORTED), call.library)
+
         def unsupported(slots: Any) -> int:
-            DRIVER.say_once(call.symbol, "%s is not supported by xpuremote yet (returning "
-                            "CUDA_ERROR_NOT_SUPPORTED)", call.symbol)
-            return errors.NOT_SUPPORTED
+            DRIVER.say_once(call.symbol, "%s is not supported by xpuremote yet (returning %s's NOT_SUPPORTED, "
+                            "%d)", call.symbol, call.library, not_supported)
+            return not_supported
         return unsupported
 
     def run(slots: Any) -> int:
@@ -324,12 +337,12 @@ def handler(call: Call) -> Callable[[Any], int]:
             return impl(DRIVER, call, decode(slots)) or 0
         except CudaError as exc:
             log.debug("%s -> %s", call.symbol, exc)
-            return exc.code
+            return errors.status_for(exc, call.library)
         except Exception:
             log.exception("internal error in %s", call.symbol)
-            return errors.UNKNOWN
+            return errors.status_for(CudaError(errors.UNKNOWN), call.library)
 
-    stream = next((i for i, p in enumerate(call.params) if p.ctype == "CUstream"), None)
+    stream = next((i for i, p in enumerate(call.params) if p.ctype in ("CUstream", "cudaStream_t")), None)
 
     def run_traced(slots: Any) -> int:
         recorder = trace.RECORDER

@@ -94,6 +94,18 @@ def get(p: Param, address: int) -> int:
 
 
 # ---- generic marshalling ---------------------------------------------------------------------
+# A library scalar's bytes in host pointer mode, or None in device pointer mode (the address then
+# travels): set by client/mathlibs.py, which knows each handle's pointer mode.
+ScalarSize = Callable[[Call, Param, dict[str, Any]], "int | None"]
+
+
+def _no_scalars(call: Call, p: Param, values: dict[str, Any]) -> int | None:
+    raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol}: {p.name} is a library scalar")
+
+
+scalar_size: ScalarSize = _no_scalars
+
+
 def pack(call: Call, args: list[Any], new_handle: Callable[[], int], snapshot: bool) -> tuple[list[Any], int]:
     """Wire arguments for `call`; (args, bytes carried). Shadow outputs get a fresh client handle,
     written to the application at once. `snapshot` copies input buffers (async calls), otherwise
@@ -104,11 +116,14 @@ def pack(call: Call, args: list[Any], new_handle: Callable[[], int], snapshot: b
     out: list[Any] = []
     carried = 0
     for p, a in zip(call.params, args):
-        if p.kind != "ptr":
+        if p.kind != "ptr" or p.is_address:
             out.append(a)
         elif p.direction == "in":
             if not a:
                 out.append(None)
+            elif p.is_scalar:
+                n = scalar_size(call, p, values)
+                out.append(a if n is None else read(a, n))
             elif p.is_string:
                 out.append(read_string(a))
             else:

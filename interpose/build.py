@@ -1,5 +1,6 @@
 """Build the shim: `libcuda.so.1` (SONAME libcuda.so.1), a cffi embedding of the client, and
-beside it `libnvidia-ml.so.1`, plain C entry points that forward NVML calls to it.
+beside it plain C libraries that forward to it: `libnvidia-ml.so.1` (NVML) and the math
+libraries `libcublas.so.13`, `libcublasLt.so.13`, `libcudnn.so.9`.
 
     python -m xpuremote.interpose.build [--out DIR]
 
@@ -21,10 +22,14 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from xpuremote.protocol import errors, mathlibs
+
 HERE = Path(__file__).resolve().parent
-SOURCES = ("shim.c", "entry_points.c", "first_call.h", "nvml.c")
+SOURCES = ("shim.c", "entry_points.c", "first_call.h", "nvml.c", "mathlib.c",
+           *(f"{lib.name}_entry_points.c" for lib in mathlibs.LIBRARIES))
 NAME = "libcuda.so.1"
 NVML_NAME = "libnvidia-ml.so.1"
+LIBRARY_NAMES = tuple(lib.soname for lib in mathlibs.LIBRARIES)
 
 CDEF = """
 extern "Python" int xpu_dispatch(int op, uint64_t *slots);
@@ -64,7 +69,8 @@ def cache_key() -> str:
     h = hashlib.sha256()
     for name in (*SOURCES, "build.py"):
         h.update((HERE / name).read_bytes())
-    h.update((HERE.parent / "protocol" / "nvml.py").read_bytes())
+    for name in ("nvml.py", "mathlibs.py"):
+        h.update((HERE.parent / "protocol" / name).read_bytes())
     h.update(sys.executable.encode() + sys.version.encode() + repr(python_paths()).encode())
     return h.hexdigest()[:16]
 
@@ -92,6 +98,8 @@ def build(out_dir: Path) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         built = Path(ffi.compile(tmpdir=tmp, target=NAME, verbose=False))
         os.replace(build_nvml(Path(tmp)), out_dir / NVML_NAME)
+        for lib in mathlibs.LIBRARIES:
+            os.replace(build_library(lib, Path(tmp)), out_dir / lib.soname)
         final = out_dir / NAME
         os.replace(built, final)  # last: its presence says the directory is complete
     return final
@@ -120,6 +128,21 @@ def build_nvml(tmp: Path) -> Path:
     cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
     subprocess.run([*cc, "-shared", "-fPIC", "-O2", "-fvisibility=hidden", f"-I{tmp}", str(HERE / "nvml.c"),
                     "-o", str(target), f"-Wl,-soname,{NVML_NAME}", "-ldl", "-lpthread"], check=True)
+    return target
+
+
+def build_library(lib: mathlibs.Library, tmp: Path) -> Path:
+    """One math library: its generated entry points in mathlib.c, every symbol under the version
+    node NVIDIA's library uses (its SONAME), as the application was linked against."""
+    script = tmp / f"{lib.name}.map"
+    script.write_text(f"{lib.soname} {{ global: *; }};\n")
+    target = tmp / lib.soname
+    not_initialized = errors.status_for(errors.CudaError(errors.NOT_INITIALIZED), lib.name)
+    cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
+    subprocess.run([*cc, "-shared", "-fPIC", "-O2", "-fvisibility=hidden", f"-I{HERE}",
+                    f'-DXPU_ENTRY_POINTS="{lib.name}_entry_points.c"', f"-DXPU_NOT_INITIALIZED={not_initialized}",
+                    str(HERE / "mathlib.c"), "-o", str(target), f"-Wl,-soname,{lib.soname}",
+                    f"-Wl,--version-script={script}", "-ldl", "-lpthread"], check=True)
     return target
 
 

@@ -12,10 +12,11 @@ import threading
 import time
 from typing import Any
 
-from xpuremote.client import driver, integrity, nvml, trace
+from xpuremote.client import driver, integrity, mathlibs, nvml, trace
 from xpuremote.protocol import errors
 
 log = logging.getLogger("xpuremote.client")
+LIBRARY_OP = (1 << 20) - 4  # shim.c's XPU_OP_LIBRARY, counted from the NVML ops
 
 
 class ShimContexts(driver.ContextStack):
@@ -88,6 +89,7 @@ def install(ffi: Any, lib: Any) -> None:
     table = driver.handlers()
     count = lib.xpu_symbol_count
     nvml_table = nvml.handlers()  # ops after the internal ones: the libnvidia-ml.so.1 forwarder's
+    library_tables = mathlibs.handlers()  # ops from LIBRARY_OP on: the math libraries', 1 << 16 each
     d = driver.DRIVER
     d.contexts = ShimContexts(lib)
     d.state["requested_version"] = lib.xpu_requested_version
@@ -110,7 +112,11 @@ def install(ffi: Any, lib: Any) -> None:
             return table[op](slots)
         if op < count + len(internal):
             return internal[op - count](ffi, slots)
-        return nvml_table[op - count - len(internal)](slots)
+        op -= count + len(internal)
+        if op >= LIBRARY_OP:
+            op -= LIBRARY_OP
+            return library_tables[op >> 16][op & 0xFFFF](slots)
+        return nvml_table[op](slots)
 
     atexit.register(at_exit)
     lib.xpu_set_python_ready()

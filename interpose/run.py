@@ -1,4 +1,5 @@
-"""xpu-run: run a program with xpuremote's libcuda.so.1 and libnvidia-ml.so.1 in place of NVIDIA's.
+"""xpu-run: run a program with xpuremote's libcuda.so.1, libnvidia-ml.so.1 and math libraries
+(libcublas.so.13, libcublasLt.so.13, libcudnn.so.9) in place of NVIDIA's.
 
     xpu-run [--server tcp://host:port] [--backend auto|cuda|sim] [--trace PATH]
             [--key CLIENT.key_secret --server-key SERVER.key] -- CMD [ARGS...]
@@ -18,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Collection
 
-from .build import NVML_NAME, ensure_shim
+from .build import LIBRARY_NAMES, NVML_NAME, ensure_shim
 
 
 def on_cpus(cpus: Collection[int] | None) -> Callable[[], None] | None:
@@ -68,7 +69,9 @@ def child_env(shim_dir: str, server: str, key: str | None = None, server_key: st
     for name, path in (("XPU_CLIENT_KEY", key), ("XPU_SERVER_KEY", server_key)):
         if path:
             env[name] = os.path.abspath(path)
-    preload = [os.path.join(shim_dir, name) for name in ("libcuda.so.1", NVML_NAME)]
+    # preloaded, not only first on the path: PyTorch finds NVIDIA's math libraries through its
+    # DT_RPATH, which wins over LD_LIBRARY_PATH, but never over an already loaded SONAME
+    preload = [os.path.join(shim_dir, name) for name in ("libcuda.so.1", NVML_NAME, *LIBRARY_NAMES)]
     env["LD_PRELOAD"] = " ".join(filter(None, [*preload, env.get("LD_PRELOAD")]))
     env["LD_LIBRARY_PATH"] = ":".join(filter(None, [shim_dir, env.get("LD_LIBRARY_PATH")]))
     env["XPU_SERVER"] = server

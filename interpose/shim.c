@@ -40,8 +40,10 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid);
 #include "entry_points.c"
 
 /* Operations the export tables ask of the client, numbered after the driver symbols; the
- * NVML functions (protocol/nvml.py order) follow them. */
-enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2, XPU_OP_EXIT = 3, XPU_OP_NVML = 4 };
+ * NVML functions (protocol/nvml.py order) follow them; the math libraries' functions start at
+ * XPU_OP_LIBRARY, 1 << 16 ops for each (protocol.calls.LIBRARY_SYMBOLS order). */
+enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2, XPU_OP_EXIT = 3, XPU_OP_NVML = 4,
+       XPU_OP_LIBRARY = 1 << 20 };
 
 static volatile int xpu_finalized, xpu_python_ready;
 static volatile int xpu_max_requested_version;
@@ -62,6 +64,14 @@ XPU_EXPORT int xpu_nvml_enter(int op, uint64_t *slots) {
     if (xpu_finalized || (xpu_python_ready && !Py_IsInitialized()))
         return 1;  /* NVML_ERROR_UNINITIALIZED */
     return xpu_internal(XPU_OP_NVML + op, slots);
+}
+
+/* The entry of xpuremote's math libraries (interpose/mathlib.c): a status of that library, or
+ * -1 once the client is gone. */
+XPU_EXPORT int xpu_lib_enter(int library, int op, uint64_t *slots) {
+    if (xpu_finalized || (xpu_python_ready && !Py_IsInitialized()))
+        return -1;
+    return xpu_internal(XPU_OP_LIBRARY + (library << 16) + op, slots);
 }
 
 /* ---- called from Python ------------------------------------------------------------ */

@@ -11,7 +11,12 @@ give the defaults; the SPEC below adds only what types cannot say:
   A family with no row is exported all the same and answers CUDA_ERROR_NOT_SUPPORTED.
 - parameter annotations, `name=dir[:count]`: `in`, `out` or `inout` for a buffer whose size in
   bytes is `count` (a parameter name, `a*b`, or a number); `str` for a NUL-terminated input
-  string. Without one, `const T *` is one T in, `T *` one T out, and scalars are inputs.
+  string. Without one, `const T *` is one T in, `T *` one T out, and scalars are inputs; in a
+  math library's row, a pointer that is not to a handle is a device address.
+
+The math libraries (cuBLAS, cuBLASLt, cuDNN; `protocol/mathlibs.py`) join the same table:
+their functions are Calls too, with `library` naming them, their SPEC rows beside their
+other facts, and `scalar` parameters (alpha, beta) that carry a value or a device address.
 
 The shim, the client's marshalling, the server's dispatch and the perf model all read this.
 """
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from . import mathlibs
 from .cuda_api import FUNCTIONS, TYPES
 
 CLASSES = ("local", "async", "shadow", "sync")
@@ -206,6 +212,7 @@ xpuMemcpy2DToHost(void *dst, CUdeviceptr src, size_t srcPitch, size_t width, siz
 xpuMemcpy2DFromHost(CUdeviceptr dst, size_t dstPitch, const void *src, size_t width, size_t height, \
   CUstream hStream)                                                                  async  src=in:width*height
 xpuDeviceStatus(unsigned int index, void *status)                                   sync   status=out:*
+xpuLibraryVersion(const char *library, void *version)                               sync   library=str version=out:*
 """
 
 # Stream handles that are not handles: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD.
@@ -224,24 +231,34 @@ class Param:
     pointee: str  # for ptr: int | float | handle | struct | ptr | void | opaque
     pointee_size: int
     direction: str  # in | out | inout
-    count: str | None  # bytes behind a pointer: a parameter name, `a*b`, a number; None = one pointee
+    count: str | None  # bytes behind a pointer: a parameter name, `a*b`, a number; None = one pointee;
+    # `str`; `*` (sized by the server); `scalar[:TYPE]` (a library's alpha/beta); `device` (an address
+    # in the GPU's memory: the value travels, as a CUdeviceptr does)
 
     @property
     def is_string(self) -> bool:
         return self.count == "str"
 
+    @property
+    def is_scalar(self) -> bool:
+        return self.count is not None and self.count.startswith("scalar")
+
+    @property
+    def is_address(self) -> bool:
+        """The pointer's value is what travels (a device address), never what it points at."""
+        return self.count == "device"
+
     def byte_count(self, values: dict[str, Any]) -> int | None:
         """Bytes behind this pointer, given the call's scalar arguments by name; None when the
-        size is not fixed by them (a string, or an output the server sizes)."""
-        if self.count in ("str", "*"):
+        size is not fixed by them (a string, a library scalar, or an output the server sizes)."""
+        if self.count in ("str", "*", "device") or self.is_scalar:
             return None
         if self.count is None:
             return self.pointee_size
-        if self.count.isdigit():
-            return int(self.count)
         total = 1
-        for name in self.count.split("*"):
-            total *= int(values[name.strip()])
+        for part in self.count.split("*"):
+            part = part.strip()
+            total *= int(part) if part.isdigit() else int(values[part])
         return total
 
 
@@ -252,6 +269,7 @@ class Call:
     cls: str  # local | async | shadow | sync | unsupported
     params: tuple[Param, ...]
     per_thread: bool  # a _ptds/_ptsz variant: stream 0 means the per-thread stream
+    library: str = "cuda"  # or the math library (protocol/mathlibs.py) it belongs to
 
     @cached_property
     def opcode(self) -> int:
@@ -296,21 +314,24 @@ def _parse_spec(text: str) -> dict[str, tuple[str, dict[str, tuple[str, str | No
         for note in notes:
             name, _, rest = note.partition("=")
             direction, _, count = rest.partition(":")
-            if direction == "str":
-                direction, count = "in", "str"
+            if direction in ("str", "scalar"):
+                direction, count = "in", direction + (f":{count}" if count else "")
             if direction not in ("in", "out", "inout"):
-                raise TableError(f"SPEC line {lineno}: {note!r}: direction must be in, out, inout or str")
+                raise TableError(f"SPEC line {lineno}: {note!r}: direction must be in, out, inout, str or scalar")
             annotations[name] = (direction, count or None)
         rows[family] = (cls, annotations)
     return rows
 
 
-def _param(ctype: str, name: str, note: tuple[str, str | None] | None) -> Param:
-    kind, size, signed, pointee, pointee_size = TYPES[ctype]
+def _param(ctype: str, name: str, note: tuple[str, str | None] | None, types: dict[str, tuple],
+           library: str) -> Param:
+    kind, size, signed, pointee, pointee_size = types[ctype]
     if note:
         direction, count = note
     elif kind != "ptr":
         direction, count = "in", None
+    elif library != "cuda" and pointee != "handle":
+        direction, count = "in", "device"  # a library's data pointers are the GPU's; host buffers are annotated
     else:
         direction, count = ("in" if ctype.startswith("const ") else "out"), None
     return Param(name, ctype, kind, size, bool(signed), pointee, pointee_size, direction, count)
@@ -337,10 +358,10 @@ INTERNAL_FUNCTIONS, _INTERNAL_SPEC = _internal_functions(INTERNAL)
 ALL_FUNCTIONS = {**FUNCTIONS, **INTERNAL_FUNCTIONS}
 
 
-def _build(spec: str) -> dict[str, Call]:
+def _build(spec: str, functions: dict[str, tuple], types: dict[str, tuple], library: str = "cuda") -> dict[str, Call]:
     rows = _parse_spec(spec)
     table: dict[str, Call] = {}
-    for symbol, params in ALL_FUNCTIONS.items():
+    for symbol, params in functions.items():
         family = family_of(symbol)
         cls, notes = rows.get(family, ("unsupported", {}))
         names = {n for _, n in params}
@@ -348,27 +369,27 @@ def _build(spec: str) -> dict[str, Call]:
             symbol=symbol,
             family=family,
             cls=cls,
-            params=tuple(_param(t, n, notes.get(n)) for t, n in params),
+            params=tuple(_param(t, n, notes.get(n), types, library) for t, n in params),
             per_thread=symbol.endswith(("_ptds", "_ptsz")),
+            library=library,
         )
         for n, (_, count) in notes.items():
-            if n not in names and any(n in {p for _, p in ALL_FUNCTIONS[s]} for s in ALL_FUNCTIONS
+            if n not in names and any(n in {p for _, p in functions[s]} for s in functions
                                       if family_of(s) == family):
                 continue  # the annotation names a parameter that only another variant has
             if n not in names:
                 raise TableError(f"SPEC: {family} has no parameter {n!r} (has {sorted(names)})")
             for ref in re.findall(r"[A-Za-z_]\w*", count or ""):
-                if ref != "str" and ref not in names:
+                if ref not in ("str", "scalar") and ref not in names:
                     raise TableError(f"SPEC: {family}.{n} counts by {ref!r}, not a parameter of {symbol}")
-    _validate(table, rows)
-    return table
-
-
-def _validate(table: dict[str, Call], rows: dict) -> None:
     families = {c.family for c in table.values()}
     for family in rows:
         if family not in families:
-            raise TableError(f"SPEC: {family} is not a driver function (check its spelling)")
+            raise TableError(f"SPEC: {family} is not a {library} function (check its spelling)")
+    return table
+
+
+def _validate(table: dict[str, Call]) -> None:
     seen: dict[int, str] = {}
     for call in table.values():
         if call.opcode in seen:
@@ -385,6 +406,13 @@ def _validate(table: dict[str, Call], rows: dict) -> None:
 # arrives, before any later sync call returns.
 ASYNC_WITH_OUTPUTS = {"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuMemcpyDtoHAsync"}
 
-CALLS: dict[str, Call] = _build(SPEC + _INTERNAL_SPEC)
+CALLS: dict[str, Call] = _build(SPEC + _INTERNAL_SPEC, ALL_FUNCTIONS, TYPES)
+for _lib in mathlibs.LIBRARIES:
+    _api = mathlibs.api(_lib)
+    CALLS.update(_build(_lib.spec, _api.FUNCTIONS, {**TYPES, **_api.TYPES}, _lib.name))
+_validate(CALLS)
 BY_OPCODE: dict[int, Call] = {c.opcode: c for c in CALLS.values()}
 SYMBOLS: tuple[str, ...] = tuple(sorted(FUNCTIONS))  # index = the shim's op number
+# each library's symbols; index = the op number its replacement library's entry points use
+LIBRARY_SYMBOLS: dict[str, tuple[str, ...]] = {
+    lib.name: tuple(sorted(mathlibs.api(lib).FUNCTIONS)) for lib in mathlibs.LIBRARIES}

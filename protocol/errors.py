@@ -45,9 +45,39 @@ def message(code: int) -> str:
 
 
 class CudaError(Exception):
-    """A driver call failed with `code`; `detail` says why, for the log."""
+    """A call failed with `code`; `detail` says why, for the log. The code is a CUresult, or a
+    status of the math library `library` names."""
 
-    def __init__(self, code: int, detail: str = "") -> None:
-        super().__init__(f"{name(code)}: {detail or message(code)}")
+    def __init__(self, code: int, detail: str = "", library: str = "cuda") -> None:
+        label = name(code) if library == "cuda" else f"{library} status {code}"
+        super().__init__(f"{label}: {detail or (message(code) if library == 'cuda' else '')}")
         self.code = code
         self.detail = detail
+        self.library = library
+
+
+# ---- the math libraries' status codes --------------------------------------------------------
+# What a CUresult means to a library caller, and what a library's failure means to a driver
+# caller (an asynchronous GEMM that failed surfaces at the next synchronous driver call).
+_OUTCOME_OF_CUDA = {OUT_OF_MEMORY: "alloc_failed", INVALID_VALUE: "invalid_value", INVALID_HANDLE: "invalid_value",
+                    NOT_SUPPORTED: "not_supported", NOT_INITIALIZED: "not_initialized",
+                    DEINITIALIZED: "not_initialized", UNKNOWN: "internal"}
+
+
+def status_for(exc: CudaError, library: str) -> int:
+    """`exc` as a status of `library` ("cuda" for a CUresult)."""
+    if exc.library == library:
+        return exc.code
+    if library == "cuda":
+        return LAUNCH_FAILED
+    from . import mathlibs
+
+    outcome = _OUTCOME_OF_CUDA.get(exc.code, "execution_failed") if exc.library == "cuda" else "execution_failed"
+    return mathlibs.status_code(mathlibs.BY_NAME[library], outcome)
+
+
+def library_error(library: str, outcome: str, detail: str) -> CudaError:
+    """A failure in a library's own terms, e.g. library_error("cublas", "not_supported", why)."""
+    from . import mathlibs
+
+    return CudaError(mathlibs.status_code(mathlibs.BY_NAME[library], outcome), detail, library)

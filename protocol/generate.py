@@ -15,6 +15,12 @@ Writes two files, both committed and both marked as generated:
 - `interpose/entry_points.c`: one exported C function per symbol. Each packs its arguments
   into 64-bit slots and enters the client through one dispatcher, so the shim builds with
   no CUDA header.
+
+and the same two for each math library of `protocol/mathlibs.py` (cuBLAS, cuBLASLt, cuDNN):
+`protocol/<lib>_api.py` and `interpose/<lib>_entry_points.c`, from the headers of NVIDIA's
+wheels that declare them (`--libraries DIR ...`: folders holding those headers; without it,
+the `nvidia` folders of this Python and of the project's `.venv-torch`, where PyTorch's
+dependencies bring them).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .mathlibs import LIBRARIES, Library
+
 ROOT = Path(__file__).resolve().parent.parent
 API_OUT = ROOT / "protocol" / "cuda_api.py"
 C_OUT = ROOT / "interpose" / "entry_points.c"
@@ -35,6 +43,7 @@ DECL_RE = re.compile(r"CUresult\s+(cu\w+)\s*\(([^;{}()]*)\)\s*;")
 PFN_RE = re.compile(r"typedef\s+CUresult\s*\(\s*CUDAAPI\s*\*\s*PFN_(\w+?)_v(\d+)(_ptds|_ptsz)?\s*\)")
 PROFILER_RE = re.compile(r"PFN_(\w+?)_v(\d+)\s*\)\s*\(([^;{}()]*)\)\s*;")
 HANDLE_RE = re.compile(r"typedef\s+struct\s+\w+\s*\*\s*(\w+)\s*;")
+INCOMPLETE_RE = re.compile(r"typedef\s+struct\s+\w+\s+(\w+)\s*;")
 ENUM_RE = re.compile(r"\b((?:CU|CUDA)_[A-Z0-9_]+)\s*=\s*([-0-9xXa-fA-FuUlL<>|()\s]+?)\s*[,}]")
 VERSION_RE = re.compile(r"#define\s+CUDA_VERSION\s+(\d+)")
 # cuda.h maps a few names to a different function, not to a suffixed variant of themselves.
@@ -56,6 +65,7 @@ def split_params(text: str) -> list[tuple[str, str]]:
         return []
     params = []
     for i, part in enumerate(p.strip() for p in text.split(",")):
+        part = re.sub(r"\s*(\w+)\s*\[[^\]]*\]$", r" *\1", part)  # `T name[]` is `T *name`
         m = re.match(r"^(.*?[\s*])(\w+)$", part)
         if m and m.group(2) not in C_KEYWORDS and m.group(1).strip() not in ("", "const"):
             ctype, name = m.group(1), m.group(2)
@@ -112,18 +122,18 @@ def variants(include: Path, symbols: set[str]) -> list[tuple[str, int, int, str]
 
 
 PROBE_HEAD = """#include <stdio.h>
-#include <cuda.h>
+#include <{header}>
 typedef int CUoutput_mode; /* the one enum of cudaProfiler.h, a header the runtime wheels lack */
 #define CLS(x) __builtin_classify_type(x)
-int main(void) {
+int main(void) {{
 """
 
 
-def _run_probe(include: Path, body: list[str]) -> list[list[str]]:
+def _run_probe(includes: list[Path], body: list[str], header: str = "cuda.h") -> list[list[str]]:
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = Path(tmp, "probe.c"), Path(tmp, "probe")
-        src.write_text(PROBE_HEAD + "\n".join(body) + "\nreturn 0; }\n")
-        cmd = ["gcc", "-w", "-D__CUDA_API_VERSION_INTERNAL", f"-I{include}", str(src), "-o", str(exe)]
+        src.write_text(PROBE_HEAD.format(header=header) + "\n".join(body) + "\nreturn 0; }\n")
+        cmd = ["gcc", "-w", "-D__CUDA_API_VERSION_INTERNAL", *[f"-I{i}" for i in includes], str(src), "-o", str(exe)]
         subprocess.run(cmd, check=True)
         rows = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     return [r.split("\t") for r in rows.splitlines()]
@@ -132,25 +142,28 @@ def _run_probe(include: Path, body: list[str]) -> list[list[str]]:
 CLASS_NAMES = {"1": "int", "3": "int", "5": "ptr", "8": "float", "12": "struct", "0": "void", "h": "handle"}
 
 
-def probe_types(include: Path, ctypes: set[str], handles: set[str]) -> dict[str, tuple]:
-    """Ask the compiler what each parameter type is: (kind, size, signed, pointee class, pointee size)."""
+def probe_types(include: Path | list[Path], ctypes: set[str], handles: set[str],
+                header: str = "cuda.h", incomplete: frozenset[str] = frozenset()) -> dict[str, tuple]:
+    """Ask the compiler what each parameter type is: (kind, size, signed, pointee class, pointee size).
+    A pointer to an `incomplete` type points at something of unknown size, like `void *`."""
+    includes = include if isinstance(include, list) else [include]
     body = []
     for t in sorted(ctypes):
         q = json.dumps(t)
         base = t[:-1].replace("const ", "").strip() if t.endswith("*") else t
         if t in handles:
             body.append(f'printf("%s\\t5\\t8\\t-\\t0\\n", {q});')
-        elif t.endswith("*") and (base in handles or base.endswith("*") or base == "void"):
+        elif t.endswith("*") and (base in handles or base.endswith("*") or base == "void" or base in incomplete):
             pcls = "h" if base in handles else "5" if base.endswith("*") else "0"
             body.append(f'printf("%s\\t5\\t8\\t{pcls}\\t8\\n", {q});')
         elif t.endswith("*"):
             body.append(f'printf("%s\\t5\\t8\\t%d\\t%zu\\n", {q}, CLS(*({t})0), sizeof(*({t})0));')
         else:
             body.append(f'{{ {t} v; printf("%s\\t%d\\t%zu\\t0\\t0\\n", {q}, CLS(v), sizeof(v)); }}')
-    rows = _run_probe(include, body)
+    rows = _run_probe(includes, body, header)
     ints = [t for t, cls, *_ in rows if cls in ("1", "3")]
-    signed = {t for t, s in _run_probe(include, [
-        f'printf("%s\\t%d\\n", {json.dumps(t)}, (int)(({t})-1 < ({t})0));' for t in ints]) if s == "1"}
+    signed = {t for t, s in _run_probe(includes, [
+        f'printf("%s\\t%d\\n", {json.dumps(t)}, (int)(({t})-1 < ({t})0));' for t in ints], header) if s == "1"}
     types = {}
     for t, cls, size, pcls, psize in rows:
         kind = "handle" if t in handles else CLASS_NAMES[cls]
@@ -296,6 +309,122 @@ def _entry_points(functions, types, variant_rows) -> str:
     return "\n".join(out)
 
 
+# ---- the math libraries ------------------------------------------------------------------------
+LIB_DECL_RE = re.compile(r"(?:^|(?<=[;}]))\s*((?:const\s+)?\w+(?:\s*\*)?)\s*\b(cu\w+)\s*\(([^;{}()]*)\)\s*;")
+LIB_ENUM_RE = re.compile(r"\b([A-Z][A-Z0-9_]+)\s*=\s*([^,}]+?)\s*[,}]")
+
+
+def library_text(lib: Library, includes: list[Path], tail: str = "") -> str:
+    cmd = ["gcc", "-E", "-P", "-D__attribute__(x)=", *[f"-I{i}" for i in includes], "-"]
+    source = f"#include <{lib.header}>\n{tail}\n"
+    return subprocess.run(cmd, input=source, capture_output=True, text=True, check=True).stdout
+
+
+def library_enums(text: str, prefixes: tuple[str, ...]) -> dict[str, int]:
+    """Enumerators with one of `prefixes`, values that may name earlier ones (`A = B | 128`)."""
+    out: dict[str, int] = {}
+    for name, expr in LIB_ENUM_RE.findall(text):
+        if not name.startswith(prefixes):
+            continue
+        expr = re.sub(r"(?<=[0-9a-fA-F])[uUlL]+\b", "", expr)
+        try:
+            out.setdefault(name, eval(expr, {"__builtins__": {}}, dict(out)))  # noqa: S307 - header constants
+        except (NameError, SyntaxError, TypeError):
+            continue  # not an enumerator (a macro's use, a cast)
+    return out
+
+
+def library_api(lib: Library, includes: list[Path]) -> tuple[str, str]:
+    """(protocol/<lib>_api.py, interpose/<lib>_entry_points.c) from the library's headers."""
+    text = " ".join(library_text(lib, includes).split())
+    functions: dict[str, list[tuple[str, str]]] = {}
+    returns: dict[str, str] = {}
+    for ret, name, params in LIB_DECL_RE.findall(text):
+        if not name.startswith(lib.prefix) or name.startswith(lib.exclude) or name in functions:
+            continue
+        functions[name] = split_params(params)
+        ret = re.sub(r"\s*\*", " *", ret.strip())
+        if ret != lib.status_type:
+            returns[name] = ret
+    macros = " ".join(lib.version_macros)
+    *version, cudart = library_text(lib, includes, f"xpu_version {macros} CUDART_VERSION").split()[-4:]
+    handles = set(HANDLE_RE.findall(text)) | set(lib.handles)
+    ctypes = {t for params in functions.values() for t, _ in params}
+    types = probe_types(includes, ctypes, handles, lib.header, frozenset(INCOMPLETE_RE.findall(text)))
+    status_prefix = lib.status["success"].removesuffix("SUCCESS")  # CUBLAS_STATUS_
+    consts = library_enums(text, (lib.prefix.upper(), status_prefix, "CUDA_R_", "CUDA_C_", "CUBLAS_COMPUTE_"))
+    statuses = {v: k for k, v in reversed(consts.items()) if k.startswith(status_prefix)}
+    api = [
+        f"# GENERATED by `python -m xpuremote.protocol.generate` from NVIDIA's {lib.header}",
+        f"# of {lib.name} {'.'.join(version)}. Do not edit; re-run the generator.",
+        "# fmt: off",
+        "",
+        f"LIBRARY = {lib.name!r}",
+        f"VERSION = {tuple(int(v) for v in version)!r}",
+        f"CUDART_VERSION = {int(cudart)}  # of the CUDA headers it was declared with",
+        "",
+        "# C type -> (kind, size, signed, pointee class, pointee size)",
+        "TYPES = {", *[f"    {t!r}: {tuple(info)!r}," for t, info in sorted(types.items())], "}",
+        "",
+        "# exported symbol -> ((C type, parameter name), ...)",
+        "FUNCTIONS = {", *[f"    {n!r}: {tuple(tuple(p) for p in functions[n])!r}," for n in sorted(functions)], "}",
+        "",
+        f"# functions that return something else than {lib.status_type}",
+        "RETURNS = {", *[f"    {n!r}: {r!r}," for n, r in sorted(returns.items())], "}",
+        "",
+        "ENUMS = {", *[f"    {k!r}: {v!r}," for k, v in sorted(consts.items())], "}",
+        "",
+    ]
+    return "\n".join(api), _library_entry_points(lib, functions, returns, types, statuses)
+
+
+def _library_entry_points(lib: Library, functions, returns, types, statuses: dict[int, str]) -> str:
+    sizes = sorted({types[t][1] for ps in functions.values() for t, _ in ps if types[t][0] == "struct"})
+    out = [
+        "/* GENERATED by `python -m xpuremote.protocol.generate`. Do not edit; re-run the generator.",
+        f" * {lib.soname}: one exported function per {lib.name} symbol; each enters the client via",
+        " * xpu_lib_call() (interpose/mathlib.c). */",
+        "",
+        f"#define XPU_LIBRARY_ID {LIBRARIES.index(lib)}",
+        *[f"typedef struct {{ {_struct_body(s)} }} xpu_struct{s};" for s in sizes],
+        "",
+        "static const xpu_status_name xpu_status_names[] = {",
+        *[f'    {{{code}, "{name}"}},' for code, name in sorted(statuses.items())],
+        "};",
+        "",
+    ]
+    for op, name in enumerate(sorted(functions)):
+        params = functions[name]
+        decls, packs = zip(*[_c_param(t, types[t], i) for i, (t, _) in enumerate(params)]) if params else ((), ())
+        signature = f"{name}({', '.join(decls) or 'void'})"
+        ret = returns.get(name, "int")
+        if ret == "const char *":  # the status texts: answered here, from the header's own names
+            if len(params) != 1:
+                raise SystemExit(f"{name} returns a string but is not a status lookup: annotate it")
+            out.append(f"XPU_EXPORT const char *{signature} {{ return xpu_status_text((int)a0); }}")
+            continue
+        slots = f"uint64_t s[] = {{{', '.join(packs)}}};" if params else "uint64_t *s = NULL;"
+        call = f"xpu_lib_call({op}, s)"
+        body = f"{call};" if ret == "void" else f"return ({ret}){call};"
+        out.append(f"XPU_EXPORT {ret} {signature} {{ {slots} {body} }}")
+    return "\n".join(out) + "\n"
+
+
+def library_includes(extra: list[Path]) -> list[Path]:
+    """Folders with the math libraries' headers, then the CUDA ones they include (crt/ too)."""
+    import nvidia
+
+    bases = [Path(b) for b in nvidia.__path__] + sorted(ROOT.glob(".venv-torch/lib/python3*/site-packages/nvidia"))
+    found = [b / sub / "include" for sub in ("cudnn", "cu13") for b in bases]
+    with_libs = [p for p in found if (p / "cublasLt.h").is_file() or (p / "cudnn.h").is_file()]
+    rest = [p for p in found if p not in with_libs and (p / "crt" / "host_defines.h").is_file()]
+    return list(dict.fromkeys([*extra, *with_libs, *rest]))
+
+
+def library_outputs(lib: Library) -> tuple[Path, Path]:
+    return ROOT / "protocol" / f"{lib.name}_api.py", ROOT / "interpose" / f"{lib.name}_entry_points.c"
+
+
 def default_includes() -> list[Path]:
     """The include folders of the installed CUDA 13 and 12 runtime wheels."""
     import nvidia  # namespace package of NVIDIA's wheels
@@ -306,21 +435,30 @@ def default_includes() -> list[Path]:
 
 def main(argv: list[str]) -> int:
     check = "--check" in argv
-    includes = [Path(a) for a in argv if a != "--check"] or default_includes()
+    args = [a for a in argv if a != "--check"]
+    split = args.index("--libraries") if "--libraries" in args else len(args)
+    includes = [Path(a) for a in args[:split]] or default_includes()
+    lib_includes = library_includes([Path(a) for a in args[split + 1 :]])
     if not includes:
         print(__doc__, file=sys.stderr)
         return 2
-    api, c = generate(includes)
+    outputs = dict(zip((API_OUT, C_OUT), generate(includes)))
+    for lib in LIBRARIES:
+        if not any((i / lib.header).is_file() for i in lib_includes):
+            print(f"no {lib.header} found (install the torch extra: `make torch`), or name its folder "
+                  "after --libraries", file=sys.stderr)
+            return 2
+        outputs.update(zip(library_outputs(lib), library_api(lib, lib_includes)))
     if check:
-        stale = [str(p.relative_to(ROOT)) for p, text in ((API_OUT, api), (C_OUT, c)) if p.read_text() != text]
+        stale = [str(p.relative_to(ROOT)) for p, text in outputs.items() if not p.exists() or p.read_text() != text]
         if stale:
             print(f"out of date: {', '.join(stale)}; run python -m xpuremote.protocol.generate", file=sys.stderr)
             return 1
         print("generated files are up to date")
         return 0
-    API_OUT.write_text(api)
-    C_OUT.write_text(c)
-    print(f"wrote {os.path.relpath(API_OUT)} and {os.path.relpath(C_OUT)}")
+    for path, text in outputs.items():
+        path.write_text(text)
+    print("wrote " + ", ".join(os.path.relpath(p) for p in outputs))
     return 0
 
 

@@ -24,7 +24,7 @@ import zmq
 import zmq.utils.monitor
 
 from xpuremote.protocol import errors, wire
-from xpuremote.protocol.calls import BY_OPCODE, DEFAULT_STREAMS, Call, Param
+from xpuremote.protocol.calls import BY_OPCODE, CALLS, DEFAULT_STREAMS, Call, Param
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import LinkSpec, Wire, wait_until
 
@@ -38,7 +38,10 @@ log = logging.getLogger("xpuremote.worker")
 
 MAX_OUTPUT_BYTES = 1 << 34  # a single reply larger than this is an error, not an attempt
 SERVER_HANDLE_BASE = 0x5E00_0000_0000
-HANDLE_FAMILIES = {"CUfunction": "CUfunction", "CUkernel": "CUfunction"}  # a CUkernel works as a CUfunction
+# a CUkernel works as a CUfunction; the runtime's stream and event types are the driver's; a
+# cuBLAS handle is a cuBLASLt handle too (NVIDIA documents the cast, and PyTorch makes it)
+HANDLE_FAMILIES = {"CUkernel": "CUfunction", "cudaStream_t": "CUstream", "cudaEvent_t": "CUevent",
+                   "cublasLtHandle_t": "cublasHandle_t"}
 
 
 class Session:
@@ -80,7 +83,7 @@ class Session:
             return None
         if not isinstance(value, int):
             raise CudaError(errors.INVALID_HANDLE, f"{param.name}: handle must be an integer")
-        if param.ctype == "CUstream" and value in DEFAULT_STREAMS:
+        if _handle_family(param.ctype) == "CUstream" and value in DEFAULT_STREAMS:
             return value
         entry = self.handles.get(value)
         if entry is None or entry[0] != _handle_family(param.ctype):
@@ -126,11 +129,11 @@ class Session:
                     outs = self.execute(call, args)
                 status = errors.SUCCESS
             except CudaError as exc:
-                status = exc.code
-                self.errors += 1
                 name = _name_of(item)
+                status = errors.status_for(exc, CALLS[name].library if name in CALLS else "cuda")
+                self.errors += 1
                 if not (last and reply):
-                    self.deferred.append((name, exc.code, exc.detail))
+                    self.deferred.append((name, status, exc.detail))
                 log.info("%s failed: %s", name, exc)
                 outs = []
         if reply and status == errors.SUCCESS and call.symbol == "xpuHostFunc":
@@ -179,6 +182,8 @@ class Session:
             return value
         if value is None or p.is_string and isinstance(value, str):
             return value
+        if (p.is_address or p.is_scalar) and isinstance(value, int) and 0 <= value < 1 << 64:
+            return value  # a device address (a scalar in device pointer mode)
         if not isinstance(value, (bytes, memoryview)):
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name} must be bytes")
         try:

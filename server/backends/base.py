@@ -43,16 +43,19 @@ class Backend:
     `execute` gets the wire arguments aligned with `call.params` (handles already resolved to
     the backend's own objects; an output parameter's value is its size in bytes, or None when
     the application passed NULL) and returns the outputs aligned with `call.outputs`.
-    The default calls the method named after the call's family with the inputs only.
+    The default calls the method named after the call's family with the inputs only, on the
+    backend itself for driver calls and on `libraries[call.library]` for a math library's.
     """
 
     name = "base"
+    libraries: dict[str, Any] = {}
 
     def inventory(self) -> Inventory:
         raise NotImplementedError
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
-        method = getattr(self, call.family, None)
+        target = self if call.library == "cuda" else self.libraries.get(call.library)
+        method = getattr(target, call.family, None)
         if method is None:
             raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not implemented by the {self.name} backend")
         ins = [a for p, a in zip(call.params, args) if p.direction != "out"]

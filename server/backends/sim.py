@@ -19,12 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from xpuremote.protocol import errors, fatbin
+from xpuremote.protocol import errors, fatbin, mathlibs
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
 
 from . import sim_kernels
 from .base import Backend, DeviceInfo, Inventory
+from .sim_blas import SimBlas
 from .sim_board import Board
 
 log = logging.getLogger("xpuremote.server")
@@ -216,6 +217,8 @@ class SimBackend(Backend):
         self.modules: dict[int, Module] = {}
         self.images: dict[bytes, Module] = {}  # content hash -> module loaded from it
         self.created_at = time.perf_counter()
+        blas = SimBlas(self.memory)
+        self.libraries = {"cublas": blas, "cublasLt": blas}
         sim_kernels.load_plugins(os.environ.get("XPU_SIM_KERNELS", ""))
 
     def inventory(self) -> Inventory:
@@ -315,6 +318,11 @@ class SimBackend(Backend):
                  "power_mw": SIM_POWER_MW, "clock_sm_mhz": clock_mhz, "clock_graphics_mhz": clock_mhz,
                  "clock_memory_mhz": DEVICE_ATTRIBUTES["MEMORY_CLOCK_RATE"] // 1000,
                  "processes": [[pid, size] for pid, size in sorted(sessions.items())]},)
+
+    def xpuLibraryVersion(self, library: str) -> tuple[list[int] | None]:
+        """The sim serves the math libraries at the version the call table was generated from."""
+        lib = mathlibs.BY_NAME.get(library)
+        return (list(mathlibs.api(lib).VERSION) if lib and lib.name in self.libraries else None,)
 
     def cuMemcpyHtoD(self, dst: int, src: bytes, count: int) -> None:
         if len(src) != count:

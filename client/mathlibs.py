@@ -1,0 +1,192 @@
+"""cuBLAS, cuBLASLt and cuDNN in the client: what their replacement libraries' entry points reach.
+
+Most calls take the generic path of the call table (handles are client-made, GEMMs are queued).
+What is written here: the local answers (versions, a handle's stream and modes), the state they
+are answered from, the one-time check that the server serves the library version the
+application was built against, and the size of each alpha/beta (by pointer mode and data type).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from xpuremote.protocol import errors, mathlibs
+from xpuremote.protocol.calls import CALLS, LIBRARY_SYMBOLS, Call, Param
+
+from . import marshal
+from .driver import Driver, handler, implements
+
+log = logging.getLogger("xpuremote.client")
+
+POINTER_MODE_HOST = 0  # cublasPointerMode_t and cublasLtPointerMode_t agree on it
+LT_DESC = mathlibs.api(mathlibs.CUBLASLT).ENUMS
+ATTR_POINTER_MODE = LT_DESC["CUBLASLT_MATMUL_DESC_POINTER_MODE"]
+ATTR_SCALE_TYPE = LT_DESC["CUBLASLT_MATMUL_DESC_SCALE_TYPE"]
+# value of a cudaDataType_t or cublasComputeType_t -> bytes of one scalar of it
+SCALAR_BYTES = {LT_DESC[name]: size for name, size in mathlibs.SCALAR_BYTES.items() if name in LT_DESC}
+
+# client handle -> what the local answers need: {"stream", "pointer_mode", "math_mode", ...}
+STATE: dict[int, dict[str, int]] = {}
+_checked: set[str] = set()
+
+
+def version_number(lib: mathlibs.Library) -> int:
+    major, minor, patch = mathlibs.api(lib).VERSION
+    return major * 10000 + minor * 100 + patch
+
+
+def check_version(d: Driver, lib: mathlibs.Library) -> None:
+    """Once per library, before its first handle: can the server serve the version the application's
+    calls are declared with (same major, no older minor)?"""
+    if lib.name in _checked:
+        return
+    (served,) = d.call(CALLS["xpuLibraryVersion"], [lib.name, 1])
+    ours = tuple(mathlibs.api(lib).VERSION)
+    if not served or served[0] != ours[0] or tuple(served[:2]) < ours[:2]:
+        have = ".".join(map(str, served)) if served else "none"
+        message = (f"the server cannot serve {lib.name} {'.'.join(map(str, ours))}, the version this program "
+                   f"uses (the server has {have}); install {lib.name} {ours[0]}.{ours[1]} or newer on the server")
+        log.error("%s", message)
+        raise errors.library_error(lib.name, "version_mismatch", message)
+    _checked.add(lib.name)
+
+
+def _created(call: Call, args: list[Any]) -> int:
+    """The handle a shadow call just wrote through its first parameter."""
+    return int.from_bytes(marshal.read(args[0], 8), "little")
+
+
+def _creator(lib: mathlibs.Library, **defaults: int) -> Callable[[Driver, Call, list[Any]], None]:
+    def create(d: Driver, call: Call, args: list[Any]) -> None:
+        check_version(d, lib)
+        d.forward(call, args)
+        STATE[_created(call, args)] = dict(defaults)
+
+    return create
+
+
+implements("cublasCreate")(_creator(mathlibs.CUBLAS, stream=0, pointer_mode=0, math_mode=0, atomics_mode=0,
+                                    sm_count=0))
+implements("cublasLtCreate")(_creator(mathlibs.CUBLASLT))
+implements("cudnnCreate")(_creator(mathlibs.CUDNN, stream=0))
+
+
+@implements("cublasDestroy", "cublasLtDestroy", "cudnnDestroy", "cublasLtMatmulDescDestroy")
+def destroy(d: Driver, call: Call, args: list[Any]) -> None:
+    d.forward(call, args)
+    STATE.pop(args[0], None)
+
+
+def _state(handle: int) -> dict[str, int]:
+    found = STATE.get(handle)
+    if found is None:
+        raise errors.CudaError(errors.INVALID_HANDLE, f"{handle:#x} is not a live handle")
+    return found
+
+
+def _setter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
+    def set_(d: Driver, call: Call, args: list[Any]) -> None:
+        _state(args[0])
+        d.forward(call, args)
+        STATE[args[0]][key] = args[1]
+
+    return set_
+
+
+def _getter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
+    def get(d: Driver, call: Call, args: list[Any]) -> None:
+        if not args[1]:
+            raise errors.CudaError(errors.INVALID_VALUE, f"{call.symbol}: NULL output")
+        marshal.put(call.params[1], args[1], _state(args[0])[key])
+
+    return get
+
+
+for _key, _set, _get in (("stream", "cublasSetStream", "cublasGetStream"),
+                         ("pointer_mode", "cublasSetPointerMode", "cublasGetPointerMode"),
+                         ("math_mode", "cublasSetMathMode", "cublasGetMathMode"),
+                         ("atomics_mode", "cublasSetAtomicsMode", "cublasGetAtomicsMode"),
+                         ("sm_count", "cublasSetSmCountTarget", "cublasGetSmCountTarget")):
+    implements(_set)(_setter(_key))
+    implements(_get)(_getter(_key))
+implements("cudnnSetStream")(_setter("stream"))
+implements("cudnnGetStream")(_getter("stream"))
+
+
+@implements("cublasLtMatmulDescCreate")
+def matmul_desc_create(d: Driver, call: Call, args: list[Any]) -> None:
+    d.forward(call, args)
+    STATE[_created(call, args)] = {"pointer_mode": POINTER_MODE_HOST, "scale_type": args[2]}
+
+
+@implements("cublasLtMatmulDescSetAttribute")
+def matmul_desc_set(d: Driver, call: Call, args: list[Any]) -> None:
+    desc, attr, buf, size = args
+    key = {ATTR_POINTER_MODE: "pointer_mode", ATTR_SCALE_TYPE: "scale_type"}.get(attr)
+    if key and buf and size >= 4:
+        _state(desc)[key] = struct.unpack("<i", marshal.read(buf, 4))[0]
+    d.forward(call, args)
+
+
+def scalar_size(call: Call, p: Param, values: dict[str, Any]) -> int | None:
+    """Bytes of alpha/beta in host pointer mode; None in device pointer mode (the address travels)."""
+    kind = p.count.partition(":")[2]
+    owner = _state(values["handle" if call.library == "cublas" else "computeDesc"])
+    if owner["pointer_mode"] != POINTER_MODE_HOST:
+        return None
+    if not kind:
+        return p.pointee_size
+    code = owner["scale_type"] if kind == "computeDesc" else values[kind]
+    if code not in SCALAR_BYTES:
+        raise errors.CudaError(errors.NOT_SUPPORTED, f"{call.symbol}: scalars of type {code}")
+    return SCALAR_BYTES[code]
+
+
+marshal.scalar_size = scalar_size
+
+
+# ---- versions, answered from the headers the replacement libraries were generated from ------------
+def _version_of(lib: mathlibs.Library) -> Callable[[Driver, Call, list[Any]], int]:
+    def version(d: Driver, call: Call, args: list[Any]) -> int:
+        return version_number(lib)
+
+    return version
+
+
+def _cudart_version(d: Driver, call: Call, args: list[Any]) -> int:
+    return mathlibs.api(mathlibs.BY_NAME[call.library]).CUDART_VERSION
+
+
+def _property(d: Driver, call: Call, args: list[Any]) -> None:
+    kind, out = args  # libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+    version = mathlibs.api(mathlibs.BY_NAME[call.library]).VERSION
+    if not 0 <= kind < 3 or not out:
+        raise errors.CudaError(errors.INVALID_VALUE, f"{call.symbol}: property {kind}")
+    marshal.put(call.params[1], out, version[kind])
+
+
+@implements("cublasGetVersion")
+def cublas_get_version(d: Driver, call: Call, args: list[Any]) -> None:
+    marshal.put(call.params[1], args[1], version_number(mathlibs.CUBLAS))
+
+
+implements("cublasLtGetVersion")(_version_of(mathlibs.CUBLASLT))
+implements("cudnnGetVersion")(_version_of(mathlibs.CUDNN))
+implements("cublasGetCudartVersion", "cublasLtGetCudartVersion", "cudnnGetCudartVersion")(_cudart_version)
+implements("cublasGetProperty", "cublasLtGetProperty", "cudnnGetProperty")(_property)
+
+
+@implements("cudnnGetLastErrorString")
+def last_error_string(d: Driver, call: Call, args: list[Any]) -> None:
+    message, capacity = args
+    if message and capacity:
+        marshal.write_string(message, "", capacity)  # failures are logged on stderr as they happen
+
+
+def handlers() -> list[list[Callable[[Any], int]]]:
+    """One handler list per library (protocol.mathlibs.LIBRARIES order), indexed by the op numbers
+    of its replacement's entry points."""
+    return [[handler(CALLS[s]) for s in LIBRARY_SYMBOLS[lib.name]] for lib in mathlibs.LIBRARIES]

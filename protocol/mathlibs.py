@@ -1,0 +1,162 @@
+"""The math libraries xpuremote forwards at their own API: cuBLAS, cuBLASLt and cuDNN.
+
+The application's calls into `libcublas.so.13`, `libcublasLt.so.13` and `libcudnn.so.9` reach
+xpuremote's replacements of them (preloaded by xpu-run), whose entry points are generated from
+NVIDIA's headers (`protocol/generate.py`) into the same call table as the driver's
+(`protocol/calls.py`). The server calls the real library on its GPU (cuda backend) or does the
+math with numpy (sim backend).
+
+What the headers cannot say lives here, once: each library's file names, the headers that
+declare it, its status codes, the opaque types that are handles, and its SPEC rows in the
+driver's format. Two annotations are the libraries' own:
+
+- `name=scalar` / `name=scalar:TYPE`: alpha, beta and the like. In host pointer mode the
+  value travels (its size from the pointee type, or from the cudaDataType_t /
+  cublasComputeType_t parameter TYPE); in device pointer mode the device address does.
+  A handle as TYPE (a cuBLASLt matmul descriptor) means the scale type it was created with.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Library:
+    name: str  # module and file stem: cublas, cublasLt, cudnn
+    soname: str  # also the ELF version node its symbols carry
+    header: str  # the header that declares (or includes) all its functions
+    prefix: str  # its functions' names start with this ...
+    exclude: tuple[str, ...]  # ... and not with these
+    status_type: str
+    version_macros: tuple[str, str, str]  # major, minor, patch
+    handles: tuple[str, ...]  # opaque types that the header does not declare as `struct X *`
+    # generic outcome -> the library's status enumerator
+    status: dict[str, str]
+    spec: str
+
+
+CUBLAS_STATUS = {
+    "success": "CUBLAS_STATUS_SUCCESS", "not_initialized": "CUBLAS_STATUS_NOT_INITIALIZED",
+    "alloc_failed": "CUBLAS_STATUS_ALLOC_FAILED", "invalid_value": "CUBLAS_STATUS_INVALID_VALUE",
+    "not_supported": "CUBLAS_STATUS_NOT_SUPPORTED", "execution_failed": "CUBLAS_STATUS_EXECUTION_FAILED",
+    "internal": "CUBLAS_STATUS_INTERNAL_ERROR", "version_mismatch": "CUBLAS_STATUS_NOT_SUPPORTED",
+}
+
+CUBLAS = Library(
+    name="cublas", soname="libcublas.so.13", header="cublas_v2.h", prefix="cublas",
+    exclude=("cublasLt", "cublasXt"), status_type="cublasStatus_t",
+    version_macros=("CUBLAS_VER_MAJOR", "CUBLAS_VER_MINOR", "CUBLAS_VER_PATCH"), handles=(),
+    status=CUBLAS_STATUS,
+    spec="""
+# handles: client-made; the client also keeps what the local answers need
+cublasCreate                shadow
+cublasDestroy               async
+cublasGetVersion            local   version=out
+cublasGetProperty           local   value=out
+cublasGetCudartVersion      local
+cublasSetStream             async
+cublasGetStream             local
+cublasSetWorkspace          async
+cublasSetMathMode           async
+cublasGetMathMode           local   mode=out
+cublasSetPointerMode        async
+cublasGetPointerMode        local   mode=out
+cublasSetAtomicsMode        async
+cublasGetAtomicsMode        local   mode=out
+cublasSetSmCountTarget      async
+cublasGetSmCountTarget      local   smCountTarget=out
+# GEMM: enqueued GPU work
+cublasSgemm                 async   alpha=scalar beta=scalar
+cublasDgemm                 async   alpha=scalar beta=scalar
+cublasSgemmStridedBatched   async   alpha=scalar beta=scalar
+cublasDgemmStridedBatched   async   alpha=scalar beta=scalar
+cublasSgemmEx               async   alpha=scalar beta=scalar
+cublasGemmEx                async   alpha=scalar:computeType beta=scalar:computeType
+cublasGemmStridedBatchedEx  async   alpha=scalar:computeType beta=scalar:computeType
+cublasSgemv                 async   alpha=scalar beta=scalar
+cublasDgemv                 async   alpha=scalar beta=scalar
+""",
+)
+
+CUBLASLT = Library(
+    name="cublasLt", soname="libcublasLt.so.13", header="cublasLt.h", prefix="cublasLt", exclude=(),
+    status_type="cublasStatus_t",
+    version_macros=("CUBLAS_VER_MAJOR", "CUBLAS_VER_MINOR", "CUBLAS_VER_PATCH"),
+    handles=("cublasLtMatmulDesc_t", "cublasLtMatrixLayout_t", "cublasLtMatmulPreference_t",
+             "cublasLtMatrixTransformDesc_t"),
+    status=CUBLAS_STATUS,
+    spec="""
+cublasLtCreate                          shadow
+cublasLtDestroy                         async
+cublasLtGetVersion                      local
+cublasLtGetCudartVersion                local
+cublasLtGetProperty                     local   value=out
+cublasLtMatmulDescCreate                shadow
+cublasLtMatmulDescDestroy               async
+cublasLtMatmulDescSetAttribute          async   buf=in:sizeInBytes
+cublasLtMatmulDescGetAttribute          sync    buf=out:sizeInBytes sizeWritten=out
+cublasLtMatrixLayoutCreate              shadow
+cublasLtMatrixLayoutDestroy             async
+cublasLtMatrixLayoutSetAttribute        async   buf=in:sizeInBytes
+cublasLtMatrixLayoutGetAttribute        sync    buf=out:sizeInBytes sizeWritten=out
+cublasLtMatmulPreferenceCreate          shadow
+cublasLtMatmulPreferenceDestroy         async
+cublasLtMatmulPreferenceSetAttribute    async   buf=in:sizeInBytes
+cublasLtMatmulPreferenceGetAttribute    sync    buf=out:sizeInBytes sizeWritten=out
+cublasLtMatmulAlgoGetHeuristic          sync    heuristicResultsArray=out:requestedAlgoCount*96 returnAlgoCount=out
+cublasLtMatmulAlgoInit                  sync    algo=out
+cublasLtMatmulAlgoCheck                 sync    algo=in result=out
+cublasLtMatmulAlgoConfigGetAttribute    sync    algo=in buf=out:sizeInBytes sizeWritten=out
+cublasLtMatmul                          async   alpha=scalar:computeDesc beta=scalar:computeDesc algo=in
+""",
+)
+
+CUDNN = Library(
+    name="cudnn", soname="libcudnn.so.9", header="cudnn.h", prefix="cudnn", exclude=(),
+    status_type="cudnnStatus_t", version_macros=("CUDNN_MAJOR", "CUDNN_MINOR", "CUDNN_PATCHLEVEL"),
+    handles=("cudnnBackendDescriptor_t",),
+    status={
+        "success": "CUDNN_STATUS_SUCCESS", "not_initialized": "CUDNN_STATUS_NOT_INITIALIZED",
+        "alloc_failed": "CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED",
+        "invalid_value": "CUDNN_STATUS_BAD_PARAM", "not_supported": "CUDNN_STATUS_NOT_SUPPORTED",
+        "execution_failed": "CUDNN_STATUS_EXECUTION_FAILED", "internal": "CUDNN_STATUS_INTERNAL_ERROR",
+        "version_mismatch": "CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH",
+    },
+    spec="""
+cudnnGetVersion             local
+cudnnGetCudartVersion       local
+cudnnGetProperty            local   value=out
+cudnnGetLastErrorString     local   message=out:max_size
+cudnnCreate                 shadow
+cudnnDestroy                async
+cudnnSetStream              async
+cudnnGetStream              local
+""",
+)
+
+LIBRARIES: tuple[Library, ...] = (CUBLAS, CUBLASLT, CUDNN)
+BY_NAME = {lib.name: lib for lib in LIBRARIES}
+
+# Bytes of one value of a cudaDataType_t (CUDA_R_*/CUDA_C_*) or cublasComputeType_t, by the
+# enumerator's name: what a `scalar:TYPE` parameter's value holds.
+SCALAR_BYTES = {
+    "CUDA_R_16F": 2, "CUDA_R_16BF": 2, "CUDA_R_32F": 4, "CUDA_R_64F": 8, "CUDA_C_32F": 8, "CUDA_C_64F": 16,
+    "CUDA_R_32I": 4, "CUDA_R_8I": 4, "CUDA_C_16F": 4, "CUDA_C_16BF": 4,
+    "CUBLAS_COMPUTE_16F": 2, "CUBLAS_COMPUTE_16F_PEDANTIC": 2, "CUBLAS_COMPUTE_32F": 4,
+    "CUBLAS_COMPUTE_32F_PEDANTIC": 4, "CUBLAS_COMPUTE_32F_FAST_16F": 4, "CUBLAS_COMPUTE_32F_FAST_16BF": 4,
+    "CUBLAS_COMPUTE_32F_FAST_TF32": 4, "CUBLAS_COMPUTE_64F": 8, "CUBLAS_COMPUTE_64F_PEDANTIC": 8,
+    "CUBLAS_COMPUTE_32I": 4, "CUBLAS_COMPUTE_32I_PEDANTIC": 4,
+}
+
+
+def api(lib: Library) -> ModuleType:
+    """The generated description of `lib` (protocol/<name>_api.py)."""
+    return importlib.import_module(f"xpuremote.protocol.{lib.name}_api")
+
+
+def status_code(lib: Library, outcome: str) -> int:
+    """The library's status for a generic outcome (`success`, `not_supported`, ...)."""
+    return api(lib).ENUMS[lib.status[outcome]]
