@@ -13,7 +13,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from xpuremote.protocol import errors, mathlibs
+from xpuremote.protocol import errors, mathlibs, wire
 from xpuremote.protocol.calls import CALLS, LIBRARY_SYMBOLS, Call, Param
 
 from . import marshal
@@ -190,3 +190,39 @@ def handlers() -> list[list[Callable[[Any], int]]]:
     """One handler list per library (protocol.mathlibs.LIBRARIES order), indexed by the op numbers
     of its replacement's entry points."""
     return [[handler(CALLS[s]) for s in LIBRARY_SYMBOLS[lib.name]] for lib in mathlibs.LIBRARIES]
+
+
+# ---- cuDNN's backend API: attribute arrays sized by their element type ------------------------------
+DNN = mathlibs.api(mathlibs.CUDNN).ENUMS
+TYPE_DESCRIPTOR = DNN["CUDNN_TYPE_BACKEND_DESCRIPTOR"]
+
+
+def _elements_bytes(attribute_type: int, count: int) -> int:
+    if count < 0:
+        raise errors.library_error("cudnn", "invalid_value", f"an element count of {count}")
+    return count * struct.calcsize("<" + mathlibs.cudnn_format(attribute_type))
+
+
+@implements("cudnnBackendSetAttribute")
+def backend_set_attribute(d: Driver, call: Call, args: list[Any]) -> None:
+    descriptor, name, attribute_type, count, array = args
+    size = _elements_bytes(attribute_type, count)
+    if size and not array:
+        raise errors.library_error("cudnn", "invalid_value", "NULL arrayOfElements")
+    d.post(call, [descriptor, name, attribute_type, count, wire.frame(marshal.read(array, size)) if size else None], size)
+
+
+@implements("cudnnBackendGetAttribute")
+def backend_get_attribute(d: Driver, call: Call, args: list[Any]) -> None:
+    """Descriptor-valued attributes fill descriptors the caller made beforehand: those go to the
+    server as handles (xpuCudnnGetDescriptors); other values come back as bytes."""
+    descriptor, name, attribute_type, requested, count_out, array = args
+    size = _elements_bytes(attribute_type, requested) if array else 0  # NULL: a question of the count
+    if attribute_type == TYPE_DESCRIPTOR:
+        handles = wire.frame(marshal.read(array, size)) if size else None
+        (count,) = d.call(CALLS["xpuCudnnGetDescriptors"], [descriptor, name, size // 8, handles, 1])
+        if count_out:
+            marshal.write(count_out, count)
+        return
+    outs = d.call(call, [descriptor, name, attribute_type, requested, 8 if count_out else None, size or None])
+    marshal.unpack(call, args, outs)

@@ -213,6 +213,8 @@ xpuMemcpy2DFromHost(CUdeviceptr dst, size_t dstPitch, const void *src, size_t wi
   CUstream hStream)                                                                  async  src=in:width*height
 xpuDeviceStatus(unsigned int index, void *status)                                   sync   status=out:*
 xpuLibraryVersion(const char *library, void *version)                               sync   library=str version=out:*
+xpuCudnnGetDescriptors(unsigned long long descriptor, unsigned int attributeName, size_t requested, \
+  const void *handles, unsigned long long *count)                                    sync   handles=in:requested*8
 """
 
 # Stream handles that are not handles: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD.

@@ -134,11 +134,38 @@ cudnnCreate                 shadow
 cudnnDestroy                async
 cudnnSetStream              async
 cudnnGetStream              local
+# the backend (graph) API: descriptors are client-made; finalizing can fail (that is how a
+# caller learns an engine does not fit), so it waits for the answer
+cudnnBackendCreateDescriptor    shadow
+cudnnBackendDestroyDescriptor   async
+cudnnBackendSetAttribute        async   arrayOfElements=in:*
+cudnnBackendGetAttribute        sync    elementCount=out arrayOfElements=out:*
+cudnnBackendFinalize            sync
+cudnnBackendExecute             async
 """,
 )
 
 LIBRARIES: tuple[Library, ...] = (CUBLAS, CUBLASLT, CUDNN)
 BY_NAME = {lib.name: lib for lib in LIBRARIES}
+
+# cudnnBackendAttributeType_t -> struct format of one element (the C type each names); a type not
+# listed is an enum (4 bytes). Descriptors and the cuDNN handle travel as client handles.
+CUDNN_TYPE_FORMATS = {
+    "CUDNN_TYPE_HANDLE": "Q", "CUDNN_TYPE_BACKEND_DESCRIPTOR": "Q", "CUDNN_TYPE_VOID_PTR": "Q",
+    "CUDNN_TYPE_INT64": "q", "CUDNN_TYPE_INT32": "i", "CUDNN_TYPE_FLOAT": "f", "CUDNN_TYPE_DOUBLE": "d",
+    "CUDNN_TYPE_BOOLEAN": "?", "CUDNN_TYPE_CHAR": "c", "CUDNN_TYPE_FRACTION": "qq",
+}
+
+
+def cudnn_format(attribute_type: int) -> str:
+    """The struct format of one element of a cuDNN backend attribute of this type."""
+    names = _cudnn_type_names()
+    return CUDNN_TYPE_FORMATS.get(names.get(attribute_type, ""), "i")
+
+
+def _cudnn_type_names() -> dict[int, str]:
+    return {v: k for k, v in api(CUDNN).ENUMS.items() if k.startswith("CUDNN_TYPE_")}
+
 
 # Bytes of one value of a cudaDataType_t (CUDA_R_*/CUDA_C_*) or cublasComputeType_t, by the
 # enumerator's name: what a `scalar:TYPE` parameter's value holds.

@@ -64,6 +64,9 @@ class Accounted(Backend):
     def inventory(self) -> Inventory:
         return self.inner.inventory()
 
+    def bind(self, handles: dict[int, tuple[str, Any]]) -> None:
+        self.inner.bind(handles)
+
     def close(self) -> None:
         self.inner.close()
         self.sizes.clear()

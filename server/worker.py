@@ -65,6 +65,7 @@ class Session:
         self.peer: Any = None  # the client's socket identity: where a last word goes at shutdown
         self.peers: set[int] = set()  # connections (fds) that have sent messages: the client's own
         self.limits = Limits()
+        backend.bind(self.handles)
 
     def start(self, header: dict[str, Any]) -> dict[str, Any]:
         """The `init` request: the client's link and trace settings; answered with the inventory."""

@@ -62,5 +62,12 @@ class Backend:
         outs = method(*ins)
         return list(outs) if outs is not None else []
 
+    def bind(self, handles: dict[int, tuple[str, Any]]) -> None:
+        """The session's handle table (client handle -> (type, object)), for libraries whose
+        arguments hold handles inside arrays (cuDNN's descriptor attributes)."""
+        for library in self.libraries.values():
+            if hasattr(library, "handles"):
+                library.handles = handles
+
     def close(self) -> None:
         """Release everything this session holds."""

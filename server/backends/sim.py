@@ -26,6 +26,7 @@ from xpuremote.protocol.errors import CudaError
 from . import sim_kernels
 from .base import Backend, DeviceInfo, Inventory
 from .sim_blas import SimBlas
+from .sim_dnn import SimDnn
 from .sim_board import Board
 
 log = logging.getLogger("xpuremote.server")
@@ -218,7 +219,7 @@ class SimBackend(Backend):
         self.images: dict[bytes, Module] = {}  # content hash -> module loaded from it
         self.created_at = time.perf_counter()
         blas = SimBlas(self.memory)
-        self.libraries = {"cublas": blas, "cublasLt": blas}
+        self.libraries = {"cublas": blas, "cublasLt": blas, "cudnn": SimDnn(self.memory)}
         sim_kernels.load_plugins(os.environ.get("XPU_SIM_KERNELS", ""))
 
     def inventory(self) -> Inventory:
@@ -323,6 +324,10 @@ class SimBackend(Backend):
         """The sim serves the math libraries at the version the call table was generated from."""
         lib = mathlibs.BY_NAME.get(library)
         return (list(mathlibs.api(lib).VERSION) if lib and lib.name in self.libraries else None,)
+
+    def xpuCudnnGetDescriptors(self, descriptor: int, name: int, requested: int, handles: bytes | None) -> tuple[int]:
+        dnn = self.libraries["cudnn"]
+        return (dnn.get_descriptors(dnn.descriptor(descriptor), name, requested, handles),)
 
     def cuMemcpyHtoD(self, dst: int, src: bytes, count: int) -> None:
         if len(src) != count:

@@ -1,0 +1,112 @@
+"""Stock PyTorch's math on the device (cuBLAS, cuBLASLt, cuDNN) against PyTorch on the CPU; run
+under xpu-run by tests/test_torch_math.py, prints one JSON line: per check, the largest
+difference from the CPU's result (or the error it raised).
+
+The CPU computes the references from the same inputs, rounded to the same dtype where the
+device computes in fp16/bf16, so each difference is the device's rounding, not the test's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+torch.manual_seed(0)
+results: dict[str, Any] = {}
+
+
+def check(name: str) -> Callable[[Callable[[], float]], None]:
+    def run(fn: Callable[[], float]) -> None:
+        try:
+            results[name] = float(fn())
+        except Exception as exc:  # noqa: BLE001 - reported in the JSON, for the test to show
+            results[name] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"
+
+    return run
+
+
+def diff(device: torch.Tensor, cpu: torch.Tensor) -> float:
+    return (device.cpu().double() - cpu.double()).abs().max().item()
+
+
+def rel(device: torch.Tensor, cpu: torch.Tensor) -> float:
+    return diff(device, cpu) / max(cpu.double().abs().max().item(), 1e-30)
+
+
+a, b = torch.randn(33, 17), torch.randn(17, 9)
+
+
+@check("matmul_fp32")
+def _() -> float:
+    return diff(a.cuda() @ b.cuda(), a @ b)
+
+
+for dtype in ("float16", "bfloat16"):
+    @check(f"matmul_{dtype}")
+    def _(dtype: str = dtype) -> float:
+        ah, bh = a.to(getattr(torch, dtype)), b.to(getattr(torch, dtype))
+        return rel(ah.cuda() @ bh.cuda(), ah.float() @ bh.float())
+
+
+@check("matmul_transposed")
+def _() -> float:
+    at, bt = torch.randn(17, 33), torch.randn(9, 17)
+    return diff(at.cuda().t() @ bt.cuda().t(), at.t() @ bt.t())
+
+
+@check("matmul_non_contiguous")
+def _() -> float:
+    wide = torch.randn(33, 40)  # a column slice: leading dimension 40, not 17
+    return diff(wide.cuda()[:, 5:22] @ b.cuda(), wide[:, 5:22] @ b)
+
+
+@check("bmm")
+def _() -> float:
+    x, y = torch.randn(3, 8, 5), torch.randn(3, 5, 7)
+    return diff(torch.bmm(x.cuda(), y.cuda()), torch.bmm(x, y))
+
+
+@check("bmm_fp16")
+def _() -> float:
+    x, y = torch.randn(3, 8, 5).half(), torch.randn(3, 5, 7).half()
+    return rel(torch.bmm(x.cuda(), y.cuda()), torch.bmm(x.float(), y.float()))
+
+
+@check("addmm")
+def _() -> float:
+    bias, m1, m2 = torch.randn(9), torch.randn(16, 12), torch.randn(12, 9)
+    return diff(torch.addmm(bias.cuda(), m1.cuda(), m2.cuda()), torch.addmm(bias, m1, m2))
+
+
+for act in ("relu", "gelu"):
+    @check(f"addmm_{act}")
+    def _(act: str = act) -> float:
+        bias, m1, m2 = torch.randn(9), torch.randn(16, 12), torch.randn(12, 9)
+        got = torch._addmm_activation(bias.cuda(), m1.cuda(), m2.cuda(), use_gelu=act == "gelu")
+        ref = torch.addmm(bias, m1, m2)
+        return diff(got, F.gelu(ref, approximate="tanh") if act == "gelu" else F.relu(ref))
+
+
+@check("linear_forward")
+def _() -> float:
+    layer, x = torch.nn.Linear(12, 7), torch.randn(5, 12)
+    ref = layer(x)
+    return diff(layer.cuda()(x.cuda()), ref)
+
+
+def run_sections(names: list[str]) -> None:
+    """Sections that need more than the math libraries (ATen kernels on the device)."""
+    for name in names:
+        globals()[name]()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        run_sections(sys.argv[1:])
+    print(json.dumps(results))
