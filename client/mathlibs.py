@@ -209,7 +209,8 @@ def backend_set_attribute(d: Driver, call: Call, args: list[Any]) -> None:
     size = _elements_bytes(attribute_type, count)
     if size and not array:
         raise errors.library_error("cudnn", "invalid_value", "NULL arrayOfElements")
-    d.post(call, [descriptor, name, attribute_type, count, wire.frame(marshal.read(array, size)) if size else None], size)
+    data = wire.frame(marshal.read(array, size)) if size else None
+    d.post(call, [descriptor, name, attribute_type, count, data], size)
 
 
 @implements("cudnnBackendGetAttribute")

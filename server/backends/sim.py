@@ -26,8 +26,8 @@ from xpuremote.protocol.errors import CudaError
 from . import sim_kernels
 from .base import Backend, DeviceInfo, Inventory
 from .sim_blas import SimBlas
-from .sim_dnn import SimDnn
 from .sim_board import Board
+from .sim_dnn import SimDnn
 
 log = logging.getLogger("xpuremote.server")
 SIM_DRIVER_VERSION = 13020  # what a CUDA 13.2 driver reports: runtimes up to 13.2 (PyTorch cu132) accept it
