@@ -16,7 +16,7 @@ from xpuremote.client import driver, integrity, mathlibs, nvml, trace
 from xpuremote.protocol import errors
 
 log = logging.getLogger("xpuremote.client")
-LIBRARY_OP = (1 << 20) - 4  # shim.c's XPU_OP_LIBRARY, counted from the NVML ops
+XPU_OP_LIBRARY = 1 << 20  # shim.c's: where the math libraries' ops start, counted after the driver's
 
 
 class ShimContexts(driver.ContextStack):
@@ -73,6 +73,14 @@ def unknown_slot(ffi: Any, slots: Any) -> int:
     return errors.NOT_SUPPORTED
 
 
+def unknown_table(ffi: Any, slots: Any) -> int:
+    uuid = bytes(ffi.buffer(ffi.cast("char *", slots[0]), 16)).hex()
+    name = f"{uuid[:8]}-{uuid[8:12]}-{uuid[12:16]}-{uuid[16:20]}-{uuid[20:]}"
+    driver.DRIVER.say_once(f"table {name}", "a library asked for private table %s, which xpuremote does not "
+                           "implement (it fails to initialise if it needs it)", name)
+    return errors.INVALID_VALUE
+
+
 def setup_logging() -> None:
     level = os.environ.get("XPU_LOG", "WARNING").upper()
     logger = logging.getLogger("xpuremote")
@@ -89,7 +97,7 @@ def install(ffi: Any, lib: Any) -> None:
     table = driver.handlers()
     count = lib.xpu_symbol_count
     nvml_table = nvml.handlers()  # ops after the internal ones: the libnvidia-ml.so.1 forwarder's
-    library_tables = mathlibs.handlers()  # ops from LIBRARY_OP on: the math libraries', 1 << 16 each
+    library_tables = mathlibs.handlers()  # ops from XPU_OP_LIBRARY on: the math libraries', 1 << 16 each
     d = driver.DRIVER
     d.contexts = ShimContexts(lib)
     d.state["requested_version"] = lib.xpu_requested_version
@@ -104,7 +112,7 @@ def install(ffi: Any, lib: Any) -> None:
         at_exit()
         return 0
 
-    internal = [primary_context, integrity_check, unknown_slot, exiting]
+    internal = [primary_context, integrity_check, unknown_slot, exiting, unknown_table]
 
     @ffi.def_extern(error=errors.UNKNOWN)
     def xpu_dispatch(op: int, slots: Any) -> int:
@@ -112,11 +120,11 @@ def install(ffi: Any, lib: Any) -> None:
             return table[op](slots)
         if op < count + len(internal):
             return internal[op - count](ffi, slots)
-        op -= count + len(internal)
-        if op >= LIBRARY_OP:
-            op -= LIBRARY_OP
+        op -= count
+        if op >= XPU_OP_LIBRARY:
+            op -= XPU_OP_LIBRARY
             return library_tables[op >> 16][op & 0xFFFF](slots)
-        return nvml_table[op](slots)
+        return nvml_table[op - len(internal)](slots)
 
     atexit.register(at_exit)
     lib.xpu_set_python_ready()

@@ -42,8 +42,8 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid);
 /* Operations the export tables ask of the client, numbered after the driver symbols; the
  * NVML functions (protocol/nvml.py order) follow them; the math libraries' functions start at
  * XPU_OP_LIBRARY, 1 << 16 ops for each (protocol.calls.LIBRARY_SYMBOLS order). */
-enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2, XPU_OP_EXIT = 3, XPU_OP_NVML = 4,
-       XPU_OP_LIBRARY = 1 << 20 };
+enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2, XPU_OP_EXIT = 3,
+       XPU_OP_UNKNOWN_TABLE = 4, XPU_OP_NVML = 5, XPU_OP_LIBRARY = 1 << 20 };
 
 static volatile int xpu_finalized, xpu_python_ready;
 static volatile int xpu_max_requested_version;
@@ -304,6 +304,13 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid) {
             return CUDA_SUCCESS;
         }
     *table = NULL;
+    /* the runtime's probe of f8cff951-... expects no table; any other request is worth a word */
+    static const unsigned char probe[16] = {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e,
+                                            0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9};
+    if (memcmp(uuid, probe, 16) != 0) {
+        uint64_t s[1] = {(uint64_t)(uintptr_t)uuid};
+        xpu_internal(XPU_OP_UNKNOWN_TABLE, s);
+    }
     return CUDA_ERROR_INVALID_VALUE;
 }
 

@@ -53,6 +53,7 @@ class Session:
         self.next_handle = SERVER_HANDLE_BASE
         self.deferred: list[tuple[str, int, str]] = []  # async failures not yet reported
         self.calls = 0
+        self.library_calls: collections.Counter[str] = collections.Counter()  # math library -> calls
         self.errors = 0
         self.awaiting: int | None = None  # a host function the client runs before more work is done
         self.stash: collections.deque[Message] = collections.deque()  # messages that came meanwhile
@@ -147,6 +148,8 @@ class Session:
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
         self.calls += 1
+        if call.library != "cuda":
+            self.library_calls[call.library] += 1
         if len(args) != len(call.params):
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol} takes {len(call.params)} arguments, got {len(args)}")
         scalars = {p.name: a for p, a in zip(call.params, args) if p.kind in ("int", "float")}
@@ -314,8 +317,9 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
     finally:
         backend.close()
         _report(session, None)
-        log.info("session %s ended: %d calls, %d errors, peak device memory %d bytes",
-                 session_id, session.calls, session.errors, backend.peak)
+        by_library = "".join(f" {name}={n}" for name, n in sorted(session.library_calls.items()))
+        log.info("session %s ended: %d calls, %d errors, peak device memory %d bytes; library calls:%s",
+                 session_id, session.calls, session.errors, backend.peak, by_library or " none")
         sock.close()
         monitor.close(0)
         if authenticator is not None:

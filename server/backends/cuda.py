@@ -4,16 +4,24 @@ Generic by construction: every call of the table is made with the C signature th
 gives, inputs from the wire, outputs into buffers that go back. Only the client's own
 requests (lazily uploaded images, packed launches, 2D copies) and the device inventory are
 written by hand. XPU_CUDA_LIBRARY overrides which libcuda is loaded.
+
+The math libraries' calls go the same way to NVIDIA's own libcublas, libcublasLt and libcudnn,
+found in the server's NVIDIA wheels (as PyTorch installs them), else by name on the library
+path; XPU_CUBLAS_LIBRARY, XPU_CUBLASLT_LIBRARY and XPU_CUDNN_LIBRARY override that. What is
+hand-written for them: the library versions, and the client handles inside cuDNN's descriptor
+arrays, which become the real descriptors.
 """
 
 from __future__ import annotations
 
 import os
+import struct
+from pathlib import Path
 from typing import Any
 
 import cffi
 
-from xpuremote.protocol import errors
+from xpuremote.protocol import errors, mathlibs
 from xpuremote.protocol.calls import CALLS, Call, Param
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
@@ -46,6 +54,24 @@ def declarations() -> str:
     return "\n".join(lines)
 
 
+def library_path(lib: mathlibs.Library) -> str:
+    """NVIDIA's `lib` for this server: the override, the wheel's copy, or the loader's choice."""
+    override = os.environ.get(f"XPU_{lib.name.upper()}_LIBRARY")
+    if override:
+        return override
+    try:
+        import nvidia  # namespace package of NVIDIA's wheels
+
+        for base in nvidia.__path__:
+            for sub in ("cu13", "cudnn", "cublas"):
+                candidate = Path(base) / sub / "lib" / lib.soname
+                if candidate.is_file():
+                    return str(candidate)
+    except ImportError:
+        pass
+    return lib.soname
+
+
 class CudaBackend(Backend):
     name = "cuda"
 
@@ -55,11 +81,71 @@ class CudaBackend(Backend):
         self.lib = self.ffi.dlopen(os.environ.get("XPU_CUDA_LIBRARY", "libcuda.so.1"))
         self.modules: dict[bytes, int] = {}  # content hash -> CUmodule, within this session
         self.nvml: NvmlStatus | None = None  # loaded on the first xpuDeviceStatus
+        self.libraries: dict[str, Any] = {}  # math library name -> its cffi handle, loaded on first use
+        self.handles: dict[int, tuple[str, Any]] = {}
         self.check(self.lib.cuInit(0), "cuInit")
 
-    def check(self, status: int, what: str) -> None:
+    def bind(self, handles: dict[int, tuple[str, Any]]) -> None:
+        self.handles = handles
+
+    def check(self, status: int, what: str, library: str = "cuda") -> None:
         if status:
-            raise CudaError(status, f"{what} on the server's GPU")
+            raise CudaError(status, f"{what} on the server's GPU", library)
+
+    def library(self, name: str) -> Any:
+        if name not in self.libraries:
+            lib = mathlibs.BY_NAME[name]
+            try:
+                self.libraries[name] = self.ffi.dlopen(library_path(lib))
+            except OSError as exc:
+                raise errors.library_error(name, "not_initialized", f"cannot load {lib.soname}: {exc}") from None
+        return self.libraries[name]
+
+    def xpuLibraryVersion(self, name: str) -> tuple[list[int] | None]:
+        """major, minor, patch of the server's copy (libraryPropertyType 0, 1, 2), or None."""
+        lib = mathlibs.BY_NAME.get(name)
+        if lib is None:
+            return (None,)
+        try:
+            real = self.library(name)
+        except CudaError:
+            return (None,)
+        value = self.ffi.new("int32_t *")
+        version = []
+        for kind in range(3):
+            self.check(getattr(real, f"{lib.prefix}GetProperty")(kind, value), f"{lib.prefix}GetProperty", name)
+            version.append(value[0])
+        return (version,)
+
+    def xpuCudnnGetDescriptors(self, descriptor: int, name: int, requested: int,
+                               handles: bytes | None) -> tuple[int]:
+        """cudnnBackendGetAttribute of descriptors: the caller's own descriptors are filled."""
+        real = self.real_descriptors(handles or b"")
+        count = self.ffi.new("int64_t *")
+        array = self.ffi.new("uint64_t[]", real) if real else self.ffi.NULL
+        status = self.library("cudnn").cudnnBackendGetAttribute(
+            self.ffi.cast("void *", self.real_descriptor(descriptor)), name,
+            mathlibs.api(mathlibs.CUDNN).ENUMS["CUDNN_TYPE_BACKEND_DESCRIPTOR"], len(real), count, array)
+        self.check(status, "cudnnBackendGetAttribute", "cudnn")
+        return (count[0],)
+
+    def real_descriptor(self, handle: int) -> int:
+        found = self.handles.get(handle)
+        if found is None:
+            raise errors.library_error("cudnn", "invalid_value", f"{handle:#x} is not a live descriptor or handle")
+        return int(found[1])
+
+    def real_descriptors(self, data: bytes) -> list[int]:
+        return [self.real_descriptor(h) for (h,) in struct.iter_unpack("<Q", data)]
+
+    def library_arguments(self, call: Call, args: list[Any]) -> list[Any]:
+        """cuDNN attribute arrays of descriptors (or of the cuDNN handle) hold client handles."""
+        if call.family != "cudnnBackendSetAttribute":
+            return args
+        enums = mathlibs.api(mathlibs.CUDNN).ENUMS
+        if args[2] in (enums["CUDNN_TYPE_BACKEND_DESCRIPTOR"], enums["CUDNN_TYPE_HANDLE"]) and args[4]:
+            return [*args[:4], struct.pack(f"<{args[3]}Q", *self.real_descriptors(bytes(args[4])))]
+        return args
 
     def out(self, ctype: str, what: str, fn: Any, *args: Any) -> Any:
         value = self.ffi.new(ctype)
@@ -103,15 +189,16 @@ class CudaBackend(Backend):
         own = getattr(self, call.family, None) if call.family.startswith("xpu") else None
         if own is not None:
             return Backend.execute(self, call, args)
-        if not hasattr(self.lib, call.symbol):
-            raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not in the server's libcuda")
+        lib = self.lib if call.library == "cuda" else self.library(call.library)
+        if not hasattr(lib, call.symbol):
+            raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not in the server's {call.library}")
         c_args, outs = [], []
-        for p, a in zip(call.params, args):
+        for p, a in zip(call.params, self.library_arguments(call, args)):
             value, buffer = self.argument(p, a)
             c_args.append(value)
             if p.direction != "in":
                 outs.append(buffer)
-        self.check(getattr(self.lib, call.symbol)(*c_args), call.symbol)
+        self.check(getattr(lib, call.symbol)(*c_args), call.symbol, call.library)
         results = [self.result(p, b) for p, b in zip(call.outputs, outs)]
         if call.family in ("cuMemAlloc", "cuMemAllocPitch"):
             self.clear(call, args, results)
@@ -140,6 +227,8 @@ class CudaBackend(Backend):
             return ffi.new(f"xpu_struct{p.size} *", {"b": bytes(value)})[0], None
         if p.kind != "ptr":
             return value, None
+        if p.is_address or (p.is_scalar and isinstance(value, int)):  # a device address
+            return ffi.cast("void *", value or 0), None
         if p.direction == "in":
             if value is None:
                 return ffi.NULL, None

@@ -321,9 +321,16 @@ class SimBackend(Backend):
                  "processes": [[pid, size] for pid, size in sorted(sessions.items())]},)
 
     def xpuLibraryVersion(self, library: str) -> tuple[list[int] | None]:
-        """The sim serves the math libraries at the version the call table was generated from."""
+        """The sim serves the math libraries at the version the call table was generated from, or
+        as XPU_SIM_LIBRARY_VERSIONS says (`cudnn=9.1.0,cublas=13.0.0`: a server with older copies)."""
         lib = mathlibs.BY_NAME.get(library)
-        return (list(mathlibs.api(lib).VERSION) if lib and lib.name in self.libraries else None,)
+        if lib is None or lib.name not in self.libraries:
+            return (None,)
+        for item in filter(None, os.environ.get("XPU_SIM_LIBRARY_VERSIONS", "").split(",")):
+            name, _, version = item.partition("=")
+            if name.strip() == library:
+                return ([int(v) for v in version.split(".")],)
+        return (list(mathlibs.api(lib).VERSION),)
 
     def xpuCudnnGetDescriptors(self, descriptor: int, name: int, requested: int, handles: bytes | None) -> tuple[int]:
         dnn = self.libraries["cudnn"]

@@ -100,6 +100,48 @@ def _() -> float:
     return diff(layer.cuda()(x.cuda()), ref)
 
 
+x, w = torch.randn(2, 4, 9, 9), torch.randn(6, 2, 3, 3)
+CONV = {"stride": 2, "padding": 1, "groups": 2}
+
+
+@check("conv2d_forward")
+def _() -> float:
+    return diff(F.conv2d(x.cuda(), w.cuda(), **CONV), F.conv2d(x, w, **CONV))
+
+
+@check("conv2d_dilated")
+def _() -> float:
+    w2 = torch.randn(5, 4, 3, 3)
+    return diff(F.conv2d(x.cuda(), w2.cuda(), padding=2, dilation=2), F.conv2d(x, w2, padding=2, dilation=2))
+
+
+@check("conv2d_fp16")
+def _() -> float:
+    xh, wh = x.half(), torch.randn(5, 4, 3, 3).half()
+    return rel(F.conv2d(xh.cuda(), wh.cuda(), padding=1), F.conv2d(xh.float(), wh.float(), padding=1))
+
+
+def conv_grads() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    grad = torch.randn(2, 6, 5, 5)
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    F.conv2d(xc, wc, **CONV).backward(grad)
+    xd, wd = x.cuda().requires_grad_(), w.cuda().requires_grad_()
+    F.conv2d(xd, wd, **CONV).backward(grad.cuda())
+    return xd.grad, xc.grad, wd.grad, wc.grad
+
+
+@check("conv2d_input_grad")
+def _() -> float:
+    xd, xc, _, _ = conv_grads()
+    return diff(xd, xc)
+
+
+@check("conv2d_weight_grad")
+def _() -> float:
+    _, _, wd, wc = conv_grads()
+    return diff(wd, wc)
+
+
 def run_sections(names: list[str]) -> None:
     """Sections that need more than the math libraries (ATen kernels on the device)."""
     for name in names:

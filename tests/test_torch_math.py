@@ -1,0 +1,122 @@
+"""PyTorch's math through xpuremote: the stock wheel's cuBLAS, cuBLASLt and cuDNN calls reach
+xpuremote's replacement libraries, travel to the server and are computed there, here by the sim
+device with numpy (tests/programs/torch_math_check.py compares each result with the CPU's).
+
+The same program also runs against the cuda backend, whose libcuda and math libraries are
+xpuremote's own (stand-ins, named as such) chained to a sim server: that exercises the cuda
+backend's generic calls into NVIDIA-shaped libraries (C signatures, device addresses, scalars,
+descriptor arrays) without a GPU. On a GPU machine the cuda backend loads NVIDIA's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, SIM_KERNELS, Server, start_server
+from test_torch import run_torch
+
+from xpuremote.interpose.build import LIBRARY_NAMES
+
+MATH = ROOT / "tests" / "programs" / "torch_math_check.py"
+KERNELS = f"{SIM_KERNELS},{ROOT / 'tests' / 'torch_sim_kernels.py'}"
+# largest difference from the CPU allowed per check: fp32 sums of a few dozen products, or
+# relative to the result's magnitude where the device rounds to fp16/bf16
+TOLERANCE = {"float16": 2e-3, "fp16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def tolerance(check: str) -> float:
+    return next((t for key, t in TOLERANCE.items() if key in check), 1e-4)
+
+
+@pytest.fixture(scope="module")
+def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("math-sim"), env={"XPU_SIM_KERNELS": KERNELS})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def chained(tmp_path_factory: pytest.TempPathFactory, shim: Path) -> Iterator[Server]:
+    """A cuda-backend server whose libcuda and math libraries are xpuremote's, talking to a sim."""
+    tmp = tmp_path_factory.mktemp("math-chain")
+    sim = start_server(tmp, env={"XPU_SIM_KERNELS": KERNELS})
+    stand_ins = {f"XPU_{name.upper()}_LIBRARY": str(shim.parent / soname)
+                 for name, soname in zip(("cublas", "cublasLt", "cudnn"), LIBRARY_NAMES)}
+    cuda = start_server(tmp, backend="cuda", env={"XPU_CUDA_LIBRARY": str(shim), "XPU_SERVER": sim.address,
+                                                  **stand_ins})
+    yield cuda
+    cuda.stop()
+    sim.stop()
+
+
+def run_math(server: Server, **env: str) -> tuple[dict[str, Any], str]:
+    proc = run_torch(server, [str(MATH)], **env)
+    lines = proc.stdout.strip().splitlines()
+    assert proc.returncode == 0 and lines, f"exit {proc.returncode}\nstderr:\n{proc.stderr[-4000:]}"
+    return json.loads(lines[-1]), proc.stderr
+
+
+def library_calls(server: Server) -> dict[str, int]:
+    """Calls each math library's sessions made on the server, from its `session ... ended` lines."""
+    counts: dict[str, int] = {}
+    for found in re.findall(r"library calls:((?: \w+=\d+)+)", server.log()):
+        for name, n in re.findall(r"(\w+)=(\d+)", found):
+            counts[name] = counts.get(name, 0) + int(n)
+    return counts
+
+
+@pytest.fixture(scope="module")
+def sim_result(sim_server: Server) -> tuple[dict[str, Any], str]:
+    return run_math(sim_server)
+
+
+def assert_close(results: dict[str, Any]) -> None:
+    failed = {k: v for k, v in results.items() if not isinstance(v, float) or not v <= tolerance(k)}
+    assert not failed, json.dumps(failed, indent=1)
+
+
+def test_matmul_conv_and_their_gradients_match_the_cpu(sim_result: tuple[dict[str, Any], str]) -> None:
+    results, _ = sim_result
+    expected = {"matmul_fp32", "matmul_float16", "matmul_bfloat16", "matmul_transposed", "matmul_non_contiguous",
+                "bmm", "bmm_fp16", "addmm", "addmm_relu", "addmm_gelu", "linear_forward", "conv2d_forward",
+                "conv2d_dilated", "conv2d_fp16", "conv2d_input_grad", "conv2d_weight_grad"}
+    assert expected <= set(results)
+    assert_close(results)
+
+
+def test_the_wheels_library_calls_reach_the_server(sim_result: tuple[dict[str, Any], str],
+                                                    sim_server: Server) -> None:
+    """Counted where they are executed: a program whose math never left the client fails here.
+    NVIDIA's own libraries (mapped too, by the wheel's path loads) never initialise: nothing asks
+    the driver for their private tables."""
+    _, stderr = sim_result
+    sim_server.stop()  # its sessions' end lines are in the log once it has stopped
+    counts = library_calls(sim_server)
+    assert counts.get("cublas", 0) >= 10 and counts.get("cublasLt", 0) >= 10 and counts.get("cudnn", 0) >= 50, counts
+    assert "private table" not in stderr, stderr[-3000:]
+    assert "not supported by xpuremote" not in stderr, stderr[-3000:]
+
+
+def test_the_same_math_through_the_cuda_backend(chained: Server) -> None:
+    results, stderr = run_math(chained)
+    assert_close(results)
+    assert "not supported by xpuremote" not in stderr, stderr[-3000:]
+
+
+def test_an_older_library_on_the_server_fails_at_handle_creation(tmp_path: Path) -> None:
+    srv = start_server(tmp_path, env={"XPU_SIM_LIBRARY_VERSIONS": "cudnn=9.1.0"})
+    try:
+        proc = run_torch(srv, ["-c", "import torch; print(torch.nn.functional.conv2d("
+                                     "torch.ones(1, 1, 3, 3).cuda(), torch.ones(1, 1, 1, 1).cuda()).sum())"])
+    finally:
+        srv.stop()
+    assert proc.returncode != 0
+    from xpuremote.protocol import cudnn_api
+
+    ours = ".".join(map(str, cudnn_api.VERSION))
+    assert f"cannot serve cudnn {ours}" in proc.stderr and "the server has 9.1.0" in proc.stderr, proc.stderr[-3000:]
