@@ -10,6 +10,9 @@ Needs a GPU for the native runs (the sim device runs no PyTorch kernels); `trans
 gpt2_generate (randomly initialised GPT-2 small, nothing downloaded).
 
     python bench/torch_e2e.py --run WORKLOAD --steps N     # one workload in this process (JSON line)
+
+`--size small` runs the same layers and calls at toy sizes: what the sim device can go
+through (tests/test_torch_math.py runs every workload so with XPU_SIM_SKIP_KERNELS=1).
 """
 
 from __future__ import annotations
@@ -29,12 +32,21 @@ from typing import Any
 WORKLOADS = ("mlp_train", "cnn_train_fp32", "cnn_train_amp", "gpt2_step_bf16", "cnn_infer_b1", "cnn_infer_b32",
              "mlp_compile_graph", "gpt2_generate")
 WARMUP = 3
+# the workloads' dimensions: as benchmarked, and small enough for the sim device's numpy math
+SIZES = {
+    "full": {"mlp": (1024, 4096, 256), "image": 224, "images": 32, "gpt": (12, 768, 12, 50257, 1024),
+             "tokens": (8, 512), "gpt2": {}, "generate": (32, 64), "compile_batch": 64},
+    "small": {"mlp": (32, 64, 8), "image": 32, "images": 2, "gpt": (2, 64, 2, 512, 64), "tokens": (2, 16),
+              "gpt2": {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 512, "n_positions": 64,
+                       "bos_token_id": 0, "eos_token_id": 0},
+              "generate": (8, 4), "compile_batch": 4},
+}
 
 
 # ---- the workloads: each returns (step function, checksum function) ------------------------------
-def _mlp(torch: Any) -> Any:
+def _mlp(torch: Any, width_in: int = 1024, width: int = 4096) -> Any:
     nn = torch.nn
-    return nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 4096), nn.ReLU(), nn.Linear(4096, 10))
+    return nn.Sequential(nn.Linear(width_in, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
 
 
 def _resnet18(torch: Any) -> Any:
@@ -112,25 +124,29 @@ def _train(torch: Any, model: Any, make_batch: Callable[[], tuple[Any, Any]], lo
     return step, lambda: float(last[0])
 
 
-def build(name: str, torch: Any) -> tuple[Callable[[], Any], Callable[[], float]]:
+def build(name: str, torch: Any, size: str = "full") -> tuple[Callable[[], Any], Callable[[], float]]:
     torch.manual_seed(0)
-    dev, F = "cuda", torch.nn.functional
+    dev, F, dims = "cuda", torch.nn.functional, SIZES[size]
     if name == "mlp_train":
-        batch = lambda: (torch.randn(256, 1024, device=dev), torch.randint(0, 10, (256,), device=dev))  # noqa: E731
-        return _train(torch, _mlp(torch).to(dev), batch, F.cross_entropy)
+        width_in, width, rows = dims["mlp"]
+        batch = lambda: (torch.randn(rows, width_in, device=dev),  # noqa: E731
+                         torch.randint(0, 10, (rows,), device=dev))
+        return _train(torch, _mlp(torch, width_in, width).to(dev), batch, F.cross_entropy)
+    side, images = dims["image"], dims["images"]
     if name in ("cnn_train_fp32", "cnn_train_amp"):
         model = _resnet18(torch).to(dev).to(memory_format=torch.channels_last)
-        batch = lambda: (torch.randn(32, 3, 224, 224, device=dev).to(memory_format=torch.channels_last),  # noqa: E731
-                         torch.randint(0, 1000, (32,), device=dev))
+        batch = lambda: (torch.randn(images, 3, side, side, device=dev).to(memory_format=torch.channels_last),  # noqa: E731
+                         torch.randint(0, 1000, (images,), device=dev))
         return _train(torch, model, batch, F.cross_entropy, torch.float16 if name.endswith("amp") else None)
     if name == "gpt2_step_bf16":
-        model = _gpt(torch).to(dev)
-        tokens = lambda: (torch.randint(0, 50257, (8, 512), device=dev),) * 2  # noqa: E731
+        layers, width, heads, vocab, ctx = dims["gpt"]
+        model = _gpt(torch, layers, width, heads, vocab, ctx).to(dev)
+        tokens = lambda: (torch.randint(0, vocab, dims["tokens"], device=dev),) * 2  # noqa: E731
         loss = lambda logits, y: F.cross_entropy(logits[:, :-1].flatten(0, 1), y[:, 1:].flatten())  # noqa: E731
         return _train(torch, model, tokens, loss, torch.bfloat16)
     if name in ("cnn_infer_b1", "cnn_infer_b32"):
         model = _resnet18(torch).to(dev).eval()
-        x = torch.randn(1 if name.endswith("b1") else 32, 3, 224, 224, device=dev)
+        x = torch.randn(1 if name.endswith("b1") else images, 3, side, side, device=dev)
         out: list[Any] = [None]
 
         def infer() -> None:
@@ -139,8 +155,9 @@ def build(name: str, torch: Any) -> tuple[Callable[[], Any], Callable[[], float]
 
         return infer, lambda: float(out[0].float().sum())
     if name == "mlp_compile_graph":  # torch.compile's reduce-overhead mode replays a CUDA graph
-        model = torch.compile(_mlp(torch).to(dev).eval(), mode="reduce-overhead")
-        x = torch.randn(64, 1024, device=dev)
+        width_in, width, _ = dims["mlp"]
+        model = torch.compile(_mlp(torch, width_in, width).to(dev).eval(), mode="reduce-overhead")
+        x = torch.randn(dims["compile_batch"], width_in, device=dev)
         out = [None]
 
         def compiled() -> None:
@@ -151,25 +168,27 @@ def build(name: str, torch: Any) -> tuple[Callable[[], Any], Callable[[], float]
     if name == "gpt2_generate":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        model = GPT2LMHeadModel(GPT2Config()).to(dev).eval()
-        prompt = torch.randint(0, 50257, (1, 32), device=dev)
+        config = GPT2Config(**dims["gpt2"])
+        model = GPT2LMHeadModel(config).to(dev).eval()
+        prompt_tokens, new_tokens = dims["generate"]
+        prompt = torch.randint(0, config.vocab_size, (1, prompt_tokens), device=dev)
         out = [None]
 
         def generate() -> None:
             with torch.inference_mode():
-                out[0] = model.generate(prompt, max_new_tokens=64, do_sample=False, use_cache=True,
+                out[0] = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, use_cache=True,
                                         pad_token_id=0, attention_mask=torch.ones_like(prompt))
 
         return generate, lambda: float(out[0].sum())
     raise SystemExit(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
 
 
-def run_one(name: str, steps: int) -> dict[str, Any]:
+def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP) -> dict[str, Any]:
     """One workload in this process: per-step times after warm-up, and a checksum."""
     import torch
 
-    step, checksum = build(name, torch)
-    for _ in range(WARMUP):
+    step, checksum = build(name, torch, size)
+    for _ in range(warmup):
         step()
     torch.cuda.synchronize()
     times = []
@@ -184,8 +203,9 @@ def run_one(name: str, steps: int) -> dict[str, Any]:
 
 
 # ---- the comparison ---------------------------------------------------------------------------------
-def measure(name: str, steps: int, remote: bool, server: str | None, timeout_s: float) -> dict[str, Any]:
-    me = [sys.executable, str(Path(__file__).resolve()), "--run", name, "--steps", str(steps)]
+def measure(name: str, steps: int, remote: bool, server: str | None, timeout_s: float,
+            size: str = "full") -> dict[str, Any]:
+    me = [sys.executable, str(Path(__file__).resolve()), "--run", name, "--steps", str(steps), "--size", size]
     cmd = me
     if remote:
         cmd = [sys.executable, "-m", "xpuremote.interpose.run", *(["--server", server] if server else []),
@@ -228,17 +248,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    parser.add_argument("--size", choices=sorted(SIZES), default="full")
+    parser.add_argument("--warmup", type=int, default=WARMUP)
     parser.add_argument("--run", help=argparse.SUPPRESS)  # one workload in this process
     args = parser.parse_args(argv)
     if args.run:
-        print(json.dumps(run_one(args.run, args.steps)))
+        print(json.dumps(run_one(args.run, args.steps, args.size, args.warmup)))
         return 0
     if args.out is None:
         parser.error("--out DIR is required")
     results = []
     for name in filter(None, args.workloads.split(",")):
-        native = measure(name, args.steps, False, None, args.timeout)
-        remote = measure(name, args.steps, True, args.server, args.timeout)
+        native = measure(name, args.steps, False, None, args.timeout, args.size)
+        remote = measure(name, args.steps, True, args.server, args.timeout, args.size)
         results.append({"workload": name, "native": native, "remote": remote})
         print(f"{name}: native {_said(native)}, xpuremote {_said(remote)}", file=sys.stderr)
     report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv),
