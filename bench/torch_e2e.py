@@ -46,7 +46,8 @@ SIZES = {
 # ---- the workloads: each returns (step function, checksum function) ------------------------------
 def _mlp(torch: Any, width_in: int = 1024, width: int = 4096) -> Any:
     nn = torch.nn
-    return nn.Sequential(nn.Linear(width_in, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+    return nn.Sequential(nn.Linear(width_in, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                         nn.Linear(width, 10))
 
 
 def _resnet18(torch: Any) -> Any:
