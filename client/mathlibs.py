@@ -74,7 +74,8 @@ implements("cublasLtCreate")(_creator(mathlibs.CUBLASLT))
 implements("cudnnCreate")(_creator(mathlibs.CUDNN, stream=0))
 
 
-@implements("cublasDestroy", "cublasLtDestroy", "cudnnDestroy", "cublasLtMatmulDescDestroy")
+@implements("cublasDestroy", "cublasLtDestroy", "cudnnDestroy", "cublasLtMatmulDescDestroy",
+            "cudnnDestroyTensorDescriptor")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
     STATE.pop(args[0], None)
@@ -134,6 +135,8 @@ def matmul_desc_set(d: Driver, call: Call, args: list[Any]) -> None:
 def scalar_size(call: Call, p: Param, values: dict[str, Any]) -> int | None:
     """Bytes of alpha/beta in host pointer mode; None in device pointer mode (the address travels)."""
     kind = p.count.partition(":")[2]
+    if call.library == "cudnn":  # host values, double for double data
+        return 8 if STATE.get(values[kind], {}).get("data_type") == DNN_DOUBLE else 4
     owner = _state(values["handle" if call.library == "cublas" else "computeDesc"])
     if owner["pointer_mode"] != POINTER_MODE_HOST:
         return None
@@ -146,6 +149,14 @@ def scalar_size(call: Call, p: Param, values: dict[str, Any]) -> int | None:
 
 
 marshal.scalar_size = scalar_size
+DNN_DOUBLE = mathlibs.api(mathlibs.CUDNN).ENUMS["CUDNN_DATA_DOUBLE"]
+
+
+@implements("cudnnSetTensorNdDescriptor", "cudnnSetTensor4dDescriptor", "cudnnSetTensor4dDescriptorEx")
+def set_tensor_descriptor(d: Driver, call: Call, args: list[Any]) -> None:
+    """Forwarded; its data type kept for the size of the scalars of calls that use it."""
+    d.forward(call, args)
+    STATE.setdefault(args[0], {})["data_type"] = args[call.names.index("dataType")]
 
 
 # ---- versions, answered from the headers the replacement libraries were generated from ------------

@@ -301,7 +301,7 @@ def family_of(symbol: str) -> str:
 
 def _parse_spec(text: str) -> dict[str, tuple[str, dict[str, tuple[str, str | None]]]]:
     rows: dict[str, tuple[str, dict[str, tuple[str, str | None]]]] = {}
-    for lineno, raw in enumerate(text.splitlines(), 1):
+    for lineno, raw in enumerate(text.replace("\\\n", " ").splitlines(), 1):  # a trailing \ continues a row
         line = raw.split("#", 1)[0].split()
         if not line:
             continue

@@ -74,7 +74,8 @@ def split_params(text: str) -> list[tuple[str, str]]:
         if ctype.strip() in ("unsigned", "signed"):
             ctype += " int"
         ctype = re.sub(r"\s*\*\s*", " *", ctype.strip()).replace("* *", "**").strip()
-        ctype = re.sub(r"(?<=\w) const$", "", ctype)  # `T const x`: a by-value parameter's const means nothing
+        if "*" not in ctype:  # `const T x`, `T const x`: a by-value parameter's const means nothing
+            ctype = re.sub(r"^const |(?<=\w) const$", "", ctype)
         params.append((ctype, name))
     return params
 

@@ -13,7 +13,9 @@ driver's format. Two annotations are the libraries' own:
 - `name=scalar` / `name=scalar:TYPE`: alpha, beta and the like. In host pointer mode the
   value travels (its size from the pointee type, or from the cudaDataType_t /
   cublasComputeType_t parameter TYPE); in device pointer mode the device address does.
-  A handle as TYPE (a cuBLASLt matmul descriptor) means the scale type it was created with.
+  A handle as TYPE means the scale type of that descriptor: the one a cuBLASLt matmul
+  descriptor was created with; for a cuDNN tensor descriptor, double for double data and
+  float otherwise (cuDNN's scalars are always host values).
 """
 
 from __future__ import annotations
@@ -142,6 +144,23 @@ cudnnBackendSetAttribute        async   arrayOfElements=in:*
 cudnnBackendGetAttribute        sync    elementCount=out arrayOfElements=out:*
 cudnnBackendFinalize            sync
 cudnnBackendExecute             async
+# the legacy API's descriptors and batch normalization (PyTorch's BatchNorm takes this path)
+cudnnCreateTensorDescriptor         shadow
+cudnnDestroyTensorDescriptor        async
+cudnnSetTensorNdDescriptor          async   dimA=in:nbDims*4 strideA=in:nbDims*4
+cudnnSetTensor4dDescriptor          async
+cudnnSetTensor4dDescriptorEx        async
+cudnnDeriveBNTensorDescriptor       async
+cudnnCreateActivationDescriptor     shadow
+cudnnDestroyActivationDescriptor    async
+cudnnSetActivationDescriptor        async
+cudnnBatchNormalizationForwardTrainingEx            async   alpha=scalar:xDesc beta=scalar:xDesc
+cudnnBatchNormalizationBackwardEx   async   alphaDataDiff=scalar:xDesc betaDataDiff=scalar:xDesc \
+                                            alphaParamDiff=scalar:xDesc betaParamDiff=scalar:xDesc
+cudnnBatchNormalizationForwardInference             async   alpha=scalar:xDesc beta=scalar:xDesc
+cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize    sync    sizeInBytes=out
+cudnnGetBatchNormalizationTrainingExReserveSpaceSize        sync    sizeInBytes=out
+cudnnGetBatchNormalizationBackwardExWorkspaceSize           sync    sizeInBytes=out
 """,
 )
 

@@ -27,7 +27,8 @@ from . import sim_kernels
 from .base import Backend, DeviceInfo, Inventory
 from .sim_blas import SimBlas
 from .sim_board import Board
-from .sim_dnn import SimDnn
+from .sim_dnn import GraphDnn
+from .sim_dnn_legacy import LegacyDnn
 
 log = logging.getLogger("xpuremote.server")
 SIM_DRIVER_VERSION = 13020  # what a CUDA 13.2 driver reports: runtimes up to 13.2 (PyTorch cu132) accept it
@@ -201,6 +202,10 @@ def _attribute_ids() -> dict[int, int]:
     return out
 
 
+class SimDnn(GraphDnn, LegacyDnn):
+    """cuDNN on the sim device: the backend (graph) API and the legacy descriptor API."""
+
+
 class SimBackend(Backend):
     name = "sim"
 
@@ -219,7 +224,7 @@ class SimBackend(Backend):
         self.images: dict[bytes, Module] = {}  # content hash -> module loaded from it
         self.created_at = time.perf_counter()
         blas = SimBlas(self.memory)
-        self.libraries = {"cublas": blas, "cublasLt": blas, "cudnn": SimDnn(self.memory)}
+        self.libraries = {"cublas": blas, "cublasLt": blas, "cudnn": SimDnn(self.memory, self.skip_unknown_kernels)}
         sim_kernels.load_plugins(os.environ.get("XPU_SIM_KERNELS", ""))
 
     def inventory(self) -> Inventory:

@@ -4,12 +4,14 @@ A descriptor keeps its attributes as the caller set them (decoded by element typ
 one engine (global index 0) that runs operation graphs of one convolution (forward, data
 gradient or filter gradient) and needs no workspace; heuristics offer it, and any other graph
 is refused when its execution plan is finalized (CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN), which
-is how a cuDNN caller learns that an engine does not fit. Tensors are read through their
-dimensions and strides, so NCHW and NHWC are the same code.
+is how a cuDNN caller learns that an engine does not fit. With XPU_SIM_SKIP_KERNELS=1 such graphs
+are accepted and skipped instead, as kernels without a host implementation are. Tensors are read
+through their dimensions and strides, so NCHW and NHWC are the same code.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +22,7 @@ from xpuremote.protocol import errors, mathlibs
 
 from .sim_blas import bf16_to_f32, f32_to_bf16
 
+log = logging.getLogger("xpuremote.server")
 E = mathlibs.api(mathlibs.CUDNN).ENUMS
 DESCRIPTOR_TYPES = {v: k.removeprefix("CUDNN_BACKEND_") for k, v in E.items()
                     if k.startswith("CUDNN_BACKEND_") and k.endswith("_DESCRIPTOR")}
@@ -56,11 +59,13 @@ class Descriptor:
         self.values[E[f"CUDNN_ATTR_{name}"]] = (E[f"CUDNN_TYPE_{kind}"], elements)
 
 
-class SimDnn:
-    """The cuDNN families the call table forwards, over the sim's `memory`."""
+class GraphDnn:
+    """The backend API's families, over the sim's `memory`."""
 
-    def __init__(self, memory: Any) -> None:
+    def __init__(self, memory: Any, skip_unknown: bool = False) -> None:
         self.memory = memory
+        self.skip_unknown = skip_unknown  # accept graphs the sim cannot run, and skip them
+        self.skipped: set[str] = set()
         self.handles: dict[int, tuple[str, Any]] = {}  # the session's: client handle -> (type, object)
 
     def descriptor(self, handle: int, kind: str | None = None) -> Descriptor:
@@ -133,7 +138,7 @@ class SimDnn:
             "OPERATIONGRAPH_ENGINE_GLOBAL_COUNT": ("INT64", [1]),
             "EXECUTION_PLAN_WORKSPACE_SIZE": ("INT64", [0]),
             "ENGINECFG_WORKSPACE_SIZE": ("INT64", [0]),
-            "ENGINECFG_SHARED_MEMORY_USED": ("INT64", [0]),
+            "ENGINECFG_SHARED_MEMORY_USED": ("INT32", [0]),
             "ENGINECFG_KNOB_CHOICES": ("BACKEND_DESCRIPTOR", []),
             "ENGINE_KNOB_INFO": ("BACKEND_DESCRIPTOR", []),
             "ENGINE_NUMERICAL_NOTE": ("NUMERICAL_NOTE", []),
@@ -170,24 +175,32 @@ class SimDnn:
             raise fail("invalid_value", "the execution plan has no engine config with an operation graph")
         return graph
 
-    def convolution(self, graph: Descriptor) -> Descriptor:
+    def convolution(self, graph: Descriptor) -> Descriptor | None:
+        """The graph's one convolution; None for a graph to skip (XPU_SIM_SKIP_KERNELS)."""
         ops = graph.all("OPERATIONGRAPH_OPS")
-        if len(ops) != 1 or ops[0].kind not in CONVOLUTIONS:
-            kinds = ", ".join(op.kind for op in ops)
+        if len(ops) == 1 and ops[0].kind in CONVOLUTIONS:
+            return ops[0]
+        kinds = ", ".join(op.kind for op in ops)
+        if not self.skip_unknown:
             raise errors.CudaError(E["CUDNN_STATUS_NOT_SUPPORTED_GRAPH_PATTERN"],
                                    f"the sim device runs graphs of one convolution, not [{kinds}]", "cudnn")
-        return ops[0]
+        if kinds not in self.skipped:
+            self.skipped.add(kinds)
+            log.warning("skipping cuDNN graphs of [%s] (no host implementation; XPU_SIM_SKIP_KERNELS)", kinds)
+        return None
 
     # ---- execution ---------------------------------------------------------------------------
     def cudnnBackendExecute(self, handle: Any, plan: Descriptor, pack: Descriptor) -> None:
         op = self.convolution(self.plan_graph(plan))
+        if op is None:
+            return
         pointers = dict(zip(pack.all("VARIANT_PACK_UNIQUE_IDS"), pack.all("VARIANT_PACK_DATA_POINTERS")))
         prefix, *roles = CONVOLUTIONS[op.kind]
         attr = f"OPERATION_CONVOLUTION_{prefix}"
         x_desc, w_desc, y_desc = (op.get(f"{attr}_{role}") for role in roles)
         conv = Convolution.of(op.get(f"{attr}_CONV_DESC"), w_desc)
         alpha, beta = op.get(f"{attr}_ALPHA", 1.0), op.get(f"{attr}_BETA", 0.0)
-        tensors = [Tensor(t, pointers, self.memory) for t in (x_desc, w_desc, y_desc)]
+        tensors = [Tensor.bound(t, pointers, self.memory) for t in (x_desc, w_desc, y_desc)]
         x, w, y = tensors
         if prefix == "FORWARD":
             out, result = y, conv.forward(x.load(), w.load())
@@ -198,16 +211,29 @@ class SimDnn:
         out.store(alpha * result + (beta * out.load() if beta else 0))
 
 
+@dataclass
 class Tensor:
-    """A tensor descriptor bound to the variant pack's device address for its unique id."""
+    """Elements of a data type at a device address, laid out by dimensions and strides."""
 
-    def __init__(self, d: Descriptor, pointers: dict[int, int], memory: Any) -> None:
-        self.dims, self.strides = d.all("TENSOR_DIMENSIONS"), d.all("TENSOR_STRIDES")
-        self.dtype = d.get("TENSOR_DATA_TYPE", E["CUDNN_DATA_FLOAT"])
+    dims: list[int]
+    strides: list[int]
+    dtype: int
+    address: int
+    memory: Any
+
+    def __post_init__(self) -> None:
+        if self.dtype not in STORAGE or len(self.dims) != len(self.strides) or not self.address:
+            raise fail("not_supported" if self.dtype not in STORAGE else "invalid_value",
+                       f"tensor of data type {self.dtype}, dims {self.dims}, strides {self.strides}")
+
+    @classmethod
+    def bound(cls, d: Descriptor, pointers: dict[int, int], memory: Any) -> Tensor:
+        """A backend tensor descriptor with the variant pack's address for its unique id."""
         uid = d.get("TENSOR_UNIQUE_ID")
-        if uid not in pointers or self.dtype not in STORAGE or len(self.dims) != len(self.strides):
-            raise fail("invalid_value", f"tensor {uid}: no data pointer, or data type {self.dtype}")
-        self.address, self.memory = pointers[uid], memory
+        if uid not in pointers:
+            raise fail("invalid_value", f"the variant pack has no data pointer for tensor {uid}")
+        dtype = d.get("TENSOR_DATA_TYPE", E["CUDNN_DATA_FLOAT"])
+        return cls(d.all("TENSOR_DIMENSIONS"), d.all("TENSOR_STRIDES"), dtype, pointers[uid], memory)
 
     def view(self) -> np.ndarray:
         storage = np.dtype(STORAGE[self.dtype])

@@ -142,6 +142,24 @@ def _() -> float:
     return diff(wd, wc)
 
 
+def batch_norm(device: str) -> list[torch.Tensor]:
+    """Training-mode batch norm (cuDNN's legacy API), its gradients and running statistics, then
+    the same in eval mode; F.batch_norm, so that no ATen kernel counts batches."""
+    torch.manual_seed(1)
+    x, weight, bias, grad = torch.randn(3, 4, 5, 5), torch.randn(4), torch.randn(4), torch.randn(3, 4, 5, 5)
+    x, weight, bias = (t.to(device).requires_grad_() for t in (x, weight, bias))
+    mean, var = torch.zeros(4, device=device), torch.ones(4, device=device)
+    y = F.batch_norm(x, mean, var, weight, bias, training=True, momentum=0.1, eps=1e-5)
+    y.backward(grad.to(device))
+    evaluated = F.batch_norm(x.detach(), mean, var, weight.detach(), bias.detach(), training=False)
+    return [t.detach().cpu() for t in (y, x.grad, weight.grad, bias.grad, mean, var, evaluated)]
+
+
+@check("batch_norm")
+def _() -> float:
+    return max(diff(d, c) for d, c in zip(batch_norm("cuda"), batch_norm("cpu")))
+
+
 def run_sections(names: list[str]) -> None:
     """Sections that need more than the math libraries (ATen kernels on the device)."""
     for name in names:
