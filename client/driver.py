@@ -217,7 +217,7 @@ class Driver:
         """A synchronous call: its outputs, or CudaError (its own, or a deferred async one)."""
         status, outs, deferred = self.session().call(call, wire_args, self.wire_ctx())
         for symbol, code, detail in deferred:
-            log.warning("an earlier %s failed: %s (%s)", symbol, _status_name(symbol, code), detail)
+            log.warning("an earlier %s failed: %s (%s)", symbol, errors.status_name(code, _library_of(symbol)), detail)
         if status:
             raise CudaError(status, f"{call.symbol} on the server", call.library)
         if deferred:
@@ -273,11 +273,6 @@ def _library_of(symbol: str) -> str:
     return call.library if call is not None else "cuda"
 
 
-def _status_name(symbol: str, code: int) -> str:
-    library = _library_of(symbol)
-    return errors.name(code) if library == "cuda" else f"{library} status {code}"
-
-
 # Hooks that make a lazily created object exist on the server before a call uses it.
 ENSURE: dict[str, Callable[[Driver, int], None]] = {}
 _TRANSLATED: dict[str, bool] = {}  # symbol -> has a parameter that Driver.translate() may change
@@ -327,8 +322,8 @@ def handler(call: Call) -> Callable[[Any], int]:
         not_supported = errors.status_for(CudaError(errors.NOT_SUPPORTED), call.library)
 
         def unsupported(slots: Any) -> int:
-            DRIVER.say_once(call.symbol, "%s is not supported by xpuremote yet (returning %s's NOT_SUPPORTED, "
-                            "%d)", call.symbol, call.library, not_supported)
+            DRIVER.say_once(call.symbol, "%s is not supported by xpuremote yet (returning %s)", call.symbol,
+                            errors.status_name(not_supported, call.library))
             return not_supported
         return unsupported
 

@@ -360,7 +360,10 @@ INTERNAL_FUNCTIONS, _INTERNAL_SPEC = _internal_functions(INTERNAL)
 ALL_FUNCTIONS = {**FUNCTIONS, **INTERNAL_FUNCTIONS}
 
 
-def _build(spec: str, functions: dict[str, tuple], types: dict[str, tuple], library: str = "cuda") -> dict[str, Call]:
+def _build(spec: str, functions: dict[str, tuple] | None = None, types: dict[str, tuple] | None = None,
+           library: str = "cuda") -> dict[str, Call]:
+    """The calls of `functions` (the driver's and the client's own by default), classed by `spec`."""
+    functions, types = functions or ALL_FUNCTIONS, types or TYPES
     rows = _parse_spec(spec)
     table: dict[str, Call] = {}
     for symbol, params in functions.items():
@@ -387,7 +390,9 @@ def _build(spec: str, functions: dict[str, tuple], types: dict[str, tuple], libr
     families = {c.family for c in table.values()}
     for family in rows:
         if family not in families:
-            raise TableError(f"SPEC: {family} is not a {library} function (check its spelling)")
+            kind = "driver" if library == "cuda" else library
+            raise TableError(f"SPEC: {family} is not a {kind} function (check its spelling)")
+    _validate(table)
     return table
 
 
@@ -408,11 +413,11 @@ def _validate(table: dict[str, Call]) -> None:
 # arrives, before any later sync call returns.
 ASYNC_WITH_OUTPUTS = {"cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuMemcpyDtoHAsync"}
 
-CALLS: dict[str, Call] = _build(SPEC + _INTERNAL_SPEC, ALL_FUNCTIONS, TYPES)
+CALLS: dict[str, Call] = _build(SPEC + _INTERNAL_SPEC)
 for _lib in mathlibs.LIBRARIES:
     _api = mathlibs.api(_lib)
     CALLS.update(_build(_lib.spec, _api.FUNCTIONS, {**TYPES, **_api.TYPES}, _lib.name))
-_validate(CALLS)
+_validate(CALLS)  # opcodes unique across the libraries too
 BY_OPCODE: dict[int, Call] = {c.opcode: c for c in CALLS.values()}
 SYMBOLS: tuple[str, ...] = tuple(sorted(FUNCTIONS))  # index = the shim's op number
 # each library's symbols; index = the op number its replacement library's entry points use

@@ -49,8 +49,7 @@ class CudaError(Exception):
     status of the math library `library` names."""
 
     def __init__(self, code: int, detail: str = "", library: str = "cuda") -> None:
-        label = name(code) if library == "cuda" else f"{library} status {code}"
-        super().__init__(f"{label}: {detail or (message(code) if library == 'cuda' else '')}")
+        super().__init__(f"{status_name(code, library)}: {detail or (message(code) if library == 'cuda' else '')}")
         self.code = code
         self.detail = detail
         self.library = library
@@ -62,6 +61,18 @@ class CudaError(Exception):
 _OUTCOME_OF_CUDA = {OUT_OF_MEMORY: "alloc_failed", INVALID_VALUE: "invalid_value", INVALID_HANDLE: "invalid_value",
                     NOT_SUPPORTED: "not_supported", NOT_INITIALIZED: "not_initialized",
                     DEINITIALIZED: "not_initialized", UNKNOWN: "internal"}
+
+
+def status_name(code: int, library: str = "cuda") -> str:
+    """CUDA_ERROR_NOT_SUPPORTED, CUBLAS_STATUS_NOT_SUPPORTED, ...: the enumerator's own name."""
+    if library == "cuda":
+        return name(code)
+    from . import mathlibs
+
+    lib = mathlibs.BY_NAME[library]
+    prefix = lib.status["success"].removesuffix("SUCCESS")
+    names = [k for k, v in mathlibs.api(lib).ENUMS.items() if v == code and k.startswith(prefix)]
+    return names[0] if names else f"{prefix}{code}"
 
 
 def status_for(exc: CudaError, library: str) -> int:

@@ -31,9 +31,29 @@ def test_every_exported_symbol_has_a_call() -> None:
         assert call.per_thread == symbol.endswith(("_ptds", "_ptsz"))
         assert call.cls in (*CLASSES, "unsupported"), (symbol, call.cls)
         assert len(call.params) == len(cuda_api.FUNCTIONS[symbol])
-    internal = set(CALLS) - set(SYMBOLS)
+    libraries = {s for symbols in calls.LIBRARY_SYMBOLS.values() for s in symbols}
+    internal = set(CALLS) - set(SYMBOLS) - libraries
     assert internal == set(calls.INTERNAL_FUNCTIONS), "only the client's own requests are not exported"
     assert all(name.startswith("xpu") for name in internal)
+
+
+def test_every_math_library_symbol_has_a_call_of_its_library() -> None:
+    from xpuremote.protocol import mathlibs
+
+    for lib in mathlibs.LIBRARIES:
+        symbols = calls.LIBRARY_SYMBOLS[lib.name]
+        assert list(symbols) == sorted(mathlibs.api(lib).FUNCTIONS), "index = the replacement library's op number"
+        for symbol in symbols:
+            call = CALLS[symbol]
+            assert call.library == lib.name and symbol.startswith(lib.prefix)
+    # without an annotation a library's data pointer is a device address, never read by the client
+    sgemm = {p.name: p for p in CALLS["cublasSgemm_v2"].params}
+    assert all(sgemm[n].is_address for n in "ABC") and sgemm["alpha"].is_scalar and not sgemm["lda"].kind == "ptr"
+    bn = {p.name: p for p in CALLS["cudnnBatchNormalizationForwardTrainingEx"].params}
+    assert bn["xData"].is_address and bn["alpha"].count == "scalar:xDesc" and bn["xDesc"].kind == "handle"
+    gemm = CALLS["cublasGemmEx"]
+    assert gemm.cls == "async" and [p.count for p in gemm.params if p.name in ("alpha", "A", "C")] == [
+        "scalar:computeType", "device", "device"]
 
 
 def test_every_variant_is_an_exported_symbol() -> None:
@@ -68,9 +88,11 @@ def test_parameter_annotations_are_consistent() -> None:
             assert p.direction in ("in", "out", "inout")
             if p.kind != "ptr":
                 assert p.direction == "in" and p.count is None, (call.symbol, p)
-            if p.count in (None, "str", "*") or p.count.isdigit():
+            if p.count in (None, "str", "*", "device") or p.count.isdigit():
                 continue
-            for ref in re.split(r"\s*\*\s*", p.count):
+            for ref in re.split(r"\s*\*\s*", p.count.removeprefix("scalar").lstrip(":")):
+                if not ref:  # a scalar sized by its own type
+                    continue
                 assert ref.isdigit() or ref in names, (call.symbol, p.name, p.count)
         if call.cls == "async":
             outs = [p for p in call.outputs if p.pointee != "handle"]
@@ -84,7 +106,8 @@ def test_parameter_annotations_are_consistent() -> None:
 
 
 def test_rebuilding_the_table_gives_the_same_calls() -> None:
-    assert calls._build(SPEC + calls._INTERNAL_SPEC) == CALLS
+    driver = calls._build(SPEC + calls._INTERNAL_SPEC)
+    assert driver == {s: c for s, c in CALLS.items() if c.library == "cuda"}
 
 
 @pytest.mark.parametrize(("spec", "message"), [

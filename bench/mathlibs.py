@@ -1,0 +1,277 @@
+"""The math libraries through xpuremote: cost per forwarded call, and calls per training step.
+
+    python bench/mathlibs.py [--out bench/results/mathlibs-sim.json] [--calls N] [--skip-workloads]
+
+On a private `xpu-server --backend sim` over loopback:
+
+1. cost per call: a process with the shim preloaded (as xpu-run runs a program) calls cuBLAS
+   through ctypes, as a C program or PyTorch does:
+   - async: cublasSgemm_v2 on 1x1 matrices N times, then one cuCtxSynchronize (the GEMM's
+     numpy work on the sim is a few microseconds; it counts in the server's figure);
+   - sync: cublasLtMatmulDescGetAttribute N times (a call that waits for its answer).
+   Beside each, the baseline from the same run: bare pyzmq + msgpack against an echo server,
+   the same calls' wire shape (batched as the client batches, or one echo per call).
+   Client CPU is the calling process's CPU time per call, server CPU the session worker's.
+2. calls per training step: each bench/torch_e2e.py workload (--size small) under
+   XPU_SIM_SKIP_KERNELS=1 with a trace, at 1 and at 3 steps; the difference halved is one
+   step: calls by library and class, and round trips (messages that waited for an answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from foundation import MAX_BATCH_CALLS, RawAgent, calls_header, echo_server  # noqa: E402
+
+from xpuremote.protocol import trace as trace_format  # noqa: E402
+from xpuremote.protocol.calls import CALLS  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCH_PYTHON = Path(os.environ.get("XPU_TORCH_PYTHON") or ROOT / ".venv-torch" / "bin" / "python")
+WORKLOADS = ("mlp_train", "cnn_train_fp32", "gpt2_step_bf16", "gpt2_generate")
+KERNELS = str(ROOT / "tests" / "torch_sim_kernels.py")
+
+SHIM_AGENT = r"""
+import ctypes as c, json, sys, time
+n = int(sys.argv[1])
+cu, blas, lt = c.CDLL("libcuda.so.1"), c.CDLL("libcublas.so.13"), c.CDLL("libcublasLt.so.13")
+def ok(rc, what):
+    if rc: raise SystemExit(f"{what} returned {rc}")
+ok(cu.cuInit(0), "cuInit")
+dev, ctx, handle, desc = c.c_int(), c.c_void_p(), c.c_void_p(), c.c_void_p()
+ok(cu.cuDeviceGet(c.byref(dev), 0), "cuDeviceGet")
+ok(cu.cuDevicePrimaryCtxRetain(c.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+ok(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+ptrs = [c.c_uint64() for _ in range(3)]
+for p in ptrs:
+    ok(cu.cuMemAlloc_v2(c.byref(p), 4), "cuMemAlloc")
+ok(blas.cublasCreate_v2(c.byref(handle)), "cublasCreate")
+ok(lt.cublasLtMatmulDescCreate(c.byref(desc), 68, 0), "cublasLtMatmulDescCreate")  # COMPUTE_32F, R_32F
+alpha, beta = c.c_float(1.0), c.c_float(0.0)
+gemm = blas.cublasSgemm_v2
+gemm.argtypes = [c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_int, c.c_int, c.c_void_p, c.c_uint64, c.c_int,
+                 c.c_uint64, c.c_int, c.c_void_p, c.c_uint64, c.c_int]
+get = lt.cublasLtMatmulDescGetAttribute
+get.argtypes = [c.c_void_p, c.c_int, c.c_void_p, c.c_size_t, c.c_void_p]
+value, written = c.c_int(), c.c_size_t()
+a, b, out = (p.value for p in ptrs)
+def gemms(k):
+    for _ in range(k):
+        gemm(handle, 0, 0, 1, 1, 1, c.byref(alpha), a, 1, b, 1, c.byref(beta), out, 1)
+    ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+def gets(k):
+    for _ in range(k):
+        get(desc, 0, c.byref(value), 4, c.byref(written))
+gemms(200), gets(200)  # warm
+print("ready", flush=True)
+result = {}
+for name, fn in (("async", gemms), ("sync", gets)):
+    sys.stdin.readline()
+    cpu, wall = time.process_time(), time.perf_counter()
+    fn(n)
+    result[name] = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
+    print(json.dumps(result[name]), flush=True)
+"""
+
+
+def start_server(tmp: Path) -> tuple[subprocess.Popen, str, Path]:
+    log = tmp / "server.log"
+    port = _free_port()
+    env = {**os.environ, "XPU_LOG": "INFO", "XPU_SIM_KERNELS": KERNELS, "XPU_SIM_SKIP_KERNELS": "1"}
+    env.pop("LD_PRELOAD", None)
+    with open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "xpuremote.server.daemon", "--listen",
+                                 f"tcp://127.0.0.1:{port}", "--backend", "sim"], stderr=f, env=env)
+    _wait_for(lambda: "ready" in log.read_text(), "the server")
+    return proc, f"tcp://127.0.0.1:{port}", log
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(test: Any, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not test():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{what} did not start")
+        time.sleep(0.05)
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def shim_costs(address: str, log: Path, n: int) -> dict[str, Any]:
+    from xpuremote.interpose.build import ensure_shim
+    from xpuremote.interpose.run import child_env
+
+    env = child_env(str(ensure_shim().parent), address)
+    agent = subprocess.Popen([sys.executable, "-c", SHIM_AGENT, str(n)], env=env, stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    if agent.stdout.readline().strip() != "ready":
+        raise SystemExit("the shim agent failed")
+    worker = int(re.findall(r"worker_pid=(\d+)", log.read_text())[-1])
+    out = {}
+    for name in ("async", "sync"):
+        before = cpu_s(worker)
+        agent.stdin.write("go\n")
+        agent.stdin.flush()
+        run = json.loads(agent.stdout.readline())
+        out[name] = {"calls_per_s": n / run["wall_s"], "us_per_call": 1e6 * run["wall_s"] / n,
+                     "client_cpu_us": 1e6 * run["cpu_s"] / n, "server_cpu_us": 1e6 * (cpu_s(worker) - before) / n}
+    agent.wait(30)
+    return out
+
+
+class GemmRawAgent(RawAgent):
+    """The baseline with the wire shape of the shim's cublasSgemm_v2 and descriptor queries."""
+
+    def gemms(self, n: int) -> float:
+        op = CALLS["cublasSgemm_v2"].opcode
+        args = [0x7C00_0000_0040, 0, 0, 1, 1, 1, b"\0\0\x80?", self.dptr, 1, self.dptr, 1, b"\0\0\0\0", self.dptr, 1]
+        sock, packb = self.sock, self.msgpack.packb
+        t0 = time.perf_counter()
+        pending: list[Any] = []
+        for _ in range(n):
+            pending.append([op, args])
+            if len(pending) >= MAX_BATCH_CALLS:
+                self.seq += 1
+                sock.send(b"N" + packb(calls_header(self.seq, pending, False)))
+                pending = []
+        if pending:
+            self.seq += 1
+            sock.send(b"N" + packb(calls_header(self.seq, pending, False)))
+        self._echo()
+        return time.perf_counter() - t0
+
+
+def raw_costs(n: int) -> dict[str, Any]:
+    server = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--echo-server"], stdout=subprocess.PIPE,
+                              text=True)
+    endpoint = server.stdout.readline().split()[-1]
+    agent = GemmRawAgent(endpoint, 1)
+    try:
+        cpu, wall = time.process_time(), agent.gemms(n)
+        async_cpu = time.process_time() - cpu
+        cpu = time.process_time()
+        sync_wall = agent.sync(n)
+        sync_cpu = time.process_time() - cpu
+    finally:
+        agent.close()
+        server.wait(10)
+    return {"async": {"calls_per_s": n / wall, "us_per_call": 1e6 * wall / n, "client_cpu_us": 1e6 * async_cpu / n},
+            "sync": {"calls_per_s": n / sync_wall, "us_per_call": 1e6 * sync_wall / n,
+                     "client_cpu_us": 1e6 * sync_cpu / n}}
+
+
+# ---- calls per step ---------------------------------------------------------------------------------
+def step_counts(address: str, tmp: Path, workload: str) -> dict[str, Any]:
+    """One training (or generate) step's calls, by the difference of a 3-step and a 1-step run."""
+    totals = []
+    for steps in (1, 3):
+        path = tmp / f"{workload}-{steps}.trace"
+        cmd = [str(TORCH_PYTHON), "-m", "xpuremote.interpose.run", "--server", address, "--trace", str(path), "--",
+               str(TORCH_PYTHON), str(ROOT / "bench" / "torch_e2e.py"), "--run", workload, "--steps", str(steps),
+               "--warmup", "1", "--size", "small"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            return {"error": proc.stderr.strip()[-500:]}
+        totals.append(_count(trace_format.read(path)))
+    first, last = totals
+    return {key: (last[key] - first.get(key, 0)) / 2 for key in last}
+
+
+def _count(trace: trace_format.Trace) -> Counter:
+    counts: Counter = Counter()
+    for call in trace.calls:
+        library = CALLS[call.name].library if call.name in CALLS else "cuda"
+        counts[f"calls_{library}"] += 1
+        counts[f"class_{call.cls}"] += 1
+        counts["calls"] += 1
+    for m in trace.messages:
+        counts["messages"] += 1
+        counts["round_trips"] += m.kind != "async"
+    return counts
+
+
+def markdown(report: dict[str, Any]) -> str:
+    rows = [f"# Math libraries through xpuremote ({report['when']})", "", f"Command: `{report['command']}`",
+            f"Machine: {report['machine']}", "", "## Cost per forwarded call (sim backend, loopback)", "",
+            "| call | through the shim | raw pyzmq + msgpack | ratio | client CPU µs/call (raw) | server CPU µs/call |",
+            "|---|---|---|---|---|---|"]
+    for kind, label in (("async", "cublasSgemm_v2 1x1, async (calls/s)"),
+                        ("sync", "cublasLtMatmulDescGetAttribute, sync (µs/call)")):
+        s, r = report["shim"][kind], report["raw"][kind]
+        key = "calls_per_s" if kind == "async" else "us_per_call"
+        shim_v, raw_v = s[key], r[key]
+        ratio = shim_v / raw_v
+        rows.append(f"| {label} | {shim_v:,.1f} | {raw_v:,.1f} | {ratio:.2f} | {s['client_cpu_us']:.1f} "
+                    f"({r['client_cpu_us']:.1f}) | {s['server_cpu_us']:.1f} |")
+    if report.get("steps"):
+        rows += ["", "## One step of each bench/torch_e2e.py workload (--size small, XPU_SIM_SKIP_KERNELS=1)", "",
+                 "| workload | calls | driver | cuBLAS | cuBLASLt | cuDNN | local | async+shadow | sync | "
+                 "messages | round trips |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, c in report["steps"].items():
+            if "error" in c:
+                rows.append(f"| {name} | error: {c['error'].splitlines()[-1][:100]} |")
+                continue
+            def g(key: str, c: dict[str, Any] = c) -> float:
+                return c.get(key, 0)
+
+            rows.append(f"| {name} | {g('calls'):.0f} | {g('calls_cuda'):.0f} | {g('calls_cublas'):.0f} | "
+                        f"{g('calls_cublasLt'):.0f} | {g('calls_cudnn'):.0f} | {g('class_local'):.0f} | "
+                        f"{g('class_async') + g('class_shadow'):.0f} | {g('class_sync'):.0f} | {g('messages'):.0f} | "
+                        f"{g('round_trips'):.0f} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="JSON here, Markdown beside it")
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--skip-workloads", action="store_true", help="only the cost per call")
+    parser.add_argument("--echo-server", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.echo_server:
+        return echo_server()
+    import platform
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server, address, log = start_server(Path(tmp))
+        try:
+            report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv),
+                      "machine": f"{platform.platform()}, {os.cpu_count()} cpus", "calls": args.calls,
+                      "shim": shim_costs(address, log, args.calls), "raw": raw_costs(args.calls), "steps": {}}
+            if not args.skip_workloads:
+                for name in WORKLOADS:
+                    report["steps"][name] = step_counts(address, Path(tmp), name)
+        finally:
+            server.terminate()
+            server.wait(10)
+    text = markdown(report)
+    print(text)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+        args.out.with_suffix(".md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
