@@ -48,7 +48,7 @@ def test_every_math_library_symbol_has_a_call_of_its_library() -> None:
             assert call.library == lib.name and symbol.startswith(lib.prefix)
     # without an annotation a library's data pointer is a device address, never read by the client
     sgemm = {p.name: p for p in CALLS["cublasSgemm_v2"].params}
-    assert all(sgemm[n].is_address for n in "ABC") and sgemm["alpha"].is_scalar and not sgemm["lda"].kind == "ptr"
+    assert all(sgemm[n].is_address for n in "ABC") and sgemm["alpha"].is_scalar and sgemm["lda"].kind != "ptr"
     bn = {p.name: p for p in CALLS["cudnnBatchNormalizationForwardTrainingEx"].params}
     assert bn["xData"].is_address and bn["alpha"].count == "scalar:xDesc" and bn["xDesc"].kind == "handle"
     gemm = CALLS["cublasGemmEx"]

@@ -31,7 +31,10 @@ import numpy as np
 from xpuremote.server.backends.sim_kernels import Launch, register
 
 F32 = "<f4"
+I64 = "<i8"
+BOOL = "?"
 KernelImpl = Callable[[Launch], None]
+VECS = (1, 2, 4, 8)  # vectorized kernels' vector sizes: which one runs depends on the operands' alignment
 
 # ---------------------------------------------------------------------------------------------- fill
 
@@ -50,6 +53,8 @@ def fill(value_format: str, dtype: str) -> KernelImpl:
 
 for mangled, value_format, dtype in FILL_TYPES:
     register(FILL_KERNEL.format(min(4, 16 // np.dtype(dtype).itemsize), mangled))(fill(value_format, dtype))
+for vec in VECS:  # torch.full(..., dtype=bool): generate's stopping criteria
+    register(FILL_KERNEL.format(vec, "b"))(fill("?", BOOL))
 
 # ----------------------------------------------------------------------------------- strided memory
 
@@ -160,7 +165,12 @@ def copy(functor: bytes, x: list[np.ndarray]) -> np.ndarray:
     return x[0]
 
 
-def vectorized(op: ElementwiseOp, dtype: str = F32) -> KernelImpl:
+def operand_types(types: tuple[str, ...], dtype: str, nargs: int) -> tuple[str, ...]:
+    """Each operand's dtype, the output first: `types` where an op mixes them (comparisons, masks), else `dtype`."""
+    return types or (dtype,) * nargs
+
+
+def vectorized(op: ElementwiseOp, dtype: str = F32, types: tuple[str, ...] = ()) -> KernelImpl:
     """vectorized_elementwise_kernel(int N, functor, array<char*, n> data): all operands contiguous."""
 
     def run(k: Launch) -> None:
@@ -168,14 +178,15 @@ def vectorized(op: ElementwiseOp, dtype: str = F32) -> KernelImpl:
         count = struct.unpack_from("<i", k.params, count_param.offset)[0]
         functor = k.params[functor_param.offset : functor_param.offset + functor_param.size]
         out, *inputs = struct.unpack_from(f"<{data_param.size // 8}Q", k.params, data_param.offset)
-        values = op(functor, [k.array(address, count, dtype) for address in inputs])
-        k.store(out, np.ascontiguousarray(values, dtype=dtype))
+        out_type, *in_types = operand_types(types, dtype, len(inputs) + 1)
+        values = op(functor, [k.array(address, count, t) for address, t in zip(inputs, in_types, strict=True)])
+        k.store(out, np.ascontiguousarray(values, dtype=out_type))
 
     return run
 
 
-def strided(op: ElementwiseOp, nargs: int, dtype: str = F32) -> KernelImpl:
-    """elementwise_kernel<128, 2>(int N, lambda{OffsetCalculator<nargs>, data[nargs], functor})."""
+def strided(op: ElementwiseOp, nargs: int, dtype: str = F32, types: tuple[str, ...] = ()) -> KernelImpl:
+    """elementwise_kernel<128, unroll>(int N, lambda{OffsetCalculator<nargs>, data[nargs], functor})."""
 
     def run(k: Launch) -> None:
         count_param, lambda_param = k.kernel.params
@@ -185,14 +196,49 @@ def strided(op: ElementwiseOp, nargs: int, dtype: str = F32) -> KernelImpl:
         data_at = at + align(OffsetCalculator.nbytes(nargs), 8)
         data = struct.unpack_from(f"<{nargs}Q", k.params, data_at)
         functor = k.params[data_at + 8 * nargs : lambda_param.offset + lambda_param.size]
-        values = op(functor, [gather(k, data[i], offsets[i], dtype) for i in range(1, nargs)])
-        scatter(k, data[0], offsets[0], np.asarray(values, dtype=dtype))
+        out_type, *in_types = operand_types(types, dtype, nargs)
+        values = op(functor, [gather(k, data[i], offsets[i], in_types[i - 1]) for i in range(1, nargs)])
+        scatter(k, data[0], offsets[0], np.asarray(values, dtype=out_type))
+
+    return run
+
+
+# c10::ScalarType codes -> numpy dtypes, for the operands of casting loads and stores
+SCALAR_TYPES = {0: "<u1", 1: "<i1", 2: "<i2", 3: "<i4", 4: I64, 6: F32, 7: "<f8", 11: BOOL}
+
+
+def cast_types(k: Launch, param_index: int, count: int) -> tuple[str, ...]:
+    """The operand dtypes of a LoadWithCast<count> / StoreWithCast<count> parameter (array<ScalarType, count>,
+    then array<uint32, count> element sizes); () for LoadWithoutCast / StoreWithoutCast, which are empty."""
+    param = k.kernel.params[param_index]
+    if param.size < 5 * count:
+        return ()
+    return tuple(SCALAR_TYPES[code] for code in struct.unpack_from(f"<{count}b", k.params, param.offset))
+
+
+def unrolled(op: ElementwiseOp, types: tuple[str, ...]) -> KernelImpl:
+    """unrolled_elementwise_kernel(int N, functor, data, in_calc, out_calc, loader, storer): contiguous operands
+    (TrivialOffsetCalculators); `types` are the functor's, which a casting loader or storer converts from and to
+    (e.g. int64 & bool computed in int64)."""
+
+    def run(k: Launch) -> None:
+        count_param, functor_param, data_param = k.kernel.params[:3]
+        count = struct.unpack_from("<i", k.params, count_param.offset)[0]
+        functor = k.params[functor_param.offset : functor_param.offset + functor_param.size]
+        out, *inputs = struct.unpack_from(f"<{data_param.size // 8}Q", k.params, data_param.offset)
+        loaded = cast_types(k, 5, len(inputs)) or types[1:]
+        stored = cast_types(k, 6, 1) or types[:1]
+        args = [k.array(address, count, t).astype(compute)
+                for address, t, compute in zip(inputs, loaded, types[1:], strict=True)]
+        values = np.asarray(op(functor, args), dtype=types[0])
+        k.store(out, np.ascontiguousarray(values.astype(stored[0])))
 
     return run
 
 
 VECTORIZED = "_ZN2at6native29vectorized_elementwise_kernelILi{vec}E{functor}St5arrayIPcLm{n}EELb0EEEviT0_T1_"
-STRIDED = "_ZN2at6native18elementwise_kernelILi128ELi2EZNS0_22gpu_kernel_impl_nocastI{functor}EEv{tail}EUliE_EEviT1_"
+STRIDED = ("_ZN2at6native18elementwise_kernelILi128ELi{unroll}EZNS0_22gpu_kernel_impl_nocastI{functor}EEv{tail}"
+           "EUliE_EEviT1_")
 ITER = "RNS_18TensorIteratorBaseERKT_"  # the lambda's enclosing signature, compressed when the functor names it
 
 MUL_F = "NS0_13BinaryFunctorIfffNS0_15binary_internal10MulFunctorIfEEEE"
@@ -227,9 +273,194 @@ STRIDED_OPS = [
      "S4_RKT_", 2, copy),
 ]
 for functor, tail, n, op in STRIDED_OPS:
-    register(STRIDED.format(functor=functor, tail=tail))(strided(op, n))
+    register(STRIDED.format(unroll=2, functor=functor, tail=tail))(strided(op, n))
+
+# ------------------------------------------------------- int64 and bool elementwise (generate's bookkeeping)
+
+# Comparison functors hold their operator as an int enum: CompareEqFunctor's EqOpType {EQ, NE}, CompareFunctor's
+# OpType {GE, GT, LE, LT}; a scalar operand (int64) follows at offset 8.
+EQ_OPS = (np.equal, np.not_equal)
+ORDER_OPS = (np.greater_equal, np.greater, np.less_equal, np.less)
+
+
+def compare_eq(functor: bytes, x: list[np.ndarray]) -> np.ndarray:
+    return EQ_OPS[struct.unpack_from("<i", functor)[0]](x[0], x[1])
+
+
+def compare_eq_scalar(functor: bytes, x: list[np.ndarray]) -> np.ndarray:
+    # AUnaryFunctor / BUnaryFunctor {CompareEqFunctor f, int64 scalar}: == and != are symmetric
+    op, scalar = struct.unpack_from("<i4xq", functor)
+    return EQ_OPS[op](x[0], np.int64(scalar))
+
+
+def compare(functor: bytes, x: list[np.ndarray]) -> np.ndarray:
+    return ORDER_OPS[struct.unpack_from("<i", functor)[0]](x[0], x[1])
+
+
+def compare_scalar(functor: bytes, x: list[np.ndarray]) -> np.ndarray:
+    # compare_scalar_kernel's lambda captures {CompareFunctor f, int64 rhs}: lhs op rhs
+    op, rhs = struct.unpack_from("<i4xq", functor)
+    return ORDER_OPS[op](x[0], np.int64(rhs))
+
+
+def add_alpha(functor: bytes, x: list[np.ndarray]) -> np.ndarray:
+    # CUDAFunctor_add {alpha}: a + alpha * b
+    return x[0] + np.int64(struct.unpack_from("<q", functor)[0]) * x[1]
+
+
+def add_scalar_on_self(functor: bytes, x: list[np.ndarray]) -> np.ndarray:
+    # CUDAFunctorOnSelf_add {other, alpha}: self + alpha * other (tensor + scalar)
+    other, alpha = struct.unpack_from("<qq", functor)
+    return x[0] + np.int64(alpha) * np.int64(other)
+
+
+def add_scalar_on_other(functor: bytes, x: list[np.ndarray]) -> np.ndarray:
+    # CUDAFunctorOnOther_add {self, alpha}: self + alpha * other (scalar - tensor, as rsub)
+    self_, alpha = struct.unpack_from("<qq", functor)
+    return np.int64(self_) + np.int64(alpha) * x[0]
+
+
+def bitwise_and(functor: bytes, x: list[np.ndarray]) -> np.ndarray:
+    return x[0] & x[1]
+
+
+def bitwise_or(functor: bytes, x: list[np.ndarray]) -> np.ndarray:
+    return x[0] | x[1]
+
+
+def bitwise_not(functor: bytes, x: list[np.ndarray]) -> np.ndarray:
+    return ~x[0]  # logical not for numpy bools
+
+
+def masked_fill(functor: bytes, x: list[np.ndarray]) -> np.ndarray:
+    # masked_fill_kernel's lambda captures the fill value: mask ? value : self
+    return np.where(x[1], np.int64(struct.unpack_from("<q", functor)[0]), x[0])
+
+
+COMPARE_EQ_F = "NS0_51_GLOBAL__N__68c48bfe_18_CompareEQKernel_cu_d8008c9616CompareEqFunctorIlEE"
+COMPARE_NS = "NS0_50_GLOBAL__N__30bf7ff7_17_CompareKernels_cu_8f1b29aa"
+COMPARE_F = f"{COMPARE_NS}14CompareFunctorIlEE"
+BITWISE_AND_L = "NS0_13BinaryFunctorIlllNS0_17BitwiseAndFunctorIlEEEE"
+LLB, LL, BB = (BOOL, I64, I64), (I64, I64), (BOOL, BOOL)  # operand dtypes, output first
+# (functor, operand count incl. the output, op, operand dtypes)
+INT_VECTORIZED_OPS = [
+    (f"NS0_13BinaryFunctorIllb{COMPARE_EQ_F}EE", 3, compare_eq, LLB),
+    (f"NS0_13AUnaryFunctorIllb{COMPARE_EQ_F}EE", 2, compare_eq_scalar, LLB[:2]),
+    (f"NS0_13BUnaryFunctorIllb{COMPARE_EQ_F}EE", 2, compare_eq_scalar, LLB[:2]),
+    (COMPARE_F, 3, compare, LLB),
+    (f"ZNS0_21compare_scalar_kernelIlEEvRNS_18TensorIteratorBaseE{COMPARE_NS}6OpTypeET_EUllE_", 2, compare_scalar,
+     LLB[:2]),
+    ("NS0_13BinaryFunctorIlllNS0_15binary_internal10MulFunctorIlEEEE", 3, mul, (I64,) * 3),
+    ("NS0_15CUDAFunctor_addIlEE", 3, add_alpha, (I64,) * 3),
+    ("NS0_21CUDAFunctorOnSelf_addIlEE", 2, add_scalar_on_self, LL),
+    ("NS0_22CUDAFunctorOnOther_addIlEE", 2, add_scalar_on_other, LL),
+    (BITWISE_AND_L, 3, bitwise_and, (I64,) * 3),
+    ("NS0_13BinaryFunctorIbbbNS0_17BitwiseAndFunctorIbEEEE", 3, bitwise_and, (BOOL,) * 3),
+    ("NS0_13BinaryFunctorIbbbNS0_16BitwiseOrFunctorIbEEEE", 3, bitwise_or, (BOOL,) * 3),
+    ("ZNS0_23bitwise_not_kernel_cudaERNS_18TensorIteratorBaseEEUlbE_", 2, bitwise_not, BB),
+    ("ZZZNS0_44_GLOBAL__N__b23ef953_11_Indexing_cu_89862edb18masked_fill_kernelERNS_14TensorIteratorERKN3c106Scalar"
+     "EENKUlvE_clEvENKUlvE2_clEvEUllbE_", 3, masked_fill, (I64, I64, BOOL)),
+    ("ZNS0_27converting_copy_kernel_cudaIblEEvRNS_18TensorIteratorBaseEEUlbE_", 2, copy, (I64, BOOL)),
+]
+for functor, n, op, types in INT_VECTORIZED_OPS:
+    for vec in VECS:
+        register(VECTORIZED.format(vec=vec, functor=functor, n=n))(vectorized(op, types=types))
+    for unroll in (2, 4):  # the same functors on strided or broadcast operands
+        register(STRIDED.format(unroll=unroll, functor=functor, tail=ITER))(strided(op, n, types=types))
+
+DIRECT_COPY_F = "ZZZNS0_23direct_copy_kernel_cudaERNS_18TensorIteratorBaseEENKUlvE1_clEvENKUlvE{}_clEvEUl{}E_"
+for unroll in (2, 4):
+    register(STRIDED.format(unroll=unroll, functor=DIRECT_COPY_F.format(2, "l"), tail="S4_RKT_"))(
+        strided(copy, 2, I64))
+    register(STRIDED.format(unroll=unroll, functor=DIRECT_COPY_F.format(9, "b"), tail="S4_RKT_"))(
+        strided(copy, 2, BOOL))
+
+UNROLLED = "_ZN2at6native27unrolled_elementwise_kernelI{}EEviT_T0_T2_T3_T4_T5_"
+# (the template arguments, op, the functor's operand dtypes); written out whole: their mangling back-references
+# (S7_, SA_...) number the components of the functor before them
+UNROLLED_OPS = [
+    ("NS0_13BinaryFunctorIllbNS0_51_GLOBAL__N__68c48bfe_18_CompareEQKernel_cu_d8008c9616CompareEqFunctorIlEEEESt5array"
+     "IPcLm3EELi4E23TrivialOffsetCalculatorILi2EjESA_ILi1EjENS0_6memory15LoadWithoutCastENSD_16StoreWithoutCastE",
+     compare_eq, LLB),
+    ("NS0_15CUDAFunctor_addIlEESt5arrayIPcLm3EELi4E23TrivialOffsetCalculatorILi2EjES7_ILi1EjENS0_6memory15LoadWithout"
+     "CastENSA_16StoreWithoutCastE", add_alpha, (I64,) * 3),
+    ("NS0_13BinaryFunctorIlllNS0_17BitwiseAndFunctorIlEEEESt5arrayIPcLm3EELi4E23TrivialOffsetCalculatorILi2EjES9_ILi1"
+     "EjENS0_6memory12LoadWithCastILi2EEENSC_13StoreWithCastILi1EEE", bitwise_and, (I64,) * 3),  # int64 & bool
+    ("ZZZNS0_23direct_copy_kernel_cudaERNS_18TensorIteratorBaseEENKUlvE1_clEvENKUlvE9_clEvEUlbE_St5arrayIPcLm2EELi4E"
+     "23TrivialOffsetCalculatorILi1EjESB_NS0_6memory12LoadWithCastILi1EEENSC_13StoreWithCastILi1EEE", copy, BB),
+]
+for template_args, op, types in UNROLLED_OPS:
+    register(UNROLLED.format(template_args))(unrolled(op, types))
+
+# ---------------------------------------------------------------------------------- arange and cat
+
+
+def arange(k: Launch) -> None:
+    """elementwise_kernel_with_index<int>(int N, lambda{start, step}, int64* out): out[i] = start + step * i."""
+    count_param, lambda_param, out_param = k.kernel.params
+    count = struct.unpack_from("<i", k.params, count_param.offset)[0]
+    start, step = struct.unpack_from("<qq", k.params, lambda_param.offset)
+    out = struct.unpack_from("<Q", k.params, out_param.offset)[0]
+    k.store(out, start + step * np.arange(count, dtype=np.int64))
+
+
+register("_ZN50_GLOBAL__N__2fa45684_17_RangeFactories_cu_38772b0829elementwise_kernel_with_indexIiZZZN2at6native15"
+         "arange_cuda_outERKN3c106ScalarES6_S6_RNS1_6TensorEENKUlvE_clEvENKUlvE2_clEvEUllE_EEvT_T0_PN15function_traits"
+         "ISD_E11result_typeE")(arange)
+
+CAT_MAX_DIMS = 4  # CAT_ARRAY_MAX_INPUT_DIMS
+
+
+def cat_offsets(index: np.ndarray, sizes: tuple, strides: tuple, dims: int, concat_dim: int,
+                dim_size: int) -> np.ndarray:
+    """CatArrIndexToOffset: an input's linear indices -> element offsets in the output (the input has the
+    output's shape but `dim_size` along the concatenated dimension)."""
+    offset = np.zeros_like(index)
+    for dim in range(dims - 1, 0, -1):
+        index, within = np.divmod(index, dim_size if dim == concat_dim else sizes[dim])
+        offset += within * strides[dim]
+    return offset + index * strides[0]
+
+
+def cat_contiguous(itemsize: int, dims: int, batch: int) -> KernelImpl:
+    """CatArrayBatchedCopy_alignedK_contig(T* out, CatArrInputTensorMetadata inputs, TensorSizeStride out_shape,
+    int concat_dim, uint dim_stride): contiguous inputs, one per blockIdx.y. The metadata: T* input[batch],
+    uint offset[batch], uint dim_size[batch], uint count[batch], bool contiguous[batch], strides."""
+
+    dtype = f"<u{itemsize}"  # only moved: OpaqueType<itemsize>
+
+    def run(k: Launch) -> None:
+        out_param, meta_param, shape_param, dim_param, dim_stride_param = k.kernel.params
+        out = struct.unpack_from("<Q", k.params, out_param.offset)[0]
+        at = meta_param.offset
+        inputs = struct.unpack_from(f"<{batch}Q", k.params, at)
+        offsets, dim_sizes, counts = (struct.unpack_from(f"<{batch}I", k.params, at + 8 * batch + 4 * batch * i)
+                                      for i in range(3))
+        sizes = struct.unpack_from(f"<{CAT_MAX_DIMS}I", k.params, shape_param.offset)
+        strides = struct.unpack_from(f"<{CAT_MAX_DIMS}I", k.params, shape_param.offset + 4 * CAT_MAX_DIMS)
+        concat_dim = struct.unpack_from("<i", k.params, dim_param.offset)[0]
+        dim_stride = struct.unpack_from("<I", k.params, dim_stride_param.offset)[0]
+        for i in range(k.grid[1]):
+            index = np.arange(counts[i], dtype=np.int64)
+            where = offsets[i] * dim_stride + cat_offsets(index, sizes, strides, dims, concat_dim, dim_sizes[i])
+            scatter(k, out, where * itemsize, k.array(inputs[i], counts[i], dtype))
+
+    return run
+
+
+CAT_CONTIG = ("_ZN2at6native40_GLOBAL__N__f1f992fe_8_Shape_cu_49f7391c35CatArrayBatchedCopy_alignedK_contigINS1_10"
+              "OpaqueTypeILj{size}EEEjLi{dims}ELi128ELi1ELi16EEEvPT_NS1_25CatArrInputTensorMetadataIS5_T0_XT2_EXT3_EEE"
+              "NS1_16TensorSizeStrideIS8_Lj4EEEiS8_")
+for size in (1, 2, 4, 8):
+    for dims in range(1, CAT_MAX_DIMS + 1):  # torch.cat of generate's token ids: int64 (1, n) + (1, 1)
+        register(CAT_CONTIG.format(size=size, dims=dims))(cat_contiguous(size, dims, 128))
 
 # -------------------------------------------------------------------------------------- reductions
+
+
+def add_rows(values: np.ndarray) -> np.ndarray:
+    """Row sums: floats in float64 (the order of a GPU's partial sums is not reproduced anyway), integers exactly."""
+    return values.astype(np.float64).sum(axis=1) if values.dtype.kind == "f" else values.sum(axis=1)
 
 
 @dataclass
@@ -238,10 +469,24 @@ class ReduceKind:
 
     ops_format: str  # struct format of ops_t's members ("x": an empty functor)
     project: Callable[[tuple, np.ndarray], np.ndarray]  # (ops_t's members, accumulated) -> output
+    combine: Callable[[np.ndarray], np.ndarray] = add_rows  # (outputs, inputs) -> one accumulated value per output
+    acc: np.dtype | None = None  # arg_t, the identity's type, where it is not the input's: its size and alignment
+    splits: bool = True  # whether partial results of split launches (acc_buf, accumulate) can be merged by adding
 
 
-SUM = ReduceKind("x", lambda ops, acc: acc)
+def identity(ops: tuple, acc: np.ndarray) -> np.ndarray:
+    return acc
+
+
+SUM = ReduceKind("x", identity)
 MEAN = ReduceKind("f", lambda ops, acc: acc * ops[0])  # MeanOps{factor}: sum * (1 / count)
+# generate's bookkeeping: unfinished_sequences.max(), any / all of bool masks, argmax of the logits
+MAX = ReduceKind("x", identity, lambda values: values.max(axis=1), splits=False)
+ANY = ReduceKind("x", identity, lambda values: values.any(axis=1), splits=False)
+ALL = ReduceKind("x", identity, lambda values: values.all(axis=1), splits=False)
+# ArgMaxOps' arg_t is pair<value, int64 index>; np.argmax, like ArgMaxOps, takes the first maximum and a NaN over all
+ARGMAX = ReduceKind("x", identity, lambda values: values.argmax(axis=1), np.dtype([("v", F32), ("i", I64)], align=True),
+                    splits=False)
 
 
 @dataclass
@@ -260,10 +505,10 @@ class ReduceLayout:
     final_output: bool
 
     @classmethod
-    def decode(cls, buf: bytes, kind: ReduceKind, acc_size: int) -> "ReduceLayout":
+    def decode(cls, buf: bytes, kind: ReduceKind, acc: np.dtype) -> "ReduceLayout":
         ops = struct.unpack_from("<" + kind.ops_format, buf)
-        ident_at = align(struct.calcsize(kind.ops_format), acc_size)
-        config_at = align(ident_at + acc_size, 4)
+        ident_at = align(struct.calcsize(kind.ops_format), acc.alignment)
+        config_at = align(ident_at + acc.itemsize, 4)
         # ReduceConfig: element_size, num_inputs, num_outputs, step_input, step_output, ctas_per_output,
         # input_mult[3], output_mult[2], block_width, block_height, num_threads, vectorize_input, output_vec_size
         num_inputs, num_outputs = struct.unpack_from("<ii", buf, config_at + 4)
@@ -276,34 +521,47 @@ class ReduceLayout:
                    OffsetCalculator.decode(buf, output_at, 2), src, dst, acc_buf, accumulate, final_output)
 
 
-def reduction(kind: ReduceKind, dtype: str = F32) -> KernelImpl:
+def reduction(kind: ReduceKind, dtype: str = F32, out_dtype: str = "") -> KernelImpl:
     """reduce_kernel(ReduceOp): the whole reduction at once, whatever the grid's split across
     threads, warps and blocks (those only change the summation order)."""
 
     def run(k: Launch) -> None:
-        op = ReduceLayout.decode(k.params, kind, np.dtype(dtype).itemsize)
+        op = ReduceLayout.decode(k.params, kind, kind.acc or np.dtype(dtype))
+        if (op.accumulate or not op.final_output) and not kind.splits:
+            raise ValueError(f"{k.kernel.name}: a reduction split across launches, which this does not merge")
         out_offsets, in_starts = op.output_calc.offsets(op.num_outputs)
         in_offsets = op.input_calc.offsets(op.num_inputs)[0]
         values = gather(k, op.src, in_starts[:, None] + in_offsets[None, :], dtype)
-        acc = values.astype(np.float64).sum(axis=1)
+        acc = kind.combine(values)
         # partial results of an earlier launch (a split reduction) are in acc_buf or the output
         target = op.acc_buf if op.acc_buf else op.dst
         if op.accumulate:
             acc += gather(k, target, out_offsets, dtype)
         if op.final_output:
-            scatter(k, op.dst, out_offsets, kind.project(op.ops, acc).astype(dtype))
+            scatter(k, op.dst, out_offsets, kind.project(op.ops, acc).astype(out_dtype or dtype))
         else:
             scatter(k, target, out_offsets, acc.astype(dtype))
 
     return run
 
 
-REDUCE = "_ZN2at6native13reduce_kernelILi{nt}ELi{vec}ENS0_8ReduceOpIf{ops}jfLi4ELi4EEEEEvT1_"
+REDUCE = "_ZN2at6native13reduce_kernelILi{nt}ELi{vec}ENS0_8ReduceOpI{scalar}{ops}j{out}Li4ELi4EEEEEvT1_"
 SUM_OPS = "NS0_14func_wrapper_tIfZNS0_11sum_functorIfffEclERNS_14TensorIteratorEEUlffE_EE"
 MEAN_OPS = "NS0_7MeanOpsIffffEE"
-for nt, vec in ((512, 1), (256, 2), (128, 4)):  # 512 threads, or fewer that each produce vec outputs
-    register(REDUCE.format(nt=nt, vec=vec, ops=SUM_OPS))(reduction(SUM))
-    register(REDUCE.format(nt=nt, vec=vec, ops=MEAN_OPS))(reduction(MEAN))
+LOGICAL_OPS = "NS0_14func_wrapper_tIbZZZNS0_{}_kernel_cudaERNS_14TensorIteratorEENKUlvE_clEvENKUlvE10_clEvEUlbbE_EE"
+# (input and output type in the mangling, ops_t, kind, input dtype, output dtype)
+REDUCTIONS = [
+    ("f", SUM_OPS, "f", SUM, F32, F32),
+    ("f", MEAN_OPS, "f", MEAN, F32, F32),
+    ("l", "NS0_14func_wrapper_tIlZNS0_11sum_functorIlllEclERNS_14TensorIteratorEEUlllE_EE", "l", SUM, I64, I64),
+    ("l", "NS0_14func_wrapper_tIlNS0_13MaxNanFunctorIlEEEE", "l", MAX, I64, I64),
+    ("b", LOGICAL_OPS.format("14or"), "b", ANY, BOOL, BOOL),
+    ("b", LOGICAL_OPS.format("15and"), "b", ALL, BOOL, BOOL),
+    ("f", "NS0_9ArgMaxOpsIfEE", "l", ARGMAX, F32, I64),
+]
+for scalar, ops, out, kind, dtype, out_dtype in REDUCTIONS:
+    for nt, vec in ((512, 1), (256, 2), (128, 4)):  # 512 threads, or fewer that each produce vec outputs
+        register(REDUCE.format(nt=nt, vec=vec, scalar=scalar, ops=ops, out=out))(reduction(kind, dtype, out_dtype))
 
 # ------------------------------------------------------------------------------------------ foreach
 
