@@ -46,14 +46,16 @@ demo: shim $(BUILD)/vector_add
 lint: setup
 	$(PY) -m ruff check .
 
-check-generated: setup
+# the math libraries' headers come with the torch venv's NVIDIA wheels
+check-generated: setup torch
 	$(PY) -m xpuremote.protocol.generate --check
 
 test: lint check-generated shim torch
 	$(PY) -m pytest -q
 
-bench: shim
+bench: shim torch
 	$(PY) bench/foundation.py --out bench/results/foundation-sim.json
+	$(PY) bench/mathlibs.py --out bench/results/mathlibs-sim.json
 
 clean:
 	rm -rf $(BUILD) .pytest_cache
