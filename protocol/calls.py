@@ -10,7 +10,8 @@ give the defaults; the SPEC below adds only what types cannot say:
   `sync`   needs the server's answer.
   A family with no row is exported all the same and answers CUDA_ERROR_NOT_SUPPORTED.
 - parameter annotations, `name=dir[:count]`: `in`, `out` or `inout` for a buffer whose size in
-  bytes is `count` (a parameter name, `a*b`, or a number); `str` for a NUL-terminated input
+  bytes is `count` (a parameter name, `a*b`, or a number; `each` is the size of one pointee,
+  for arrays of structs: `count*each`); `str` for a NUL-terminated input
   string. Without one, `const T *` is one T in, `T *` one T out, and scalars are inputs; in a
   math library's row, a pointer that is not to a handle is a device address.
 
@@ -260,7 +261,7 @@ class Param:
         total = 1
         for part in self.count.split("*"):
             part = part.strip()
-            total *= int(part) if part.isdigit() else int(values[part])
+            total *= int(part) if part.isdigit() else self.pointee_size if part == "each" else int(values[part])
         return total
 
 
@@ -385,7 +386,7 @@ def _build(spec: str, functions: dict[str, tuple] | None = None, types: dict[str
             if n not in names:
                 raise TableError(f"SPEC: {family} has no parameter {n!r} (has {sorted(names)})")
             for ref in re.findall(r"[A-Za-z_]\w*", count or ""):
-                if ref not in ("str", "scalar") and ref not in names:
+                if ref not in ("str", "scalar", "each") and ref not in names:
                     raise TableError(f"SPEC: {family}.{n} counts by {ref!r}, not a parameter of {symbol}")
     families = {c.family for c in table.values()}
     for family in rows:

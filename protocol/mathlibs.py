@@ -108,7 +108,7 @@ cublasLtMatmulPreferenceCreate          shadow
 cublasLtMatmulPreferenceDestroy         async
 cublasLtMatmulPreferenceSetAttribute    async   buf=in:sizeInBytes
 cublasLtMatmulPreferenceGetAttribute    sync    buf=out:sizeInBytes sizeWritten=out
-cublasLtMatmulAlgoGetHeuristic          sync    heuristicResultsArray=out:requestedAlgoCount*96 returnAlgoCount=out
+cublasLtMatmulAlgoGetHeuristic          sync    heuristicResultsArray=out:requestedAlgoCount*each returnAlgoCount=out
 cublasLtMatmulAlgoInit                  sync    algo=out
 cublasLtMatmulAlgoCheck                 sync    algo=in result=out
 cublasLtMatmulAlgoConfigGetAttribute    sync    algo=in buf=out:sizeInBytes sizeWritten=out
@@ -161,6 +161,32 @@ cudnnBatchNormalizationForwardInference             async   alpha=scalar:xDesc b
 cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize    sync    sizeInBytes=out
 cudnnGetBatchNormalizationTrainingExReserveSpaceSize        sync    sizeInBytes=out
 cudnnGetBatchNormalizationBackwardExWorkspaceSize           sync    sizeInBytes=out
+# the legacy convolutions (PyTorch's path with TORCH_CUDNN_V8_API_DISABLED=1)
+cudnnCreateFilterDescriptor         shadow
+cudnnDestroyFilterDescriptor        async
+cudnnSetFilterNdDescriptor          async   filterDimA=in:nbDims*4
+cudnnGetFilterNdDescriptor          sync    dataType=out format=out nbDims=out filterDimA=out:nbDimsRequested*4
+cudnnGetTensorNdDescriptor          sync    dataType=out nbDims=out dimA=out:nbDimsRequested*4 \
+                                            strideA=out:nbDimsRequested*4
+cudnnCreateConvolutionDescriptor    shadow
+cudnnDestroyConvolutionDescriptor   async
+cudnnSetConvolutionNdDescriptor     async   padA=in:arrayLength*4 filterStrideA=in:arrayLength*4 \
+                                            dilationA=in:arrayLength*4
+cudnnSetConvolutionGroupCount       async
+cudnnSetConvolutionMathType         async
+cudnnGetConvolutionForwardAlgorithm             sync    returnedAlgoCount=out perfResults=out:requestedAlgoCount*each
+cudnnGetConvolutionBackwardDataAlgorithm        sync    returnedAlgoCount=out perfResults=out:requestedAlgoCount*each
+cudnnGetConvolutionBackwardFilterAlgorithm      sync    returnedAlgoCount=out perfResults=out:requestedAlgoCount*each
+cudnnFindConvolutionForwardAlgorithmEx          sync    returnedAlgoCount=out perfResults=out:requestedAlgoCount*each
+cudnnFindConvolutionBackwardDataAlgorithmEx     sync    returnedAlgoCount=out perfResults=out:requestedAlgoCount*each
+cudnnFindConvolutionBackwardFilterAlgorithmEx   sync    returnedAlgoCount=out perfResults=out:requestedAlgoCount*each
+cudnnGetConvolutionForwardWorkspaceSize         sync    sizeInBytes=out
+cudnnGetConvolutionBackwardDataWorkspaceSize    sync    sizeInBytes=out
+cudnnGetConvolutionBackwardFilterWorkspaceSize  sync    sizeInBytes=out
+cudnnConvolutionForward             async   alpha=scalar:xDesc beta=scalar:xDesc
+cudnnConvolutionBackwardData        async   alpha=scalar:dyDesc beta=scalar:dyDesc
+cudnnConvolutionBackwardFilter      async   alpha=scalar:xDesc beta=scalar:xDesc
+cudnnConvolutionBackwardBias        async   alpha=scalar:dyDesc beta=scalar:dyDesc
 """,
 )
 

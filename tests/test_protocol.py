@@ -93,7 +93,7 @@ def test_parameter_annotations_are_consistent() -> None:
             for ref in re.split(r"\s*\*\s*", p.count.removeprefix("scalar").lstrip(":")):
                 if not ref:  # a scalar sized by its own type
                     continue
-                assert ref.isdigit() or ref in names, (call.symbol, p.name, p.count)
+                assert ref.isdigit() or ref == "each" or ref in names, (call.symbol, p.name, p.count)
         if call.cls == "async":
             outs = [p for p in call.outputs if p.pointee != "handle"]
             assert not outs or call.family in calls.ASYNC_WITH_OUTPUTS, (call.symbol, outs)

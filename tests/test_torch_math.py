@@ -89,9 +89,18 @@ def test_matmul_conv_and_their_gradients_match_the_cpu(sim_result: tuple[dict[st
     results, _ = sim_result
     expected = {"matmul_fp32", "matmul_float16", "matmul_bfloat16", "matmul_transposed", "matmul_non_contiguous",
                 "bmm", "bmm_fp16", "addmm", "addmm_relu", "addmm_gelu", "linear_forward", "conv2d_forward",
-                "conv2d_dilated", "conv2d_fp16", "conv2d_input_grad", "conv2d_weight_grad", "batch_norm"}
+                "conv2d_dilated", "conv2d_channels_last", "conv2d_fp16", "conv2d_input_grad", "conv2d_weight_grad",
+                "batch_norm"}
     assert expected <= set(results)
     assert_close(results)
+
+
+def test_the_legacy_convolution_path(sim_server: Server) -> None:
+    """PyTorch's other cuDNN path (Conv_v7: descriptors, cudnnGet*Algorithm_v7, cudnnConvolution*)."""
+    results, _ = run_math(sim_server, TORCH_CUDNN_V8_API_DISABLED="1")
+    convolutions = {k: v for k, v in results.items() if k.startswith("conv2d")}
+    assert len(convolutions) == 6
+    assert_close(convolutions)
 
 
 def test_linear_backward_and_two_optimizer_steps_match_the_cpu(sim_server: Server) -> None:

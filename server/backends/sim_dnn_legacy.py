@@ -1,6 +1,7 @@
-"""cuDNN's legacy (descriptor) API on the sim device: tensor descriptors and batch normalization.
+"""cuDNN's legacy (descriptor) API on the sim device: descriptors, convolutions, batch norm.
 
-PyTorch's BatchNorm takes this path (the *Ex calls, plain batch norm without fused activation).
+PyTorch's BatchNorm takes this path (the *Ex calls, plain batch norm without fused activation),
+and its convolutions do with TORCH_CUDNN_V8_API_DISABLED=1 (the math is the backend API's).
 Statistics are per channel over N and the spatial dimensions (the spatial modes) or over N
 alone (per activation); the running variance is the unbiased one, the saved inverse standard
 deviation the biased one, as cuDNN documents.
@@ -14,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .sim_dnn import E, Tensor, fail
+from .sim_dnn import Convolution, E, Tensor, fail
 
 PER_ACTIVATION = E["CUDNN_BATCHNORM_PER_ACTIVATION"]
 BN_ONLY = E["CUDNN_BATCHNORM_OPS_BN"]
@@ -30,6 +31,44 @@ class TensorDescriptor:
         if not self.dims:
             raise fail("invalid_value", "the tensor descriptor has not been set")
         return Tensor(list(self.dims), list(self.strides), self.dtype, address, memory)
+
+
+@dataclass
+class FilterDescriptor:
+    dtype: int = E["CUDNN_DATA_FLOAT"]
+    layout: int = E["CUDNN_TENSOR_NCHW"]
+    dims: tuple[int, ...] = ()  # K, C, spatial... whatever the layout
+
+    def at(self, address: int, memory: Any) -> Tensor:
+        if not self.dims:
+            raise fail("invalid_value", "the filter descriptor has not been set")
+        if self.layout == E["CUDNN_TENSOR_NHWC"]:  # K, spatial..., C in memory
+            k, c, *spatial = self.dims
+            inner = packed_strides((k, *spatial, c))
+            strides = (inner[0], 1, *inner[1:-1])
+        else:
+            strides = packed_strides(self.dims)
+        return Tensor(list(self.dims), list(strides), self.dtype, address, memory)
+
+
+@dataclass
+class ConvolutionDescriptor:
+    pad: tuple[int, ...] = ()
+    stride: tuple[int, ...] = ()
+    dilation: tuple[int, ...] = ()
+    mode: int = E["CUDNN_CROSS_CORRELATION"]
+    groups: int = 1
+    math: int = E["CUDNN_DEFAULT_MATH"]
+
+    def convolution(self, w: FilterDescriptor) -> Convolution:
+        if not self.pad:
+            raise fail("invalid_value", "the convolution descriptor has not been set")
+        return Convolution(list(self.stride), list(self.pad), list(self.dilation), self.mode == E["CUDNN_CONVOLUTION"],
+                           w.dims[1])
+
+
+# cudnnConvolution*AlgoPerf_t: algo, status, time, memory, determinism, math type, reserved
+ALGO_PERF = struct.Struct("<iif4xQii12x")
 
 
 def packed_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
@@ -84,12 +123,117 @@ class LegacyDnn:
     def cudnnSetActivationDescriptor(self, desc: dict[str, Any], mode: int, nan: int, coef: float) -> None:
         desc.update(mode=mode, nan=nan, coef=coef)
 
+    def cudnnGetTensorNdDescriptor(self, desc: TensorDescriptor, requested: int) -> tuple[int, int, bytes, bytes]:
+        shown = max(min(requested, len(desc.dims)), 0)
+        return (desc.dtype, len(desc.dims), struct.pack(f"<{shown}i", *desc.dims[:shown]),
+                struct.pack(f"<{shown}i", *desc.strides[:shown]))
+
     def _no_workspace(self, *args: Any) -> tuple[int]:
         return (0,)
 
     cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize = _no_workspace
     cudnnGetBatchNormalizationTrainingExReserveSpaceSize = _no_workspace
     cudnnGetBatchNormalizationBackwardExWorkspaceSize = _no_workspace
+    cudnnGetConvolutionForwardWorkspaceSize = _no_workspace
+    cudnnGetConvolutionBackwardDataWorkspaceSize = _no_workspace
+    cudnnGetConvolutionBackwardFilterWorkspaceSize = _no_workspace
+
+    # ---- convolutions ----------------------------------------------------------------------------
+    def cudnnCreateFilterDescriptor(self) -> tuple[FilterDescriptor]:
+        return (FilterDescriptor(),)
+
+    def cudnnSetFilterNdDescriptor(self, desc: FilterDescriptor, dtype: int, layout: int, count: int,
+                                   dims: bytes) -> None:
+        if not 3 <= count <= 8:
+            raise fail("invalid_value", f"a filter of {count} dimensions")
+        desc.dtype, desc.layout, desc.dims = dtype, layout, struct.unpack(f"<{count}i", dims)
+
+    def cudnnGetFilterNdDescriptor(self, desc: FilterDescriptor, requested: int) -> tuple[int, int, int, bytes]:
+        shown = max(min(requested, len(desc.dims)), 0)
+        return desc.dtype, desc.layout, len(desc.dims), struct.pack(f"<{shown}i", *desc.dims[:shown])
+
+    def cudnnCreateConvolutionDescriptor(self) -> tuple[ConvolutionDescriptor]:
+        return (ConvolutionDescriptor(),)
+
+    def _destroy(self, desc: Any) -> None:
+        pass
+
+    cudnnDestroyFilterDescriptor = cudnnDestroyConvolutionDescriptor = _destroy
+
+    def cudnnSetConvolutionNdDescriptor(self, desc: ConvolutionDescriptor, count: int, pad: bytes, stride: bytes,
+                                        dilation: bytes, mode: int, compute: int) -> None:
+        if not 1 <= count <= 6:
+            raise fail("invalid_value", f"a convolution of {count} spatial dimensions")
+        desc.pad, desc.stride, desc.dilation = (struct.unpack(f"<{count}i", b) for b in (pad, stride, dilation))
+        desc.mode = mode
+
+    def cudnnSetConvolutionGroupCount(self, desc: ConvolutionDescriptor, groups: int) -> None:
+        desc.groups = groups
+
+    def cudnnSetConvolutionMathType(self, desc: ConvolutionDescriptor, math: int) -> None:
+        desc.math = math
+
+    def _algorithms(self, conv: ConvolutionDescriptor, requested: int) -> tuple[int, bytes]:
+        """One algorithm, deterministic, needing no workspace: the sim has one way to convolve."""
+        if requested < 1:
+            raise fail("invalid_value", "requestedAlgoCount < 1")
+        return 1, ALGO_PERF.pack(0, 0, 0.0, 0, E["CUDNN_DETERMINISTIC"], conv.math)
+
+    def cudnnGetConvolutionForwardAlgorithm(self, handle: Any, x: Any, w: Any, conv: ConvolutionDescriptor,
+                                            y: Any, requested: int) -> tuple[int, bytes]:
+        return self._algorithms(conv, requested)
+
+    def cudnnGetConvolutionBackwardDataAlgorithm(self, handle: Any, w: Any, dy: Any, conv: ConvolutionDescriptor,
+                                                 dx: Any, requested: int) -> tuple[int, bytes]:
+        return self._algorithms(conv, requested)
+
+    def cudnnGetConvolutionBackwardFilterAlgorithm(self, handle: Any, x: Any, dy: Any, conv: ConvolutionDescriptor,
+                                                   dw: Any, requested: int) -> tuple[int, bytes]:
+        return self._algorithms(conv, requested)
+
+    def cudnnFindConvolutionForwardAlgorithmEx(self, handle: Any, x: Any, x_ptr: int, w: Any, w_ptr: int,
+                                               conv: ConvolutionDescriptor, y: Any, y_ptr: int, requested: int,
+                                               workspace: int, workspace_bytes: int) -> tuple[int, bytes]:
+        return self._algorithms(conv, requested)
+
+    def cudnnFindConvolutionBackwardDataAlgorithmEx(self, handle: Any, w: Any, w_ptr: int, dy: Any, dy_ptr: int,
+                                                    conv: ConvolutionDescriptor, dx: Any, dx_ptr: int, requested: int,
+                                                    workspace: int, workspace_bytes: int) -> tuple[int, bytes]:
+        return self._algorithms(conv, requested)
+
+    def cudnnFindConvolutionBackwardFilterAlgorithmEx(self, handle: Any, x: Any, x_ptr: int, dy: Any, dy_ptr: int,
+                                                      conv: ConvolutionDescriptor, dw: Any, dw_ptr: int,
+                                                      requested: int, workspace: int,
+                                                      workspace_bytes: int) -> tuple[int, bytes]:
+        return self._algorithms(conv, requested)
+
+    def cudnnConvolutionForward(self, handle: Any, alpha: bytes, x: TensorDescriptor, x_ptr: int,
+                                w: FilterDescriptor, w_ptr: int, conv: ConvolutionDescriptor, algo: int,
+                                workspace: int, workspace_bytes: int, beta: bytes, y: TensorDescriptor,
+                                y_ptr: int) -> None:
+        result = conv.convolution(w).forward(x.at(x_ptr, self.memory).load(), w.at(w_ptr, self.memory).load())
+        self._blend(y.at(y_ptr, self.memory), result, alpha, beta)
+
+    def cudnnConvolutionBackwardData(self, handle: Any, alpha: bytes, w: FilterDescriptor, w_ptr: int,
+                                     dy: TensorDescriptor, dy_ptr: int, conv: ConvolutionDescriptor, algo: int,
+                                     workspace: int, workspace_bytes: int, beta: bytes, dx: TensorDescriptor,
+                                     dx_ptr: int) -> None:
+        grad = conv.convolution(w).data_grad(dy.at(dy_ptr, self.memory).load(), w.at(w_ptr, self.memory).load(),
+                                             list(dx.dims))
+        self._blend(dx.at(dx_ptr, self.memory), grad, alpha, beta)
+
+    def cudnnConvolutionBackwardFilter(self, handle: Any, alpha: bytes, x: TensorDescriptor, x_ptr: int,
+                                       dy: TensorDescriptor, dy_ptr: int, conv: ConvolutionDescriptor, algo: int,
+                                       workspace: int, workspace_bytes: int, beta: bytes, dw: FilterDescriptor,
+                                       dw_ptr: int) -> None:
+        grad = conv.convolution(dw).filter_grad(x.at(x_ptr, self.memory).load(), dy.at(dy_ptr, self.memory).load(),
+                                                list(dw.dims))
+        self._blend(dw.at(dw_ptr, self.memory), grad, alpha, beta)
+
+    def cudnnConvolutionBackwardBias(self, handle: Any, alpha: bytes, dy: TensorDescriptor, dy_ptr: int, beta: bytes,
+                                     db: TensorDescriptor, db_ptr: int) -> None:
+        grad = dy.at(dy_ptr, self.memory).load()
+        self._blend(db.at(db_ptr, self.memory), grad.sum(axis=(0, *range(2, grad.ndim)), keepdims=True), alpha, beta)
 
     # ---- batch normalization ---------------------------------------------------------------------
     def _param(self, desc: TensorDescriptor, address: int) -> Tensor:

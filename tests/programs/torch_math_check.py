@@ -115,6 +115,13 @@ def _() -> float:
     return diff(F.conv2d(x.cuda(), w2.cuda(), padding=2, dilation=2), F.conv2d(x, w2, padding=2, dilation=2))
 
 
+@check("conv2d_channels_last")
+def _() -> float:
+    w2 = torch.randn(5, 4, 3, 3)
+    xd, wd = (t.cuda().to(memory_format=torch.channels_last) for t in (x, w2))
+    return diff(F.conv2d(xd, wd, padding=1), F.conv2d(x, w2, padding=1))
+
+
 @check("conv2d_fp16")
 def _() -> float:
     xh, wh = x.half(), torch.randn(5, 4, 3, 3).half()
