@@ -117,6 +117,16 @@ implements("cudnnSetStream")(_setter("stream"))
 implements("cudnnGetStream")(_getter("stream"))
 
 
+@implements("cublasSdot", "cublasDdot", "cublasCdotu", "cublasCdotc", "cublasZdotu", "cublasZdotc", "cublasDotEx")
+def dot(d: Driver, call: Call, args: list[Any]) -> None:
+    """Forwarded with the result as a device address: in host pointer mode it would be the
+    application's memory, which the server cannot write."""
+    if _state(args[0])["pointer_mode"] == POINTER_MODE_HOST:
+        raise errors.library_error("cublas", "not_supported", f"{call.symbol} into host memory (pointer mode "
+                                   "CUBLAS_POINTER_MODE_HOST) is not forwarded; use CUBLAS_POINTER_MODE_DEVICE")
+    d.forward(call, args)
+
+
 @implements("cublasLtMatmulDescCreate")
 def matmul_desc_create(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)

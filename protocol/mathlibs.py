@@ -80,6 +80,26 @@ cublasGemmEx                async   alpha=scalar:computeType beta=scalar:compute
 cublasGemmStridedBatchedEx  async   alpha=scalar:computeType beta=scalar:computeType
 cublasSgemv                 async   alpha=scalar beta=scalar
 cublasDgemv                 async   alpha=scalar beta=scalar
+# the rest of what PyTorch's libtorch_cuda imports (the sim computes only the real GEMMs above;
+# on a GPU all of these run): complex GEMMs, triangular solves, and dot products, whose result
+# is a device address (PyTorch uses device pointer mode for them; host mode is refused)
+cublasCgemm                 async   alpha=scalar beta=scalar
+cublasZgemm                 async   alpha=scalar beta=scalar
+cublasCgemmStridedBatched   async   alpha=scalar beta=scalar
+cublasZgemmStridedBatched   async   alpha=scalar beta=scalar
+cublasCgemv                 async   alpha=scalar beta=scalar
+cublasZgemv                 async   alpha=scalar beta=scalar
+cublasStrsm                 async   alpha=scalar
+cublasDtrsm                 async   alpha=scalar
+cublasCtrsm                 async   alpha=scalar
+cublasZtrsm                 async   alpha=scalar
+cublasSdot                  async
+cublasDdot                  async
+cublasCdotu                 async
+cublasCdotc                 async
+cublasZdotu                 async
+cublasZdotc                 async
+cublasDotEx                 async
 """,
 )
 
