@@ -44,17 +44,17 @@ class Backend:
     the backend's own objects; an output parameter's value is its size in bytes, or None when
     the application passed NULL) and returns the outputs aligned with `call.outputs`.
     The default calls the method named after the call's family with the inputs only, on the
-    backend itself for driver calls and on `libraries[call.library]` for a math library's.
+    backend itself for driver calls and on `library(call.library)` for a math library's.
     """
 
     name = "base"
-    libraries: dict[str, Any] = {}
+    handles: dict[int, tuple[str, Any]] = {}
 
     def inventory(self) -> Inventory:
         raise NotImplementedError
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
-        target = self if call.library == "cuda" else self.libraries.get(call.library)
+        target = self if call.library == "cuda" else self.library(call.library)
         method = getattr(target, call.family, None)
         if method is None:
             raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not implemented by the {self.name} backend")
@@ -62,12 +62,14 @@ class Backend:
         outs = method(*ins)
         return list(outs) if outs is not None else []
 
+    def library(self, name: str) -> Any:
+        """What serves the math library `name` (its families as methods), or None."""
+        return None
+
     def bind(self, handles: dict[int, tuple[str, Any]]) -> None:
         """The session's handle table (client handle -> (type, object)), for libraries whose
         arguments hold handles inside arrays (cuDNN's descriptor attributes)."""
-        for library in self.libraries.values():
-            if hasattr(library, "handles"):
-                library.handles = handles
+        self.handles = handles
 
     def close(self) -> None:
         """Release everything this session holds."""

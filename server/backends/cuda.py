@@ -82,11 +82,7 @@ class CudaBackend(Backend):
         self.modules: dict[bytes, int] = {}  # content hash -> CUmodule, within this session
         self.nvml: NvmlStatus | None = None  # loaded on the first xpuDeviceStatus
         self.libraries: dict[str, Any] = {}  # math library name -> its cffi handle, loaded on first use
-        self.handles: dict[int, tuple[str, Any]] = {}
         self.check(self.lib.cuInit(0), "cuInit")
-
-    def bind(self, handles: dict[int, tuple[str, Any]]) -> None:
-        self.handles = handles
 
     def check(self, status: int, what: str, library: str = "cuda") -> None:
         if status:

@@ -25,10 +25,7 @@ from xpuremote.protocol.errors import CudaError
 
 from . import sim_kernels
 from .base import Backend, DeviceInfo, Inventory
-from .sim_blas import SimBlas
 from .sim_board import Board
-from .sim_dnn import GraphDnn
-from .sim_dnn_legacy import LegacyDnn
 
 log = logging.getLogger("xpuremote.server")
 SIM_DRIVER_VERSION = 13020  # what a CUDA 13.2 driver reports: runtimes up to 13.2 (PyTorch cu132) accept it
@@ -202,10 +199,6 @@ def _attribute_ids() -> dict[int, int]:
     return out
 
 
-class SimDnn(GraphDnn, LegacyDnn):
-    """cuDNN on the sim device: the backend (graph) API and the legacy descriptor API."""
-
-
 class SimBackend(Backend):
     name = "sim"
 
@@ -223,8 +216,7 @@ class SimBackend(Backend):
         self.modules: dict[int, Module] = {}
         self.images: dict[bytes, Module] = {}  # content hash -> module loaded from it
         self.created_at = time.perf_counter()
-        blas = SimBlas(self.memory)
-        self.libraries = {"cublas": blas, "cublasLt": blas, "cudnn": SimDnn(self.memory, self.skip_unknown_kernels)}
+        self.libraries: dict[str, Any] = {}  # made on first use: numpy is imported then
         sim_kernels.load_plugins(os.environ.get("XPU_SIM_KERNELS", ""))
 
     def inventory(self) -> Inventory:
@@ -325,11 +317,21 @@ class SimBackend(Backend):
                  "clock_memory_mhz": DEVICE_ATTRIBUTES["MEMORY_CLOCK_RATE"] // 1000,
                  "processes": [[pid, size] for pid, size in sorted(sessions.items())]},)
 
+    def library(self, name: str) -> Any:
+        if not self.libraries:
+            from .sim_blas import SimBlas
+            from .sim_dnn_legacy import SimDnn
+
+            blas, dnn = SimBlas(self.memory), SimDnn(self.memory, self.skip_unknown_kernels)
+            dnn.handles = self.handles
+            self.libraries = {"cublas": blas, "cublasLt": blas, "cudnn": dnn}
+        return self.libraries.get(name)
+
     def xpuLibraryVersion(self, library: str) -> tuple[list[int] | None]:
         """The sim serves the math libraries at the version the call table was generated from, or
         as XPU_SIM_LIBRARY_VERSIONS says (`cudnn=9.1.0,cublas=13.0.0`: a server with older copies)."""
         lib = mathlibs.BY_NAME.get(library)
-        if lib is None or lib.name not in self.libraries:
+        if lib is None or self.library(lib.name) is None:
             return (None,)
         for item in filter(None, os.environ.get("XPU_SIM_LIBRARY_VERSIONS", "").split(",")):
             name, _, version = item.partition("=")
@@ -338,7 +340,7 @@ class SimBackend(Backend):
         return (list(mathlibs.api(lib).VERSION),)
 
     def xpuCudnnGetDescriptors(self, descriptor: int, name: int, requested: int, handles: bytes | None) -> tuple[int]:
-        dnn = self.libraries["cudnn"]
+        dnn = self.library("cudnn")
         return (dnn.get_descriptors(dnn.descriptor(descriptor), name, requested, handles),)
 
     def cuMemcpyHtoD(self, dst: int, src: bytes, count: int) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .sim_dnn import Convolution, E, Tensor, fail
+from .sim_dnn import Convolution, E, GraphDnn, Tensor, fail
 
 PER_ACTIVATION = E["CUDNN_BATCHNORM_PER_ACTIVATION"]
 BN_ONLY = E["CUDNN_BATCHNORM_OPS_BN"]
@@ -309,3 +309,6 @@ class LegacyDnn:
         for address, value in ((d_scale, g_scale), (d_bias, g_bias)):
             self._blend(self._param(bn_desc, address), value.reshape(bn_desc.dims), alpha_param, beta_param)
 
+
+class SimDnn(GraphDnn, LegacyDnn):
+    """cuDNN on the sim device: the backend (graph) API and the legacy descriptor API."""
