@@ -6,8 +6,9 @@ On a private `xpu-server --backend sim` over loopback:
 
 1. cost per call: a process with the shim preloaded (as xpu-run runs a program) calls cuBLAS
    through ctypes, as a C program or PyTorch does:
-   - async: cublasSgemm_v2 on 1x1 matrices N times, then one cuCtxSynchronize (the GEMM's
-     numpy work on the sim is a few microseconds; it counts in the server's figure);
+   - async: cublasSgemm_v2 on 1x1 matrices N times, then one cuCtxSynchronize (the sim's numpy
+     work on each GEMM counts in the server's figure); and cublasSetMathMode N times, a call
+     the server only records (forwarding alone);
    - sync: cublasLtMatmulDescGetAttribute N times (a call that waits for its answer).
    Beside each, the baseline from the same run: bare pyzmq + msgpack against an echo server,
    the same calls' wire shape (batched as the client batches, or one echo per call).
@@ -73,10 +74,14 @@ def gemms(k):
 def gets(k):
     for _ in range(k):
         get(desc, 0, c.byref(value), 4, c.byref(written))
-gemms(200), gets(200)  # warm
+def modes(k):
+    for i in range(k):
+        blas.cublasSetMathMode(handle, i & 1)
+    ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+gemms(200), gets(200), modes(200)  # warm
 print("ready", flush=True)
 result = {}
-for name, fn in (("async", gemms), ("sync", gets)):
+for name, fn in (("async", gemms), ("async_record", modes), ("sync", gets)):
     sys.stdin.readline()
     cpu, wall = time.process_time(), time.perf_counter()
     fn(n)
@@ -129,7 +134,7 @@ def shim_costs(address: str, log: Path, n: int) -> dict[str, Any]:
         raise SystemExit("the shim agent failed")
     worker = int(re.findall(r"worker_pid=(\d+)", log.read_text())[-1])
     out = {}
-    for name in ("async", "sync"):
+    for name in ("async", "async_record", "sync"):
         before = cpu_s(worker)
         agent.stdin.write("go\n")
         agent.stdin.flush()
@@ -168,7 +173,8 @@ def raw_costs(n: int) -> dict[str, Any]:
     endpoint = server.stdout.readline().split()[-1]
     agent = GemmRawAgent(endpoint, 1)
     try:
-        cpu, wall = time.process_time(), agent.gemms(n)
+        cpu = time.process_time()
+        wall = agent.gemms(n)
         async_cpu = time.process_time() - cpu
         cpu = time.process_time()
         sync_wall = agent.sync(n)
@@ -217,8 +223,9 @@ def markdown(report: dict[str, Any]) -> str:
             "| call | through the shim | raw pyzmq + msgpack | ratio | client CPU µs/call (raw) | server CPU µs/call |",
             "|---|---|---|---|---|---|"]
     for kind, label in (("async", "cublasSgemm_v2 1x1, async (calls/s)"),
+                        ("async_record", "cublasSetMathMode, async (calls/s)"),
                         ("sync", "cublasLtMatmulDescGetAttribute, sync (µs/call)")):
-        s, r = report["shim"][kind], report["raw"][kind]
+        s, r = report["shim"][kind], report["raw"][kind.split("_")[0]]
         key = "calls_per_s" if kind == "async" else "us_per_call"
         shim_v, raw_v = s[key], r[key]
         ratio = shim_v / raw_v

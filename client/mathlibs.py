@@ -25,6 +25,9 @@ POINTER_MODE_HOST = 0  # cublasPointerMode_t and cublasLtPointerMode_t agree on 
 LT_DESC = mathlibs.api(mathlibs.CUBLASLT).ENUMS
 ATTR_POINTER_MODE = LT_DESC["CUBLASLT_MATMUL_DESC_POINTER_MODE"]
 ATTR_SCALE_TYPE = LT_DESC["CUBLASLT_MATMUL_DESC_SCALE_TYPE"]
+DNN = mathlibs.api(mathlibs.CUDNN).ENUMS
+DNN_DOUBLE, TYPE_DESCRIPTOR = DNN["CUDNN_DATA_DOUBLE"], DNN["CUDNN_TYPE_BACKEND_DESCRIPTOR"]
+VARIANT_PACK = DNN["CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR"]
 # value of a cudaDataType_t or cublasComputeType_t -> bytes of one scalar of it
 SCALAR_BYTES = {LT_DESC[name]: size for name, size in mathlibs.SCALAR_BYTES.items() if name in LT_DESC}
 
@@ -55,8 +58,9 @@ def check_version(d: Driver, lib: mathlibs.Library) -> None:
 
 
 def _created(call: Call, args: list[Any]) -> int:
-    """The handle a shadow call just wrote through its first parameter."""
-    return int.from_bytes(marshal.read(args[0], 8), "little")
+    """The handle a shadow call just wrote through its output parameter."""
+    i = next(i for i, p in enumerate(call.params) if p.pointee == "handle" and p.direction == "out")
+    return int.from_bytes(marshal.read(args[i], 8), "little")
 
 
 def _creator(lib: mathlibs.Library, **defaults: int) -> Callable[[Driver, Call, list[Any]], None]:
@@ -159,14 +163,66 @@ def scalar_size(call: Call, p: Param, values: dict[str, Any]) -> int | None:
 
 
 marshal.scalar_size = scalar_size
-DNN_DOUBLE = mathlibs.api(mathlibs.CUDNN).ENUMS["CUDNN_DATA_DOUBLE"]
 
 
 @implements("cudnnSetTensorNdDescriptor", "cudnnSetTensor4dDescriptor", "cudnnSetTensor4dDescriptorEx")
 def set_tensor_descriptor(d: Driver, call: Call, args: list[Any]) -> None:
-    """Forwarded; its data type kept for the size of the scalars of calls that use it."""
+    """Forwarded; its data type kept for the size of the scalars of calls that use it, and its
+    whole setting for the answers that depend on it alone (see `memo`)."""
     d.forward(call, args)
-    STATE.setdefault(args[0], {})["data_type"] = args[call.names.index("dataType")]
+    values = dict(zip(call.names, args))
+    setting = tuple(marshal.read(a, p.byte_count(values)) if p.kind == "ptr" else a
+                    for p, a in zip(call.params[1:], args[1:]))
+    STATE.setdefault(args[0], {}).update(data_type=values["dataType"], setting=(call.symbol, setting))
+
+
+MEMO: dict[tuple, int] = {}
+
+
+@implements("cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
+            "cudnnGetBatchNormalizationTrainingExReserveSpaceSize", "cudnnGetBatchNormalizationBackwardExWorkspaceSize")
+def memo(d: Driver, call: Call, args: list[Any]) -> None:
+    """A size that depends only on the arguments and the descriptors' settings, asked again at every
+    training step for descriptors made anew: answered from the first answer for the same settings.
+    A descriptor whose setting the client has not seen (or a reused handle) is asked of the server."""
+    *ins, out = args
+    key: list[Any] = [call.symbol]
+    for p, a in zip(call.params[:-1], ins):
+        if p.kind == "handle" and p.ctype != "cudnnHandle_t" and a:
+            setting = STATE.get(a, {}).get("setting")
+            if setting is None:
+                return d.forward(call, args)
+            a = setting
+        key.append(a)
+    found = MEMO.get(tuple(key))
+    if found is None:
+        d.forward(call, args)
+        MEMO[tuple(key)] = marshal.get(call.params[-1], out)
+    else:
+        marshal.put(call.params[-1], out, found)
+
+
+@implements("cudnnBackendCreateDescriptor")
+def backend_create(d: Driver, call: Call, args: list[Any]) -> None:
+    d.forward(call, args)
+    STATE[_created(call, args)] = {"descriptor_type": args[0]}
+
+
+@implements("cudnnBackendDestroyDescriptor")
+def backend_destroy(d: Driver, call: Call, args: list[Any]) -> None:
+    d.forward(call, args)
+    STATE.pop(args[0], None)
+
+
+@implements("cudnnBackendFinalize")
+def backend_finalize(d: Driver, call: Call, args: list[Any]) -> None:
+    """Waits for its answer (finalizing an engine's plan may fail, and callers rely on hearing it),
+    except a variant pack's, made and finalized before every execution: it is queued, and a
+    failure surfaces at the next call that waits, as an execution's would."""
+    if STATE.get(args[0], {}).get("descriptor_type") == VARIANT_PACK:
+        d.post(call, list(args))
+    else:
+        d.forward(call, args)
 
 
 # ---- versions, answered from the headers the replacement libraries were generated from ------------
@@ -214,8 +270,7 @@ def handlers() -> list[list[Callable[[Any], int]]]:
 
 
 # ---- cuDNN's backend API: attribute arrays sized by their element type ------------------------------
-DNN = mathlibs.api(mathlibs.CUDNN).ENUMS
-TYPE_DESCRIPTOR = DNN["CUDNN_TYPE_BACKEND_DESCRIPTOR"]
+
 
 
 def _elements_bytes(attribute_type: int, count: int) -> int:
