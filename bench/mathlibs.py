@@ -226,15 +226,15 @@ def markdown(report: dict[str, Any]) -> str:
                         ("async_record", "cublasSetMathMode, async (calls/s)"),
                         ("sync", "cublasLtMatmulDescGetAttribute, sync (µs/call)")):
         s, r = report["shim"][kind], report["raw"][kind.split("_")[0]]
-        key = "calls_per_s" if kind == "async" else "us_per_call"
+        key = "calls_per_s" if kind.startswith("async") else "us_per_call"
         shim_v, raw_v = s[key], r[key]
         ratio = shim_v / raw_v
         rows.append(f"| {label} | {shim_v:,.1f} | {raw_v:,.1f} | {ratio:.2f} | {s['client_cpu_us']:.1f} "
                     f"({r['client_cpu_us']:.1f}) | {s['server_cpu_us']:.1f} |")
     if report.get("steps"):
         rows += ["", "## One step of each bench/torch_e2e.py workload (--size small, XPU_SIM_SKIP_KERNELS=1)", "",
-                 "| workload | calls | driver | cuBLAS | cuBLASLt | cuDNN | local | async+shadow | sync | "
-                 "messages | round trips |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "| workload | calls | driver | cuBLAS | cuBLASLt | cuDNN | local | async+shadow | "
+                 "sync (table class) | messages | round trips |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, c in report["steps"].items():
             if "error" in c:
                 rows.append(f"| {name} | error: {c['error'].splitlines()[-1][:100]} |")
