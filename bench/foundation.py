@@ -171,13 +171,16 @@ class RawAgent:
         return elapsed
 
     def async_batched(self, n: int) -> float:
-        """n calls queued as the client queues them, sent MAX_BATCH_CALLS at a time, then one echo."""
-        sock, packb, op, dptr = self.sock, self.msgpack.packb, self.memset_op, self.dptr
-        value = n & 0xFF
+        """n memsets queued as the client queues them, sent MAX_BATCH_CALLS at a time, then one echo."""
+        return self.batched(n, [self.memset_op, [self.dptr, n & 0xFF, SMALL, 0]])
+
+    def batched(self, n: int, call: list[Any]) -> float:
+        """n copies of `call` ([opcode, args]) queued and sent as the client batches them, then one echo."""
+        sock, packb = self.sock, self.msgpack.packb
         t0 = time.perf_counter()
         pending: list[Any] = []
         for _ in repeat(None, n):
-            pending.append([op, [dptr, value, SMALL, 0]])
+            pending.append(call)
             if len(pending) >= MAX_BATCH_CALLS:
                 self.seq += 1
                 sock.send(b"N" + packb(calls_header(self.seq, pending, False)))

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from foundation import MAX_BATCH_CALLS, RawAgent, calls_header, echo_server  # noqa: E402
+from foundation import RawAgent, echo_server  # noqa: E402
 
 from xpuremote.protocol import trace as trace_format  # noqa: E402
 from xpuremote.protocol.calls import CALLS  # noqa: E402
@@ -145,36 +145,17 @@ def shim_costs(address: str, log: Path, n: int) -> dict[str, Any]:
     return out
 
 
-class GemmRawAgent(RawAgent):
-    """The baseline with the wire shape of the shim's cublasSgemm_v2 and descriptor queries."""
-
-    def gemms(self, n: int) -> float:
-        op = CALLS["cublasSgemm_v2"].opcode
-        args = [0x7C00_0000_0040, 0, 0, 1, 1, 1, b"\0\0\x80?", self.dptr, 1, self.dptr, 1, b"\0\0\0\0", self.dptr, 1]
-        sock, packb = self.sock, self.msgpack.packb
-        t0 = time.perf_counter()
-        pending: list[Any] = []
-        for _ in range(n):
-            pending.append([op, args])
-            if len(pending) >= MAX_BATCH_CALLS:
-                self.seq += 1
-                sock.send(b"N" + packb(calls_header(self.seq, pending, False)))
-                pending = []
-        if pending:
-            self.seq += 1
-            sock.send(b"N" + packb(calls_header(self.seq, pending, False)))
-        self._echo()
-        return time.perf_counter() - t0
-
-
 def raw_costs(n: int) -> dict[str, Any]:
     server = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--echo-server"], stdout=subprocess.PIPE,
                               text=True)
     endpoint = server.stdout.readline().split()[-1]
-    agent = GemmRawAgent(endpoint, 1)
+    agent = RawAgent(endpoint, 1)
+    # the wire shape of the shim's cublasSgemm_v2 on 1x1 matrices: handle, ops, sizes, scalars, addresses
+    gemm = [CALLS["cublasSgemm_v2"].opcode, [0x7C00_0000_0040, 0, 0, 1, 1, 1, b"\0\0\x80?", agent.dptr, 1, agent.dptr,
+                                              1, b"\0\0\0\0", agent.dptr, 1]]
     try:
         cpu = time.process_time()
-        wall = agent.gemms(n)
+        wall = agent.batched(n, gemm)
         async_cpu = time.process_time() - cpu
         cpu = time.process_time()
         sync_wall = agent.sync(n)

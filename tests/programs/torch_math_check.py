@@ -8,35 +8,11 @@ device computes in fp16/bf16, so each difference is the device's rounding, not t
 
 from __future__ import annotations
 
-import json
-import sys
-import traceback
-from collections.abc import Callable
-from typing import Any
-
 import torch
 import torch.nn.functional as F
+from torch_checks import check, diff, rel, report
 
 torch.manual_seed(0)
-results: dict[str, Any] = {}
-
-
-def check(name: str) -> Callable[[Callable[[], float]], None]:
-    def run(fn: Callable[[], float]) -> None:
-        try:
-            results[name] = float(fn())
-        except Exception as exc:  # noqa: BLE001 - reported in the JSON, for the test to show
-            results[name] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"
-
-    return run
-
-
-def diff(device: torch.Tensor, cpu: torch.Tensor) -> float:
-    return (device.cpu().double() - cpu.double()).abs().max().item()
-
-
-def rel(device: torch.Tensor, cpu: torch.Tensor) -> float:
-    return diff(device, cpu) / max(cpu.double().abs().max().item(), 1e-30)
 
 
 a, b = torch.randn(33, 17), torch.randn(17, 9)
@@ -167,13 +143,5 @@ def _() -> float:
     return max(diff(d, c) for d, c in zip(batch_norm("cuda"), batch_norm("cpu")))
 
 
-def run_sections(names: list[str]) -> None:
-    """Sections that need more than the math libraries (ATen kernels on the device)."""
-    for name in names:
-        globals()[name]()
-
-
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
-        run_sections(sys.argv[1:])
-    print(json.dumps(results))
+    report()

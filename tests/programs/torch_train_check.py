@@ -10,31 +10,13 @@ no random-number kernels.
 from __future__ import annotations
 
 import copy
-import json
-import traceback
-from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch_checks import check, diff, report
 
 torch.manual_seed(0)
-results: dict[str, Any] = {}
-
-
-def check(name: str) -> Callable[[Callable[[], float]], None]:
-    def run(fn: Callable[[], float]) -> None:
-        try:
-            results[name] = float(fn())
-        except Exception as exc:  # noqa: BLE001 - reported in the JSON, for the test to show
-            results[name] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-1500:]}"
-
-    return run
-
-
-def diff(device: torch.Tensor, cpu: torch.Tensor) -> float:
-    return (device.detach().cpu().double() - cpu.detach().double()).abs().max().item()
 
 
 def linear_grads(device: str) -> dict[str, torch.Tensor]:
@@ -112,4 +94,4 @@ def _() -> float:
 
 
 if __name__ == "__main__":
-    print(json.dumps(results))
+    report()
