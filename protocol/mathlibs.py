@@ -100,6 +100,28 @@ cublasCdotc                 async
 cublasZdotu                 async
 cublasZdotc                 async
 cublasDotEx                 async
+# torch.linalg's batched solvers: arrays of device pointers; `info` is the caller's memory where
+# cuBLAS documents a host pointer (getrs, geqrf, gels), so those wait for it
+cublasSgetrfBatched         async
+cublasDgetrfBatched         async
+cublasCgetrfBatched         async
+cublasZgetrfBatched         async
+cublasSgetrsBatched         sync    info=out
+cublasDgetrsBatched         sync    info=out
+cublasCgetrsBatched         sync    info=out
+cublasZgetrsBatched         sync    info=out
+cublasSgeqrfBatched         sync    info=out
+cublasDgeqrfBatched         sync    info=out
+cublasCgeqrfBatched         sync    info=out
+cublasZgeqrfBatched         sync    info=out
+cublasSgelsBatched          sync    info=out
+cublasDgelsBatched          sync    info=out
+cublasCgelsBatched          sync    info=out
+cublasZgelsBatched          sync    info=out
+cublasStrsmBatched          async   alpha=scalar
+cublasDtrsmBatched          async   alpha=scalar
+cublasCtrsmBatched          async   alpha=scalar
+cublasZtrsmBatched          async   alpha=scalar
 """,
 )
 
