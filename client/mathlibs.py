@@ -28,6 +28,8 @@ ATTR_SCALE_TYPE = LT_DESC["CUBLASLT_MATMUL_DESC_SCALE_TYPE"]
 DNN = mathlibs.api(mathlibs.CUDNN).ENUMS
 DNN_DOUBLE, TYPE_DESCRIPTOR = DNN["CUDNN_DATA_DOUBLE"], DNN["CUDNN_TYPE_BACKEND_DESCRIPTOR"]
 VARIANT_PACK = DNN["CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR"]
+DNN_ELEMENT_BYTES = {DNN[f"CUDNN_DATA_{t}"]: size for t, size in (
+    ("FLOAT", 4), ("DOUBLE", 8), ("HALF", 2), ("BFLOAT16", 2), ("INT8", 1), ("INT32", 4), ("INT64", 8))}
 # value of a cudaDataType_t or cublasComputeType_t -> bytes of one scalar of it
 SCALAR_BYTES = {LT_DESC[name]: size for name, size in mathlibs.SCALAR_BYTES.items() if name in LT_DESC}
 
@@ -131,6 +133,16 @@ def dot(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
 
 
+@implements("cudnnCTCLoss", "cudnnGetCTCLossWorkspaceSize")
+def ctc_loss(d: Driver, call: Call, args: list[Any]) -> None:
+    """The _v8 forms only: the older ones read labels and lengths from host arrays whose size
+    only the probabilities' descriptor says."""
+    if not call.symbol.endswith("_v8"):
+        raise errors.library_error("cudnn", "not_supported", f"{call.symbol} is not forwarded; PyTorch uses "
+                                   f"{call.symbol}_v8 when the lengths are on the device")
+    d.forward(call, args)
+
+
 @implements("cublasLtMatmulDescCreate")
 def matmul_desc_create(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
@@ -149,8 +161,12 @@ def matmul_desc_set(d: Driver, call: Call, args: list[Any]) -> None:
 def scalar_size(call: Call, p: Param, values: dict[str, Any]) -> int | None:
     """Bytes of alpha/beta in host pointer mode; None in device pointer mode (the address travels)."""
     kind = p.count.partition(":")[2]
-    if call.library == "cudnn":  # host values, double for double data
-        return 8 if STATE.get(values[kind], {}).get("data_type") == DNN_DOUBLE else 4
+    if call.library == "cudnn":  # host values: scaling factors double for double data, else float
+        if next(q for q in call.params if q.name == kind).kind == "handle":
+            return 8 if STATE.get(values[kind], {}).get("data_type") == DNN_DOUBLE else 4
+        if values[kind] not in DNN_ELEMENT_BYTES:  # one element of a cudnnDataType_t
+            raise errors.library_error("cudnn", "not_supported", f"{call.symbol}: {p.name} of data type {values[kind]}")
+        return DNN_ELEMENT_BYTES[values[kind]]
     owner = _state(values["handle" if call.library == "cublas" else "computeDesc"])
     if owner["pointer_mode"] != POINTER_MODE_HOST:
         return None

@@ -15,7 +15,8 @@ driver's format. Two annotations are the libraries' own:
   cublasComputeType_t parameter TYPE); in device pointer mode the device address does.
   A handle as TYPE means the scale type of that descriptor: the one a cuBLASLt matmul
   descriptor was created with; for a cuDNN tensor descriptor, double for double data and
-  float otherwise (cuDNN's scalars are always host values).
+  float otherwise (cuDNN's scalars are always host values). A cudnnDataType_t as TYPE means
+  one element of that type.
 """
 
 from __future__ import annotations
@@ -229,6 +230,44 @@ cudnnConvolutionForward             async   alpha=scalar:xDesc beta=scalar:xDesc
 cudnnConvolutionBackwardData        async   alpha=scalar:dyDesc beta=scalar:dyDesc
 cudnnConvolutionBackwardFilter      async   alpha=scalar:xDesc beta=scalar:xDesc
 cudnnConvolutionBackwardBias        async   alpha=scalar:dyDesc beta=scalar:dyDesc
+cudnnConvolutionBiasActivationForward   async   alpha1=scalar:xDesc alpha2=scalar:xDesc
+# RNNs, dropout, pooling, CTC loss (the _v8 form, whose arrays are on the device) and the spatial
+# transformer: forwarded for a GPU server; the sim computes none of them
+cudnnCreateRNNDescriptor            shadow
+cudnnDestroyRNNDescriptor           async
+cudnnSetRNNDescriptor               async
+cudnnCreateRNNDataDescriptor        shadow
+cudnnDestroyRNNDataDescriptor       async
+cudnnSetRNNDataDescriptor           async   seqLengthArray=in:batchSize*4 paddingFill=scalar:dataType
+cudnnGetRNNTempSpaceSizes           sync    workSpaceSize=out reserveSpaceSize=out
+cudnnGetRNNWeightSpaceSize          sync    weightSpaceSize=out
+cudnnGetRNNWeightParams             sync    mAddr=out bAddr=out
+cudnnRNNForward                     async
+cudnnRNNBackwardData                async
+cudnnRNNBackwardWeights             async
+cudnnCreateDropoutDescriptor        shadow
+cudnnDestroyDropoutDescriptor       async
+cudnnDropoutGetStatesSize           sync    sizeInBytes=out
+cudnnSetDropoutDescriptor           async
+cudnnRestoreDropoutDescriptor       async
+cudnnCreatePoolingDescriptor        shadow
+cudnnDestroyPoolingDescriptor       async
+cudnnSetPooling2dDescriptor         async
+cudnnPoolingForward                 async   alpha=scalar:xDesc beta=scalar:xDesc
+cudnnCreateCTCLossDescriptor        shadow
+cudnnDestroyCTCLossDescriptor       async
+cudnnSetCTCLossDescriptorEx         async
+cudnnSetCTCLossDescriptor           async
+cudnnGetCTCLossWorkspaceSize        sync    sizeInBytes=out
+cudnnCTCLoss                        async
+cudnnCreateSpatialTransformerDescriptor     shadow
+cudnnDestroySpatialTransformerDescriptor    async
+cudnnSetSpatialTransformerNdDescriptor      async   dimA=in:nbDims*4
+cudnnSpatialTfGridGeneratorForward  async
+cudnnSpatialTfGridGeneratorBackward async
+cudnnSpatialTfSamplerForward        async   alpha=scalar:xDesc beta=scalar:xDesc
+cudnnSpatialTfSamplerBackward       async   alpha=scalar:xDesc beta=scalar:xDesc alphaDgrid=scalar:xDesc \
+                                            betaDgrid=scalar:xDesc
 """,
 )
 
