@@ -118,7 +118,7 @@ def pack(call: Call, args: list[Any], new_handle: Callable[[], int], snapshot: b
     for p, a in zip(call.params, args):
         if p.kind != "ptr" or p.is_address:
             out.append(a)
-        elif p.direction == "in":
+        elif p.direction in ("in", "inout"):  # an inout buffer goes up as it is, and comes back
             if not a:
                 out.append(None)
             elif p.is_scalar:

@@ -155,6 +155,7 @@ cublasLtMatmulAlgoGetHeuristic          sync    heuristicResultsArray=out:reques
 cublasLtMatmulAlgoInit                  sync    algo=out
 cublasLtMatmulAlgoCheck                 sync    algo=in result=out
 cublasLtMatmulAlgoConfigGetAttribute    sync    algo=in buf=out:sizeInBytes sizeWritten=out
+cublasLtMatmulAlgoConfigSetAttribute    sync    algo=inout buf=in:sizeInBytes
 cublasLtMatmul                          async   alpha=scalar:computeDesc beta=scalar:computeDesc algo=in
 """,
 )

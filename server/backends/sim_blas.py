@@ -244,6 +244,14 @@ class SimBlas:
         self._layout(a)  # refuses what cublasLtMatmul would
         return HEURISTIC.pack(b"sim", 0, 0, 1.0), 1
 
+    def cublasLtMatmulAlgoConfigGetAttribute(self, algo: bytes, attr: int, size: int) -> tuple[bytes | None, int]:
+        """The sim's one algorithm has no configuration: every attribute reads as 0."""
+        return (bytes(size) if size else None), 4
+
+    def cublasLtMatmulAlgoConfigSetAttribute(self, algo: bytes, attr: int, buf: bytes, size: int) -> tuple[bytes]:
+        """Accepted and ignored, for the same reason; the algorithm comes back as it went."""
+        return (bytes(algo),)
+
     def _layout(self, layout: Attributes) -> tuple[int, int, int, int, int, int]:
         """(dtype, rows, cols, ld, batch, stride) of a column-major layout."""
         if layout.get(LT["MATRIX_LAYOUT_ORDER"], "<i", LT["ORDER_COL"]) != LT["ORDER_COL"]:
