@@ -9,7 +9,7 @@ and the loss or output checksum of each so that the two runs can be seen to comp
 Needs a GPU for the native runs (the sim device runs no PyTorch kernels); `transformers` for
 gpt2_generate (randomly initialised GPT-2 small, nothing downloaded).
 
-    python bench/torch_e2e.py --run WORKLOAD --steps N     # one workload in this process (JSON line)
+    python bench/torch_e2e.py --run WORKLOAD[,...] --steps N   # in this process, a JSON line each
 
 `--size small` runs the same layers and calls at toy sizes: what the sim device can go
 through (tests/test_torch_math.py runs every workload so with XPU_SIM_SKIP_KERNELS=1).
@@ -253,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=WARMUP)
     parser.add_argument("--run", help=argparse.SUPPRESS)  # one workload in this process
     args = parser.parse_args(argv)
-    if args.run:
-        print(json.dumps(run_one(args.run, args.steps, args.size, args.warmup)))
+    if args.run:  # one or more workloads, one after the other in this process: a JSON line each
+        for name in args.run.split(","):
+            print(json.dumps(run_one(name, args.steps, args.size, args.warmup)), flush=True)
         return 0
     if args.out is None:
         parser.error("--out DIR is required")

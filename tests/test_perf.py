@@ -122,7 +122,9 @@ def test_trace_is_a_few_bytes_per_call(run_on, workloads: Path, tmp_path: Path) 
     t = record(run_on, path, workloads, "async", 300)
     records = len(t.calls) + len(t.messages)
     assert records > 5000
-    assert path.stat().st_size / records < 8, f"{path.stat().st_size} bytes for {records} records"
+    # 7.6-8.0 bytes a record on the 2-core VM (timing noise decides how well the times compress);
+    # uncompressed records would be 15-25
+    assert path.stat().st_size / records < 10, f"{path.stat().st_size} bytes for {records} records"
 
 
 def test_trace_cut_short_reads_up_to_its_last_block(run_on, workloads: Path, tmp_path: Path) -> None:
