@@ -88,9 +88,9 @@ def assert_close(results: dict[str, Any]) -> None:
 def test_matmul_conv_and_their_gradients_match_the_cpu(sim_result: tuple[dict[str, Any], str]) -> None:
     results, _ = sim_result
     expected = {"matmul_fp32", "matmul_float16", "matmul_bfloat16", "matmul_transposed", "matmul_non_contiguous",
-                "bmm", "bmm_fp16", "addmm", "addmm_relu", "addmm_gelu", "linear_forward", "conv2d_forward",
-                "conv2d_dilated", "conv2d_channels_last", "conv2d_fp16", "conv2d_input_grad", "conv2d_weight_grad",
-                "batch_norm"}
+                "mv", "addmv", "bmm", "bmm_fp16", "addmm", "addmm_relu", "addmm_gelu", "linear_forward",
+                "conv2d_forward", "conv2d_dilated", "conv2d_channels_last", "conv2d_fp16", "conv2d_input_grad",
+                "conv2d_weight_grad", "batch_norm"}
     assert expected <= set(results)
     assert_close(results)
 

@@ -180,8 +180,8 @@ class SimBlas:
         rows_y, rows_x = (m, n) if trans == OP_N else (n, m)
         # a vector with increment inc is a 1 x len matrix with leading dimension inc
         vec_x = self.load(x, dtype, 1, rows_x, incx)[0, 0]
-        result = self.scalar(alpha, dtype) * (self.load(A, dtype, m, n, lda, trans=OP_N)[0] if trans == OP_N else
-                                              self.load(A, dtype, m, n, lda)[0].T) @ vec_x
+        matrix = self.load(A, dtype, m, n, lda)[0]
+        result = self.scalar(alpha, dtype) * ((matrix if trans == OP_N else matrix.T) @ vec_x)
         beta = self.scalar(beta, dtype)
         if beta != 0:
             result = result + beta * self.load(y, dtype, 1, rows_y, incy)[0, 0]

@@ -42,6 +42,18 @@ def _() -> float:
     return diff(wide.cuda()[:, 5:22] @ b.cuda(), wide[:, 5:22] @ b)
 
 
+@check("mv")
+def _() -> float:
+    m, v = torch.randn(7, 5), torch.randn(7)
+    return diff(torch.mv(m.cuda().t(), v.cuda()), m.t() @ v)
+
+
+@check("addmv")
+def _() -> float:
+    m, v, y = torch.randn(7, 5), torch.randn(5), torch.randn(7)
+    return diff(torch.addmv(y.cuda(), m.cuda(), v.cuda(), beta=0.5, alpha=2), torch.addmv(y, m, v, beta=0.5, alpha=2))
+
+
 @check("bmm")
 def _() -> float:
     x, y = torch.randn(3, 8, 5), torch.randn(3, 5, 7)
