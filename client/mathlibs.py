@@ -81,7 +81,7 @@ implements("cudnnCreate")(_creator(mathlibs.CUDNN, stream=0))
 
 
 @implements("cublasDestroy", "cublasLtDestroy", "cudnnDestroy", "cublasLtMatmulDescDestroy",
-            "cudnnDestroyTensorDescriptor")
+            "cudnnDestroyTensorDescriptor", "cudnnBackendDestroyDescriptor")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
     STATE.pop(args[0], None)
@@ -222,12 +222,6 @@ def memo(d: Driver, call: Call, args: list[Any]) -> None:
 def backend_create(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
     STATE[_created(call, args)] = {"descriptor_type": args[0]}
-
-
-@implements("cudnnBackendDestroyDescriptor")
-def backend_destroy(d: Driver, call: Call, args: list[Any]) -> None:
-    d.forward(call, args)
-    STATE.pop(args[0], None)
 
 
 @implements("cudnnBackendFinalize")
