@@ -14,6 +14,9 @@ give the defaults; the SPEC below adds only what types cannot say:
   for arrays of structs: `count*each`); `str` for a NUL-terminated input
   string. Without one, `const T *` is one T in, `T *` one T out, and scalars are inputs; in a
   math library's row, a pointer that is not to a handle is a device address.
+  `device:EXTENT` on a CUdeviceptr says how many bytes from it the call touches: a count as
+  above, or `pitch,width,height` for a pitched rectangle (the server checks that range against
+  the client's own allocations).
 
 The math libraries (cuBLAS, cuBLASLt, cuDNN; `protocol/mathlibs.py`) join the same table:
 their functions are Calls too, with `library` naming them, their SPEC rows beside their
@@ -101,31 +104,31 @@ cuPointerGetAttribute       local
 cuPointerGetAttributes      local
 cuMemcpy                    sync
 cuMemcpyAsync               async
-cuMemcpyHtoD                sync    srcHost=in:ByteCount
-cuMemcpyHtoDAsync           async   srcHost=in:ByteCount
-cuMemcpyDtoH                sync    dstHost=out:ByteCount
-cuMemcpyDtoHAsync           async   dstHost=out:ByteCount
-cuMemcpyDtoD                async
-cuMemcpyDtoDAsync           async
-cuMemcpyPeer                async
-cuMemcpyPeerAsync           async
+cuMemcpyHtoD                sync    srcHost=in:ByteCount dstDevice=device:ByteCount
+cuMemcpyHtoDAsync           async   srcHost=in:ByteCount dstDevice=device:ByteCount
+cuMemcpyDtoH                sync    dstHost=out:ByteCount srcDevice=device:ByteCount
+cuMemcpyDtoHAsync           async   dstHost=out:ByteCount srcDevice=device:ByteCount
+cuMemcpyDtoD                async   dstDevice=device:ByteCount srcDevice=device:ByteCount
+cuMemcpyDtoDAsync           async   dstDevice=device:ByteCount srcDevice=device:ByteCount
+cuMemcpyPeer                async   dstDevice=device:ByteCount srcDevice=device:ByteCount
+cuMemcpyPeerAsync           async   dstDevice=device:ByteCount srcDevice=device:ByteCount
 cuMemcpy2D                  sync
 cuMemcpy2DUnaligned         sync
 cuMemcpy2DAsync             sync
 cuMemcpy3D                  sync
 cuMemcpy3DAsync             sync
-cuMemsetD8                  async
-cuMemsetD16                 async
-cuMemsetD32                 async
-cuMemsetD8Async             async
-cuMemsetD16Async            async
-cuMemsetD32Async            async
-cuMemsetD2D8                async
-cuMemsetD2D16               async
-cuMemsetD2D32               async
-cuMemsetD2D8Async           async
-cuMemsetD2D16Async          async
-cuMemsetD2D32Async          async
+cuMemsetD8                  async   dstDevice=device:N
+cuMemsetD16                 async   dstDevice=device:N*2
+cuMemsetD32                 async   dstDevice=device:N*4
+cuMemsetD8Async             async   dstDevice=device:N
+cuMemsetD16Async            async   dstDevice=device:N*2
+cuMemsetD32Async            async   dstDevice=device:N*4
+cuMemsetD2D8                async   dstDevice=device:dstPitch,Width,Height
+cuMemsetD2D16               async   dstDevice=device:dstPitch,Width*2,Height
+cuMemsetD2D32               async   dstDevice=device:dstPitch,Width*4,Height
+cuMemsetD2D8Async           async   dstDevice=device:dstPitch,Width,Height
+cuMemsetD2D16Async          async   dstDevice=device:dstPitch,Width*2,Height
+cuMemsetD2D32Async          async   dstDevice=device:dstPitch,Width*4,Height
 # modules and libraries: images are uploaded lazily, one entry for the server's GPU
 cuModuleLoad                local   fname=str
 cuModuleLoadData            local
@@ -207,11 +210,15 @@ xpuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsi
   CUstream hStream, const void *params, size_t paramBytes, unsigned int flags)       async  params=in:paramBytes
 xpuHostFunc(CUstream hStream, unsigned long long token)                             async
 xpuMemcpy2DDevice(CUdeviceptr dst, size_t dstPitch, CUdeviceptr src, size_t srcPitch, size_t width, \
-  size_t height, CUstream hStream)                                                   async
+  size_t height, CUstream hStream)                                                   async  \
+                                                                                     dst=device:dstPitch,width,height \
+                                                                                     src=device:srcPitch,width,height
 xpuMemcpy2DToHost(void *dst, CUdeviceptr src, size_t srcPitch, size_t width, size_t height, CUstream hStream) \
-                                                                                     sync   dst=out:width*height
+                                                                                     sync   dst=out:width*height \
+                                                                                     src=device:srcPitch,width,height
 xpuMemcpy2DFromHost(CUdeviceptr dst, size_t dstPitch, const void *src, size_t width, size_t height, \
-  CUstream hStream)                                                                  async  src=in:width*height
+  CUstream hStream)                                                                  async  src=in:width*height \
+                                                                                     dst=device:dstPitch,width,height
 xpuDeviceStatus(unsigned int index, void *status)                                   sync   status=out:*
 xpuLibraryVersion(const char *library, void *version)                               sync   library=str version=out:*
 xpuCudnnGetDescriptors(unsigned long long descriptor, unsigned int attributeName, size_t requested, \
@@ -220,6 +227,22 @@ xpuCudnnGetDescriptors(unsigned long long descriptor, unsigned int attributeName
 
 # Stream handles that are not handles: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD.
 DEFAULT_STREAMS = (0, 1, 2)
+DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
+
+# What the client library (client/) sends instead of a call it implements with others: family -> the
+# one symbol of it that it does send, None for none. Unified copies go as HtoD/DtoH/DtoD, 2D/3D copies
+# as the xpuMemcpy2D* halves (their structs hold host pointers), launches as xpuLaunchKernel, host
+# functions as xpuHostFunc, global lookups as cuModuleGetGlobal_v2; the older CTC loss forms read host
+# arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
+SENT_INSTEAD: dict[str, str | None] = {
+    "cuMemcpy": None, "cuMemcpyAsync": None, "cuMemcpy2D": None, "cuMemcpy2DUnaligned": None,
+    "cuMemcpy2DAsync": None, "cuMemcpy3D": None, "cuMemcpy3DAsync": None,
+    "cuLaunchKernel": None, "cuLaunchKernelEx": None, "cuLaunchCooperativeKernel": None,
+    "cuLaunchHostFunc": None, "cuStreamAddCallback": None, "cuDevicePrimaryCtxRelease": None,
+    "cuModuleGetGlobal": "cuModuleGetGlobal_v2", "cuLibraryGetGlobal": None, "cuCtxCreate": "cuCtxCreate_v2",
+    "cudnnCTCLoss": "cudnnCTCLoss_v8", "cudnnGetCTCLossWorkspaceSize": "cudnnGetCTCLossWorkspaceSize_v8",
+}
+SENT_LOCAL = ("cuCtxSetCurrent", "cuModuleUnload")  # answered locally, and still told to the server
 
 VARIANT_SUFFIX = re.compile(r"(_v\d+)?(_ptds|_ptsz)?$")
 
@@ -237,6 +260,7 @@ class Param:
     count: str | None  # bytes behind a pointer: a parameter name, `a*b`, a number; None = one pointee;
     # `str`; `*` (sized by the server); `scalar[:TYPE]` (a library's alpha/beta); `device` (an address
     # in the GPU's memory: the value travels, as a CUdeviceptr does)
+    extent: str | None = None  # of a CUdeviceptr: the bytes from it that the call touches (`device:`)
 
     @property
     def is_string(self) -> bool:
@@ -251,6 +275,23 @@ class Param:
         """The pointer's value is what travels (a device address), never what it points at."""
         return self.count == "device"
 
+    @property
+    def is_device(self) -> bool:
+        """An input whose value is an address in the GPU's memory (a library scalar may be one too,
+        in device pointer mode)."""
+        return self.direction == "in" and (self.ctype in DEVICE_POINTERS or self.is_address)
+
+    def device_extent(self, values: dict[str, Any]) -> int:
+        """Bytes from this device address that the call touches, given its scalar arguments; 1 (the
+        first byte) where the table does not say."""
+        if self.extent is None:
+            return 1
+        parts = [_product(part, values) for part in self.extent.split(",")]
+        if len(parts) == 1:
+            return max(parts[0], 1)
+        pitch, width, height = parts
+        return max(pitch * (height - 1) + width if width and height else 0, 1)
+
     def byte_count(self, values: dict[str, Any]) -> int | None:
         """Bytes behind this pointer, given the call's scalar arguments by name; None when the
         size is not fixed by them (a string, a library scalar, or an output the server sizes)."""
@@ -258,11 +299,16 @@ class Param:
             return None
         if self.count is None:
             return self.pointee_size
-        total = 1
-        for part in self.count.split("*"):
-            part = part.strip()
-            total *= int(part) if part.isdigit() else self.pointee_size if part == "each" else int(values[part])
-        return total
+        return _product(self.count, values, self.pointee_size)
+
+
+def _product(expression: str, values: dict[str, Any], each: int = 0) -> int:
+    """`a*b*4` with the call's scalar arguments by name (`each`: the size of one pointee)."""
+    total = 1
+    for part in expression.split("*"):
+        part = part.strip()
+        total *= int(part) if part.isdigit() else each if part == "each" else int(values[part])
+    return total
 
 
 @dataclass(frozen=True)
@@ -291,6 +337,19 @@ class Call:
     def outputs(self) -> tuple[Param, ...]:
         return tuple(p for p in self.params if p.direction != "in")
 
+    @cached_property
+    def destroys(self) -> bool:
+        """Ends the life of the handle in its first argument (cuStreamDestroy, cudnnDestroy...Descriptor)."""
+        return ("Destroy" in self.family or self.family.endswith("Unload")) and bool(self.params) \
+            and self.params[0].kind == "handle"
+
+    @cached_property
+    def sent(self) -> bool:
+        """The client library sends this call as it is (see SENT_INSTEAD): a server takes no other."""
+        if self.family in SENT_INSTEAD:
+            return self.symbol == SENT_INSTEAD[self.family]
+        return self.cls in ("sync", "async", "shadow") or self.family in SENT_LOCAL
+
 
 class TableError(ValueError):
     pass
@@ -317,10 +376,12 @@ def _parse_spec(text: str) -> dict[str, tuple[str, dict[str, tuple[str, str | No
         for note in notes:
             name, _, rest = note.partition("=")
             direction, _, count = rest.partition(":")
-            if direction in ("str", "scalar"):
-                direction, count = "in", direction + (f":{count}" if count else "")
-            if direction not in ("in", "out", "inout"):
-                raise TableError(f"SPEC line {lineno}: {note!r}: direction must be in, out, inout, str or scalar")
+            if direction in ("str", "scalar", "device"):
+                direction, count = ("device", count) if direction == "device" else \
+                    ("in", direction + (f":{count}" if count else ""))
+            if direction not in ("in", "out", "inout", "device"):
+                raise TableError(f"SPEC line {lineno}: {note!r}: direction must be in, out, inout, str, scalar "
+                                 "or device")
             annotations[name] = (direction, count or None)
         rows[family] = (cls, annotations)
     return rows
@@ -329,6 +390,10 @@ def _parse_spec(text: str) -> dict[str, tuple[str, dict[str, tuple[str, str | No
 def _param(ctype: str, name: str, note: tuple[str, str | None] | None, types: dict[str, tuple],
            library: str) -> Param:
     kind, size, signed, pointee, pointee_size = types[ctype]
+    if note and note[0] == "device":
+        if ctype not in DEVICE_POINTERS:
+            raise TableError(f"SPEC: {name} is annotated device but is a {ctype}")
+        return Param(name, ctype, kind, size, bool(signed), pointee, pointee_size, "in", None, note[1])
     if note:
         direction, count = note
     elif kind != "ptr":
@@ -424,3 +489,6 @@ SYMBOLS: tuple[str, ...] = tuple(sorted(FUNCTIONS))  # index = the shim's op num
 # each library's symbols; index = the op number its replacement library's entry points use
 LIBRARY_SYMBOLS: dict[str, tuple[str, ...]] = {
     lib.name: tuple(sorted(mathlibs.api(lib).FUNCTIONS)) for lib in mathlibs.LIBRARIES}
+for _family, _symbol in SENT_INSTEAD.items():
+    if not any(c.family == _family for c in CALLS.values()) or (_symbol is not None and _symbol not in CALLS):
+        raise TableError(f"SENT_INSTEAD: {_family} -> {_symbol} names no call of the table")

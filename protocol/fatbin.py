@@ -228,6 +228,13 @@ def globals_(elf: bytes) -> dict[str, tuple[int, bytes | None]]:
     return found
 
 
+def variable_bytes(elf: bytes) -> int:
+    """Device memory a cubin's variables take when loaded: the sizes of the sections that hold them
+    (.nv.global takes no room in the file, so a small image can ask for gigabytes)."""
+    sections, names = _section_table(elf)
+    return sum(s.size for s, name in zip(sections, names) if _VARIABLE_SECTION.fullmatch(name))
+
+
 def _section_table(elf: bytes) -> tuple[list[_Section], list[str]]:
     sections = _sections(_bytes_reader(elf), elf[:64])
     shstrndx = struct.unpack_from("<H", elf, 0x3E)[0]
