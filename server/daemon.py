@@ -35,7 +35,7 @@ from xpuremote.protocol import errors, wire
 
 from . import auth, metrics
 from .backends import gpu_present, load_backend
-from .limits import Limits, parse_size
+from .limits import DEFAULT_MAX_HANDLES, Limits, parse_size
 
 log = logging.getLogger("xpuremote.server")
 WORKER_START_TIMEOUT_S = 30.0
@@ -104,7 +104,7 @@ class Daemon:
         limits = self.options.limits
         cmd = [sys.executable, "-m", "xpuremote.server.worker", "--bind", self.worker_bind(),
                "--backend", self.backend, "--session", session, "--mem-quota", str(limits.mem_quota),
-               "--max-request-bytes", str(limits.max_request_bytes)]
+               "--max-request-bytes", str(limits.max_request_bytes), "--max-handles", str(limits.max_handles)]
         if self.options.keys is not None:
             cmd += ["--key", self.options.keys.secret_path, f"--client-key={key}"]  # a z85 key may start with -
         env = dict(os.environ)  # the operator's own tunables come last, so they win
@@ -175,7 +175,7 @@ class Daemon:
         limits = self.options.limits
         return {"listen": self.listen, "backend": self.backend, "curve": self.options.keys is not None,
                 "limits": {"mem_quota": limits.mem_quota, "max_request_bytes": limits.max_request_bytes,
-                           "max_clients": self.options.max_clients},
+                           "max_handles": limits.max_handles, "max_clients": self.options.max_clients},
                 "sessions": [w.describe() for w in list(self.workers.values())], "devices": self.inventory()}
 
     def inventory(self) -> list[dict[str, Any]]:
@@ -299,6 +299,8 @@ def serve_main(argv: list[str]) -> int:
     parser.add_argument("--max-clients", type=int, default=0, help="sessions at a time (0: no limit)")
     parser.add_argument("--max-request-bytes", type=parse_size, default=0,
                         help="largest request a client may send, e.g. 1G (0: no limit)")
+    parser.add_argument("--max-handles", type=int, default=DEFAULT_MAX_HANDLES,
+                        help="live allocations, streams, events, modules, ... of each kind per client (0: no limit)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (plain HTTP)")
     parser.add_argument("--shutdown-grace", type=float, default=10.0, help="seconds sessions get to end on SIGTERM")
     args = parser.parse_args(argv)
@@ -313,7 +315,7 @@ def serve_main(argv: list[str]) -> int:
     except (OSError, ValueError) as exc:
         print(f"xpu-server: {exc}", file=sys.stderr)
         return 2
-    options = Options(keys, args.allowed_keys or "", Limits(args.mem_quota, args.max_request_bytes),
+    options = Options(keys, args.allowed_keys or "", Limits(args.mem_quota, args.max_request_bytes, args.max_handles),
                       args.max_clients, args.metrics_port, args.shutdown_grace)
     daemon = Daemon(args.listen, args.backend, options)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -32,7 +32,7 @@ from . import auth, metrics
 from .backends import load_backend
 from .backends.base import Backend
 from .gpu_timer import GpuTimer, is_gpu_work
-from .limits import Accounted, Limits, parse_size
+from .limits import DEFAULT_MAX_HANDLES, Accounted, Limits, parse_size
 
 log = logging.getLogger("xpuremote.worker")
 
@@ -50,6 +50,7 @@ class Session:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.handles: dict[int, tuple[str, Any]] = {}
+        self.held: collections.Counter[str] = collections.Counter()  # live handles of each family
         self.next_handle = SERVER_HANDLE_BASE
         self.deferred: list[tuple[str, int, str]] = []  # async failures not yet reported
         self.calls = 0
@@ -98,12 +99,20 @@ class Session:
         elif not isinstance(handle, int) or handle <= 0 or handle in self.handles:
             raise CudaError(errors.INVALID_VALUE, f"client handle {handle!r} is invalid or already in use")
         self.handles[handle] = (_handle_family(ctype), obj)
+        self.held[_handle_family(ctype)] += 1
         return handle
 
     def forget(self, call: Call, args: list[Any]) -> None:
         """Destroy calls drop the handle they destroyed."""
-        if call.family.endswith(("Destroy", "Unload")) and args and isinstance(args[0], int):
-            self.handles.pop(args[0], None)
+        if call.destroys and args and isinstance(args[0], int) and (entry := self.handles.pop(args[0], None)):
+            self.held[entry[0]] -= 1
+
+    def check_handles(self, call: Call) -> None:
+        """The handles a call would make stay within the session's limit of each kind."""
+        for p in call.outputs:
+            if p.pointee == "handle":
+                family = _handle_family(p.ctype.rstrip(" *"))
+                self.limits.check_count(self.held[family], f"handles of type {family}")
 
     def add_timings(self, answer: dict[str, Any]) -> dict[str, Any]:
         """Give an answer the times measured since the last one, for the client's trace."""
@@ -150,10 +159,13 @@ class Session:
         self.calls += 1
         if call.library != "cuda":
             self.library_calls[call.library] += 1
+        if not call.sent:  # e.g. a copy whose struct holds host pointers: the client rewrites those
+            raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not served (the client library never sends it)")
         if len(args) != len(call.params):
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol} takes {len(call.params)} arguments, got {len(args)}")
         scalars = {p.name: a for p, a in zip(call.params, args) if p.kind in ("int", "float")}
         decoded = [self.decode(p, a, scalars, call) for p, a in zip(call.params, args)]
+        self.check_handles(call)
         try:
             if self.gpu_timer and is_gpu_work(call):
                 begun = self.gpu_timer.start(call, decoded)
@@ -473,14 +485,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session", required=True)
     parser.add_argument("--mem-quota", type=parse_size, default=0, help="device memory per client (0: none)")
     parser.add_argument("--max-request-bytes", type=parse_size, default=0, help="largest request (0: no limit)")
+    parser.add_argument("--max-handles", type=int, default=DEFAULT_MAX_HANDLES,
+                        help="live allocations, streams, events, modules, ... of each kind (0: no limit)")
     parser.add_argument("--key", help="the server's secret key file: CURVE on")
     parser.add_argument("--client-key", default="", help="z85 public key of the only client admitted (with --key)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("XPU_LOG", "INFO").upper(), stream=sys.stderr,
                         format=f"xpu-server[{args.session}] %(levelname)s %(message)s")
     keys = auth.load_server_keys(args.key) if args.key else None
-    return serve(args.bind, args.backend, args.session, limits=Limits(args.mem_quota, args.max_request_bytes),
-                 keys=keys, client_key=args.client_key)
+    limits = Limits(args.mem_quota, args.max_request_bytes, args.max_handles)
+    return serve(args.bind, args.backend, args.session, limits=limits, keys=keys, client_key=args.client_key)
 
 
 if __name__ == "__main__":

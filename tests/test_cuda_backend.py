@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 from conftest import start_server
+from pyclient import PyClient
+from test_isolation import HOSTILE, SIZE, load, raw_host_pointer_calls
 from toolchain import nvcc_lib_dir, nvcc_path
+
+from xpuremote.protocol import errors
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,3 +71,23 @@ print("ok")
     result = run_on([sys.executable, "-c", script], address=cuda.address)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_host_pointers_never_reach_the_driver(chained) -> None:
+    """A hand-made client's 2D/3D copy struct, unified copy or launch naming the worker's own memory is
+    refused by the worker: replayed, the driver (here the stand-in, which follows host pointers as
+    NVIDIA's does) would read the worker's memory. Device addresses are checked before the GPU sees them."""
+    cuda, _ = chained
+    client = PyClient(cuda.address)
+    try:
+        mine = client.alloc(SIZE)
+        load(client)
+        refused = {name: client.status_of(*call) for name, call in raw_host_pointer_calls(mine).items()}
+        assert refused == dict.fromkeys(refused, errors.NOT_SUPPORTED), refused
+        assert client.status_of("cuMemcpyDtoH_v2", 64, HOSTILE, 64) == errors.INVALID_VALUE
+        assert client.status_of("cuMemcpyDtoH_v2", 64, mine + SIZE - 32, 64) == errors.INVALID_VALUE
+        assert "cuMemcpyDtoH_v2: srcDevice" in cuda.log() and "on the server's GPU" not in cuda.log()
+        client.write(mine, b"ok" * 32)
+        assert client.read(mine, 64) == b"ok" * 32  # the session goes on
+    finally:
+        client.close()

@@ -9,12 +9,16 @@ with it fails, and the owner's bytes stay as they were.
 from __future__ import annotations
 
 import hashlib
+import re
 import struct
+from pathlib import Path
 
-from conftest import Server
-from pyclient import PyClient
+from conftest import Server, start_server
+from pyclient import PyClient, rss, sessions
 
 from xpuremote.protocol import errors
+from xpuremote.protocol.calls import CALLS, SENT_INSTEAD
+from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
 
 SIZE = 64 << 10
 PTX = b"""
@@ -83,3 +87,193 @@ def test_foreign_pointers_fail_and_the_owner_data_stays(server: Server) -> None:
     finally:
         owner.close()
         intruder.close()
+
+
+# ---- what a hand-made client may send ----------------------------------------------------------
+HOSTILE = 0x5555_0000_1000  # where a worker process might keep its own memory (a heap, a key)
+HOST, DEVICE = 1, 2
+
+
+def raw_host_pointer_calls(mine: int) -> dict[str, tuple[str, ...]]:
+    """Calls that the client library rewrites and never sends as they are, each with a host pointer of the
+    worker's (a struct's srcHost, a launch's kernelParams): replayed by a real driver, they would read it."""
+    copy_2d = MEMCPY2D.pack(0, 0, HOST, HOSTILE, 0, 0, 64, 0, 0, DEVICE, 0, mine, 0, 64, 64, 1)
+    copy_3d = MEMCPY3D.pack(0, 0, 0, 0, HOST, HOSTILE, 0, 0, 64, 1, 0, 0, 0, 0, DEVICE, 0, mine, 0, 64, 1, 64, 1, 1)
+    return {
+        "cuMemcpy": ("cuMemcpy", mine, HOSTILE, 64),
+        "cuMemcpyAsync": ("cuMemcpyAsync", mine, HOSTILE, 64, 0),
+        "cuMemcpy2D_v2": ("cuMemcpy2D_v2", copy_2d),
+        "cuMemcpy2DUnaligned_v2": ("cuMemcpy2DUnaligned_v2", copy_2d),
+        "cuMemcpy3D_v2": ("cuMemcpy3D_v2", copy_3d),
+        # kernelParams: an array of argument pointers the driver would read, as the client passes it
+        "cuLaunchKernel": ("cuLaunchKernel", FUNCTION, 1, 1, 1, 1, 1, 1, 0, 0, 32, None),
+    }
+
+
+def test_calls_the_client_never_sends_are_refused(server: Server) -> None:
+    client = PyClient(server.address)
+    try:
+        mine = client.alloc(SIZE)
+        load(client)
+        refused = {name: client.status_of(*call) for name, call in raw_host_pointer_calls(mine).items()}
+        assert refused == dict.fromkeys(refused, errors.NOT_SUPPORTED), refused
+        client.write(mine, b"ok" * 32)
+        assert client.read(mine, 64) == b"ok" * 32  # the session goes on
+    finally:
+        client.close()
+
+
+def test_every_device_address_is_checked_against_the_session(server: Server) -> None:
+    """Driver copies, memsets and 2D halves, a cuBLAS GEMM's matrices, a device-mode scalar and a
+    cuBLASLt bias pointer: each naming a foreign or host address (or running past the end of the
+    client's own allocation) is refused before it reaches the backend; the session goes on."""
+    client = PyClient(server.address)
+    try:
+        mine = client.alloc(SIZE)
+        end = mine + SIZE - 32  # inside, but 64 bytes from here are not
+        handle, desc = 0x7C00_0000_5000, 0x7C00_0000_5010
+        client.post("cublasCreate_v2", handle)
+        client.post("cublasLtMatmulDescCreate", desc, 68, 0)  # CUBLAS_COMPUTE_32F, CUDA_R_32F
+        assert client.status_of("cuCtxSynchronize") == errors.SUCCESS
+        for bad in (HOSTILE, end):
+            attempts = {
+                "DtoH": client.status_of("cuMemcpyDtoH_v2", 64, bad, 64),
+                "HtoD": client.status_of("cuMemcpyHtoD_v2", bad, b"\xee" * 64, 64),
+                "DtoD": client.status_of("cuMemcpyDtoD_v2", mine, bad, 64),
+                "2D to host": client.status_of("xpuMemcpy2DToHost", 64, bad, 64, 64, 1, 0),
+                "2D from host": client.status_of("xpuMemcpy2DFromHost", bad, 64, b"\xee" * 64, 64, 1, 0),
+            }
+            for name, call in {"memset": ("cuMemsetD32_v2", bad, 7, 16),
+                               "2D memset": ("cuMemsetD2D8_v2", bad, 64, 7, 64, 1)}.items():
+                client.post(*call)
+                attempts[name] = client.status_of("cuCtxSynchronize")
+            assert attempts == dict.fromkeys(attempts, errors.INVALID_VALUE), attempts
+        # cublasSgemm_v2(handle, N, N, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc), device pointer mode
+        client.post("cublasSetPointerMode_v2", handle, 1)
+        gemm = ["cublasSgemm_v2", handle, 0, 0, 2, 2, 2, mine, mine, 2, mine, 2, mine, mine, 2]
+        assert client.status_of("cuCtxSynchronize") == errors.SUCCESS
+        for position in (7, 8, 10, 13):  # alpha, A, B, C
+            call = list(gemm)
+            call[position] = HOSTILE
+            client.post(*call)
+            assert client.status_of("cuCtxSynchronize") != errors.SUCCESS, f"gemm with argument {position} foreign"
+        bias = HOSTILE.to_bytes(8, "little")  # CUBLASLT_MATMUL_DESC_BIAS_POINTER
+        client.post("cublasLtMatmulDescSetAttribute", desc, 8, bias, 8)
+        assert client.status_of("cuCtxSynchronize") != errors.SUCCESS
+        assert "not inside one of this client's allocations" in server.log()
+        client.write(mine, b"ok" * 32)
+        assert client.read(mine, 64) == b"ok" * 32
+    finally:
+        client.close()
+
+
+# ---- what a session may hold ----------------------------------------------------------------------
+def variable_elf(size: int, name: bytes = b"big") -> bytes:
+    """A cubin of a few hundred bytes declaring one `__device__ char big[size]` (in .nv.global, which
+    takes no room in the file): loading it commits `size` bytes of device memory."""
+    shstrtab, strtab = b"\0.shstrtab\0.strtab\0.symtab\0.nv.global\0", b"\0" + name + b"\0"
+    symtab = bytes(24) + struct.pack("<IBBHQQ", 1, 0x11, 0, 4, 0, size)  # GLOBAL OBJECT in section 4
+    body = shstrtab + strtab + symtab
+    shoff = 64 + len(body)
+    header = b"\x7fELF\x02\x01\x01\x33" + bytes(8) + struct.pack(
+        "<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, shoff, 90, 64, 56, 0, 64, 5, 1)
+    section = struct.Struct("<IIQQQQIIQQ")
+    at = 64
+    sections = [bytes(64)]
+    for name_at, kind, data, link in ((1, 3, shstrtab, 0), (11, 3, strtab, 0), (19, 2, symtab, 2)):
+        sections.append(section.pack(name_at, kind, 0, 0, at, len(data), link, 1, 1, 24 if kind == 2 else 0))
+        at += len(data)
+    sections.append(section.pack(27, 8, 3, 0, at, size, 0, 0, 256, 0))  # SHT_NOBITS, WRITE|ALLOC
+    return header + body + b"".join(sections)
+
+
+def load_image(client: PyClient, handle: int, image: bytes) -> int:
+    client.post("xpuModuleLoad", handle, hashlib.sha256(image).digest(), image, len(image))
+    return client.status_of("cuCtxSynchronize")
+
+
+def test_module_variables_count_against_the_quota(tmp_path: Path) -> None:
+    srv = start_server(tmp_path, args=("--mem-quota", "1M"))
+    client = PyClient(srv.address)
+    try:
+        huge = variable_elf(2 << 30)
+        assert len(huge) < 600
+        assert load_image(client, MODULE, huge) == errors.OUT_OF_MEMORY
+        assert load_image(client, MODULE + 16, variable_elf(600_000)) == errors.SUCCESS
+        assert client.status_of("cuMemAlloc_v2", 8, 600_000) == errors.OUT_OF_MEMORY  # the variable holds 600 KB
+        address, size = client.call("cuModuleGetGlobal_v2", 8, 8, MODULE + 16, "big")
+        variable = int.from_bytes(address, "little")
+        assert int.from_bytes(size, "little") == 600_000
+        client.write(variable + 599_000, b"v" * 1000)  # a module variable is the client's memory too
+        assert client.read(variable + 599_000, 1000) == b"v" * 1000
+        client.post("cuModuleUnload", MODULE + 16)
+        assert client.status_of("cuMemcpyDtoH_v2", 8, variable, 8) == errors.INVALID_VALUE  # gone with its module
+        client.alloc(600_000)  # unloading gave its variable's bytes back
+    finally:
+        client.close()
+        srv.stop()
+
+
+def test_tiny_allocations_cost_the_driver_granule(tmp_path: Path) -> None:
+    """1 MiB of one-byte allocations would be a million of them; at 512 bytes each, 2,048 fill it."""
+    srv = start_server(tmp_path, args=("--mem-quota", "1M"))
+    client = PyClient(srv.address)
+    try:
+        made = 0
+        while made < 4096 and client.status_of("cuMemAlloc_v2", 8, 1) == errors.SUCCESS:
+            made += 1
+        assert made == 2048
+        assert client.status_of("cuMemAlloc_v2", 8, 1) == errors.OUT_OF_MEMORY
+    finally:
+        client.close()
+        srv.stop()
+
+
+def test_handles_of_each_kind_are_bounded(tmp_path: Path) -> None:
+    limit = 300
+    srv = start_server(tmp_path, args=("--max-handles", str(limit)))
+    client = PyClient(srv.address)
+    try:
+        worker = sessions(srv.address)[0]["worker_pid"]
+        for kind, (create, destroy) in enumerate((("cuStreamCreate", "cuStreamDestroy_v2"),
+                                                  ("cuEventCreate", "cuEventDestroy_v2"))):
+            handles = [0x7C00_1000_0000 + kind * 0x100_0000 + 16 * i for i in range(limit + 1)]
+            for handle in handles[:limit]:
+                client.post(create, handle, 0)
+            assert client.status_of("cuCtxSynchronize") == errors.SUCCESS
+            client.post(create, handles[limit], 0)
+            assert client.status_of("cuCtxSynchronize") == errors.OUT_OF_MEMORY, create
+            client.post(destroy, handles[0])
+            client.post(create, handles[limit], 0)  # a destroyed one makes room
+            assert client.status_of("cuCtxSynchronize") == errors.SUCCESS, create
+        held = [client.alloc(16) for _ in range(limit)]
+        assert client.status_of("cuMemAlloc_v2", 8, 16) == errors.OUT_OF_MEMORY
+        before = rss(worker)
+        for _ in range(20):  # thousands more attempts, all refused, cost the worker nothing
+            for i in range(200):
+                client.post("cuStreamCreate", 0x7C00_2000_0000 + 16 * i, 0)
+            assert client.status_of("cuCtxSynchronize") == errors.OUT_OF_MEMORY
+        assert rss(worker) - before < 32 << 20
+        client.post("cuMemFree_v2", held[0])
+        client.write(client.alloc(16), b"x" * 16)  # the session goes on
+    finally:
+        client.close()
+        srv.stop()
+
+
+def test_the_server_takes_every_call_the_client_library_sends() -> None:
+    """`Call.sent` against client/: every call it names, and every call its generic path forwards, is
+    served; what it rewrites (SENT_INSTEAD) it implements itself."""
+    from xpuremote.client import driver, mathlibs
+
+    driver.handlers(), mathlibs.handlers()  # register the implementations
+    implemented = driver.IMPLEMENTATIONS
+    source = "".join(path.read_text() for path in (Path(driver.__file__).parent).glob("*.py"))
+    named = set()
+    for name in re.findall(r'CALLS\[f?"([\w{}]+)"\]', source):
+        named |= {name.replace("{suffix}", suffix) for suffix in ("", "Async")}
+    generic = {s for s, c in CALLS.items() if c.cls in ("sync", "async", "shadow")
+               and s not in implemented and c.family not in implemented}
+    assert named and generic
+    assert [s for s in sorted(named | generic) if not CALLS[s].sent] == []
+    assert [f for f in SENT_INSTEAD if f not in implemented] == []

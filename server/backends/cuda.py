@@ -72,8 +72,12 @@ def library_path(lib: mathlibs.Library) -> str:
     return lib.soname
 
 
+OWN = ("cuModuleUnload",)  # driver calls written by hand: the image cache must hear of them
+
+
 class CudaBackend(Backend):
     name = "cuda"
+    follows_host_pointers = True  # NVIDIA's libraries read a host address they are given (limits.py)
 
     def __init__(self) -> None:
         self.ffi = cffi.FFI()
@@ -182,7 +186,7 @@ class CudaBackend(Backend):
 
     # ---- the generic path ----------------------------------------------------------------------
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
-        own = getattr(self, call.family, None) if call.family.startswith("xpu") else None
+        own = getattr(self, call.family, None) if call.family.startswith("xpu") or call.family in OWN else None
         if own is not None:
             return Backend.execute(self, call, args)
         lib = self.lib if call.library == "cuda" else self.library(call.library)
@@ -254,6 +258,11 @@ class CudaBackend(Backend):
             self.check(self.lib.cuModuleLoadData(module, data), "cuModuleLoadData")
             self.modules[key] = int(self.ffi.cast("uintptr_t", module[0]))
         return (self.modules[key],)
+
+    def cuModuleUnload(self, module: int) -> None:
+        """The image's last handle is gone (the worker counts them): unloaded, and out of the cache."""
+        self.modules = {key: m for key, m in self.modules.items() if m != module}
+        self.check(self.lib.cuModuleUnload(self.ffi.cast("void *", module)), "cuModuleUnload")
 
     def xpuModuleGetFunction(self, module: int, name: str) -> tuple[int]:
         fn = self.ffi.new("void **")

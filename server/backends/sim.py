@@ -435,7 +435,10 @@ class SimBackend(Backend):
         return module
 
     def cuModuleUnload(self, module: Module) -> None:
-        """Images stay cached for the session (another load of the same bytes reuses them)."""
+        """The image's last handle is gone (the worker counts them): its variables are freed."""
+        self.images = {key: m for key, m in self.images.items() if m is not module}
+        for address in module.globals.values():
+            self.memory.free(address)
 
     def get_function(self, module: Module, name: str) -> Function:
         kernel = module.kernels.get(name)
