@@ -289,8 +289,8 @@ class Param:
         parts = [_product(part, values) for part in self.extent.split(",")]
         if len(parts) == 1:
             return max(parts[0], 1)
-        pitch, width, height = parts
-        return max(pitch * (height - 1) + width if width and height else 0, 1)
+        pitch, width, height = parts  # rows closer than their width overlap: counted as if they did not
+        return max(max(pitch, width) * (height - 1) + width if width and height else 0, 1)
 
     def byte_count(self, values: dict[str, Any]) -> int | None:
         """Bytes behind this pointer, given the call's scalar arguments by name; None when the

@@ -142,6 +142,8 @@ def test_every_device_address_is_checked_against_the_session(server: Server) -> 
                 "DtoD": client.status_of("cuMemcpyDtoD_v2", mine, bad, 64),
                 "2D to host": client.status_of("xpuMemcpy2DToHost", 64, bad, 64, 64, 1, 0),
                 "2D from host": client.status_of("xpuMemcpy2DFromHost", bad, 64, b"\xee" * 64, 64, 1, 0),
+                # rows of pitch 0: 64 KiB of device memory, but a 256 KiB answer to build
+                "2D pitch 0": client.status_of("xpuMemcpy2DToHost", 64 * 4096, mine, 0, 64, 4096, 0),
             }
             for name, call in {"memset": ("cuMemsetD32_v2", bad, 7, 16),
                                "2D memset": ("cuMemsetD2D8_v2", bad, 64, 7, 64, 1)}.items():
