@@ -18,6 +18,7 @@ before decoding them: `Call.sent`.)
 from __future__ import annotations
 
 import bisect
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -249,14 +250,32 @@ def _granules(size: int) -> int:
 
 
 def _variable_bytes(image: Any) -> int:
-    """Device memory a module image's variables take: its ELF sections of them (PTX: not counted)."""
-    data = bytes(image[:4])
-    if data != fatbin.ELF_MAGIC:
-        return 0
+    """Device memory a module image's variables take: a cubin's sections of them, or what PTX declares."""
+    data = bytes(image)
     try:
-        return fatbin.variable_bytes(bytes(image))
+        if data[:4] == fatbin.ELF_MAGIC:
+            return fatbin.variable_bytes(data)
+        return _ptx_variable_bytes(data)
     except (ValueError, IndexError, struct.error) as exc:
         raise CudaError(errors.INVALID_IMAGE, f"cannot read the module image: {exc}") from None
+
+
+# A module-scope `.global`/`.const` declaration (not `ld.global`): its vector width, element bits and
+# array dimensions up to an initializer or the end. Bounded repeats keep the scan linear in the text.
+_PTX_VARIABLE = re.compile(rb"(?<![\w.])\.(?:global|const)\b[^;=]{0,64}?\.(?:v([248])\s+\.)?[bsuf](8|16|32|64|128)"
+                           rb"\s+[\w$%]{1,512}((?:\s*\[\s*\d{0,20}\s*\]){0,8})")
+
+
+def _ptx_variable_bytes(ptx: bytes) -> int:
+    """Bytes PTX text declares in the global and constant state spaces (what JIT compiling it commits)."""
+    total = 0
+    for match in _PTX_VARIABLE.finditer(ptx):
+        vector, bits, dims = match.groups()
+        size = int(vector or 1) * int(bits) // 8
+        for dim in re.findall(rb"\d+", dims):
+            size *= int(dim)
+        total += size
+    return total
 
 
 def _embedded_addresses(call: Call, args: list[Any]) -> list[int]:

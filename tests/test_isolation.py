@@ -201,6 +201,8 @@ def test_module_variables_count_against_the_quota(tmp_path: Path) -> None:
         huge = variable_elf(2 << 30)
         assert len(huge) < 600
         assert load_image(client, MODULE, huge) == errors.OUT_OF_MEMORY
+        huge_ptx = PTX + b".visible .global .align 1 .b8 big[2147483648];\n"  # what a JIT would commit
+        assert load_image(client, MODULE, huge_ptx) == errors.OUT_OF_MEMORY
         assert load_image(client, MODULE + 16, variable_elf(600_000)) == errors.SUCCESS
         assert client.status_of("cuMemAlloc_v2", 8, 600_000) == errors.OUT_OF_MEMORY  # the variable holds 600 KB
         address, size = client.call("cuModuleGetGlobal_v2", 8, 8, MODULE + 16, "big")
