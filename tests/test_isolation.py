@@ -16,7 +16,7 @@ from pathlib import Path
 from conftest import Server, start_server
 from pyclient import PyClient, rss, sessions
 
-from xpuremote.protocol import errors
+from xpuremote.protocol import errors, mathlibs
 from xpuremote.protocol.calls import CALLS, SENT_INSTEAD
 from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
 
@@ -239,16 +239,19 @@ def test_handles_of_each_kind_are_bounded(tmp_path: Path) -> None:
     client = PyClient(srv.address)
     try:
         worker = sessions(srv.address)[0]["worker_pid"]
-        for kind, (create, destroy) in enumerate((("cuStreamCreate", "cuStreamDestroy_v2"),
-                                                  ("cuEventCreate", "cuEventDestroy_v2"))):
+        alloc_failed = mathlibs.status_code(mathlibs.CUDNN, "alloc_failed")
+        kinds = (("cuStreamCreate", "cuStreamDestroy_v2", 0), ("cuEventCreate", "cuEventDestroy_v2", 0),
+                 ("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor"))
+        for kind, (create, destroy, *flags) in enumerate(kinds):
+            failed = alloc_failed if create.startswith("cudnn") else errors.OUT_OF_MEMORY
             handles = [0x7C00_1000_0000 + kind * 0x100_0000 + 16 * i for i in range(limit + 1)]
             for handle in handles[:limit]:
-                client.post(create, handle, 0)
+                client.post(create, handle, *flags)
             assert client.status_of("cuCtxSynchronize") == errors.SUCCESS
-            client.post(create, handles[limit], 0)
-            assert client.status_of("cuCtxSynchronize") == errors.OUT_OF_MEMORY, create
+            client.post(create, handles[limit], *flags)
+            assert client.status_of("cuCtxSynchronize") == failed, create
             client.post(destroy, handles[0])
-            client.post(create, handles[limit], 0)  # a destroyed one makes room
+            client.post(create, handles[limit], *flags)  # a destroyed one makes room
             assert client.status_of("cuCtxSynchronize") == errors.SUCCESS, create
         held = [client.alloc(16) for _ in range(limit)]
         assert client.status_of("cuMemAlloc_v2", 8, 16) == errors.OUT_OF_MEMORY
