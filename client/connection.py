@@ -236,6 +236,10 @@ class Connection:
         calls, self.pending, self.pending_bytes = len(self.pending), [], 0
         try:
             frames = wire.encode(self._stamped(header))
+        except Exception as exc:  # a value the wire cannot carry: these calls are lost, say so at the next wait
+            self.late_errors.append(["a batch of calls", errors.UNKNOWN, f"{calls} calls could not be sent: {exc}"])
+            raise
+        try:
             self.sent_ns = header.get("sent") or time.monotonic_ns()
             if trace.RECORDER:
                 trace.RECORDER.sent(self.seq, kind if reply else "async", self.sent_ns, wire.size_of(frames), calls)
@@ -331,6 +335,8 @@ class Connection:
                 self._drain_later()
             except CudaError:
                 break
+            except Exception:  # the failure is kept for the next sync call; the thread carries on
+                log.exception("the flusher could not send a batch")
         with self.lock:  # not while another thread may be setting it
             self.alarm.close()
 

@@ -267,6 +267,8 @@ def copy(d: Driver, dst: int, src: int, size: int, stream: int | None) -> None:
     """A unified-addressing copy, split by direction."""
     if size == 0:
         return
+    if not dst or not src:
+        raise CudaError(errors.INVALID_VALUE, "cuMemcpy with a NULL pointer")
     dst_dev, src_dev = is_device(d, dst), is_device(d, src)
     suffix = "" if stream is None else "Async"
     tail = [] if stream is None else [stream]
