@@ -38,15 +38,6 @@ class Limits:
     mem_quota: int = 0  # bytes of device memory per client; 0: no quota
     max_request_bytes: int = 0  # bytes in one request message; 0: no limit
 
-    def request_error(self, frames: list[Any]) -> str | None:
-        """Why a request is refused for its size, or None."""
-        if not self.max_request_bytes:
-            return None
-        size = wire.size_of(frames)
-        if size > self.max_request_bytes:
-            return f"request of {size} bytes is over the server's limit of {self.max_request_bytes} bytes"
-        return None
-
     def request_frames(self) -> int:
         """Most frames a request within max_request_bytes can have (0: no bound): a header, then bulk
         frames of over INLINE_MAX bytes each. Bounds what a message of empty frames costs."""

@@ -21,6 +21,7 @@ import pytest
 import zmq
 from conftest import Server, free_port, shim_env, start_server
 from pyclient import PyClient, sessions, wait_for
+from pyclient import rss as rss_of
 from test_faults import COPY_UNTIL_FAILURE, alive, finish, pids_of_children, program, spawn
 
 from xpuremote.protocol import errors, wire
@@ -108,6 +109,35 @@ def test_request_size_limit(servers: list[Server], tmp_path: Path) -> None:
     assert fresh.read(fresh.alloc(64), 64) == bytes(64)
     fresh.close()
     assert srv.process.poll() is None and "Traceback" not in srv.log()
+
+
+def test_a_message_of_many_frames_is_bounded_whole(servers: list[Server], tmp_path: Path) -> None:
+    """--max-request-bytes bounds a whole message, not each frame: 40 frames of 15 MiB under a 16 MiB
+    limit once made the worker take in and keep 600 MB (and 1,000 empty frames were taken as one
+    request). The message is refused with a reason, the memory given back, and the session goes on."""
+    srv = launch(servers, tmp_path, "--max-request-bytes", "16M")
+    client = PyClient(srv.address)
+    try:
+        ptr = client.alloc(MIB)
+        client.write(ptr, b"k" * MIB)
+        worker = next(s["worker_pid"] for s in sessions(srv.address))
+        before = rss_of(worker)
+        header = {"op": "calls", "seq": 99, "reply": True, "calls": [[0x1, []]]}
+        conn = client.conn
+        with conn.lock:
+            conn.sock.send_multipart([*wire.encode(header), *[b"\0" * (15 * MIB)] * 40])
+            answer = conn._receive(None, 30)
+        assert answer["status"] == errors.INVALID_VALUE and "limit of 16777216" in answer["error"], answer
+        grown = rss_of(worker) - before
+        assert grown < 100 * MIB, f"the worker holds {grown >> 20} MiB more after the message"
+        with conn.lock:  # frames no request within the limit has: each costs the worker an object
+            conn.sock.send_multipart([*wire.encode(header), *[b""] * 1000])
+            answer = conn._receive(None, 30)
+        assert answer["status"] == errors.INVALID_VALUE and "1001 frames" in answer["error"], answer
+        assert client.read(ptr, MIB) == b"k" * MIB
+    finally:
+        client.close()
+    assert "Traceback" not in srv.log()
 
 
 def test_device_memory_is_cleared_between_clients(servers: list[Server], tmp_path: Path) -> None:
