@@ -1,11 +1,13 @@
 """The client's link to its worker: handshake, synchronous calls, batched asynchronous calls.
 
 Async calls are queued and go out together, when a sync call is made, when the batch grows
-past MAX_BATCH_CALLS or MAX_BATCH_BYTES, or when the flusher thread finds that nothing has been
-queued for the batch window (or the batch has waited MAX_BATCH_DELAY_S); the server answers
-nothing for them. Their failures come back with the next sync reply. The flusher sleeps on an
-alarm (client/alarm.py) that the first call of a batch sets and the message carrying the batch
-clears: it wakes up only for a batch that nothing else sent in time.
+past MAX_BATCH_CALLS or MAX_BATCH_BYTES, before it would grow past the server's request size
+limit (which the worker reports at init; a call that alone is over it fails), or when the
+flusher thread finds that nothing has been queued for the batch window (or the batch has waited
+MAX_BATCH_DELAY_S); the server answers nothing for them. Their failures come back with the next
+sync reply. The flusher sleeps on an alarm (client/alarm.py) that the first call of a batch sets
+and the message carrying the batch clears: it wakes up only for a batch that nothing else sent in
+time.
 
 A few calls are sent at once but answered later (`call_later`: device-to-host copies into
 pinned memory, host functions): their answers are read by whichever sync call comes next, or
@@ -90,6 +92,8 @@ class Connection:
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.inventory = self.request({"op": "init", "link": link.to_wire(), "measure": measure, "gpu": measure_gpu},
                                       connect_timeout_s)
+        self.max_request_bytes = self.inventory.get("max_request_bytes") or 0  # the worker's limit (0: none)
+        self.request_budget = wire.request_budget(self.max_request_bytes)  # payload bytes a request may carry
         self.closed = False
         self.host_functions: queue.SimpleQueue | None = None  # (function, token), run by their own thread
         threading.Thread(target=self._flusher, name="xpuremote-flush", daemon=True).start()
@@ -207,6 +211,8 @@ class Connection:
         return answer
 
     def _queue(self, call: Call, args: list[Any], ctx: int | None, size: int) -> None:
+        if self.request_budget:
+            size = self._fit(call, args, size)
         if ctx != self.last_ctx and ctx is not None:
             self.pending.append([SET_CONTEXT.opcode, [ctx]])
             self.last_ctx = ctx
@@ -215,6 +221,17 @@ class Connection:
         self.queued += 1
         if trace.RECORDER:
             trace.RECORDER.queued(self.seq + 1, len(self.pending) - 1)
+
+    def _fit(self, call: Call, args: list[Any], size: int) -> int:
+        """Under the server's request size limit: refuse a call that no request can carry (the
+        session goes on), and send the batch first when this call would take it over. The call's size."""
+        size = size or wire.payload_size(args)
+        if size > self.request_budget:
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol} carries {size} bytes; the server at {self.address} "
+                            f"takes requests of at most {self.max_request_bytes} bytes (--max-request-bytes)")
+        if self.pending and self.pending_bytes + size > self.request_budget:
+            self._send(reply=False)
+        return size
 
     def _stamped(self, header: dict[str, Any]) -> dict[str, Any]:
         """With an emulated link, a message says when it was sent: the receiver holds it from then."""

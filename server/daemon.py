@@ -35,14 +35,16 @@ from xpuremote.protocol import errors, wire
 
 from . import auth, metrics
 from .backends import gpu_present, load_backend
-from .limits import Limits, parse_size
+from .limits import Limits, give_back_memory, parse_size
 
 log = logging.getLogger("xpuremote.server")
 WORKER_START_TIMEOUT_S = 30.0
 # Workers put large allocations (device memory copies, bulk frames) on transparent huge pages: a
 # fresh 64 MiB buffer then takes 32 page faults instead of 16384 (on glibc; ignored elsewhere).
 WORKER_TUNABLES = "glibc.malloc.hugetlb=1"
-DAEMON_MAX_MESSAGE = 1 << 20  # the daemon takes only small control messages (hello, status)
+# the daemon takes only small control messages (hello, status) of one frame: bytes and frames a message
+DAEMON_MAX_MESSAGE = 1 << 20
+DAEMON_MAX_FRAMES = 1
 
 
 @dataclass
@@ -225,14 +227,24 @@ class Daemon:
                 self.totals["auth_failures"] += 1
                 log.warning("refused a client at %s: %s", self.listen, auth.describe_handshake_failure(event))
             if self.sock in ready:
-                identity, *frames = self.sock.recv_multipart(copy=False)
-                key = auth.peer_key(frames[0]) if frames and self.options.keys is not None else ""
-                self.sock.send_multipart([identity, *wire.encode(self.answer(frames, key))])
+                self.take()
             self.reap()
         self.sock.disable_monitor()
         monitor.close(0)
         self.shutdown()
         return 0
+
+    def take(self) -> None:
+        """Answer one message; one over the bounds is refused, unread, and its memory given back."""
+        (identity, *frames), refusal = wire.receive(self.sock, DAEMON_MAX_MESSAGE, DAEMON_MAX_FRAMES)
+        key = auth.peer_key(frames[0]) if frames and self.options.keys is not None else ""
+        if refusal:
+            log.warning("refused a message from %s (key %s): %s", _peer(frames[0]), key or "none", refusal)
+            answer = {"op": "reply", "status": errors.INVALID_VALUE, "error": f"refused: {refusal}"}
+            give_back_memory()
+        else:
+            answer = self.answer(frames, key)
+        self.sock.send_multipart([identity, *wire.encode(answer)])
 
     def shutdown(self) -> None:
         """Graceful: no new sessions, then each worker finishes its batch in flight, tells its
@@ -262,6 +274,14 @@ def _client(value: Any) -> dict[str, str]:
     """The client's description (informational, never trusted): user, host, pid, as short strings."""
     value = value if isinstance(value, dict) else {}
     return {k: str(value.get(k, "?"))[:64] for k in ("user", "host", "pid")}
+
+
+def _peer(frame: zmq.Frame) -> str:
+    """The sender's address, as ZeroMQ saw the connection."""
+    try:
+        return frame.get("Peer-Address")
+    except zmq.ZMQError:  # a transport without addresses
+        return "unknown"
 
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:

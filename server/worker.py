@@ -32,7 +32,7 @@ from . import auth, metrics
 from .backends import load_backend
 from .backends.base import Backend
 from .gpu_timer import GpuTimer, is_gpu_work
-from .limits import Accounted, Limits, parse_size
+from .limits import Accounted, Limits, give_back_memory, parse_size
 
 log = logging.getLogger("xpuremote.worker")
 
@@ -77,7 +77,8 @@ class Session:
         self.uplink = Wire(link) if link.active else None
         self.measure = bool(header.get("measure"))
         self.gpu_timer = GpuTimer(self.backend) if header.get("gpu") else None
-        return {"op": "reply", "status": 0, **self.backend.inventory().to_wire()}
+        return {"op": "reply", "status": 0, **self.backend.inventory().to_wire(),
+                "max_request_bytes": self.limits.max_request_bytes}
 
     # ---- handles --------------------------------------------------------------------------
     def resolve(self, param: Param, value: Any) -> Any:
@@ -370,11 +371,12 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
     the stash: work queued behind the function must not start before it has run."""
     if session.uplink:
         session.uplink.waiting()
-    frames = [sock.recv(copy=False)]
-    while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
-        frames.append(sock.recv(copy=False))
+    limits = session.limits
+    frames, too_big = wire.receive(sock, limits.max_request_bytes, limits.request_frames())
     session.peers.add(frames[-1].get(zmq.SRCFD))
-    message = Message(frames[0], frames[1:], session.limits.request_error(frames[1:]))
+    message = Message(frames[0], frames[1:], too_big)
+    if too_big:  # answered and logged as any malformed message; ZeroMQ took it in whole, though
+        give_back_memory()
     if session.uplink and isinstance(message.header.get("sent"), int):
         session.uplink.hold(message.header["sent"], wire.size_of(message.frames))  # see protocol/link.py
     if session.awaiting is None:

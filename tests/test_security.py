@@ -23,12 +23,13 @@ from pathlib import Path
 import pytest
 import zmq
 from conftest import Server, start_server
-from pyclient import PyClient, Relay, make_keys, wait_for
+from pyclient import PyClient, Relay, make_keys, rss, wait_for
 from test_faults import PRELUDE
 
 from xpuremote.client.connection import Connection
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.errors import CudaError
+from xpuremote.server.daemon import ask_status
 
 
 @pytest.fixture(scope="module")
@@ -252,3 +253,32 @@ def test_xpu_run_passes_the_keys(keys: dict[str, Path], curve_server: Server, sh
                              sys.executable, "-c", PRELUDE + body], env=env, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0 and "roundtrip True" in result.stdout, result.stdout + result.stderr
+
+
+# ---- the size of a message, counted whole --------------------------------------------------------
+def test_the_daemon_keeps_no_message_of_many_frames(tmp_path: Path) -> None:
+    """ZeroMQ's MAXMSGSIZE bounds each frame: a `status` of 300 frames of 1 MiB, unauthenticated, once
+    made the daemon answer it and keep 300 MB. It is refused (answered, logged with the peer), its
+    memory given back, and the daemon still serves."""
+    srv = start_server(tmp_path)
+    ctx = zmq.Context()
+    try:
+        before = rss(srv.process.pid)
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(srv.address)
+        sock.send_multipart([*wire.encode({"op": "status"}), *[b"\0" * (1 << 20)] * 300])
+        assert sock.poll(30_000), "the daemon did not answer"
+        answer = wire.decode(sock.recv_multipart())
+        assert answer["status"] == errors.INVALID_VALUE and "301 frames" in answer["error"], answer
+        assert wait_for(lambda: "refused a message from 127.0.0.1" in srv.log(), 5), srv.log()
+        grown = rss(srv.process.pid) - before
+        assert grown < 100 << 20, f"the daemon holds {grown >> 20} MiB more after the message"
+        assert ask_status(srv.address, 5.0)["sessions"] == []
+        client = PyClient(srv.address)
+        assert client.read(client.alloc(64), 64) == bytes(64)
+        client.close()
+    finally:
+        ctx.destroy(0)
+        srv.stop()
+    assert "Traceback" not in srv.log()
