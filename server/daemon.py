@@ -6,10 +6,11 @@
     xpu-server keygen DIR [--name NAME]      a CURVE key pair: NAME.key, NAME.key_secret
     xpu-server status [--listen ADDR]        the sessions and devices of a running server
 
-A client says `hello` to the daemon and is answered with the endpoint of its own worker; from
-then on it talks to that worker directly (one hop, no proxy in the data path). Prints a line
-containing `ready` on stderr once it accepts clients. SIGTERM (or SIGINT) stops it gracefully:
-no new sessions, each worker finishes the batch in flight and tells its client, then exit.
+A client says `hello` to the daemon and is answered with the endpoint of its own worker and the
+session's key; from then on it talks to that worker directly (one hop, no proxy in the data
+path), presenting the key on every connection. Prints a line containing `ready` on stderr
+once it accepts clients. SIGTERM (or SIGINT) stops it gracefully: no new sessions, each
+worker finishes the batch in flight and tells its client, then exit.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class Worker:
     client: dict[str, str]
     started: float
     key: str = ""
+    secret: bytes = field(default=b"", repr=False)  # the session's key: for the hello answer only
     stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(metrics.COUNTERS, 0))
     reader: threading.Thread | None = None
 
@@ -110,11 +112,11 @@ class Daemon:
         env = dict(os.environ)  # the operator's own tunables come last, so they win
         env["GLIBC_TUNABLES"] = ":".join(filter(None, [WORKER_TUNABLES, env.get("GLIBC_TUNABLES")]))
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-        line = _read_line(proc, WORKER_START_TIMEOUT_S)
-        if not line.startswith("endpoint "):
+        words = _read_line(proc, WORKER_START_TIMEOUT_S).split()
+        if len(words) != 3 or words[0] != "endpoint":
             proc.kill()
             raise RuntimeError(f"worker for session {session} failed to start (exit {proc.poll()})")
-        worker = Worker(session, proc, line.split(None, 1)[1].strip(), client, time.time(), key)
+        worker = Worker(session, proc, words[1], client, time.time(), key, bytes.fromhex(words[2]))
         worker.reader = threading.Thread(target=_read_stats, args=(worker,), name=f"stats-{session}", daemon=True)
         worker.reader.start()
         self.workers[session] = worker
@@ -160,7 +162,8 @@ class Daemon:
         except (OSError, RuntimeError) as exc:
             log.error("cannot start a worker: %s", exc)
             return {"op": "reply", "status": errors.OPERATING_SYSTEM, "error": str(exc)}
-        return {"op": "reply", "status": 0, "worker": worker.endpoint, "session": worker.session}
+        return {"op": "reply", "status": 0, "worker": worker.endpoint, "session": worker.session,
+                "key": worker.secret}
 
     def refusal(self) -> str | None:
         if self.stopping.is_set():

@@ -5,7 +5,9 @@ away (disconnect, `bye`, or the daemon dying) everything it held is released and
 process exits.
 
     python -m xpuremote.server.worker --bind tcp://127.0.0.1 --backend sim --session ID
-prints `endpoint <address>` on stdout once it listens.
+prints `endpoint <address> <key, hex>` on stdout once it listens. A message that does not
+present the session's key (see protocol/wire.py) is refused unread: whoever can reach the
+port learns nothing of the session and cannot end it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import collections
 import logging
 import os
+import secrets
 import signal
 import struct
 import sys
@@ -36,6 +39,7 @@ from .limits import Accounted, Limits, parse_size
 
 log = logging.getLogger("xpuremote.worker")
 
+MAX_REFUSALS_LOGGED = 256  # sources whose refused messages are logged (once each)
 MAX_OUTPUT_BYTES = 1 << 34  # a single reply larger than this is an error, not an attempt
 SERVER_HANDLE_BASE = 0x5E00_0000_0000
 # a CUkernel works as a CUfunction; the runtime's stream and event types are the driver's; a
@@ -47,8 +51,10 @@ HANDLE_FAMILIES = {"CUkernel": "CUfunction", "cudaStream_t": "CUstream", "cudaEv
 class Session:
     """Executes batches of calls; owns the client's handles."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, key: bytes = b"", name: str = "") -> None:
         self.backend = backend
+        self.name = name
+        self.key = key  # what every connection of this session presents as its routing id
         self.handles: dict[int, tuple[str, Any]] = {}
         self.next_handle = SERVER_HANDLE_BASE
         self.deferred: list[tuple[str, int, str]] = []  # async failures not yet reported
@@ -64,7 +70,8 @@ class Session:
         self.gpu_timer: GpuTimer | None = None  # events around GPU work, when the client asks
         self.seq = 0  # the message being served
         self.peer: Any = None  # the client's socket identity: where a last word goes at shutdown
-        self.peers: set[int] = set()  # connections (fds) that have sent messages: the client's own
+        self.peers: set[int] = set()  # connections (fds) that have sent messages with the key: the client's own
+        self.refused: set[str] = set()  # sources of messages without the key, logged once each
         self.limits = Limits()
         backend.bind(self.handles)
 
@@ -257,7 +264,7 @@ def _name_of(item: Any) -> str:
 def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = 30.0, limits: Limits | None = None,
           keys: auth.ServerKeys | None = None, client_key: str = "") -> int:
     backend = Accounted(load_backend(backend_name), limits or Limits())
-    session = Session(backend)
+    session = Session(backend, secrets.token_bytes(wire.KEY_BYTES), session_id)
     session.limits = backend.limits
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
@@ -274,7 +281,7 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
     stopping = _stop_on_sigterm()
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
     endpoint = _bind(sock, bind, session_id)
-    print(f"endpoint {endpoint}", flush=True)
+    print(f"endpoint {endpoint} {session.key.hex()}", flush=True)  # to the daemon's pipe only
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(monitor, zmq.POLLIN)
@@ -373,7 +380,8 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
     frames = [sock.recv(copy=False)]
     while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
         frames.append(sock.recv(copy=False))
-    session.peers.add(frames[-1].get(zmq.SRCFD))
+    if not _admit(sock, session, frames):
+        return True
     message = Message(frames[0], frames[1:], session.limits.request_error(frames[1:]))
     if session.uplink and isinstance(message.header.get("sent"), int):
         session.uplink.hold(message.header["sent"], wire.size_of(message.frames))  # see protocol/link.py
@@ -387,6 +395,23 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
         if not _serve(sock, session, session.stash.popleft()):
             return False
     return True
+
+
+def _admit(sock: zmq.Socket, session: Session, frames: list[zmq.Frame]) -> bool:
+    """Whether a message presents the session's key (its routing id); one that does not is
+    refused without being read, and its connection is not counted as the client's."""
+    if wire.presents(frames[0].bytes, session.key):
+        session.peers.add(frames[-1].get(zmq.SRCFD))
+        return True
+    source = auth.peer_address(frames[-1])
+    if source not in session.refused and len(session.refused) < MAX_REFUSALS_LOGGED:
+        session.refused.add(source)
+        log.warning("session %s: refused messages from %s: its connection did not present the session's key "
+                    "(logged once per source)", session.name, source)
+    refusal = {"op": "reply", "status": errors.NOT_PERMITTED,
+               "error": "refused: this connection did not present its session's key (ask the daemon with hello)"}
+    sock.send_multipart([frames[0], *wire.encode(refusal)])
+    return False
 
 
 class Message:
