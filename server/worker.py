@@ -5,9 +5,9 @@ away (disconnect, `bye`, or the daemon dying) everything it held is released and
 process exits.
 
     python -m xpuremote.server.worker --bind tcp://127.0.0.1 --backend sim --session ID
-prints `endpoint <address> <key, hex>` on stdout once it listens. A message that does not
-present the session's key (see protocol/wire.py) is refused unread: whoever can reach the
-port learns nothing of the session and cannot end it.
+prints `endpoint <address> <key, hex>` on stdout once it listens, and `connected` when the
+first message presenting the session's key came (see protocol/wire.py). Any other message is
+refused unread: whoever can reach the port learns nothing of the session and cannot end it.
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def _name_of(item: Any) -> str:
 
 
 # ---- the process ------------------------------------------------------------------------
-def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = 30.0, limits: Limits | None = None,
+def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = 10.0, limits: Limits | None = None,
           keys: auth.ServerKeys | None = None, client_key: str = "") -> int:
     backend = Accounted(load_backend(backend_name), limits or Limits())
     session = Session(backend, secrets.token_bytes(wire.KEY_BYTES), session_id)
@@ -314,8 +314,8 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
                     # through (a port scan, a refused key) must not end the session
                     log.info("session %s: client disconnected", session_id)
                     break
-            if not session.peers and time.monotonic() - started > idle_connect_s:
-                log.warning("session %s: no client connected within %.0f s", session_id, idle_connect_s)
+            if not session.peers and time.monotonic() - started > idle_connect_s:  # a hello squatted
+                log.warning("session %s: no client connected within %g s", session_id, idle_connect_s)
                 break
             if sock in ready and not _handle(sock, session):
                 break
@@ -401,6 +401,8 @@ def _admit(sock: zmq.Socket, session: Session, frames: list[zmq.Frame]) -> bool:
     """Whether a message presents the session's key (its routing id); one that does not is
     refused without being read, and its connection is not counted as the client's."""
     if wire.presents(frames[0].bytes, session.key):
+        if not session.peers:
+            print("connected", flush=True)  # the daemon counts the session as live from now
         session.peers.add(frames[-1].get(zmq.SRCFD))
         return True
     source = auth.peer_address(frames[-1])
@@ -500,12 +502,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-request-bytes", type=parse_size, default=0, help="largest request (0: no limit)")
     parser.add_argument("--key", help="the server's secret key file: CURVE on")
     parser.add_argument("--client-key", default="", help="z85 public key of the only client admitted (with --key)")
+    parser.add_argument("--connect-timeout", type=float, default=10.0,
+                        help="seconds the client has to connect after its hello; then the session ends")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("XPU_LOG", "INFO").upper(), stream=sys.stderr,
                         format=f"xpu-server[{args.session}] %(levelname)s %(message)s")
     keys = auth.load_server_keys(args.key) if args.key else None
-    return serve(args.bind, args.backend, args.session, limits=Limits(args.mem_quota, args.max_request_bytes),
-                 keys=keys, client_key=args.client_key)
+    return serve(args.bind, args.backend, args.session, args.connect_timeout,
+                 Limits(args.mem_quota, args.max_request_bytes), keys, args.client_key)
 
 
 if __name__ == "__main__":

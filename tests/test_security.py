@@ -313,3 +313,40 @@ def test_another_process_cannot_use_or_end_a_session_without_its_key(
     finally:
         victim.close()
 
+
+def test_per_key_limits_in_curve_mode(keys: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CURVE the peer is the key: bob's squatting hellos are refused past his pending limit,
+    alice (same host, another key) still gets her sessions, up to her own limit of live ones."""
+    srv = start_server(tmp_path, args=("--key", str(keys["server"]), "--allowed-keys", str(keys["allowed"]),
+                                       "--max-pending-per-peer", "1", "--max-clients-per-peer", "2"))
+    ctx = zmq.Context()
+    alice: list[PyClient] = []
+    try:
+        use(monkeypatch, keys["bob"], keys["server.pub"])
+        bob = [_curve_hello(ctx, srv.address) for _ in range(2)]
+        assert bob[0]["status"] == 0 and bob[1]["status"] == errors.NOT_PERMITTED, bob
+        assert "--max-pending-per-peer" in bob[1]["error"], bob[1]
+        use(monkeypatch, keys["alice"], keys["server.pub"])
+        alice += [PyClient(srv.address), PyClient(srv.address)]
+        assert all(a.read(a.alloc(16), 16) == bytes(16) for a in alice)
+        with pytest.raises(CudaError) as info:
+            PyClient(srv.address)
+        assert "--max-clients-per-peer" in str(info.value), info.value
+    finally:
+        for a in alice:
+            a.close()
+        ctx.destroy(0)
+        srv.stop()
+
+
+def _curve_hello(ctx: zmq.Context, address: str) -> dict:
+    """A hello with the CURVE keys of the environment, never followed by a connection to the worker."""
+    from xpuremote.client import auth as client_auth
+
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    client_auth.secure(sock, client_auth.client_keys())
+    sock.connect(address)
+    sock.send_multipart(wire.encode({"op": "hello", "client": {"user": "squatter"}}))
+    assert sock.poll(30_000), "no answer to a hello"
+    return wire.decode(sock.recv_multipart())
