@@ -86,8 +86,8 @@ class Connection:
         self.sent_ns = 0  # when the last message went out
         self.down_bytes = 0  # size of the last answer read
         self.keys = auth.client_keys()  # CURVE keys from the environment, or None for plain TCP
-        self.endpoint, self.session = self._hello(connect_timeout_s)
-        self.sock = self._socket(self.endpoint)
+        self.endpoint, self.session, self.key = self._hello(connect_timeout_s)
+        self.sock = self._socket(self.endpoint, wire.routing_id(self.key))
         self.sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.inventory = self.request({"op": "init", "link": link.to_wire(), "measure": measure, "gpu": measure_gpu},
@@ -99,8 +99,11 @@ class Connection:
         threading.Thread(target=self._flusher, name="xpuremote-flush", daemon=True).start()
 
     # ---- set-up -------------------------------------------------------------------------
-    def _socket(self, endpoint: str) -> zmq.Socket:
+    def _socket(self, endpoint: str, routing_id: bytes | None = None) -> zmq.Socket:
+        """A DEALER to `endpoint`; one to the worker presents the session's key as its routing id."""
         sock = self.ctx.socket(zmq.DEALER)
+        if routing_id is not None:
+            sock.setsockopt(zmq.ROUTING_ID, routing_id)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5 * HEARTBEAT_MS)
@@ -108,7 +111,7 @@ class Connection:
         sock.connect(endpoint)
         return sock
 
-    def _hello(self, timeout_s: float) -> tuple[str, str]:
+    def _hello(self, timeout_s: float) -> tuple[str, str, bytes]:
         sock = self._socket(self.address)
         monitor = sock.get_monitor_socket(auth.WATCHED)  # a refused handshake fails now, not at the timeout
         try:
@@ -128,7 +131,10 @@ class Connection:
             sock.close(0)
         if answer.get("status"):
             raise ServerGone(errors.NO_DEVICE, f"server at {self.address} refused: {answer.get('error')}")
-        return self._worker_endpoint(answer["worker"]), answer["session"]
+        key = answer.get("key")
+        if not isinstance(key, bytes) or len(key) != wire.KEY_BYTES:
+            raise ServerGone(errors.NO_DEVICE, f"the server at {self.address} gave no session key")
+        return self._worker_endpoint(answer["worker"]), answer["session"], key
 
     def _worker_endpoint(self, endpoint: str) -> str:
         """A worker bound to a wildcard address is reached through the host we dialled."""
@@ -184,7 +190,7 @@ class Connection:
         self.host_functions.put((fn, token))
 
     def _host_function_thread(self) -> None:
-        control = self._socket(self.endpoint)
+        control = self._socket(self.endpoint, wire.routing_id(self.key, wire.DONE_CHANNEL))
         while True:
             fn, token = self.host_functions.get()
             if fn is None:

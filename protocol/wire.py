@@ -6,7 +6,10 @@ frame, referenced from the header by ExtType(BULK, index), so 64 MiB never passe
 msgpack. No pickle anywhere: a peer can only send data, never code.
 
 Ops (client -> server):
-  hello   to the daemon: {client: {pid, host, user}}          -> {worker: endpoint, session}
+  hello   to the daemon: {client: {pid, host, user}}          -> {worker: endpoint, session, key}
+          key: the session's secret (KEY_BYTES random bytes), given to this answer only; every
+          connection to the worker presents it as its ZeroMQ routing id (routing_id()), so the
+          worker's ROUTER labels each message with it, and the worker serves nothing else
   status  to the daemon: {}            -> {listen, backend, curve, limits, sessions: [...], devices: [...]}
   init    to the worker: {link, measure, gpu}      -> {driver_version, devices, max_request_bytes}
           link: the client's emulated link (protocol/link.py); measure: time every message and
@@ -30,12 +33,16 @@ Server -> client, unasked:
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Sequence
 from typing import Any
 
 import msgpack
 
 PROTOCOL_VERSION = 1
+KEY_BYTES = 32  # a session's key: 256 bits from `secrets`
+DONE_CHANNEL = b"+done"  # the host-function thread's connection, beside the one for calls
+CHANNELS = (b"", DONE_CHANNEL)
 BULK = 1  # msgpack ext type code of a reference to a bulk frame
 INLINE_MAX = 64 * 1024
 PROBE_BUSY_MAX_NS = 10_000_000
@@ -140,6 +147,18 @@ def decode(frames: Sequence[Any]) -> dict[str, Any]:
     if not isinstance(header.get("op"), str):
         raise WireError("header has no op")
     return header
+
+
+def routing_id(key: bytes, channel: bytes = b"") -> bytes:
+    """What a connection of the session with `key` sets as its ZeroMQ routing id."""
+    return bytes(key) + channel
+
+
+def presents(identity: bytes, key: bytes) -> bool:
+    """Whether a message's routing id (as the worker's ROUTER saw it) is one of the session's;
+    the key is compared in constant time."""
+    head, channel = identity[:KEY_BYTES], identity[KEY_BYTES:]
+    return hmac.compare_digest(head, key) and channel in CHANNELS
 
 
 def size_of(frames: Sequence[Any]) -> int:

@@ -324,8 +324,10 @@ MALFORMED: dict[str, list[bytes]] = {
 }
 
 
-def dealer(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+def dealer(ctx: zmq.Context, endpoint: str, key: bytes | None = None) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
+    if key is not None:  # a worker serves only connections that present its session's key
+        sock.setsockopt(zmq.ROUTING_ID, wire.routing_id(key))
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 5000)
     sock.connect(endpoint)
@@ -461,7 +463,7 @@ def test_garbage_to_a_worker_is_answered_and_the_server_keeps_serving(
     try:
         hello = ask(dealer(ctx, private_server.address), [pack(HELLO)], "hello")
         assert hello["status"] == 0, hello
-        worker = Worker(dealer(ctx, hello["worker"]))
+        worker = Worker(dealer(ctx, hello["worker"], hello["key"]))
         inventory = ask(worker.sock, wire.encode({"op": "init"}), "init")
         assert inventory["status"] == 0 and inventory["devices"], inventory
         for what, frames in MALFORMED.items():

@@ -15,6 +15,7 @@ from conftest import Server
 from pyclient import PyClient
 
 from xpuremote.protocol import errors
+from xpuremote.server.backends import sim
 
 SIZE = 64 << 10
 PTX = b"""
@@ -83,3 +84,13 @@ def test_foreign_pointers_fail_and_the_owner_data_stays(server: Server) -> None:
     finally:
         owner.close()
         intruder.close()
+
+
+def test_address_windows_have_far_more_entropy_than_a_scan_can_cover() -> None:
+    """Each session draws its base from a range of 64 TiB at 64 KiB steps (30 bits): 2,000
+    sessions' bases are distinct, aligned, and spread over the whole range."""
+    bases = [sim.Memory(1 << 30).alloc(16) for _ in range(2000)]
+    assert len(set(bases)) == len(bases), "two sessions drew the same base"
+    assert all(sim.BASE_LOW <= b < sim.BASE_HIGH and b % (64 << 10) == 0 for b in bases)
+    buckets = {(b - sim.BASE_LOW) * 16 // (sim.BASE_HIGH - sim.BASE_LOW) for b in bases}
+    assert buckets == set(range(16)), sorted(buckets)  # a miss here is a chance of (15/16)**2000

@@ -85,6 +85,41 @@ def test_max_clients_refuses_the_one_too_many(servers: list[Server], tmp_path: P
         b.close()
 
 
+def hello_from(ctx: zmq.Context, address: str) -> dict:
+    """A `hello` on a socket of its own, never followed by a connection to the worker."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    sock.send_multipart(wire.encode({"op": "hello", "client": {"user": "squatter"}}))
+    assert sock.poll(30_000), "no answer to a hello"
+    return wire.decode(sock.recv_multipart())
+
+
+def test_hello_squatting_costs_the_squatter_only(servers: list[Server], tmp_path: Path) -> None:
+    """Hellos never followed by a connection: past --max-pending-per-peer the squatter's host is
+    refused with the reason, a client from another host still gets a session at once, and
+    the squatter's sessions end after --connect-timeout (its places are free again)."""
+    srv = launch(servers, tmp_path, "--max-clients", "6", "--max-pending-per-peer", "2", "--connect-timeout", "3")
+    ctx = zmq.Context()
+    try:
+        answers = [hello_from(ctx, srv.address) for _ in range(5)]
+        assert [a["status"] for a in answers[:2]] == [0, 0], answers
+        for refused in answers[2:]:
+            assert refused["status"] == errors.NOT_PERMITTED, refused
+            assert "127.0.0.1" in refused["error"] and "--max-pending-per-peer" in refused["error"], refused
+        port = srv.address.rsplit(":", 1)[1]
+        neighbour = PyClient(f"tcp://127.0.0.2:0;127.0.0.1:{port}")  # from another (loopback) address
+        try:
+            assert neighbour.read(neighbour.alloc(16), 16) == bytes(16)
+        finally:
+            neighbour.close()
+        assert wait_for(lambda: srv.log().count("no client connected within") == 2, 20), srv.log()
+        assert hello_from(ctx, srv.address)["status"] == 0  # the squatter's own places are free again
+    finally:
+        ctx.destroy(0)
+    assert "session_refused" in srv.log() and "Traceback" not in srv.log()
+
+
 def test_request_size_limit(servers: list[Server], tmp_path: Path) -> None:
     """A message over --max-request-bytes in total is refused with a reason; the client knows the limit
     and refuses a call over it itself (a frame over it would make ZeroMQ drop the connection); the
