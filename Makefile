@@ -50,7 +50,11 @@ lint: setup
 check-generated: setup torch
 	$(PY) -m xpuremote.protocol.generate --check
 
+# The tests start a few thousand short-lived Python processes (servers, workers, shimmed
+# programs): compile the project's modules once, even where the environment turns off writing
+# bytecode, rather than parse them in every process.
 test: lint check-generated shim torch
+	$(PY) -m compileall -q protocol client server interpose perfmodel
 	$(PY) -m pytest -q
 
 bench: shim torch

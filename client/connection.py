@@ -1,11 +1,13 @@
 """The client's link to its worker: handshake, synchronous calls, batched asynchronous calls.
 
 Async calls are queued and go out together, when a sync call is made, when the batch grows
-past MAX_BATCH_CALLS or MAX_BATCH_BYTES, or when the flusher thread finds that nothing has been
-queued for the batch window (or the batch has waited MAX_BATCH_DELAY_S); the server answers
-nothing for them. Their failures come back with the next sync reply. The flusher sleeps on an
-alarm (client/alarm.py) that the first call of a batch sets and the message carrying the batch
-clears: it wakes up only for a batch that nothing else sent in time.
+past MAX_BATCH_CALLS or MAX_BATCH_BYTES, before it would grow past the server's request size
+limit (which the worker reports at init; a call that alone is over it fails), or when the
+flusher thread finds that nothing has been queued for the batch window (or the batch has waited
+MAX_BATCH_DELAY_S); the server answers nothing for them. Their failures come back with the next
+sync reply. The flusher sleeps on an alarm (client/alarm.py) that the first call of a batch sets
+and the message carrying the batch clears: it wakes up only for a batch that nothing else sent in
+time.
 
 A few calls are sent at once but answered later (`call_later`: device-to-host copies into
 pinned memory, host functions): their answers are read by whichever sync call comes next, or
@@ -84,19 +86,24 @@ class Connection:
         self.sent_ns = 0  # when the last message went out
         self.down_bytes = 0  # size of the last answer read
         self.keys = auth.client_keys()  # CURVE keys from the environment, or None for plain TCP
-        self.endpoint, self.session = self._hello(connect_timeout_s)
-        self.sock = self._socket(self.endpoint)
+        self.endpoint, self.session, self.key = self._hello(connect_timeout_s)
+        self.sock = self._socket(self.endpoint, wire.routing_id(self.key))
         self.sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)
         self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.inventory = self.request({"op": "init", "link": link.to_wire(), "measure": measure, "gpu": measure_gpu},
                                       connect_timeout_s)
+        self.max_request_bytes = self.inventory.get("max_request_bytes") or 0  # the worker's limit (0: none)
+        self.request_budget = wire.request_budget(self.max_request_bytes)  # payload bytes a request may carry
         self.closed = False
         self.host_functions: queue.SimpleQueue | None = None  # (function, token), run by their own thread
         threading.Thread(target=self._flusher, name="xpuremote-flush", daemon=True).start()
 
     # ---- set-up -------------------------------------------------------------------------
-    def _socket(self, endpoint: str) -> zmq.Socket:
+    def _socket(self, endpoint: str, routing_id: bytes | None = None) -> zmq.Socket:
+        """A DEALER to `endpoint`; one to the worker presents the session's key as its routing id."""
         sock = self.ctx.socket(zmq.DEALER)
+        if routing_id is not None:
+            sock.setsockopt(zmq.ROUTING_ID, routing_id)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5 * HEARTBEAT_MS)
@@ -104,7 +111,7 @@ class Connection:
         sock.connect(endpoint)
         return sock
 
-    def _hello(self, timeout_s: float) -> tuple[str, str]:
+    def _hello(self, timeout_s: float) -> tuple[str, str, bytes]:
         sock = self._socket(self.address)
         monitor = sock.get_monitor_socket(auth.WATCHED)  # a refused handshake fails now, not at the timeout
         try:
@@ -124,7 +131,10 @@ class Connection:
             sock.close(0)
         if answer.get("status"):
             raise ServerGone(errors.NO_DEVICE, f"server at {self.address} refused: {answer.get('error')}")
-        return self._worker_endpoint(answer["worker"]), answer["session"]
+        key = answer.get("key")
+        if not isinstance(key, bytes) or len(key) != wire.KEY_BYTES:
+            raise ServerGone(errors.NO_DEVICE, f"the server at {self.address} gave no session key")
+        return self._worker_endpoint(answer["worker"]), answer["session"], key
 
     def _worker_endpoint(self, endpoint: str) -> str:
         """A worker bound to a wildcard address is reached through the host we dialled."""
@@ -180,7 +190,7 @@ class Connection:
         self.host_functions.put((fn, token))
 
     def _host_function_thread(self) -> None:
-        control = self._socket(self.endpoint)
+        control = self._socket(self.endpoint, wire.routing_id(self.key, wire.DONE_CHANNEL))
         while True:
             fn, token = self.host_functions.get()
             if fn is None:
@@ -207,6 +217,8 @@ class Connection:
         return answer
 
     def _queue(self, call: Call, args: list[Any], ctx: int | None, size: int) -> None:
+        if self.request_budget:
+            size = self._fit(call, args, size)
         if ctx != self.last_ctx and ctx is not None:
             self.pending.append([SET_CONTEXT.opcode, [ctx]])
             self.last_ctx = ctx
@@ -215,6 +227,17 @@ class Connection:
         self.queued += 1
         if trace.RECORDER:
             trace.RECORDER.queued(self.seq + 1, len(self.pending) - 1)
+
+    def _fit(self, call: Call, args: list[Any], size: int) -> int:
+        """Under the server's request size limit: refuse a call that no request can carry (the
+        session goes on), and send the batch first when this call would take it over. The call's size."""
+        size = size or wire.payload_size(args)
+        if size > self.request_budget:
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol} carries {size} bytes; the server at {self.address} "
+                            f"takes requests of at most {self.max_request_bytes} bytes (--max-request-bytes)")
+        if self.pending and self.pending_bytes + size > self.request_budget:
+            self._send(reply=False)
+        return size
 
     def _stamped(self, header: dict[str, Any]) -> dict[str, Any]:
         """With an emulated link, a message says when it was sent: the receiver holds it from then."""
@@ -236,6 +259,10 @@ class Connection:
         calls, self.pending, self.pending_bytes = len(self.pending), [], 0
         try:
             frames = wire.encode(self._stamped(header))
+        except Exception as exc:  # a value the wire cannot carry: these calls are lost, say so at the next wait
+            self.late_errors.append(["a batch of calls", errors.UNKNOWN, f"{calls} calls could not be sent: {exc}"])
+            raise
+        try:
             self.sent_ns = header.get("sent") or time.monotonic_ns()
             if trace.RECORDER:
                 trace.RECORDER.sent(self.seq, kind if reply else "async", self.sent_ns, wire.size_of(frames), calls)
@@ -331,6 +358,8 @@ class Connection:
                 self._drain_later()
             except CudaError:
                 break
+            except Exception:  # the failure is kept for the next sync call; the thread carries on
+                log.exception("the flusher could not send a batch")
         with self.lock:  # not while another thread may be setting it
             self.alarm.close()
 

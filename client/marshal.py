@@ -47,17 +47,29 @@ def slot_decoder(call: Call) -> Callable[[Any], list[Any]]:
 
 
 # ---- application memory --------------------------------------------------------------------
+def _not_null(address: int) -> None:
+    """The driver answers INVALID_VALUE where the application passes NULL for memory it needs;
+    touching it here would crash the application instead."""
+    if not address:
+        raise CudaError(errors.INVALID_VALUE, "NULL pointer")
+
+
 def read(address: int, size: int) -> bytes:
-    return ffi.buffer(ffi.cast("char *", address), size)[:] if size else b""
+    if not size:
+        return b""
+    _not_null(address)
+    return ffi.buffer(ffi.cast("char *", address), size)[:]
 
 
 def view(address: int, size: int) -> Any:
     """The application's bytes without a copy: only for calls that finish before returning."""
+    _not_null(address)
     return memoryview(ffi.buffer(ffi.cast("char *", address), size))  # wire.encode sends memoryviews
 
 
 def write(address: int, data: Any) -> None:
     if data:
+        _not_null(address)
         ffi.memmove(ffi.cast("char *", address), data, len(data))
 
 
@@ -118,6 +130,8 @@ def pack(call: Call, args: list[Any], new_handle: Callable[[], int], snapshot: b
     for p, a in zip(call.params, args):
         if p.kind != "ptr" or p.is_address:
             out.append(a)
+        elif not a and _required(call, p, values):
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {p.name} is NULL")
         elif p.direction in ("in", "inout"):  # an inout buffer goes up as it is, and comes back
             if not a:
                 out.append(None)
@@ -141,6 +155,14 @@ def pack(call: Call, args: list[Any], new_handle: Callable[[], int], snapshot: b
         else:
             out.append(p.byte_count(values) if a else None)
     return out, carried
+
+
+def _required(call: Call, p: Param, values: dict[str, Any]) -> bool:
+    """Whether NULL is an error for this driver parameter: it would carry or receive bytes and
+    the table does not mark it optional. The math libraries keep their own NULL conventions."""
+    if call.library != "cuda" or p.optional or p.count == "*":
+        return False
+    return p.is_string or p.byte_count(values) != 0
 
 
 def unpack(call: Call, args: list[Any], outs: list[Any]) -> None:

@@ -258,6 +258,19 @@ def cu_memcpy_dtoh_async(d: Driver, call: Call, args: list[Any]) -> None:
     d.session().call_later(call, wire_args, d.wire_ctx(), lambda status, outs: marshal.unpack(call, args, outs))
 
 
+# ---- host-to-device copies, in pieces that the server takes ------------------------------------------
+@implements("cuMemcpyHtoD", "cuMemcpyHtoDAsync")
+def cu_memcpy_htod(d: Driver, call: Call, args: list[Any]) -> None:
+    """As the table says, in pieces of what one request may carry under the server's size limit."""
+    dst, src, size, *tail = args
+    budget = d.session().request_budget
+    if not budget or size <= budget:
+        d.forward(call, args)
+        return
+    for offset in range(0, size, budget):
+        d.forward(call, [dst + offset, src + offset, min(budget, size - offset), *tail])
+
+
 # ---- copies whose direction depends on where the pointers point ------------------------------------
 def is_device(d: Driver, address: int) -> bool:
     return maps(d)[0].find(address) is not None
@@ -267,13 +280,15 @@ def copy(d: Driver, dst: int, src: int, size: int, stream: int | None) -> None:
     """A unified-addressing copy, split by direction."""
     if size == 0:
         return
+    if not dst or not src:
+        raise CudaError(errors.INVALID_VALUE, "cuMemcpy with a NULL pointer")
     dst_dev, src_dev = is_device(d, dst), is_device(d, src)
     suffix = "" if stream is None else "Async"
     tail = [] if stream is None else [stream]
     if dst_dev and src_dev:
         d.forward(CALLS[f"cuMemcpyDtoD{suffix}_v2"], [dst, src, size, *tail])
     elif dst_dev:
-        d.forward(CALLS[f"cuMemcpyHtoD{suffix}_v2"], [dst, src, size, *tail])
+        cu_memcpy_htod(d, CALLS[f"cuMemcpyHtoD{suffix}_v2"], [dst, src, size, *tail])
     elif src_dev:
         d.forward(CALLS[f"cuMemcpyDtoH{suffix}_v2"], [dst, src, size, *tail])
     else:
@@ -312,8 +327,7 @@ def rect_copy(d: Driver, src: tuple[bool, int, int], dst: tuple[bool, int, int],
         for row in range(height):
             marshal.write(t + row * dpitch, marshal.read(s + row * spitch, width))
     elif src_host:
-        rows = b"".join(marshal.read(s + r * spitch, width) for r in range(height))
-        d.post(CALLS["xpuMemcpy2DFromHost"], [t, dpitch, rows, width, height, stream], len(rows))
+        to_device(d, s, spitch, t, dpitch, width, height, stream)
         if wait:
             d.call(CALLS["cuStreamSynchronize"], [stream])
     elif dst_host:
@@ -322,6 +336,21 @@ def rect_copy(d: Driver, src: tuple[bool, int, int], dst: tuple[bool, int, int],
             marshal.write(t + r * dpitch, rows[r * width : (r + 1) * width])
     else:
         d.post(CALLS["xpuMemcpy2DDevice"], [t, dpitch, s, spitch, width, height, stream])
+
+
+def to_device(d: Driver, s: int, spitch: int, t: int, dpitch: int, width: int, height: int, stream: int) -> None:
+    """Rows from the host, as many a message as the server's request size limit allows; a row
+    alone over it goes as 1D copies in pieces."""
+    budget = d.session().request_budget
+    if budget and width > budget:
+        for r in range(height):
+            cu_memcpy_htod(d, CALLS["cuMemcpyHtoDAsync_v2"], [t + r * dpitch, s + r * spitch, width, stream])
+        return
+    step = budget // max(width, 1) if budget else height
+    for first in range(0, max(height, 1), max(step, 1)):
+        n = min(step, height - first)
+        rows = b"".join(marshal.read(s + (first + r) * spitch, width) for r in range(n))
+        d.post(CALLS["xpuMemcpy2DFromHost"], [t + first * dpitch, dpitch, rows, width, n, stream], len(rows))
 
 
 def copy_stream(call: Call, args: list[Any]) -> int:

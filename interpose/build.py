@@ -89,7 +89,8 @@ def build(out_dir: Path) -> Path:
         "_xpuremote_shim",
         "static int xpu_dispatch(int op, uint64_t *slots);\n#include \"shim.c\"\n",
         include_dirs=[str(HERE)],
-        define_macros=[("XPU_LIBPYTHON", f'"{libpython()}"')],
+        define_macros=[("XPU_LIBPYTHON", f'"{libpython()}"'),
+                       ("XPU_BUILT_FOR", f'"{sys.version.split()[0]} ({sys.executable})"')],
         extra_compile_args=["-O2", "-fvisibility=hidden", "-Wno-unused-function"],
         extra_link_args=[f"-Wl,-soname,{NAME}", "-ldl", "-lpthread"],
     )

@@ -20,6 +20,7 @@
 #define XPU_EXPORT __attribute__((visibility("default")))
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
+#define CUDA_ERROR_NOT_INITIALIZED 3
 #define CUDA_ERROR_DEINITIALIZED 4
 #define CUDA_ERROR_INVALID_CONTEXT 201
 #define CUDA_ERROR_INVALID_HANDLE 400
@@ -45,14 +46,36 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid);
 enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2, XPU_OP_EXIT = 3,
        XPU_OP_UNKNOWN_TABLE = 4, XPU_OP_NVML = 5, XPU_OP_LIBRARY = 1 << 20 };
 
-static volatile int xpu_finalized, xpu_python_ready;
+static volatile int xpu_finalized, xpu_python_ready, xpu_start_failed;
 static volatile int xpu_max_requested_version;
+
+/* Said once, on stderr, by the first call after the client failed to start. */
+static void xpu_say_start_failed(void) {
+    const char *version = Py_IsInitialized() ? Py_GetVersion() : "(none)";
+    fprintf(stderr,
+            "xpuremote: ERROR the CUDA client could not start in this process (the Python error is above); "
+            "every CUDA call now fails with CUDA_ERROR_NOT_INITIALIZED.\n"
+            "xpuremote: the shim was built for Python %s; this process runs Python %.*s.\n"
+            "xpuremote: fix: run the program with the Python xpuremote was installed in (or install xpuremote "
+            "into the program's own environment and use its xpu-run), and keep another cffi off PYTHONPATH.\n",
+            XPU_BUILT_FOR, (int)strcspn(version, " "), version);
+}
+
+/* The first call starts the embedded client. cffi answers 0 (CUDA_SUCCESS) from every entry
+ * point of a module whose initialisation failed: remember the failure and answer an error. */
+static int xpu_start(int op, uint64_t *slots) {
+    if (xpu_start_failed) return CUDA_ERROR_NOT_INITIALIZED;
+    int rc = xpu_first_call(xpu_dispatch, &xpu_python_ready, op, slots);
+    if (xpu_python_ready) return rc;
+    if (!__sync_lock_test_and_set(&xpu_start_failed, 1)) xpu_say_start_failed();
+    return CUDA_ERROR_NOT_INITIALIZED;
+}
 
 static int xpu_enter(int op, uint64_t *slots) {
     /* before the first call Python may not be running yet: cffi starts it on demand */
     if (xpu_finalized || (xpu_python_ready && !Py_IsInitialized()))
         return CUDA_ERROR_DEINITIALIZED;
-    if (!xpu_python_ready) return xpu_first_call(xpu_dispatch, &xpu_python_ready, op, slots);
+    if (!xpu_python_ready) return xpu_start(op, slots);
     return xpu_dispatch(op, slots);
 }
 
@@ -63,15 +86,17 @@ static int xpu_internal(int op, uint64_t *slots) { return xpu_enter(xpu_symbol_c
 XPU_EXPORT int xpu_nvml_enter(int op, uint64_t *slots) {
     if (xpu_finalized || (xpu_python_ready && !Py_IsInitialized()))
         return 1;  /* NVML_ERROR_UNINITIALIZED */
-    return xpu_internal(XPU_OP_NVML + op, slots);
+    int rc = xpu_internal(XPU_OP_NVML + op, slots);
+    return xpu_start_failed ? 1 : rc;
 }
 
 /* The entry of xpuremote's math libraries (interpose/mathlib.c): a status of that library, or
- * -1 once the client is gone. */
+ * -1 when there is no client (gone, or it never started). */
 XPU_EXPORT int xpu_lib_enter(int library, int op, uint64_t *slots) {
     if (xpu_finalized || (xpu_python_ready && !Py_IsInitialized()))
         return -1;
-    return xpu_internal(XPU_OP_LIBRARY + (library << 16) + op, slots);
+    int rc = xpu_internal(XPU_OP_LIBRARY + (library << 16) + op, slots);
+    return xpu_start_failed ? -1 : rc;
 }
 
 /* ---- called from Python ------------------------------------------------------------ */

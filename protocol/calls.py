@@ -13,10 +13,11 @@ give the defaults; the SPEC below adds only what types cannot say:
   bytes is `count` (a parameter name, `a*b`, or a number; `each` is the size of one pointee,
   for arrays of structs: `count*each`); `str` for a NUL-terminated input
   string. Without one, `const T *` is one T in, `T *` one T out, and scalars are inputs; in a
-  math library's row, a pointer that is not to a handle is a device address.
-  `device:EXTENT` on a CUdeviceptr says how many bytes from it the call touches: a count as
-  above, or `pitch,width,height` for a pitched rectangle (the server checks that range against
-  the client's own allocations).
+  math library's row, a pointer that is not to a handle is a device address. A `?` after the
+  direction (`out?`) says the driver accepts NULL there; any other NULL driver pointer that
+  would carry bytes is refused with CUDA_ERROR_INVALID_VALUE. `device:EXTENT` on a CUdeviceptr
+  says how many bytes from it the call touches: a count as above, or `pitch,width,height` for a
+  pitched rectangle (the server checks that range against the client's own allocations).
 
 The math libraries (cuBLAS, cuBLASLt, cuDNN; `protocol/mathlibs.py`) join the same table:
 their functions are Calls too, with `library` naming them, their SPEC rows beside their
@@ -84,7 +85,7 @@ cuCtxGetLimit               sync
 cuCtxSetLimit               async
 cuCtxGetCacheConfig         sync
 cuCtxSetCacheConfig         async
-cuCtxGetStreamPriorityRange sync
+cuCtxGetStreamPriorityRange sync    leastPriority=out? greatestPriority=out?
 cuCtxResetPersistingL2Cache async
 cuCtxGetExecAffinity        sync
 # memory
@@ -260,6 +261,7 @@ class Param:
     count: str | None  # bytes behind a pointer: a parameter name, `a*b`, a number; None = one pointee;
     # `str`; `*` (sized by the server); `scalar[:TYPE]` (a library's alpha/beta); `device` (an address
     # in the GPU's memory: the value travels, as a CUdeviceptr does)
+    optional: bool = False  # the driver accepts NULL here (`out?` in SPEC)
     extent: str | None = None  # of a CUdeviceptr: the bytes from it that the call touches (`device:`)
 
     @property
@@ -359,8 +361,11 @@ def family_of(symbol: str) -> str:
     return VARIANT_SUFFIX.sub("", symbol)
 
 
-def _parse_spec(text: str) -> dict[str, tuple[str, dict[str, tuple[str, str | None]]]]:
-    rows: dict[str, tuple[str, dict[str, tuple[str, str | None]]]] = {}
+Note = tuple[str, "str | None", bool]  # a parameter's direction, count and whether NULL is allowed
+
+
+def _parse_spec(text: str) -> dict[str, tuple[str, dict[str, Note]]]:
+    rows: dict[str, tuple[str, dict[str, Note]]] = {}
     for lineno, raw in enumerate(text.replace("\\\n", " ").splitlines(), 1):  # a trailing \ continues a row
         line = raw.split("#", 1)[0].split()
         if not line:
@@ -376,33 +381,35 @@ def _parse_spec(text: str) -> dict[str, tuple[str, dict[str, tuple[str, str | No
         for note in notes:
             name, _, rest = note.partition("=")
             direction, _, count = rest.partition(":")
+            optional = direction.endswith("?")
+            direction = direction.rstrip("?")
             if direction in ("str", "scalar", "device"):
                 direction, count = ("device", count) if direction == "device" else \
                     ("in", direction + (f":{count}" if count else ""))
             if direction not in ("in", "out", "inout", "device"):
                 raise TableError(f"SPEC line {lineno}: {note!r}: direction must be in, out, inout, str, scalar "
                                  "or device")
-            annotations[name] = (direction, count or None)
+            annotations[name] = (direction, count or None, optional)
         rows[family] = (cls, annotations)
     return rows
 
 
-def _param(ctype: str, name: str, note: tuple[str, str | None] | None, types: dict[str, tuple],
-           library: str) -> Param:
+def _param(ctype: str, name: str, note: Note | None, types: dict[str, tuple], library: str) -> Param:
     kind, size, signed, pointee, pointee_size = types[ctype]
     if note and note[0] == "device":
         if ctype not in DEVICE_POINTERS:
             raise TableError(f"SPEC: {name} is annotated device but is a {ctype}")
-        return Param(name, ctype, kind, size, bool(signed), pointee, pointee_size, "in", None, note[1])
+        return Param(name, ctype, kind, size, bool(signed), pointee, pointee_size, "in", None, extent=note[1])
+    optional = False
     if note:
-        direction, count = note
+        direction, count, optional = note
     elif kind != "ptr":
         direction, count = "in", None
     elif library != "cuda" and pointee != "handle":
         direction, count = "in", "device"  # a library's data pointers are the GPU's; host buffers are annotated
     else:
         direction, count = ("in" if ctype.startswith("const ") else "out"), None
-    return Param(name, ctype, kind, size, bool(signed), pointee, pointee_size, direction, count)
+    return Param(name, ctype, kind, size, bool(signed), pointee, pointee_size, direction, count, optional)
 
 
 def _internal_functions(text: str) -> tuple[dict[str, tuple], str]:
@@ -444,7 +451,7 @@ def _build(spec: str, functions: dict[str, tuple] | None = None, types: dict[str
             per_thread=symbol.endswith(("_ptds", "_ptsz")),
             library=library,
         )
-        for n, (_, count) in notes.items():
+        for n, (_, count, _) in notes.items():
             if n not in names and any(n in {p for _, p in functions[s]} for s in functions
                                       if family_of(s) == family):
                 continue  # the annotation names a parameter that only another variant has

@@ -6,9 +6,12 @@ frame, referenced from the header by ExtType(BULK, index), so 64 MiB never passe
 msgpack. No pickle anywhere: a peer can only send data, never code.
 
 Ops (client -> server):
-  hello   to the daemon: {client: {pid, host, user}}          -> {worker: endpoint, session}
+  hello   to the daemon: {client: {pid, host, user}}          -> {worker: endpoint, session, key}
+          key: the session's secret (KEY_BYTES random bytes), given to this answer only; every
+          connection to the worker presents it as its ZeroMQ routing id (routing_id()), so the
+          worker's ROUTER labels each message with it, and the worker serves nothing else
   status  to the daemon: {}            -> {listen, backend, curve, limits, sessions: [...], devices: [...]}
-  init    to the worker: {link, measure, gpu}                 -> {driver_version, devices}
+  init    to the worker: {link, measure, gpu}      -> {driver_version, devices, max_request_bytes}
           link: the client's emulated link (protocol/link.py); measure: time every message and
           call for a trace; gpu: time GPU work with events too
   calls   {seq, calls: [[opcode, args], ...], reply: bool}    -> {seq, status, outs, deferred}
@@ -19,6 +22,8 @@ Ops (client -> server):
           the wake-up probe of a trace (client/wake.py)                -> {}
   done    {token}: the host function the server stopped for has run (no answer)
   bye     the client is leaving; its resources are released
+A request over the worker's `max_request_bytes` (0: no limit; all its frames counted) is refused
+whole: the client splits bulk copies so that each request fits (request_budget()).
 With an emulated link, every message carries `sent` (its send time, CLOCK_MONOTONIC ns).
 Every answer carries `op: "reply"`; a request the server cannot serve is answered with
 `status` set and `error` saying why.
@@ -28,15 +33,20 @@ Server -> client, unasked:
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Sequence
 from typing import Any
 
 import msgpack
 
 PROTOCOL_VERSION = 1
+KEY_BYTES = 32  # a session's key: 256 bits from `secrets`
+DONE_CHANNEL = b"+done"  # the host-function thread's connection, beside the one for calls
+CHANNELS = (b"", DONE_CHANNEL)
 BULK = 1  # msgpack ext type code of a reference to a bulk frame
 INLINE_MAX = 64 * 1024
 PROBE_BUSY_MAX_NS = 10_000_000
+HEADER_ALLOWANCE = 64 * 1024  # of a request's size limit, kept for what is not payload (header, opcodes)
 
 
 class WireError(ValueError):
@@ -139,6 +149,18 @@ def decode(frames: Sequence[Any]) -> dict[str, Any]:
     return header
 
 
+def routing_id(key: bytes, channel: bytes = b"") -> bytes:
+    """What a connection of the session with `key` sets as its ZeroMQ routing id."""
+    return bytes(key) + channel
+
+
+def presents(identity: bytes, key: bytes) -> bool:
+    """Whether a message's routing id (as the worker's ROUTER saw it) is one of the session's;
+    the key is compared in constant time."""
+    head, channel = identity[:KEY_BYTES], identity[KEY_BYTES:]
+    return hmac.compare_digest(head, key) and channel in CHANNELS
+
+
 def size_of(frames: Sequence[Any]) -> int:
     """Bytes a message puts on the wire (its frames; ZeroMQ's framing is a few bytes more)."""
     return sum(len(f) for f in frames)
@@ -146,3 +168,42 @@ def size_of(frames: Sequence[Any]) -> int:
 
 def _bytes(frame: Any) -> Any:
     return frame.buffer if hasattr(frame, "buffer") else frame
+
+
+def payload_size(args: Sequence[Any]) -> int:
+    """Bytes that a call's wire arguments carry (bytes-like values, marked or not, and strings)."""
+    size = 0
+    for a in args:
+        if isinstance(a, Bulk):
+            a = a.data
+        if isinstance(a, (bytes, bytearray, memoryview, str)):
+            size += len(a)
+    return size
+
+
+def request_budget(max_request_bytes: int) -> int:
+    """Payload bytes one request may carry under the server's limit (0: no limit)."""
+    if not max_request_bytes:
+        return 0
+    return max(max_request_bytes - HEADER_ALLOWANCE, max_request_bytes // 2)
+
+
+def receive(sock: Any, max_bytes: int = 0, max_frames: int = 0) -> tuple[list[Any], str | None]:
+    """One message from a ROUTER socket, `[identity, *frames]`, frame by frame without copies;
+    (the frames kept, why the message is refused or None). Past `max_bytes` in its frames or
+    `max_frames` frames (0: no bound), the rest is read and dropped at once: the process keeps the
+    identity and what came within bounds. (ZeroMQ hands over a message only once all of it has
+    arrived, and its MAXMSGSIZE bounds each frame, not a message.)"""
+    frames = [sock.recv(copy=False)]
+    last, count, size, over = frames[0], 0, 0, False
+    while last.more:
+        last = sock.recv(copy=False)
+        count, size = count + 1, size + len(last)
+        over = over or bool(max_frames and count > max_frames) or bool(max_bytes and size > max_bytes)
+        if not over or len(frames) == 1:  # the first frame is kept anyway: it says who the sender is
+            frames.append(last)
+    if max_frames and count > max_frames:
+        return frames, f"a message of {count} frames: the server takes at most {max_frames}"
+    if max_bytes and size > max_bytes:
+        return frames, f"request of {size} bytes is over the server's limit of {max_bytes} bytes"
+    return frames, None

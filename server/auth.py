@@ -124,6 +124,19 @@ def peer_key(frame: zmq.Frame) -> str:
         return ""
 
 
+def peer_address(frame: zmq.Frame) -> str:
+    """Where `frame` came from, for per-peer limits and logs: a TCP peer's IP address; for an ipc
+    peer (ZeroMQ says `localhost:UID:GID:PID`), its user rather than its process."""
+    try:
+        address = frame.get("Peer-Address") or ""
+    except zmq.ZMQError:
+        address = ""
+    parts = address.split(":")
+    if len(parts) == 4 and parts[0] == "localhost" and all(p.isdigit() for p in parts[1:]):
+        return f"local user {parts[1]}"
+    return address or "an unknown peer"
+
+
 HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                       | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 

@@ -1,15 +1,20 @@
 """xpu-server: accepts clients and gives each a worker process of its own.
 
     xpu-server --listen tcp://0.0.0.0:17000 --backend auto|cuda|sim
-               [--key server.key_secret --allowed-keys DIR] [--mem-quota 8G] [--max-clients N]
+               [--key server.key_secret --allowed-keys DIR] [--mem-quota 8G] [--max-clients 64]
+               [--max-clients-per-peer N] [--max-pending-per-peer 8] [--connect-timeout 10]
                [--max-request-bytes 1G] [--metrics-port 9400]
     xpu-server keygen DIR [--name NAME]      a CURVE key pair: NAME.key, NAME.key_secret
     xpu-server status [--listen ADDR]        the sessions and devices of a running server
 
-A client says `hello` to the daemon and is answered with the endpoint of its own worker; from
-then on it talks to that worker directly (one hop, no proxy in the data path). Prints a line
-containing `ready` on stderr once it accepts clients. SIGTERM (or SIGINT) stops it gracefully:
-no new sessions, each worker finishes the batch in flight and tells its client, then exit.
+A client says `hello` to the daemon and is answered with the endpoint of its own worker and the
+session's key; from then on it talks to that worker directly (one hop, no proxy in the data
+path), presenting the key on every connection. A hello costs a worker process, so a peer (a
+client's host, or its CURVE key) may hold only so many sessions, and only so many that its
+client has not connected to yet; a worker whose client does not connect in time ends.
+Prints a line containing `ready` on stderr once it accepts clients. SIGTERM (or SIGINT) stops
+it gracefully: no new sessions, each worker finishes the batch in flight and tells its
+client, then exit.
 """
 
 from __future__ import annotations
@@ -35,14 +40,19 @@ from xpuremote.protocol import errors, wire
 
 from . import auth, metrics
 from .backends import gpu_present, load_backend
-from .limits import DEFAULT_MAX_HANDLES, Limits, parse_size
+from .limits import DEFAULT_MAX_HANDLES, Limits, give_back_memory, parse_size
 
 log = logging.getLogger("xpuremote.server")
 WORKER_START_TIMEOUT_S = 30.0
 # Workers put large allocations (device memory copies, bulk frames) on transparent huge pages: a
 # fresh 64 MiB buffer then takes 32 page faults instead of 16384 (on glibc; ignored elsewhere).
 WORKER_TUNABLES = "glibc.malloc.hugetlb=1"
-DAEMON_MAX_MESSAGE = 1 << 20  # the daemon takes only small control messages (hello, status)
+# the daemon takes only small control messages (hello, status) of one frame: bytes and frames a message
+DAEMON_MAX_MESSAGE = 1 << 20
+DAEMON_MAX_FRAMES = 1
+DEFAULT_MAX_CLIENTS = 64  # each session is a worker process (~30 MB of host memory on the sim)
+DEFAULT_MAX_PENDING_PER_PEER = 8
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -50,7 +60,10 @@ class Options:
     keys: auth.ServerKeys | None = None
     allowed_keys: str = ""  # directory of the public key files of the clients admitted
     limits: Limits = field(default_factory=Limits)
-    max_clients: int = 0  # 0: no limit
+    max_clients: int = DEFAULT_MAX_CLIENTS  # 0: no limit
+    max_clients_per_peer: int = 0  # sessions of one peer (a host, or a CURVE key); 0: no limit
+    max_pending_per_peer: int = DEFAULT_MAX_PENDING_PER_PEER  # of those, not yet connected; 0: no limit
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S  # a session's client has this long to connect
     metrics_port: int | None = None
     shutdown_grace_s: float = 10.0
 
@@ -63,11 +76,15 @@ class Worker:
     client: dict[str, str]
     started: float
     key: str = ""
+    peer: str = ""  # who said hello: the client's host, or its CURVE key
+    secret: bytes = field(default=b"", repr=False)  # the session's key: for the hello answer only
+    connected: bool = False  # the client has reached its worker
     stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(metrics.COUNTERS, 0))
     reader: threading.Thread | None = None
 
     def describe(self) -> dict[str, Any]:
-        return {"session": self.session, **self.client, "key": self.key, **self.stats,
+        return {"session": self.session, **self.client, "key": self.key, "peer": self.peer,
+                "connected": self.connected, **self.stats,
                 "age_s": round(time.time() - self.started, 1), "worker_pid": self.process.pid}
 
 
@@ -99,28 +116,29 @@ class Daemon:
         return "[" + host + "]" if ":" in host else host
 
     # ---- sessions ---------------------------------------------------------------------------------
-    def spawn(self, client: dict[str, str], key: str) -> Worker:
+    def spawn(self, client: dict[str, str], key: str, peer: str) -> Worker:
         session = f"{os.getpid()}-{next(self.ids)}"
         limits = self.options.limits
         cmd = [sys.executable, "-m", "xpuremote.server.worker", "--bind", self.worker_bind(),
                "--backend", self.backend, "--session", session, "--mem-quota", str(limits.mem_quota),
-               "--max-request-bytes", str(limits.max_request_bytes), "--max-handles", str(limits.max_handles)]
+               "--max-request-bytes", str(limits.max_request_bytes), "--max-handles", str(limits.max_handles),
+               "--connect-timeout", str(self.options.connect_timeout_s)]
         if self.options.keys is not None:
             cmd += ["--key", self.options.keys.secret_path, f"--client-key={key}"]  # a z85 key may start with -
         env = dict(os.environ)  # the operator's own tunables come last, so they win
         env["GLIBC_TUNABLES"] = ":".join(filter(None, [WORKER_TUNABLES, env.get("GLIBC_TUNABLES")]))
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-        line = _read_line(proc, WORKER_START_TIMEOUT_S)
-        if not line.startswith("endpoint "):
+        words = _read_line(proc, WORKER_START_TIMEOUT_S).split()
+        if len(words) != 3 or words[0] != "endpoint":
             proc.kill()
             raise RuntimeError(f"worker for session {session} failed to start (exit {proc.poll()})")
-        worker = Worker(session, proc, line.split(None, 1)[1].strip(), client, time.time(), key)
+        worker = Worker(session, proc, words[1], client, time.time(), key, peer, bytes.fromhex(words[2]))
         worker.reader = threading.Thread(target=_read_stats, args=(worker,), name=f"stats-{session}", daemon=True)
         worker.reader.start()
         self.workers[session] = worker
         self.totals["sessions_started"] += 1
         log.info(metrics.kv("session_start", session=session, user=client["user"], host=client["host"],
-                            pid=client["pid"], key=key, worker=worker.endpoint, worker_pid=proc.pid))
+                            pid=client["pid"], key=key, peer=peer, worker=worker.endpoint, worker_pid=proc.pid))
         return worker
 
     def reap(self) -> None:
@@ -137,7 +155,7 @@ class Daemon:
                 del self.workers[session]
 
     # ---- requests -----------------------------------------------------------------------------------
-    def answer(self, frames: list[Any], key: str = "") -> dict[str, Any]:
+    def answer(self, frames: list[Any], key: str = "", peer: str = "") -> dict[str, Any]:
         try:
             header = wire.decode(frames)
         except wire.WireError as exc:
@@ -149,26 +167,36 @@ class Daemon:
             why = f"the daemon only takes hello and status, not {header['op']!r}"
             return {"op": "reply", "status": errors.INVALID_VALUE, "error": why}
         client = _client(header.get("client"))
-        refusal = self.refusal()
+        refusal = self.refusal(peer)
         if refusal:
             self.totals["sessions_refused"] += 1
             log.warning(metrics.kv("session_refused", user=client["user"], host=client["host"], pid=client["pid"],
-                                   key=key, reason=refusal))
+                                   key=key, peer=peer, reason=refusal))
             return {"op": "reply", "status": errors.NOT_PERMITTED, "error": refusal}
         try:
-            worker = self.spawn(client, key)
+            worker = self.spawn(client, key, peer)
         except (OSError, RuntimeError) as exc:
             log.error("cannot start a worker: %s", exc)
             return {"op": "reply", "status": errors.OPERATING_SYSTEM, "error": str(exc)}
-        return {"op": "reply", "status": 0, "worker": worker.endpoint, "session": worker.session}
+        return {"op": "reply", "status": 0, "worker": worker.endpoint, "session": worker.session,
+                "key": worker.secret}
 
-    def refusal(self) -> str | None:
+    def refusal(self, peer: str) -> str | None:
         if self.stopping.is_set():
             return "the server is shutting down"
         self.reap()
-        limit = self.options.max_clients
-        if limit and len(self.workers) >= limit:
-            return f"the server is full: it serves at most {limit} clients at a time (--max-clients)"
+        opts = self.options
+        if opts.max_clients and len(self.workers) >= opts.max_clients:
+            return f"the server is full: it serves at most {opts.max_clients} clients at a time (--max-clients)"
+        theirs = [w for w in self.workers.values() if w.peer == peer]
+        if opts.max_clients_per_peer and len(theirs) >= opts.max_clients_per_peer:
+            return (f"{peer} already has {len(theirs)} sessions: at most {opts.max_clients_per_peer} a client host "
+                    "or key (--max-clients-per-peer)")
+        pending = sum(not w.connected for w in theirs)
+        if opts.max_pending_per_peer and pending >= opts.max_pending_per_peer:
+            return (f"{peer} already has {pending} sessions whose client has not connected yet: at most "
+                    f"{opts.max_pending_per_peer} (--max-pending-per-peer); each ends after "
+                    f"{opts.connect_timeout_s:g} s without its client (--connect-timeout)")
         return None
 
     def status(self) -> dict[str, Any]:
@@ -225,14 +253,25 @@ class Daemon:
                 self.totals["auth_failures"] += 1
                 log.warning("refused a client at %s: %s", self.listen, auth.describe_handshake_failure(event))
             if self.sock in ready:
-                identity, *frames = self.sock.recv_multipart(copy=False)
-                key = auth.peer_key(frames[0]) if frames and self.options.keys is not None else ""
-                self.sock.send_multipart([identity, *wire.encode(self.answer(frames, key))])
+                self.take()
             self.reap()
         self.sock.disable_monitor()
         monitor.close(0)
         self.shutdown()
         return 0
+
+    def take(self) -> None:
+        """Answer one message; one over the bounds is refused, unread, and its memory given back."""
+        (identity, *frames), refusal = wire.receive(self.sock, DAEMON_MAX_MESSAGE, DAEMON_MAX_FRAMES)
+        key = auth.peer_key(frames[0]) if frames and self.options.keys is not None else ""
+        peer = key or auth.peer_address(frames[-1] if frames else identity)  # whom per-peer limits count
+        if refusal:
+            log.warning("refused a message from %s: %s", peer, refusal)
+            answer = {"op": "reply", "status": errors.INVALID_VALUE, "error": f"refused: {refusal}"}
+            give_back_memory()
+        else:
+            answer = self.answer(frames, key, peer)
+        self.sock.send_multipart([identity, *wire.encode(answer)])
 
     def shutdown(self) -> None:
         """Graceful: no new sessions, then each worker finishes its batch in flight, tells its
@@ -273,11 +312,13 @@ def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
 
 
 def _read_stats(worker: Worker) -> None:
-    """The worker's counters, from its stdout until it exits."""
+    """The worker's counters (and whether its client has connected), from its stdout until it exits."""
     for line in worker.process.stdout:
         stats = metrics.parse_stats(line)
         if stats is not None:
             worker.stats = stats
+        elif line.strip() == "connected":
+            worker.connected = True
 
 
 # ---- the command line --------------------------------------------------------------------------------
@@ -296,7 +337,17 @@ def serve_main(argv: list[str]) -> int:
     parser.add_argument("--key", help="the server's secret key file (NAME.key_secret): CURVE on")
     parser.add_argument("--allowed-keys", help="directory of the public key files (*.key) of admitted clients")
     parser.add_argument("--mem-quota", type=parse_size, default=0, help="device memory per client, e.g. 8G (0: none)")
-    parser.add_argument("--max-clients", type=int, default=0, help="sessions at a time (0: no limit)")
+    parser.add_argument("--max-clients", type=int, default=DEFAULT_MAX_CLIENTS,
+                        help=f"sessions at a time, each a worker process (default {DEFAULT_MAX_CLIENTS}; 0: no limit)")
+    parser.add_argument("--max-clients-per-peer", type=int, default=0,
+                        help="sessions of one peer: a client host (plain TCP) or a CURVE key; for a server "
+                             "that several hosts or keys share (default 0: only --max-clients)")
+    parser.add_argument("--max-pending-per-peer", type=int, default=DEFAULT_MAX_PENDING_PER_PEER,
+                        help="sessions of one peer whose client has not connected yet, after its hello "
+                             f"(default {DEFAULT_MAX_PENDING_PER_PEER}; 0: no limit)")
+    parser.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
+                        help="seconds a client has to connect to its worker after its hello; then the "
+                             f"session ends (default {DEFAULT_CONNECT_TIMEOUT_S:g})")
     parser.add_argument("--max-request-bytes", type=parse_size, default=0,
                         help="largest request a client may send, e.g. 1G (0: no limit)")
     parser.add_argument("--max-handles", type=int, default=DEFAULT_MAX_HANDLES,
@@ -316,7 +367,8 @@ def serve_main(argv: list[str]) -> int:
         print(f"xpu-server: {exc}", file=sys.stderr)
         return 2
     options = Options(keys, args.allowed_keys or "", Limits(args.mem_quota, args.max_request_bytes, args.max_handles),
-                      args.max_clients, args.metrics_port, args.shutdown_grace)
+                      args.max_clients, args.max_clients_per_peer, args.max_pending_per_peer, args.connect_timeout,
+                      args.metrics_port, args.shutdown_grace)
     daemon = Daemon(args.listen, args.backend, options)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stopping.set())

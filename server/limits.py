@@ -18,6 +18,7 @@ before decoding them: `Call.sent`.)
 from __future__ import annotations
 
 import bisect
+import ctypes
 import re
 import struct
 from dataclasses import dataclass
@@ -62,14 +63,21 @@ class Limits:
             raise CudaError(errors.OUT_OF_MEMORY, f"this client holds {held} {kind}, the server's limit "
                             f"(--max-handles)")
 
-    def request_error(self, frames: list[Any]) -> str | None:
-        """Why a request is refused for its size, or None."""
-        if not self.max_request_bytes:
-            return None
-        size = wire.size_of(frames)
-        if size > self.max_request_bytes:
-            return f"request of {size} bytes is over the server's limit of {self.max_request_bytes} bytes"
-        return None
+    def request_frames(self) -> int:
+        """Most frames a request within max_request_bytes can have (0: no bound): a header, then bulk
+        frames of over INLINE_MAX bytes each. Bounds what a message of empty frames costs."""
+        return 1 + self.max_request_bytes // wire.INLINE_MAX if self.max_request_bytes else 0
+
+
+def give_back_memory() -> None:
+    """Return free heap pages to the system (glibc; elsewhere nothing). After a refused message:
+    ZeroMQ took it in whole, and the allocator would otherwise keep that much for good."""
+    trim = getattr(_LIBC, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
+_LIBC = ctypes.CDLL(None)
 
 
 class Regions:

@@ -5,7 +5,9 @@ away (disconnect, `bye`, or the daemon dying) everything it held is released and
 process exits.
 
     python -m xpuremote.server.worker --bind tcp://127.0.0.1 --backend sim --session ID
-prints `endpoint <address>` on stdout once it listens.
+prints `endpoint <address> <key, hex>` on stdout once it listens, and `connected` when the
+first message presenting the session's key came (see protocol/wire.py). Any other message is
+refused unread: whoever can reach the port learns nothing of the session and cannot end it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import collections
 import logging
 import os
+import secrets
 import signal
 import struct
 import sys
@@ -32,10 +35,11 @@ from . import auth, metrics
 from .backends import load_backend
 from .backends.base import Backend
 from .gpu_timer import GpuTimer, is_gpu_work
-from .limits import DEFAULT_MAX_HANDLES, Accounted, Limits, parse_size
+from .limits import DEFAULT_MAX_HANDLES, Accounted, Limits, give_back_memory, parse_size
 
 log = logging.getLogger("xpuremote.worker")
 
+MAX_REFUSALS_LOGGED = 256  # sources whose refused messages are logged (once each)
 MAX_OUTPUT_BYTES = 1 << 34  # a single reply larger than this is an error, not an attempt
 SERVER_HANDLE_BASE = 0x5E00_0000_0000
 # a CUkernel works as a CUfunction; the runtime's stream and event types are the driver's; a
@@ -47,8 +51,10 @@ HANDLE_FAMILIES = {"CUkernel": "CUfunction", "cudaStream_t": "CUstream", "cudaEv
 class Session:
     """Executes batches of calls; owns the client's handles."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, key: bytes = b"", name: str = "") -> None:
         self.backend = backend
+        self.name = name
+        self.key = key  # what every connection of this session presents as its routing id
         self.handles: dict[int, tuple[str, Any]] = {}
         self.held: collections.Counter[str] = collections.Counter()  # live handles of each family
         self.next_handle = SERVER_HANDLE_BASE
@@ -65,7 +71,8 @@ class Session:
         self.gpu_timer: GpuTimer | None = None  # events around GPU work, when the client asks
         self.seq = 0  # the message being served
         self.peer: Any = None  # the client's socket identity: where a last word goes at shutdown
-        self.peers: set[int] = set()  # connections (fds) that have sent messages: the client's own
+        self.peers: set[int] = set()  # connections (fds) that have sent messages with the key: the client's own
+        self.refused: set[str] = set()  # sources of messages without the key, logged once each
         self.limits = Limits()
         backend.bind(self.handles)
 
@@ -78,7 +85,8 @@ class Session:
         self.uplink = Wire(link) if link.active else None
         self.measure = bool(header.get("measure"))
         self.gpu_timer = GpuTimer(self.backend) if header.get("gpu") else None
-        return {"op": "reply", "status": 0, **self.backend.inventory().to_wire()}
+        return {"op": "reply", "status": 0, **self.backend.inventory().to_wire(),
+                "max_request_bytes": self.limits.max_request_bytes}
 
     # ---- handles --------------------------------------------------------------------------
     def resolve(self, param: Param, value: Any) -> Any:
@@ -266,10 +274,10 @@ def _name_of(item: Any) -> str:
 
 
 # ---- the process ------------------------------------------------------------------------
-def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = 30.0, limits: Limits | None = None,
+def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = 10.0, limits: Limits | None = None,
           keys: auth.ServerKeys | None = None, client_key: str = "") -> int:
     backend = Accounted(load_backend(backend_name), limits or Limits())
-    session = Session(backend)
+    session = Session(backend, secrets.token_bytes(wire.KEY_BYTES), session_id)
     session.limits = backend.limits
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
@@ -286,7 +294,7 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
     stopping = _stop_on_sigterm()
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
     endpoint = _bind(sock, bind, session_id)
-    print(f"endpoint {endpoint}", flush=True)
+    print(f"endpoint {endpoint} {session.key.hex()}", flush=True)  # to the daemon's pipe only
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(monitor, zmq.POLLIN)
@@ -319,8 +327,8 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
                     # through (a port scan, a refused key) must not end the session
                     log.info("session %s: client disconnected", session_id)
                     break
-            if not session.peers and time.monotonic() - started > idle_connect_s:
-                log.warning("session %s: no client connected within %.0f s", session_id, idle_connect_s)
+            if not session.peers and time.monotonic() - started > idle_connect_s:  # a hello squatted
+                log.warning("session %s: no client connected within %g s", session_id, idle_connect_s)
                 break
             if sock in ready and not _handle(sock, session):
                 break
@@ -382,11 +390,13 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
     the stash: work queued behind the function must not start before it has run."""
     if session.uplink:
         session.uplink.waiting()
-    frames = [sock.recv(copy=False)]
-    while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
-        frames.append(sock.recv(copy=False))
-    session.peers.add(frames[-1].get(zmq.SRCFD))
-    message = Message(frames[0], frames[1:], session.limits.request_error(frames[1:]))
+    limits = session.limits
+    frames, too_big = wire.receive(sock, limits.max_request_bytes, limits.request_frames())
+    if too_big:  # answered and logged as any malformed message; ZeroMQ took it in whole, though
+        give_back_memory()
+    if not _admit(sock, session, frames):
+        return True
+    message = Message(frames[0], frames[1:], too_big)
     if session.uplink and isinstance(message.header.get("sent"), int):
         session.uplink.hold(message.header["sent"], wire.size_of(message.frames))  # see protocol/link.py
     if session.awaiting is None:
@@ -399,6 +409,25 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
         if not _serve(sock, session, session.stash.popleft()):
             return False
     return True
+
+
+def _admit(sock: zmq.Socket, session: Session, frames: list[zmq.Frame]) -> bool:
+    """Whether a message presents the session's key (its routing id); one that does not is
+    refused without being read, and its connection is not counted as the client's."""
+    if wire.presents(frames[0].bytes, session.key):
+        if not session.peers:
+            print("connected", flush=True)  # the daemon counts the session as live from now
+        session.peers.add(frames[-1].get(zmq.SRCFD))
+        return True
+    source = auth.peer_address(frames[-1])
+    if source not in session.refused and len(session.refused) < MAX_REFUSALS_LOGGED:
+        session.refused.add(source)
+        log.warning("session %s: refused messages from %s: its connection did not present the session's key "
+                    "(logged once per source)", session.name, source)
+    refusal = {"op": "reply", "status": errors.NOT_PERMITTED,
+               "error": "refused: this connection did not present its session's key (ask the daemon with hello)"}
+    sock.send_multipart([frames[0], *wire.encode(refusal)])
+    return False
 
 
 class Message:
@@ -489,12 +518,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="live allocations, streams, events, modules, ... of each kind (0: no limit)")
     parser.add_argument("--key", help="the server's secret key file: CURVE on")
     parser.add_argument("--client-key", default="", help="z85 public key of the only client admitted (with --key)")
+    parser.add_argument("--connect-timeout", type=float, default=10.0,
+                        help="seconds the client has to connect after its hello; then the session ends")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("XPU_LOG", "INFO").upper(), stream=sys.stderr,
                         format=f"xpu-server[{args.session}] %(levelname)s %(message)s")
     keys = auth.load_server_keys(args.key) if args.key else None
     limits = Limits(args.mem_quota, args.max_request_bytes, args.max_handles)
-    return serve(args.bind, args.backend, args.session, limits=limits, keys=keys, client_key=args.client_key)
+    return serve(args.bind, args.backend, args.session, args.connect_timeout, limits, keys, args.client_key)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from conftest import Server
 from pyclient import PyClient, sessions, wait_for
 
 from xpuremote.client.alarm import Alarm
+from xpuremote.protocol import errors
 
 MIB = 1 << 20
 
@@ -62,3 +63,21 @@ def test_the_flusher_sends_a_batch_no_sync_call_carries(server: Server) -> None:
     finally:
         client.close()
     assert wait_for(lambda: flushers() == before, 5), "close() ends the flusher thread"
+
+
+def test_a_batch_the_flusher_cannot_send_fails_loudly_and_the_flusher_lives_on(server: Server) -> None:
+    """A call the wire cannot carry (no entry point queues one, but nothing may ever depend on
+    that): its batch fails at the next sync call, and the flusher keeps sending later batches."""
+    before = flushers()
+    client = PyClient(server.address)
+    try:
+        ptr = client.alloc(MIB)
+        client.post("cuMemsetD8_v2", ptr, object(), 16)  # not encodable: the flusher's send raises
+        assert wait_for(lambda: not client.conn.pending, 5), "the flusher took the batch"
+        assert flushers() == before + 1, "the flusher thread died"
+        assert client.status_of("cuCtxSynchronize") == errors.UNKNOWN, "the lost batch is reported"
+        client.post("cuMemFree_v2", ptr)
+        assert wait_for(lambda: not client.conn.pending, 5), "a later batch goes out by itself"
+        assert client.status_of("cuCtxSynchronize") == errors.SUCCESS
+    finally:
+        client.close()

@@ -135,6 +135,59 @@ def private_server(tmp_path: Path) -> Iterator[Server]:
     srv.stop()
 
 
+# ---- a client that cannot start, and bad arguments: errors, never a silent success ----------------------
+CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_INITIALIZED = 1, 3
+CUBLAS_STATUS_NOT_INITIALIZED, NVML_ERROR_UNINITIALIZED = 1, 1
+
+
+def test_a_client_that_cannot_start_fails_every_call(run_on, tmp_path: Path) -> None:
+    """The application's path shadows cffi's backend (as another Python's dist-packages can):
+    the embedded client cannot start, and every entry point must say so instead of answering 0."""
+    (tmp_path / "_cffi_backend.py").write_text('raise ImportError("not the cffi xpuremote was built with")\n')
+    body = """
+n, p, buf = c_int(-1), c_uint64(), ctypes.create_string_buffer(8)
+handle = c_void_p()
+print(cu.cuInit(0), cu.cuDeviceGetCount(byref(n)), cu.cuMemAlloc_v2(byref(p), c_size_t(64)),
+      cu.cuMemcpyDtoH_v2(buf, c_uint64(p.value), c_size_t(8)),
+      ctypes.CDLL("libcublas.so.13").cublasCreate_v2(byref(handle)),
+      ctypes.CDLL("libnvidia-ml.so.1").nvmlInit_v2(), n.value, flush=True)
+"""
+    proc = run_on(program(body), timeout=60, PYTHONPATH=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(CUDA_ERROR_NOT_INITIALIZED)] * 4 + [
+        str(CUBLAS_STATUS_NOT_INITIALIZED), str(NVML_ERROR_UNINITIALIZED), "-1"], proc.stderr
+    assert proc.stderr.count("the CUDA client could not start") == 1, proc.stderr
+    assert "fix:" in proc.stderr
+
+
+def test_null_pointers_are_invalid_value_and_lose_nothing(run_on) -> None:
+    """NULL where the driver needs memory: CUDA_ERROR_INVALID_VALUE, no crash, no lost batch."""
+    body = """
+ctx, ptr = setup()
+check(cu.cuMemsetD8Async(c_uint64(ptr), 7, c_size_t(64), None), "queued memset")
+pitch, out = c_size_t(), c_uint64()
+got = [cu.cuPointerGetAttribute(None, 1, c_uint64(ptr)),  # CU_POINTER_ATTRIBUTE_CONTEXT
+       cu.cuMemcpy2D_v2(None), cu.cuMemcpy2DAsync_v2(None, None), cu.cuMemcpy3D_v2(None),
+       cu.cuMemcpyDtoH_v2(None, c_uint64(ptr), c_size_t(8)),
+       cu.cuMemcpyHtoDAsync_v2(c_uint64(ptr), None, c_size_t(8), None),
+       cu.cuMemcpy(None, c_uint64(ptr), c_size_t(8)),
+       cu.cuMemAllocPitch_v2(None, byref(pitch), c_size_t(64), c_size_t(4), 4),
+       cu.cuMemAllocPitch_v2(byref(out), None, c_size_t(64), c_size_t(4), 4),
+       cu.cuMemGetInfo_v2(None, None)]
+buf = ctypes.create_string_buffer(64)
+check(cu.cuMemcpyDtoH_v2(buf, c_uint64(ptr), c_size_t(64)), "read back")
+least = c_int(1)
+check(cu.cuCtxGetStreamPriorityRange(byref(least), None), "priority range with one NULL (allowed)")
+print(*got, buf.raw == bytes([7]) * 64, roundtrip(ptr), flush=True)
+"""
+    proc = run_on(program(body), timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    *codes, memset_landed, roundtrip_ok = proc.stdout.split()
+    assert codes == [str(CUDA_ERROR_INVALID_VALUE)] * 10, proc.stderr
+    assert memset_landed == roundtrip_ok == "True", proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
 # ---- (a) nobody listening ----------------------------------------------------------------------------
 def test_unreachable_server_fails_fast_and_names_the_address(run_on) -> None:
     address = f"tcp://127.0.0.1:{free_port()}"  # closed: nothing listens there
@@ -203,7 +256,7 @@ print(f"async {rc}", flush=True)
         assert then, "the call after the failure did not return"
         code, took = int(then[1].split()[1]), float(then[1].split()[3])
         assert code != 0 and took < 1, f"the next call returned {code} after {took} s"
-        assert lines.wait(r"^async \d+", 10), "an async call after the failure did not return"
+        assert lines.wait(r"^async [1-9]\d*", 10), "an async call after the failure did not fail"
         stderr = finish(proc, 10)
         assert proc.returncode == 0, stderr
         assert private_server.address in stderr, f"the error does not name the server:\n{stderr}"
@@ -271,8 +324,10 @@ MALFORMED: dict[str, list[bytes]] = {
 }
 
 
-def dealer(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+def dealer(ctx: zmq.Context, endpoint: str, key: bytes | None = None) -> zmq.Socket:
     sock = ctx.socket(zmq.DEALER)
+    if key is not None:  # a worker serves only connections that present its session's key
+        sock.setsockopt(zmq.ROUTING_ID, wire.routing_id(key))
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 5000)
     sock.connect(endpoint)
@@ -408,7 +463,7 @@ def test_garbage_to_a_worker_is_answered_and_the_server_keeps_serving(
     try:
         hello = ask(dealer(ctx, private_server.address), [pack(HELLO)], "hello")
         assert hello["status"] == 0, hello
-        worker = Worker(dealer(ctx, hello["worker"]))
+        worker = Worker(dealer(ctx, hello["worker"], hello["key"]))
         inventory = ask(worker.sock, wire.encode({"op": "init"}), "init")
         assert inventory["status"] == 0 and inventory["devices"], inventory
         for what, frames in MALFORMED.items():

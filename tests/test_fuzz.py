@@ -180,8 +180,10 @@ class Fuzzer:
 class Raw:
     """A DEALER to one endpoint, speaking frames as they are."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
+    def __init__(self, ctx: zmq.Context, endpoint: str, key: bytes | None = None) -> None:
         self.sock = ctx.socket(zmq.DEALER)
+        if key is not None:  # a worker serves only connections that present its session's key
+            self.sock.setsockopt(zmq.ROUTING_ID, wire.routing_id(key))
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 0)
         self.sock.setsockopt(zmq.RCVHWM, 0)
@@ -270,7 +272,7 @@ def test_fuzzing_the_worker_and_the_daemon(fuzz_server: Server) -> None:
     try:
         daemon = Raw(ctx, fuzz_server.address)
         hello = daemon.ask([pack({"v": wire.PROTOCOL_VERSION, "op": "hello", "client": {"user": "fuzz"}})])
-        raw = Raw(ctx, hello["worker"])
+        raw = Raw(ctx, hello["worker"], hello["key"])
         assert raw.ask(wire.encode({"op": "init"}))["status"] == 0
         setup = [[op("cuCtxCreate_v2"), [CTX, 0, 0]], [op("cuCtxSetCurrent"), [CTX]], [op("cuStreamCreate"),
                  [STREAM, 0]], [op("xpuModuleLoad"), [MODULE, hashlib.sha256(PTX).digest(), PTX, len(PTX)]],

@@ -19,6 +19,7 @@ from pyclient import PyClient, rss, sessions
 from xpuremote.protocol import errors, mathlibs
 from xpuremote.protocol.calls import CALLS, SENT_INSTEAD
 from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
+from xpuremote.server.backends import sim
 
 SIZE = 64 << 10
 PTX = b"""
@@ -56,7 +57,8 @@ def test_foreign_pointers_fail_and_the_owner_data_stays(server: Server) -> None:
             owner.write(ptr, secret)
         mine = intruder.alloc(SIZE)
         intruder.write(mine, b"\x11" * SIZE)
-        assert not any(abs(ptr - mine) < (1 << 32) for ptr in theirs), "the two sessions drew one address window"
+        # the attempts below must not land in the intruder's own buffer (odds of about 2**-30 a run)
+        assert not any(abs(ptr - mine) < 2 * SIZE for ptr in theirs), "the two sessions drew overlapping addresses"
         load(intruder)
         # the launch path works with the intruder's own pointers, so its failures below are the pointers'
         assert saxpy(intruder, mine, mine, 16) == errors.SUCCESS
@@ -87,6 +89,18 @@ def test_foreign_pointers_fail_and_the_owner_data_stays(server: Server) -> None:
     finally:
         owner.close()
         intruder.close()
+
+
+def test_address_windows_have_far_more_entropy_than_a_scan_can_cover() -> None:
+    """Each session draws its base from a range of 64 TiB at 64 KiB steps (30 bits): 2,000
+    sessions' bases are all but distinct, aligned, and spread over the whole range."""
+    bases = [sim.Memory(1 << 30).alloc(16) for _ in range(2000)]
+    # a pair in 2,000 draws from 2**30 coincides with odds of about 1 in 500 (the birthday bound);
+    # three pairs, about 1 in 10**9; a 12-bit window gave hundreds
+    assert len(set(bases)) >= len(bases) - 2, "sessions drew the same base"
+    assert all(sim.BASE_LOW <= b < sim.BASE_HIGH and b % (64 << 10) == 0 for b in bases)
+    buckets = {(b - sim.BASE_LOW) * 16 // (sim.BASE_HIGH - sim.BASE_LOW) for b in bases}
+    assert buckets == set(range(16)), sorted(buckets)  # a miss here is a chance of (15/16)**2000
 
 
 # ---- what a hand-made client may send ----------------------------------------------------------

@@ -21,6 +21,7 @@ import pytest
 import zmq
 from conftest import Server, free_port, shim_env, start_server
 from pyclient import PyClient, sessions, wait_for
+from pyclient import rss as rss_of
 from test_faults import COPY_UNTIL_FAILURE, alive, finish, pids_of_children, program, spawn
 
 from xpuremote.protocol import errors, wire
@@ -84,9 +85,45 @@ def test_max_clients_refuses_the_one_too_many(servers: list[Server], tmp_path: P
         b.close()
 
 
+def hello_from(ctx: zmq.Context, address: str) -> dict:
+    """A `hello` on a socket of its own, never followed by a connection to the worker."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    sock.send_multipart(wire.encode({"op": "hello", "client": {"user": "squatter"}}))
+    assert sock.poll(30_000), "no answer to a hello"
+    return wire.decode(sock.recv_multipart())
+
+
+def test_hello_squatting_costs_the_squatter_only(servers: list[Server], tmp_path: Path) -> None:
+    """Hellos never followed by a connection: past --max-pending-per-peer the squatter's host is
+    refused with the reason, a client from another host still gets a session at once, and
+    the squatter's sessions end after --connect-timeout (its places are free again)."""
+    srv = launch(servers, tmp_path, "--max-clients", "6", "--max-pending-per-peer", "2", "--connect-timeout", "3")
+    ctx = zmq.Context()
+    try:
+        answers = [hello_from(ctx, srv.address) for _ in range(5)]
+        assert [a["status"] for a in answers[:2]] == [0, 0], answers
+        for refused in answers[2:]:
+            assert refused["status"] == errors.NOT_PERMITTED, refused
+            assert "127.0.0.1" in refused["error"] and "--max-pending-per-peer" in refused["error"], refused
+        port = srv.address.rsplit(":", 1)[1]
+        neighbour = PyClient(f"tcp://127.0.0.2:0;127.0.0.1:{port}")  # from another (loopback) address
+        try:
+            assert neighbour.read(neighbour.alloc(16), 16) == bytes(16)
+        finally:
+            neighbour.close()
+        assert wait_for(lambda: srv.log().count("no client connected within") == 2, 20), srv.log()
+        assert hello_from(ctx, srv.address)["status"] == 0  # the squatter's own places are free again
+    finally:
+        ctx.destroy(0)
+    assert "session_refused" in srv.log() and "Traceback" not in srv.log()
+
+
 def test_request_size_limit(servers: list[Server], tmp_path: Path) -> None:
-    """A message over --max-request-bytes in total is refused with a reason; a single frame over it
-    never reaches the worker (ZeroMQ drops the connection); the server goes on either way."""
+    """A message over --max-request-bytes in total is refused with a reason; the client knows the limit
+    and refuses a call over it itself (a frame over it would make ZeroMQ drop the connection); the
+    session and the server go on."""
     srv = launch(servers, tmp_path, "--max-request-bytes", "1M")
     client = PyClient(srv.address)
     try:
@@ -100,14 +137,89 @@ def test_request_size_limit(servers: list[Server], tmp_path: Path) -> None:
             answer = conn._receive(None, 5)
         assert answer["status"] == errors.INVALID_VALUE and "limit" in answer["error"], answer
         assert client.read(ptr, 16) == b"x" * 16
-        with pytest.raises(CudaError):
-            client.write(ptr, b"w" * (2 * MIB))  # one frame over the limit: the connection goes
+        with pytest.raises(CudaError) as info:
+            client.write(ptr, b"w" * (2 * MIB))  # one frame over the limit: refused before it is sent
+        assert "--max-request-bytes" in str(info.value), info.value
+        assert client.read(ptr, 16) == b"x" * 16
     finally:
         client.close()
     fresh = PyClient(srv.address)
     assert fresh.read(fresh.alloc(64), 64) == bytes(64)
     fresh.close()
     assert srv.process.poll() is None and "Traceback" not in srv.log()
+
+
+def test_a_message_of_many_frames_is_bounded_whole(servers: list[Server], tmp_path: Path) -> None:
+    """--max-request-bytes bounds a whole message, not each frame: 40 frames of 15 MiB under a 16 MiB
+    limit once made the worker take in and keep 600 MB (and 1,000 empty frames were taken as one
+    request). The message is refused with a reason, the memory given back, and the session goes on."""
+    srv = launch(servers, tmp_path, "--max-request-bytes", "16M")
+    client = PyClient(srv.address)
+    try:
+        ptr = client.alloc(MIB)
+        client.write(ptr, b"k" * MIB)
+        worker = next(s["worker_pid"] for s in sessions(srv.address))
+        before = rss_of(worker)
+        header = {"op": "calls", "seq": 99, "reply": True, "calls": [[0x1, []]]}
+        conn = client.conn
+        with conn.lock:
+            conn.sock.send_multipart([*wire.encode(header), *[b"\0" * (15 * MIB)] * 40])
+            answer = conn._receive(None, 30)
+        assert answer["status"] == errors.INVALID_VALUE and "limit of 16777216" in answer["error"], answer
+        grown = rss_of(worker) - before
+        assert grown < 100 * MIB, f"the worker holds {grown >> 20} MiB more after the message"
+        with conn.lock:  # frames no request within the limit has: each costs the worker an object
+            conn.sock.send_multipart([*wire.encode(header), *[b""] * 1000])
+            answer = conn._receive(None, 30)
+        assert answer["status"] == errors.INVALID_VALUE and "1001 frames" in answer["error"], answer
+        assert client.read(ptr, MIB) == b"k" * MIB
+        with pytest.raises(CudaError) as info:  # a call no piece of which fits: refused by the client
+            client.post("xpuModuleLoad", 0x7C00_0000_2000, bytes(32), memoryview(bytes(17 * MIB)), 17 * MIB)
+        assert "--max-request-bytes" in str(info.value), info.value
+        assert client.read(ptr, MIB) == b"k" * MIB
+    finally:
+        client.close()
+    assert "Traceback" not in srv.log()
+
+
+def test_copies_over_the_request_limit_are_split(servers: list[Server], tmp_path: Path, shim: Path) -> None:
+    """A 20 MiB copy under a 16 MiB --max-request-bytes once lost the session: the client learns the
+    limit at init and splits host-to-device copies (sync, async, unified, 2D) into pieces that fit."""
+    srv = launch(servers, tmp_path, "--max-request-bytes", "16M")
+    body = """
+size = 20 << 20
+ctx, ptr = setup(size)
+data = os.urandom(size)
+out = ctypes.create_string_buffer(size)
+check(cu.cuMemcpyHtoD_v2(c_uint64(ptr), data, c_size_t(size)), "cuMemcpyHtoD")
+check(cu.cuMemcpyDtoH_v2(out, c_uint64(ptr), c_size_t(size)), "cuMemcpyDtoH")
+print("sync", out.raw == data, flush=True)
+data = os.urandom(size)
+check(cu.cuMemcpyHtoDAsync_v2(c_uint64(ptr), data, c_size_t(size), None), "cuMemcpyHtoDAsync")
+check(cu.cuMemcpyDtoHAsync_v2(out, c_uint64(ptr), c_size_t(size), None), "cuMemcpyDtoHAsync")
+check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+print("async", out.raw == data, flush=True)
+data = os.urandom(size)
+check(cu.cuMemcpy(c_uint64(ptr), data, c_size_t(size)), "cuMemcpy")
+check(cu.cuMemcpy(out, c_uint64(ptr), c_size_t(size)), "cuMemcpy back")
+print("unified", out.raw == data, flush=True)
+for width, height in ((5 << 20, 4), (17 << 20, 1)):  # rows that fit a piece, and a row that does not
+    data = os.urandom(width * height)
+    params = (c_size_t * 16)(0, 0, 1, ctypes.cast(data, c_void_p).value, 0, 0, width,
+                              0, 0, 2, 0, ptr, 0, width, width, height)
+    check(cu.cuMemcpy2D_v2(params), "cuMemcpy2D")
+    check(cu.cuMemcpyDtoH_v2(out, c_uint64(ptr), c_size_t(width * height)), "cuMemcpyDtoH")
+    print("2d", width, out.raw[: width * height] == data, flush=True)
+print("after", roundtrip(ptr), flush=True)
+"""
+    result = subprocess.run(program(body), env=shim_env(shim, srv.address), capture_output=True, text=True,
+                            timeout=120)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    for line in ("sync True", "async True", "unified True", f"2d {5 << 20} True", f"2d {17 << 20} True",
+                 "after True"):
+        assert line in result.stdout, out
+    assert "lost the connection" not in out and "Traceback" not in srv.log()
 
 
 def test_device_memory_is_cleared_between_clients(servers: list[Server], tmp_path: Path) -> None:

@@ -123,8 +123,9 @@ def test_parse_spec_errors(spec: str, message: str) -> None:
 
 
 def test_parse_spec_reads_annotations() -> None:
-    rows = calls._parse_spec("cuFoo sync a=out:n*m b=str c=inout  # trailing comment\n  # only a comment\n")
-    assert rows == {"cuFoo": ("sync", {"a": ("out", "n*m"), "b": ("in", "str"), "c": ("inout", None)})}
+    rows = calls._parse_spec("cuFoo sync a=out:n*m b=str c=inout d=out?  # trailing comment\n  # only a comment\n")
+    assert rows == {"cuFoo": ("sync", {"a": ("out", "n*m", False), "b": ("in", "str", False),
+                                       "c": ("inout", None, False), "d": ("out", None, True)})}
 
 
 @pytest.mark.parametrize(("spec", "message"), [

@@ -8,6 +8,7 @@ server's log. Captured traffic can neither be replayed into a session nor read.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -23,12 +24,13 @@ from pathlib import Path
 import pytest
 import zmq
 from conftest import Server, start_server
-from pyclient import PyClient, Relay, make_keys, wait_for
+from pyclient import PyClient, Relay, make_keys, rss, wait_for
 from test_faults import PRELUDE
 
 from xpuremote.client.connection import Connection
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.errors import CudaError
+from xpuremote.server.daemon import ask_status
 
 
 @pytest.fixture(scope="module")
@@ -252,3 +254,129 @@ def test_xpu_run_passes_the_keys(keys: dict[str, Path], curve_server: Server, sh
                              sys.executable, "-c", PRELUDE + body], env=env, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0 and "roundtrip True" in result.stdout, result.stdout + result.stderr
+
+
+# ---- the size of a message, counted whole --------------------------------------------------------
+def test_the_daemon_keeps_no_message_of_many_frames(tmp_path: Path) -> None:
+    """ZeroMQ's MAXMSGSIZE bounds each frame: a `status` of 300 frames of 1 MiB, unauthenticated, once
+    made the daemon answer it and keep 300 MB. It is refused (answered, logged with the peer), its
+    memory given back, and the daemon still serves."""
+    srv = start_server(tmp_path)
+    ctx = zmq.Context()
+    try:
+        before = rss(srv.process.pid)
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(srv.address)
+        sock.send_multipart([*wire.encode({"op": "status"}), *[b"\0" * (1 << 20)] * 300])
+        assert sock.poll(30_000), "the daemon did not answer"
+        answer = wire.decode(sock.recv_multipart())
+        assert answer["status"] == errors.INVALID_VALUE and "301 frames" in answer["error"], answer
+        assert wait_for(lambda: "refused a message from 127.0.0.1" in srv.log(), 5), srv.log()
+        grown = rss(srv.process.pid) - before
+        assert grown < 100 << 20, f"the daemon holds {grown >> 20} MiB more after the message"
+        assert ask_status(srv.address, 5.0)["sessions"] == []
+        client = PyClient(srv.address)
+        assert client.read(client.alloc(64), 64) == bytes(64)
+        client.close()
+    finally:
+        ctx.destroy(0)
+        srv.stop()
+    assert "Traceback" not in srv.log()
+
+
+# ---- a session's key ---------------------------------------------------------------------------------
+INTRUDER = """import json, os, sys, zmq
+from xpuremote.client import auth
+from xpuremote.protocol import wire
+from xpuremote.protocol.calls import CALLS
+endpoint, ptr = sys.argv[1], int(sys.argv[2])
+ctx = zmq.Context()
+answers = {}
+for who, routing_id in (("no key", None), ("a wrong key", os.urandom(32))):
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if routing_id:
+        sock.setsockopt(zmq.ROUTING_ID, routing_id)
+    auth.secure(sock, auth.client_keys())
+    sock.connect(endpoint)
+    for seq, (symbol, args) in enumerate([("cuMemcpyDtoH_v2", [64, ptr, 64]),
+                                          ("cuMemcpyHtoD_v2", [ptr, b"X" * 64, 64])], 1):
+        call = [[CALLS[symbol].opcode, args]]
+        sock.send_multipart(wire.encode({"op": "calls", "seq": seq, "reply": True, "calls": call}))
+        answer = wire.decode(sock.recv_multipart()) if sock.poll(3000) else None
+        answers[f"{symbol} with {who}"] = answer and {k: repr(v) for k, v in answer.items()}
+print(json.dumps(answers))
+ctx.destroy(0)  # the intruder's connections go away
+"""
+
+
+@pytest.mark.parametrize("curve", [False, True], ids=["plain", "curve"])
+def test_another_process_cannot_use_or_end_a_session_without_its_key(
+        curve: bool, keys: dict[str, Path], curve_server: Server, server: Server,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process that learns a worker's endpoint (in CURVE mode: even one holding the
+    victim's own CURVE key) gets nothing from it without the session's key: its calls are
+    refused and logged once, the victim's memory stays, and its leaving does not end the session."""
+    target = curve_server if curve else server
+    use(monkeypatch, keys["alice"] if curve else None, keys["server.pub"] if curve else None)
+    victim = PyClient(target.address)
+    try:
+        pattern = secrets.token_bytes(64)
+        ptr = victim.alloc(64)
+        victim.write(ptr, pattern)
+        session = victim.conn.session
+        result = subprocess.run([sys.executable, "-c", INTRUDER, victim.conn.endpoint, str(ptr)],
+                                capture_output=True, text=True, timeout=60, env=dict(os.environ))
+        assert result.returncode == 0, result.stderr
+        answers = json.loads(result.stdout)
+        assert len(answers) == 4, answers
+        for what, answer in answers.items():
+            assert answer is None or (answer["status"] != "0" and answer.get("outs") in (None, "[]")), (what, answer)
+            assert session not in json.dumps(answer) and repr(pattern) not in json.dumps(answer), (what, answer)
+        assert victim.read(ptr, 64) == pattern
+        # the intruder's connections are gone; the session is not
+        assert not wait_for(lambda: f"session {session} ended" in target.log(), 3), target.log()[-2000:]
+        assert victim.read(ptr, 64) == pattern and victim.read(victim.alloc(16), 16) == bytes(16)
+        refusals = re.findall(rf"session {session}: refused .*", target.log())
+        assert len(refusals) == 1 and "127.0.0.1" in refusals[0], refusals  # once per source
+    finally:
+        victim.close()
+
+
+def test_per_key_limits_in_curve_mode(keys: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With CURVE the peer is the key: bob's squatting hellos are refused past his pending limit,
+    alice (same host, another key) still gets her sessions, up to her own limit of live ones."""
+    srv = start_server(tmp_path, args=("--key", str(keys["server"]), "--allowed-keys", str(keys["allowed"]),
+                                       "--max-pending-per-peer", "1", "--max-clients-per-peer", "2"))
+    ctx = zmq.Context()
+    alice: list[PyClient] = []
+    try:
+        use(monkeypatch, keys["bob"], keys["server.pub"])
+        bob = [_curve_hello(ctx, srv.address) for _ in range(2)]
+        assert bob[0]["status"] == 0 and bob[1]["status"] == errors.NOT_PERMITTED, bob
+        assert "--max-pending-per-peer" in bob[1]["error"], bob[1]
+        use(monkeypatch, keys["alice"], keys["server.pub"])
+        alice += [PyClient(srv.address), PyClient(srv.address)]
+        assert all(a.read(a.alloc(16), 16) == bytes(16) for a in alice)
+        with pytest.raises(CudaError) as info:
+            PyClient(srv.address)
+        assert "--max-clients-per-peer" in str(info.value), info.value
+    finally:
+        for a in alice:
+            a.close()
+        ctx.destroy(0)
+        srv.stop()
+
+
+def _curve_hello(ctx: zmq.Context, address: str) -> dict:
+    """A hello with the CURVE keys of the environment, never followed by a connection to the worker."""
+    from xpuremote.client import auth as client_auth
+
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    client_auth.secure(sock, client_auth.client_keys())
+    sock.connect(address)
+    sock.send_multipart(wire.encode({"op": "hello", "client": {"user": "squatter"}}))
+    assert sock.poll(30_000), "no answer to a hello"
+    return wire.decode(sock.recv_multipart())

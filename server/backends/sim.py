@@ -31,8 +31,10 @@ log = logging.getLogger("xpuremote.server")
 SIM_DRIVER_VERSION = 13020  # what a CUDA 13.2 driver reports: runtimes up to 13.2 (PyTorch cu132) accept it
 SIM_SM = 90
 SIM_TEMPERATURE_C, SIM_POWER_MW = 35, 60_000  # an idle device's sensors
-BASE_ADDRESS = 0x3000_0000_0000  # far from where Linux puts a process's heap and libraries
-WINDOWS = 1 << 12  # each session starts at a random 4 GiB window above it
+# Each session's addresses start at a random 64 KiB step of [BASE_LOW, BASE_HIGH): 64 TiB, 30 bits,
+# below where Linux puts a process's heap and libraries, with a TiB above for what it allocates.
+BASE_LOW, BASE_HIGH = 0x1000_0000_0000, 0x5000_0000_0000 - (1 << 40)
+BASE_STEP = 64 << 10
 ALIGN = 512
 
 
@@ -57,7 +59,7 @@ class Memory:
         self.allocs: dict[int, Allocation] = {}
         # sessions are separate address spaces, as processes on a GPU are; a random start makes
         # another session's pointer point at nothing here rather than at this session's own memory
-        self.next = BASE_ADDRESS + (secrets.randbelow(WINDOWS) << 32)
+        self.next = BASE_LOW + secrets.randbelow((BASE_HIGH - BASE_LOW) // BASE_STEP) * BASE_STEP
         self.on_change = on_change
 
     def alloc(self, size: int, device: int = 0) -> int:
