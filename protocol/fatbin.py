@@ -8,7 +8,6 @@ Layouts below were checked against nvcc 13.0 output (see tests/test_fatbin.py).
 from __future__ import annotations
 
 import ctypes
-import math
 import re
 import struct
 from collections.abc import Callable, Iterator
@@ -147,7 +146,8 @@ def _ptx_bytes(data: bytes) -> bytes:
 
 
 def _ptx_sm(ptx: bytes) -> int:
-    match = re.search(rb"^\s*\.target\s+sm_(\d+)", ptx, re.MULTILINE)
+    # Not ^\s*: that crosses lines, and retried at each of many blank lines it is quadratic.
+    match = re.search(rb"^[^\S\n]*\.target\s+sm_(\d+)", ptx, re.MULTILINE)
     if not match:
         raise ValueError("neither a fatbin, an ELF image nor PTX with a .target sm_XX line")
     return int(match.group(1))
@@ -289,35 +289,65 @@ def _nv_info_records(data: bytes) -> Iterator[tuple[int, int, bytes]]:
 
 # ------------------------------------------------------------------------------------------------- PTX
 
-_ENTRY = re.compile(r"\.entry\s+([\w$%]+)\s*(?:\(([^)]*)\))?")
+# Linear time whatever the input: a client sends this text, the server parses it. One pass over comments and
+# strings: an unclosed "/*" ends it (a search for "*/" that fails once fails from every later "/*" too, which a
+# plain substitution would try, each time to the end: quadratic). The patterns below cannot fail after their
+# first character, or cannot cross a line.
+_LEXEME = re.compile(r'//[^\n]*|/\*.*?\*/|"[^"\n]*"?|/\*', re.DOTALL)  # strings (.file, .pragma): one line
+_ENTRY_HEAD = re.compile(r"\.entry\s+([\w$%]+)\s*")
 _PARAM_TYPE = re.compile(r"\.(?:[usbf]|bf)(\d+)$")
+_DIMENSION = re.compile(r"\[(\d+)\]")
+# The driver takes at most 32764 bytes of parameters; a bound far above it keeps the size arithmetic small.
+_MAX_PARAM_BYTES = 1 << 20
 
 
 def ptx_kernels(ptx: str) -> dict[str, Kernel]:
     """Every ``.entry`` of PTX text with its parameter layout, laid out the way the driver does."""
-    ptx = re.sub(r"//[^\n]*|/\*.*?\*/", "", ptx, flags=re.DOTALL)
-    found = {}
-    for match in _ENTRY.finditer(ptx):
+    code = _ptx_code(ptx)
+    found, at = {}, 0
+    while match := _ENTRY_HEAD.search(code, at):
+        name, at, declarations = match.group(1), match.end(), ""
+        if code.startswith("(", at):
+            close = code.find(")", at)
+            if close < 0:
+                raise ValueError(f"PTX .entry {name}: its parameter list is not closed")
+            declarations, at = code[at + 1 : close], close + 1
         params, end = [], 0
-        for decl in filter(str.strip, (match.group(2) or "").split(",")):
+        for decl in filter(str.strip, declarations.split(",")):
             size, align = _ptx_param(decl.split())
             offset = -(-end // align) * align
             params.append(KernelParam(offset, size))
             end = offset + size
-        found[match.group(1)] = Kernel(match.group(1), tuple(params), end)
+        found[name] = Kernel(name, tuple(params), end)
     return found
+
+
+def _ptx_code(ptx: str) -> str:
+    """PTX without its comments, and with every string literal emptied (``""``)."""
+    return _LEXEME.sub(_blank, ptx)
+
+
+def _blank(lexeme: re.Match[str]) -> str:
+    text = lexeme.group()
+    if text == "/*":
+        raise ValueError("PTX has a /* comment that is not closed")
+    return '""' if text[0] == '"' else " " if text[1] == "*" else ""  # a comment still separates tokens
 
 
 def _ptx_param(tokens: list[str]) -> tuple[int, int]:
     """(size, alignment) of ``.param [.align N] .type [.ptr [.space] [.align N]] name[dims]``."""
     elem = next((int(m.group(1)) // 8 for t in tokens if (m := _PARAM_TYPE.match(t))), None)
     if not elem:
-        raise ValueError(f"PTX parameter {' '.join(tokens)!r} has no type")
-    count = math.prod(int(dim) for dim in re.findall(r"\[(\d+)\]", tokens[-1]))
+        raise ValueError(f"PTX parameter {' '.join(tokens)[:100]!r} has no type")
+    size = elem
+    for dim in _DIMENSION.findall(tokens[-1]):
+        size *= int(dim)
+        if size > _MAX_PARAM_BYTES:  # checked as it grows: a product of many large numbers is slow
+            raise ValueError(f"PTX parameter {tokens[-1][:100]!r} is larger than any kernel parameter can be")
     # After .ptr, .align describes the memory pointed to, not the parameter itself.
     head = tokens[: tokens.index(".ptr")] if ".ptr" in tokens else tokens
     align = int(head[head.index(".align") + 1]) if ".align" in head else elem
-    return elem * count, align
+    return size, align
 
 
 # ------------------------------------------------------------------------------------------------ bytes

@@ -12,6 +12,7 @@ worker's memory stayed bounded, and the other client saw nothing but correct ans
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import random
@@ -336,3 +337,39 @@ def test_fuzzing_the_worker_and_the_daemon(fuzz_server: Server) -> None:
         assert sign not in log, log[log.index(sign) - 3000 : log.index(sign) + 3000]
     print(f"{sum(kinds.values())} messages to a worker in {elapsed:.1f} s ({kinds}), {DAEMON_MESSAGES} to the "
           f"daemon; the good client made {report['rounds']} correct round trips")
+
+
+# ---- PTX that makes a parser work hard ------------------------------------------------------------
+HOSTILE_PTX = {
+    "unclosed comments": "/* ", "closed comments": "/**/", "line comments": "//\n", "unclosed strings": '"\n',
+    "strings": '"', "blank lines": "\n", "unclosed .entry": ".entry k(", ".entry": ".entry k(.param .u32 a[2])",
+}
+PARSE = """
+import json, sys, time
+from xpuremote.protocol.fatbin import entries, ptx_kernels
+size = int(sys.argv[1])
+texts = {**{name: piece * (size // len(piece)) for name, piece in json.loads(sys.argv[2]).items()},
+         "dimensions": ".target sm_90 .entry k(.param .u8 a" + "[99999999]" * (size // 10) + ")"}
+for name, text in texts.items():
+    began = time.process_time()
+    for parse in (ptx_kernels, lambda text: entries(text.encode())):
+        try:
+            parse(text)
+        except ValueError:
+            pass
+    print(f"{name}: {time.process_time() - began:.2f} s", flush=True)
+"""
+
+
+@pytest.mark.parametrize("size", [200_000, 2_000_000], ids=["200KB", "2MB"])
+def test_hostile_ptx_parses_in_linear_time(size: int) -> None:
+    """Parsing is linear: 2 MB of each takes well under a second (quadratic parsing took a minute for 200 KB
+    of unclosed comments, and hours for 2 MB). In a child process, so that a slow parse can be stopped."""
+    try:
+        done = subprocess.run([sys.executable, "-c", PARSE, str(size), json.dumps(HOSTILE_PTX)],
+                              capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"PTX parsing of {size} bytes took over 20 s; finished only: {exc.stdout!r}")
+    assert done.returncode == 0, done.stderr
+    seconds = {name: float(rest.split()[0]) for name, rest in (line.split(": ") for line in done.stdout.splitlines())}
+    assert len(seconds) == len(HOSTILE_PTX) + 1 and max(seconds.values()) < 5, done.stdout
