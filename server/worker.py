@@ -20,6 +20,7 @@ import secrets
 import signal
 import struct
 import sys
+import threading
 import time
 from typing import Any
 
@@ -295,17 +296,16 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
     endpoint = _bind(sock, bind, session_id)
     print(f"endpoint {endpoint} {session.key.hex()}", flush=True)  # to the daemon's pipe only
+    watchdog = Watchdog(monitor, session, session_id)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
-    poller.register(monitor, zmq.POLLIN)
     sock.setsockopt(zmq.RCVTIMEO, 100)
-    parent, started, connected = os.getppid(), time.monotonic(), False
-    look_at, reported = 0.0, None
+    started, look_at, reported = time.monotonic(), 0.0, None
     try:
-        while not stopping:
-            if connected and time.monotonic() < look_at:
-                # serving: wait in recv on the socket alone, fewer system calls than polling it
-                # with the monitor; that is looked at after 100 ms without a message, or each second
+        while not stopping and not watchdog.gone:
+            if watchdog.connected.is_set() and time.monotonic() < look_at:
+                # serving: wait in recv on the socket alone, fewer system calls than polling it;
+                # the rest is looked at after 100 ms without a message, or each second
                 try:
                     if not _handle(sock, session):
                         break
@@ -315,18 +315,9 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
             look_at = time.monotonic() + 1.0
             reported = _report(session, reported)
             ready = dict(poller.poll(1000))
-            if os.getppid() != parent:
-                log.warning("session %s: the daemon is gone; ending", session_id)
+            if watchdog.gone:
+                log.info("session %s: %s; ending", session_id, watchdog.gone)
                 break
-            if monitor in ready:
-                event = zmq.utils.monitor.recv_monitor_message(monitor)
-                if event["event"] == zmq.EVENT_ACCEPTED:
-                    connected = True
-                elif event["event"] == zmq.EVENT_DISCONNECTED and int(event["value"]) in session.peers:
-                    # only the client's own connections count: one that never got a message
-                    # through (a port scan, a refused key) must not end the session
-                    log.info("session %s: client disconnected", session_id)
-                    break
             if not session.peers and time.monotonic() - started > idle_connect_s:  # a hello squatted
                 log.warning("session %s: no client connected within %g s", session_id, idle_connect_s)
                 break
@@ -335,17 +326,63 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
         if stopping:
             _say_closing(sock, session)
     finally:
+        watchdog.finished.set()
         backend.close()
         _report(session, None)
         by_library = "".join(f" {name}={n}" for name, n in sorted(session.library_calls.items()))
         log.info("session %s ended: %d calls, %d errors, peak device memory %d bytes; library calls:%s",
                  session_id, session.calls, session.errors, backend.peak, by_library or " none")
+        sock.disable_monitor()  # wakes the watchdog, which closes the monitor
         sock.close()
-        monitor.close(0)
+        watchdog.join()
         if authenticator is not None:
             authenticator.stop()
         ctx.term()
     return 0
+
+
+class Watchdog(threading.Thread):
+    """Notices that the client or the daemon is gone, whatever the main thread is doing.
+
+    The loop ends the session when it sees `gone`, between messages; a call that keeps it busy
+    (a long kernel, a huge image) would keep the process, and its memory, long after anyone waits
+    for the answer. So if the loop has not finished `EXIT_GRACE_S` after, the process exits here."""
+
+    POLL_MS = 500
+    EXIT_GRACE_S = 2.0
+
+    def __init__(self, monitor: zmq.Socket, session: Session, session_id: str) -> None:
+        super().__init__(name="xpu-watchdog", daemon=True)
+        self.monitor, self.session, self.session_id = monitor, session, session_id
+        self.parent = os.getppid()
+        self.connected = threading.Event()  # a connection was accepted: the client is on its way
+        self.finished = threading.Event()  # the main thread has left its loop
+        self.gone = ""  # why the session should end
+        self.start()
+
+    def run(self) -> None:
+        try:
+            while not self.finished.is_set() and not self.gone:
+                self.gone = self.look()
+            if self.gone and not self.finished.wait(self.EXIT_GRACE_S):
+                log.warning("session %s: %s while a call was running; exiting now", self.session_id, self.gone)
+                logging.shutdown()
+                os._exit(1)
+        finally:
+            self.monitor.close(0)
+
+    def look(self) -> str:
+        if self.monitor.poll(self.POLL_MS):
+            event = zmq.utils.monitor.recv_monitor_message(self.monitor)
+            if event["event"] == zmq.EVENT_ACCEPTED:
+                self.connected.set()
+            elif event["event"] == zmq.EVENT_DISCONNECTED and int(event["value"]) in self.session.peers:
+                # only the client's own connections count: one that never got a message
+                # through (a port scan, a refused key) must not end the session
+                return "the client disconnected"
+        if os.getppid() != self.parent:
+            return "the daemon is gone"
+        return ""
 
 
 def _stop_on_sigterm() -> list[int]:

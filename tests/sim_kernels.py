@@ -4,6 +4,8 @@ tests/programs/driver_api.cu defines saxpy and fill_index (and unregistered_kern
 deliberately left out: launching it must fail with an error that names it).
 """
 
+import time
+
 import numpy as np
 
 from xpuremote.server.backends.sim_kernels import Launch, register
@@ -24,3 +26,10 @@ def fill_index(k: Launch) -> None:
     out, base, n = k.args("Q", "I", "i")
     count = max(0, min(n, k.threads))
     k.store(out, (np.uint32(base) + np.arange(count, dtype=np.uint32)).astype(np.uint32))
+
+
+@register("sleep_ms")
+def sleep_ms(k: Launch) -> None:
+    """A kernel that takes its time (sleep_ms(unsigned ms)): a long call to end a session in the middle of."""
+    (ms,) = k.args("I")
+    time.sleep(ms / 1000)

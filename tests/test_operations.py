@@ -7,9 +7,11 @@ like applications die) or the Python client library (to be many, or to look insi
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import signal
+import struct
 import subprocess
 import sys
 import time
@@ -239,6 +241,47 @@ def test_device_memory_is_cleared_between_clients(servers: list[Server], tmp_pat
 
 
 # ---- cleanup ---------------------------------------------------------------------------------------
+SLEEP_PTX = b"""
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry sleep_ms(.param .u32 ms) { ret; }
+"""
+
+
+def start_a_long_call(client: PyClient, seconds: int) -> None:
+    """Launch tests/sim_kernels.py's sleep_ms without waiting: the worker is busy in one call."""
+    module, function = 0x7C00_0000_4000, 0x7C00_0000_4010
+    client.post("xpuModuleLoad", module, hashlib.sha256(SLEEP_PTX).digest(), SLEEP_PTX, len(SLEEP_PTX))
+    client.post("xpuModuleGetFunction", function, module, "sleep_ms")
+    assert client.status_of("cuCtxSynchronize") == errors.SUCCESS
+    params = struct.pack("<I", seconds * 1000)
+    client.post("xpuLaunchKernel", function, 1, 1, 1, 1, 1, 1, 0, 0, params, len(params), 0)
+    client.conn.flush()
+    time.sleep(0.5)  # (whether it has begun or not, the worker must not outlive what comes next)
+
+
+@pytest.mark.parametrize("who", ["daemon", "client"])
+def test_a_busy_worker_ends_when_its_daemon_or_client_is_gone(who: str, servers: list[Server],
+                                                              tmp_path: Path) -> None:
+    """The worker notices in a thread of its own, while its main thread is in a 60 s call."""
+    srv = launch(servers, tmp_path)
+    client = PyClient(srv.address)
+    (worker,) = pids_of_children(srv.process.pid)
+    try:
+        start_a_long_call(client, 60)
+        if who == "daemon":
+            srv.process.kill()
+        else:
+            client.conn.sock.close(0)  # as when the client's process dies
+        assert wait_for(lambda: not alive(worker), 15), f"the worker outlived its {who} while busy"
+    finally:
+        if alive(worker):
+            os.kill(worker, signal.SIGKILL)
+        if who == "daemon":
+            client.close()
+
+
 COPY_LOOP = """
 ctx, ptr = setup(8 << 20)
 data = os.urandom(8 << 20)
