@@ -24,12 +24,14 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
@@ -39,7 +41,7 @@ import zmq.utils.monitor
 from xpuremote.protocol import errors, wire
 
 from . import auth, metrics
-from .backends import gpu_present, load_backend
+from .backends import gpu_present, load_backend, sim_board
 from .limits import DEFAULT_MAX_HANDLES, Limits, give_back_memory, parse_size
 
 log = logging.getLogger("xpuremote.server")
@@ -104,6 +106,7 @@ class Daemon:
         self.sock.setsockopt(zmq.MAXMSGSIZE, DAEMON_MAX_MESSAGE)
         self.authenticator = None
         self.metrics_server = None
+        self.board: Path | None = None  # the sim backend's board directory (backends/sim_board.py)
 
     def worker_bind(self) -> str:
         """Where workers listen: the daemon's host on a free port, or an ipc path beside its own."""
@@ -237,6 +240,9 @@ class Daemon:
         monitor = self.secure()
         self.sock.bind(self.listen)
         self.backend = self.backend if self.backend != "auto" else ("cuda" if gpu_present() else "sim")
+        if self.backend == "sim":  # the workers' (and inventory()'s) sim backends find it in the environment
+            self.board = sim_board.make_directory()
+            os.environ[sim_board.ENV] = str(self.board)
         if self.options.metrics_port is not None:
             host = self.host().strip("[]")
             self.metrics_server = metrics.serve_metrics(host, self.options.metrics_port,
@@ -294,6 +300,8 @@ class Daemon:
             self.metrics_server.shutdown()
         if self.authenticator is not None:
             self.authenticator.stop()
+        if self.board is not None:
+            shutil.rmtree(self.board, ignore_errors=True)
         self.ctx.term()
 
 

@@ -14,6 +14,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -289,6 +290,29 @@ print("ready", flush=True)
 while True:
     check(cu.cuMemcpyHtoD_v2(c_uint64(ptr), data, c_size_t(len(data))), "cuMemcpyHtoD")
 """
+
+
+def board_directories(daemon: int) -> list[Path]:
+    return list(Path(tempfile.gettempdir()).glob(f"xpuremote-sim-{os.getuid()}-{daemon}*"))
+
+
+def test_the_sim_board_directory_goes_with_its_daemon(servers: list[Server], tmp_path: Path) -> None:
+    """Removed when the daemon ends; one left by a daemon killed -9 is removed by the next daemon."""
+    killed = launch(servers, tmp_path)
+    PyClient(killed.address).alloc(MIB)  # its worker publishes what it holds there
+    assert board_directories(killed.process.pid)
+    for pid in [*pids_of_children(killed.process.pid), killed.process.pid]:
+        os.kill(pid, signal.SIGKILL)
+    killed.process.wait(10)
+    assert board_directories(killed.process.pid)
+    srv = launch(servers, tmp_path)
+    assert not board_directories(killed.process.pid), "a dead daemon's board directory stays"
+    client = PyClient(srv.address)
+    client.alloc(MIB)
+    client.close()
+    assert board_directories(srv.process.pid)
+    srv.stop()
+    assert not board_directories(srv.process.pid), "the board directory outlives its daemon"
 
 
 @pytest.mark.parametrize("how", ["kill -9", "SIGSTOP"])

@@ -17,6 +17,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from test_faults import PRELUDE
 from xpuremote.client.connection import Connection
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.errors import CudaError
+from xpuremote.server.backends import sim_board
 from xpuremote.server.daemon import ask_status
 
 
@@ -380,3 +382,49 @@ def _curve_hello(ctx: zmq.Context, address: str) -> dict:
     sock.send_multipart(wire.encode({"op": "hello", "client": {"user": "squatter"}}))
     assert sock.poll(30_000), "no answer to a hello"
     return wire.decode(sock.recv_multipart())
+
+
+# ---- the sim's board directory ----------------------------------------------------------------------
+def test_the_sim_board_follows_no_link_planted_in_tmp(tmp_path: Path) -> None:
+    """Another local user who makes the board directory first, with a link inside to a file of the
+    server's user (root's /etc/shadow, say), must not get that file written. The planted name is the one
+    older servers used for the daemon's own board file: xpuremote-sim-UID-PARENT_PID/DAEMON_PID."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    srv = start_server(tmp_path)
+    planted = Path(tempfile.gettempdir()) / f"xpuremote-sim-{os.getuid()}-{os.getpid()}"
+    made = not planted.exists()
+    planted.mkdir(exist_ok=True)
+    (planted / str(srv.process.pid)).symlink_to(victim)
+    try:
+        client = PyClient(srv.address)
+        client.alloc(1 << 20)
+        assert client.mem_info()[0] < client.mem_info()[1]
+        assert ask_status(srv.address, 5.0)["devices"]  # the daemon opens a board of its own for this
+        client.close()
+    finally:
+        srv.stop()
+        (planted / str(srv.process.pid)).unlink(missing_ok=True)
+        if made:
+            shutil.rmtree(planted, ignore_errors=True)
+    assert victim.read_bytes() == b"precious"
+
+
+def test_a_sim_board_directory_that_is_not_private_is_refused(tmp_path: Path) -> None:
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir(mode=0o777)
+    open_to_all.chmod(0o777)
+    link = tmp_path / "link"
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    link.symlink_to(private)
+    for directory in (open_to_all, link):
+        with pytest.raises(PermissionError, match="not a private directory"):
+            sim_board.Board(directory)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (private / str(os.getpid())).symlink_to(victim)  # where the board file goes: replaced, not followed
+    board = sim_board.Board(private)
+    board.publish(0, 1234)
+    assert board.used(0) == 1234 and victim.read_bytes() == b"precious"
+    board.close()
