@@ -28,6 +28,7 @@ _SHT_SYMTAB, _SHT_SYMTAB_SHNDX, _SHN_XINDEX = 2, 18, 0xFFFF
 # No contents in the file: SHT_NOBITS, and what relocatable (-rdc) cubins use instead for .nv.global,
 # .nv.local.*, .nv.shared.* and reserved shared memory (SHT_CUDA_GLOBAL, _LOCAL, _SHARED, _SHARED_RESERVED).
 _NOBITS = {8, 0x70000007, 0x70000009, 0x7000000A, 0x70000015}
+_EM_CUDA = 190  # e_machine of cubins
 _STT_OBJECT, _STT_FUNC, _STT_CUDA_OBJECT = 1, 2, 13  # -rdc cubins type variables STT_CUDA_OBJECT
 _STO_CUDA_ENTRY = 0x10  # st_other bit on __global__ functions (not on __device__ helpers)
 # Where variables live. Not .nv.shared.*, whose variables -rdc cubins list too, nor bank 0, the kernel
@@ -102,6 +103,36 @@ def select(image: bytes, sm: int) -> Entry | None:
     return max(elfs or ptxs, key=lambda e: e.sm, default=None)
 
 
+class NoBinaryForGpu(ValueError):
+    """A well-formed module image without code that a GPU of the given compute capability runs."""
+
+
+def check_module_image(image: bytes, sm: int) -> str:
+    """What a server takes as a module image: what the client library sends, the entry of a fatbin that a
+    GPU of compute capability ``sm`` runs (a cubin, or PTX text). Its kind, "elf" or "ptx"; ValueError for
+    anything else (the driver's CUDA_ERROR_INVALID_IMAGE), NoBinaryForGpu for code built for another GPU
+    (CUDA_ERROR_NO_BINARY_FOR_GPU)."""
+    if image[:4] == ELF_MAGIC:
+        if len(image) < 64 or struct.unpack_from("<H", image, 0x12)[0] != _EM_CUDA:
+            raise ValueError("an ELF image, but not a CUDA cubin")
+        if _elf_size(_bytes_reader(image)) > len(image):
+            raise ValueError("a cubin cut short: its tables point past its end")
+        kind, built = "elf", elf_sm(image)
+        runs = built // 10 == sm // 10 and built <= sm
+    else:
+        try:
+            image.decode()
+        except UnicodeDecodeError:
+            raise ValueError("neither a cubin nor PTX text") from None
+        if not _PTX_VERSION.search(image):
+            raise ValueError("not PTX: no .version line")
+        kind, built = "ptx", _ptx_sm(image)
+        runs = built <= sm  # the driver compiles PTX for the GPU, not for an older one
+    if not runs:
+        raise NoBinaryForGpu(f"{'a cubin' if kind == 'elf' else 'PTX'} for sm_{built}, but the GPU is sm_{sm}")
+    return kind
+
+
 def elf_sm(elf: bytes) -> int:
     """The sm a cubin was built for. ELF ABI version 7 (CUDA <= 12) keeps it in the low byte of e_flags;
     version 8 (CUDA 13, also Blackwell cubins of CUDA 12.8+) in bits 8..15."""
@@ -143,6 +174,9 @@ def _ptx_bytes(data: bytes) -> bytes:
     # The driver wants NUL-terminated PTX; the fatbin pads it with more NULs, which would change its hash.
     end = data.find(b"\0")
     return data + b"\0" if end < 0 else data[: end + 1]
+
+
+_PTX_VERSION = re.compile(rb"^[^\S\n]*\.version\s+\d+\.\d+", re.MULTILINE)
 
 
 def _ptx_sm(ptx: bytes) -> int:

@@ -8,6 +8,7 @@ server's log. Captured traffic can neither be replayed into a session nor read.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -27,6 +28,7 @@ import zmq
 from conftest import Server, start_server
 from pyclient import PyClient, Relay, make_keys, rss, wait_for
 from test_faults import PRELUDE
+from test_isolation import PTX
 
 from xpuremote.client.connection import Connection
 from xpuremote.protocol import errors, wire
@@ -428,3 +430,27 @@ def test_a_sim_board_directory_that_is_not_private_is_refused(tmp_path: Path) ->
     board.publish(0, 1234)
     assert board.used(0) == 1234 and victim.read_bytes() == b"precious"
     board.close()
+
+
+# ---- small holes -------------------------------------------------------------------------------------
+def test_garbage_module_images_are_refused_as_the_driver_would(server: Server) -> None:
+    """Bytes that are no module image answer CUDA_ERROR_INVALID_IMAGE, code for another GPU
+    CUDA_ERROR_NO_BINARY_FOR_GPU; the session goes on (the sim is sm_90)."""
+    ptx = PTX.decode()
+    images = {
+        b"garbage that is text": errors.INVALID_IMAGE,
+        bytes(range(256)) * 4: errors.INVALID_IMAGE,
+        ptx.replace(".version 8.0", "").encode(): errors.INVALID_IMAGE,  # no .version: not PTX
+        b"\x7fELF\x02" + bytes(300): errors.INVALID_IMAGE,  # not a CUDA cubin (e_machine)
+        ptx.replace("sm_90", "sm_100").encode(): errors.NO_BINARY_FOR_GPU,
+    }
+    client = PyClient(server.address)
+    try:
+        for i, (image, expected) in enumerate(images.items()):
+            module = 0x7C00_0000_8000 + 16 * i
+            client.post("xpuModuleLoad", module, hashlib.sha256(image).digest(), image, len(image))
+            assert client.status_of("cuCtxSynchronize") == expected, image[:40]
+        client.post("xpuModuleLoad", 0x7C00_0000_9000, hashlib.sha256(PTX).digest(), PTX, len(PTX))
+        assert client.status_of("cuCtxSynchronize") == errors.SUCCESS
+    finally:
+        client.close()

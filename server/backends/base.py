@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from xpuremote.protocol import errors
+from xpuremote.protocol import errors, fatbin
 from xpuremote.protocol.calls import Call
 from xpuremote.protocol.errors import CudaError
+
+
+def check_module_image(image: bytes, sm: int) -> str:
+    """A module image's kind, "elf" or "ptx", or the driver's error for it (fatbin.check_module_image)."""
+    try:
+        return fatbin.check_module_image(image, sm)
+    except fatbin.NoBinaryForGpu as exc:
+        raise CudaError(errors.NO_BINARY_FOR_GPU, f"cannot load the module image: {exc}") from None
+    except (ValueError, IndexError, struct.error) as exc:
+        raise CudaError(errors.INVALID_IMAGE, f"cannot read the module image: {exc}") from None
 
 
 @dataclass

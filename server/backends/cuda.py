@@ -27,7 +27,7 @@ from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import MEMCPY2D
 
-from .base import Backend, DeviceInfo, Inventory
+from .base import Backend, DeviceInfo, Inventory, check_module_image
 from .nvml_status import NvmlStatus
 
 C_INT = {(1, 0): "uint8_t", (1, 1): "int8_t", (2, 0): "uint16_t", (2, 1): "int16_t",
@@ -253,6 +253,7 @@ class CudaBackend(Backend):
     def xpuModuleLoad(self, key: bytes, image: bytes, size: int) -> tuple[int]:
         key = bytes(key)
         if key not in self.modules:
+            check_module_image(bytes(image), self.current_sm())  # refused as the driver would, before it parses
             module = self.ffi.new("void **")
             data = self.ffi.from_buffer(bytes(image) + b"\0")  # PTX must end in NUL
             self.check(self.lib.cuModuleLoadData(module, data), "cuModuleLoadData")
@@ -263,6 +264,14 @@ class CudaBackend(Backend):
         """The image's last handle is gone (the worker counts them): unloaded, and out of the cache."""
         self.modules = {key: m for key, m in self.modules.items() if m != module}
         self.check(self.lib.cuModuleUnload(self.ffi.cast("void *", module)), "cuModuleUnload")
+
+    def current_sm(self) -> int:
+        """The compute capability of the current context's device, as major*10+minor."""
+        device = self.out("int *", "cuCtxGetDevice", self.lib.cuCtxGetDevice)
+        major, minor = (self.out("int *", "cuDeviceGetAttribute", self.lib.cuDeviceGetAttribute,
+                                 ENUMS[f"CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_{part}"], device)
+                        for part in ("MAJOR", "MINOR"))
+        return major * 10 + minor
 
     def xpuModuleGetFunction(self, module: int, name: str) -> tuple[int]:
         fn = self.ffi.new("void **")

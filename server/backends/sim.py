@@ -24,7 +24,7 @@ from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
 
 from . import sim_kernels
-from .base import Backend, DeviceInfo, Inventory
+from .base import Backend, DeviceInfo, Inventory, check_module_image
 from .sim_board import Board
 
 log = logging.getLogger("xpuremote.server")
@@ -418,8 +418,9 @@ class SimBackend(Backend):
         module = self.images.get(key)
         if module is not None:
             return module
+        kind = check_module_image(image, SIM_SM)
         try:
-            if image[:4] == b"\x7fELF":
+            if kind == "elf":
                 kernels, globals_ = fatbin.kernels(image), fatbin.globals_(image)
             else:
                 text = bytes(image).rstrip(b"\0").decode()
