@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 log = logging.getLogger("xpuremote.server")
 ZAP_DOMAIN = "xpuremote"
@@ -33,6 +35,8 @@ class ServerKeys:
 
 def keygen(directory: str, name: str) -> tuple[Path, Path]:
     """Write NAME.key and NAME.key_secret into `directory`; refuses to overwrite a key."""
+    if not re.fullmatch(r"\w[\w.-]*", name):  # no path: "../x" or "/etc/x" would write outside `directory`
+        raise ValueError(f"--name {name!r}: a plain file name stem (letters, digits, '_', '-', '.') is needed")
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     public, secret = folder / f"{name}.key", folder / f"{name}.key_secret"
@@ -52,7 +56,19 @@ def load_server_keys(path: str) -> ServerKeys:
     public, secret = zmq.auth.load_certificate(path)
     if not secret:
         raise ValueError(f"{path} holds no secret key: give the server its NAME.key_secret file")
+    for which, key in (("public", public), ("secret", secret)):
+        if not _is_z85_key(key):
+            raise ValueError(f"the key file {path} is bad: its {which} key is not a 40-character Z85 CURVE key")
+    if zmq.curve_public(secret) != public:
+        raise ValueError(f"the key file {path} is bad: its public key is not the secret key's")
     return ServerKeys(public, secret, os.path.abspath(path))
+
+
+def _is_z85_key(key: bytes) -> bool:
+    try:
+        return len(key) == 40 and len(z85.decode(key)) == 32
+    except (ValueError, KeyError):  # KeyError: a character outside Z85's alphabet
+        return False
 
 
 def make_server(sock: zmq.Socket, keys: ServerKeys) -> None:

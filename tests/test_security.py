@@ -73,6 +73,33 @@ def test_keygen_keeps_the_secret_private(keys: dict[str, Path]) -> None:
         again(keys["alice"].parent, "alice")
 
 
+def xpu_server(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "xpuremote.server.daemon", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.mark.parametrize("name", ["../outside", "ABSOLUTE", "deeper/x", ".."])
+def test_keygen_writes_only_inside_its_directory(name: str, tmp_path: Path) -> None:
+    inside = tmp_path / "keys" / "here"
+    name = str(tmp_path / "absolute") if name == "ABSOLUTE" else name
+    done = xpu_server("keygen", str(inside), "--name", name)
+    assert done.returncode != 0 and "plain file name" in done.stderr, done
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("damage", ["not z85", "another key's secret"])
+def test_a_bad_server_key_file_is_named(damage: str, keys: dict[str, Path], tmp_path: Path) -> None:
+    secret = re.compile(r'secret-key = "([^"]*)"')
+    other = secret.search(keys["alice"].read_text()).group(1)
+    bad = tmp_path / "server.key_secret"
+    bad.write_text(secret.sub(f'secret-key = "{"~" * 40 if damage == "not z85" else other}"',
+                              keys["server"].read_text()))
+    done = xpu_server("--listen", "tcp://127.0.0.1:0", "--backend", "sim", "--key", str(bad),
+                      "--allowed-keys", str(keys["alice"].parent))
+    assert done.returncode != 0 and f"the key file {bad} is bad" in done.stderr, done
+    assert "cannot listen" not in done.stderr
+
+
 def test_allowed_client_works_through_the_shim(keys: dict[str, Path], curve_server: Server, run_on) -> None:
     body = "ctx, ptr = setup(1 << 20)\nprint('roundtrip', roundtrip(ptr, 1 << 20), flush=True)\n"
     result = run_on([sys.executable, "-c", PRELUDE + body], timeout=60, address=curve_server.address,
