@@ -3,7 +3,7 @@
     xpu-server --listen tcp://0.0.0.0:17000 --backend auto|cuda|sim
                [--key server.key_secret --allowed-keys DIR] [--mem-quota 8G] [--max-clients 64]
                [--max-clients-per-peer N] [--max-pending-per-peer 8] [--connect-timeout 10]
-               [--max-request-bytes 1G] [--metrics-port 9400]
+               [--max-request-bytes 1G] [--metrics-port 9400 [--metrics-bind ADDR] [--metrics-token FILE]]
     xpu-server keygen DIR [--name NAME]      a CURVE key pair: NAME.key, NAME.key_secret
     xpu-server status [--listen ADDR]        the sessions and devices of a running server
 
@@ -68,6 +68,8 @@ class Options:
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S  # a session's client has this long to connect
     metrics_port: int | None = None
     shutdown_grace_s: float = 10.0
+    metrics_bind: str = "127.0.0.1"  # the metrics name users and hosts: loopback unless the operator says
+    metrics_token: str = ""  # a bearer token the metrics requests must show ("": none)
 
 
 @dataclass
@@ -244,9 +246,7 @@ class Daemon:
             self.board = sim_board.make_directory()
             os.environ[sim_board.ENV] = str(self.board)
         if self.options.metrics_port is not None:
-            host = self.host().strip("[]")
-            self.metrics_server = metrics.serve_metrics(host, self.options.metrics_port,
-                                                        lambda: metrics.render(self.status(), self.totals))
+            self.serve_metrics()
         print(f"xpu-server ready on {self.listen} (backend {self.backend}, CURVE "
               f"{'on' if self.options.keys else 'off'})", file=sys.stderr, flush=True)
         poller = zmq.Poller()
@@ -278,6 +278,14 @@ class Daemon:
         else:
             answer = self.answer(frames, key, peer)
         self.sock.send_multipart([identity, *wire.encode(answer)])
+
+    def serve_metrics(self) -> None:
+        bind, token = self.options.metrics_bind, self.options.metrics_token
+        if not token and not auth.is_loopback(f"tcp://{bind}:0"):
+            log.warning("metrics on %s without --metrics-token: anyone who reaches the port sees every session's "
+                        "user and host", bind)
+        self.metrics_server = metrics.serve_metrics(bind, self.options.metrics_port,
+                                                    lambda: metrics.render(self.status(), self.totals), token)
 
     def shutdown(self) -> None:
         """Graceful: no new sessions, then each worker finishes its batch in flight, tells its
@@ -361,6 +369,10 @@ def serve_main(argv: list[str]) -> int:
     parser.add_argument("--max-handles", type=int, default=DEFAULT_MAX_HANDLES,
                         help="live allocations, streams, events, modules, ... of each kind per client (0: no limit)")
     parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (plain HTTP)")
+    parser.add_argument("--metrics-bind", default="127.0.0.1", metavar="ADDR",
+                        help="address the metrics port listens on (default: loopback only)")
+    parser.add_argument("--metrics-token", metavar="FILE",
+                        help="file holding a bearer token that metrics requests must send (Authorization: Bearer)")
     parser.add_argument("--shutdown-grace", type=float, default=10.0, help="seconds sessions get to end on SIGTERM")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("XPU_LOG", "INFO").upper(), stream=sys.stderr,
@@ -369,6 +381,7 @@ def serve_main(argv: list[str]) -> int:
         parser.error("--key and --allowed-keys go together")
     try:
         keys = auth.load_server_keys(args.key) if args.key else None
+        token = metrics.read_token(args.metrics_token) if args.metrics_token else ""
         if args.allowed_keys and not os.path.isdir(args.allowed_keys):
             raise ValueError(f"--allowed-keys {args.allowed_keys} is not a directory")
     except (OSError, ValueError) as exc:
@@ -376,7 +389,8 @@ def serve_main(argv: list[str]) -> int:
         return 2
     options = Options(keys, args.allowed_keys or "", Limits(args.mem_quota, args.max_request_bytes, args.max_handles),
                       args.max_clients, args.max_clients_per_peer, args.max_pending_per_peer, args.connect_timeout,
-                      args.metrics_port, args.shutdown_grace)
+                      args.metrics_port, shutdown_grace_s=args.shutdown_grace,
+                      metrics_bind=args.metrics_bind.strip("[]"), metrics_token=token)
     daemon = Daemon(args.listen, args.backend, options)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stopping.set())

@@ -3,13 +3,16 @@
 Workers report their counters to the daemon as `stats {json}` lines on their stdout (the pipe
 the daemon already reads their endpoint from): once a second while they change, and once
 more as they end. The daemon serves them as the `status` op (`xpu-server status`) and, with
-`--metrics-port`, as Prometheus text over plain HTTP.
+`--metrics-port`, as Prometheus text over plain HTTP: on loopback unless `--metrics-bind` says
+otherwise, and with `--metrics-token FILE` only to requests that bear that token.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -96,11 +99,29 @@ def _label(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def serve_metrics(host: str, port: int, snapshot: Callable[[], str]) -> ThreadingHTTPServer:
-    """GET /metrics on a thread of its own; `snapshot()` gives the text."""
+def read_token(path: str) -> str:
+    """The bearer token in file `path` (its first line); an empty one is refused."""
+    with open(path) as f:
+        token = f.readline().strip()
+    if not token:
+        raise ValueError(f"--metrics-token {path}: the file holds no token")
+    return token
+
+
+def serve_metrics(host: str, port: int, snapshot: Callable[[], str], token: str = "") -> ThreadingHTTPServer:
+    """GET /metrics on a thread of its own; `snapshot()` gives the text. With a token, only a request
+    that shows it (`Authorization: Bearer TOKEN`) gets them: the sessions name users and hosts."""
+    expected = f"Bearer {token}".encode()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if token and not hmac.compare_digest(self.headers.get("Authorization", "").encode(), expected):
+                log.warning("metrics: refused a request from %s without the bearer token", self.client_address[0])
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Bearer realm="xpu-server"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if self.path.split("?")[0] not in ("/metrics", "/"):
                 self.send_error(404)
                 return
@@ -114,8 +135,14 @@ def serve_metrics(host: str, port: int, snapshot: Callable[[], str]) -> Threadin
         def log_message(self, format: str, *args: Any) -> None:  # one line per scrape is noise
             pass
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    server_class = _HTTPServer6 if ":" in host else ThreadingHTTPServer
+    server = server_class((host, port), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="xpu-metrics", daemon=True).start()
-    log.info("metrics on http://%s:%d/metrics", host, server.server_address[1])
+    log.info("metrics on http://%s:%d/metrics%s", host if ":" not in host else f"[{host}]", server.server_address[1],
+             " (bearer token required)" if token else "")
     return server
+
+
+class _HTTPServer6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6

@@ -487,6 +487,40 @@ def test_status_of_a_server_that_is_not_there() -> None:
     assert out.returncode == 1 and address in out.stderr, out.stderr
 
 
+def scrape(port: int, host: str = "127.0.0.1", token: str | None = None) -> int:
+    """The HTTP status of GET /metrics."""
+    request = urllib.request.Request(f"http://{host}:{port}/metrics")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            assert b"xpu_sessions" in answer.read()
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_metrics_need_the_bearer_token_when_one_is_set(servers: list[Server], tmp_path: Path) -> None:
+    token_file = tmp_path / "metrics.token"
+    token_file.write_text("s3cret-Token\n")
+    port = free_port()
+    srv = launch(servers, tmp_path, "--metrics-port", str(port), "--metrics-token", str(token_file))
+    assert scrape(port) == 401 and scrape(port, token="wrong") == 401
+    assert scrape(port, token="s3cret-Token") == 200
+    assert "without the bearer token" in srv.log()
+
+
+def test_metrics_listen_on_loopback_unless_told(servers: list[Server], tmp_path: Path) -> None:
+    port = free_port()
+    srv = launch(servers, tmp_path, "--metrics-port", str(port), address=f"tcp://127.0.0.3:{free_port()}")
+    assert f"metrics on http://127.0.0.1:{port}/metrics" in srv.log()  # not the daemon's own address
+    port = free_port()
+    launch(servers, tmp_path, "--metrics-port", str(port), "--metrics-bind", "127.0.0.2")
+    assert scrape(port, host="127.0.0.2") == 200
+    with pytest.raises(urllib.error.URLError):
+        scrape(port)
+
+
 def test_garbage_to_the_metrics_port_and_unknown_paths(servers: list[Server], tmp_path: Path) -> None:
     port = free_port()
     srv = launch(servers, tmp_path, "--metrics-port", str(port))
