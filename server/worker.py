@@ -365,11 +365,17 @@ class Watchdog(threading.Thread):
             while not self.finished.is_set() and not self.gone:
                 self.gone = self.look()
             if self.gone and not self.finished.wait(self.EXIT_GRACE_S):
-                log.warning("session %s: %s while a call was running; exiting now", self.session_id, self.gone)
-                logging.shutdown()
-                os._exit(1)
+                self.exit_now()
         finally:
             self.monitor.close(0)
+
+    def exit_now(self) -> None:
+        try:
+            log.warning("session %s: %s while a call was running; exiting now", self.session_id, self.gone)
+            _report(self.session, None)  # the daemon's session_end line gets the last counters
+            logging.shutdown()
+        finally:  # whatever the reports meet (a daemon that is gone has closed our stdout pipe's other end)
+            os._exit(1)
 
     def look(self) -> str:
         if self.monitor.poll(self.POLL_MS):
