@@ -293,7 +293,8 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
         auth.make_server(sock, keys)
         authenticator = auth.start_authenticator(ctx, lambda key: key.decode() == client_key, f"session {session_id}")
     stopping = _stop_on_sigterm()
-    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED)
+    # MONITOR_STOPPED: disable_monitor() at the end wakes the watchdog at once
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_MONITOR_STOPPED)
     endpoint = _bind(sock, bind, session_id)
     print(f"endpoint {endpoint} {session.key.hex()}", flush=True)  # to the daemon's pipe only
     watchdog = Watchdog(monitor, session, session_id)
@@ -332,7 +333,7 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
         by_library = "".join(f" {name}={n}" for name, n in sorted(session.library_calls.items()))
         log.info("session %s ended: %d calls, %d errors, peak device memory %d bytes; library calls:%s",
                  session_id, session.calls, session.errors, backend.peak, by_library or " none")
-        sock.disable_monitor()  # wakes the watchdog, which closes the monitor
+        sock.disable_monitor()  # the watchdog wakes up, sees `finished` and closes the monitor
         sock.close()
         watchdog.join()
         if authenticator is not None:
