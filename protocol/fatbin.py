@@ -144,14 +144,18 @@ def _fatbin_entries(image: bytes) -> Iterator[Entry]:
     pos = 0
     while pos + 16 <= len(image) and _u32(image, pos) == FATBIN_MAGIC:
         _, _, header_size, payload_size = struct.unpack_from("<IHHQ", image, pos)
-        end = pos + header_size + payload_size
+        end = min(pos + header_size + payload_size, len(image))
         at = pos + header_size
-        while at < end:
+        while at + 16 <= end:
             kind, entry_header_size, size = struct.unpack_from("<H2xIQ", image, at)
+            if entry_header_size < 16:  # malformed: an entry that does not move on would loop forever
+                return
             payload = image[at + entry_header_size : at + entry_header_size + size]
             if kind in _KINDS:
                 yield _entry(_KINDS[kind], image, at, payload)
             at += entry_header_size + size
+        if end <= pos:  # a header that does not move on
+            return
         pos = end
 
 

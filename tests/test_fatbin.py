@@ -12,6 +12,7 @@ import pytest
 from toolchain import nvcc_path
 
 from xpuremote.protocol.fatbin import (
+    FATBIN_MAGIC,
     WRAPPER_MAGIC,
     Entry,
     Kernel,
@@ -273,3 +274,11 @@ def test_ptx_syntax_nvcc_does_not_write() -> None:
         "bare": Kernel("bare", (), 0),
     }
     assert entries(ptx.encode()) == [Entry("ptx", 80, ptx.encode() + b"\0")]
+
+
+@pytest.mark.parametrize("sizes", [(0, 0), (16, 16), (16, 1 << 40)], ids=["empty header", "empty entry", "past the end"])
+def test_malformed_fatbin_headers_end_the_walk(sizes: tuple[int, int]) -> None:
+    """A header or entry whose sizes do not move the walk on once made it loop forever."""
+    header_size, payload_size = sizes
+    image = struct.pack("<IHHQ", FATBIN_MAGIC, 1, header_size, payload_size) + bytes(32)
+    assert entries(image) == []

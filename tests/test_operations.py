@@ -117,7 +117,8 @@ def test_hello_squatting_costs_the_squatter_only(servers: list[Server], tmp_path
         finally:
             neighbour.close()
         assert wait_for(lambda: srv.log().count("no client connected within") == 2, 20), srv.log()
-        assert hello_from(ctx, srv.address)["status"] == 0  # the squatter's own places are free again
+        # the squatter's own places are free again, once the daemon has reaped those workers
+        assert wait_for(lambda: hello_from(ctx, srv.address)["status"] == 0, 10, interval=0.2)
     finally:
         ctx.destroy(0)
     assert "session_refused" in srv.log() and "Traceback" not in srv.log()
