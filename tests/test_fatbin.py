@@ -276,7 +276,8 @@ def test_ptx_syntax_nvcc_does_not_write() -> None:
     assert entries(ptx.encode()) == [Entry("ptx", 80, ptx.encode() + b"\0")]
 
 
-@pytest.mark.parametrize("sizes", [(0, 0), (16, 16), (16, 1 << 40)], ids=["empty header", "empty entry", "past the end"])
+@pytest.mark.parametrize("sizes", [(0, 0), (16, 16), (16, 1 << 40)],
+                         ids=["empty header", "empty entry", "past the end"])
 def test_malformed_fatbin_headers_end_the_walk(sizes: tuple[int, int]) -> None:
     """A header or entry whose sizes do not move the walk on once made it loop forever."""
     header_size, payload_size = sizes
