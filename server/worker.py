@@ -333,9 +333,10 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
         by_library = "".join(f" {name}={n}" for name, n in sorted(session.library_calls.items()))
         log.info("session %s ended: %d calls, %d errors, peak device memory %d bytes; library calls:%s",
                  session_id, session.calls, session.errors, backend.peak, by_library or " none")
-        sock.disable_monitor()  # the watchdog wakes up, sees `finished` and closes the monitor
+        sock.disable_monitor()  # a watchdog still looking wakes up and sees `finished`
         sock.close()
         watchdog.join()
+        monitor.close(0)
         if authenticator is not None:
             authenticator.stop()
         ctx.term()
@@ -362,13 +363,12 @@ class Watchdog(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        try:
-            while not self.finished.is_set() and not self.gone:
-                self.gone = self.look()
-            if self.gone and not self.finished.wait(self.EXIT_GRACE_S):
-                self.exit_now()
-        finally:
-            self.monitor.close(0)
+        # the monitor stays open until the main thread has disabled it: disable_monitor() sends
+        # MONITOR_STOPPED to it, and blocks if this end is already closed
+        while not self.finished.is_set() and not self.gone:
+            self.gone = self.look()
+        if self.gone and not self.finished.wait(self.EXIT_GRACE_S):
+            self.exit_now()
 
     def exit_now(self) -> None:
         try:
