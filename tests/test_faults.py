@@ -25,6 +25,8 @@ from pyclient import wait_for
 
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import CALLS
+from xpuremote.protocol.cuda_api import ENUMS
+from xpuremote.server.backends import sim
 
 # A client written against the driver ABI with ctypes only: `check(rc, what)` exits on failure.
 PRELUDE = """
@@ -186,6 +188,27 @@ print(*got, buf.raw == bytes([7]) * 64, roundtrip(ptr), flush=True)
     assert codes == [str(CUDA_ERROR_INVALID_VALUE)] * 10, proc.stderr
     assert memset_landed == roundtrip_ok == "True", proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_the_device_claims_no_feature_that_is_not_forwarded(run_on) -> None:
+    """The sim (like an H100) has managed memory and memory pools; xpuremote does not forward them,
+    so the device must not claim them: an application that believed it would fail later."""
+    assert sim.DEVICE_ATTRIBUTES["MANAGED_MEMORY"] == sim.DEVICE_ATTRIBUTES["MEMORY_POOLS_SUPPORTED"] == 1
+    names = ("MANAGED_MEMORY", "CONCURRENT_MANAGED_ACCESS", "MEMORY_POOLS_SUPPORTED",
+             "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", "IPC_EVENT_SUPPORTED", "WARP_SIZE")
+    codes = [ENUMS[f"CU_DEVICE_ATTRIBUTE_{name}"] for name in names]
+    body = f"""
+check(cu.cuInit(0), "cuInit")
+values = []
+for code in {codes}:
+    v = c_int(-1)
+    check(cu.cuDeviceGetAttribute(byref(v), code, 0), f"attribute {{code}}")
+    values.append(v.value)
+print(*values)
+"""
+    proc = run_on(program(body), timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.split() == ["0"] * 5 + ["32"], proc.stdout  # what is forwarded still tells its value
 
 
 # ---- (a) nobody listening ----------------------------------------------------------------------------
