@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import start_server
 from pyclient import PyClient
-from test_isolation import HOSTILE, SIZE, load, raw_host_pointer_calls
+from test_isolation import HOSTILE, SIZE, host_pointer_statuses, load
 from toolchain import nvcc_lib_dir, nvcc_path
 
 from xpuremote.protocol import errors
@@ -82,7 +82,7 @@ def test_host_pointers_never_reach_the_driver(chained) -> None:
     try:
         mine = client.alloc(SIZE)
         load(client)
-        refused = {name: client.status_of(*call) for name, call in raw_host_pointer_calls(mine).items()}
+        refused = host_pointer_statuses(client, mine)
         assert refused == dict.fromkeys(refused, errors.NOT_SUPPORTED), refused
         assert client.status_of("cuMemcpyDtoH_v2", 64, HOSTILE, 64) == errors.INVALID_VALUE
         assert client.status_of("cuMemcpyDtoH_v2", 64, mine + SIZE - 32, 64) == errors.INVALID_VALUE

@@ -18,7 +18,7 @@ import test_load
 import zmq
 from conftest import start_server
 from pyclient import PyClient, rss, sessions, wait_for
-from test_isolation import HOSTILE, SIZE, load, load_image, raw_host_pointer_calls, variable_elf
+from test_isolation import HOSTILE, SIZE, host_pointer_statuses, load, load_image, variable_elf
 
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import CALLS
@@ -76,7 +76,7 @@ class Attacker:
             return [conn._receive(None, 30)["status"]]
 
     def host_pointers(self) -> list[int]:
-        return [self.client.status_of(*call) for call in raw_host_pointer_calls(self.mine).values()]
+        return list(host_pointer_statuses(self.client, self.mine).values())
 
     def device_addresses(self) -> list[int]:
         return [self.client.status_of("cuMemcpyDtoH_v2", 64, HOSTILE, 64),

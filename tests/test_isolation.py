@@ -124,12 +124,17 @@ def raw_host_pointer_calls(mine: int) -> dict[str, tuple[str, ...]]:
     }
 
 
+def host_pointer_statuses(client: PyClient, mine: int) -> dict[str, int]:
+    """What the server answers each of raw_host_pointer_calls."""
+    return {name: client.status_of(*call) for name, call in raw_host_pointer_calls(mine).items()}
+
+
 def test_calls_the_client_never_sends_are_refused(server: Server) -> None:
     client = PyClient(server.address)
     try:
         mine = client.alloc(SIZE)
         load(client)
-        refused = {name: client.status_of(*call) for name, call in raw_host_pointer_calls(mine).items()}
+        refused = host_pointer_statuses(client, mine)
         assert refused == dict.fromkeys(refused, errors.NOT_SUPPORTED), refused
         client.write(mine, b"ok" * 32)
         assert client.read(mine, 64) == b"ok" * 32  # the session goes on
