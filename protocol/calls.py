@@ -383,9 +383,8 @@ def _parse_spec(text: str) -> dict[str, tuple[str, dict[str, Note]]]:
             direction, _, count = rest.partition(":")
             optional = direction.endswith("?")
             direction = direction.rstrip("?")
-            if direction in ("str", "scalar", "device"):
-                direction, count = ("device", count) if direction == "device" else \
-                    ("in", direction + (f":{count}" if count else ""))
+            if direction in ("str", "scalar"):
+                direction, count = "in", direction + (f":{count}" if count else "")
             if direction not in ("in", "out", "inout", "device"):
                 raise TableError(f"SPEC line {lineno}: {note!r}: direction must be in, out, inout, str, scalar "
                                  "or device")

@@ -42,7 +42,7 @@ from xpuremote.protocol import errors, wire
 
 from . import auth, metrics
 from .backends import gpu_present, load_backend, sim_board
-from .limits import DEFAULT_MAX_HANDLES, Limits, give_back_memory, parse_size
+from .limits import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_MAX_HANDLES, Limits, give_back_memory, parse_size
 
 log = logging.getLogger("xpuremote.server")
 WORKER_START_TIMEOUT_S = 30.0
@@ -54,7 +54,6 @@ DAEMON_MAX_MESSAGE = 1 << 20
 DAEMON_MAX_FRAMES = 1
 DEFAULT_MAX_CLIENTS = 64  # each session is a worker process (~30 MB of host memory on the sim)
 DEFAULT_MAX_PENDING_PER_PEER = 8
-DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
 
 @dataclass

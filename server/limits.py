@@ -33,6 +33,7 @@ from .backends.base import Backend, Inventory
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 GRANULE = 512  # what the driver aligns each allocation to: a 1-byte allocation costs this much
 DEFAULT_MAX_HANDLES = 1 << 16  # of each kind (allocations, streams, events, modules, descriptors...)
+DEFAULT_CONNECT_TIMEOUT_S = 10.0  # a session's client has this long to connect after its hello
 # attribute values that are device addresses: cuDNN's VOID_PTR arrays (a variant pack's data), and
 # cuBLASLt's matmul descriptor pointers (bias, scales, epilogue auxiliaries)
 _DNN, _LT = mathlibs.api(mathlibs.CUDNN).ENUMS, mathlibs.api(mathlibs.CUBLASLT).ENUMS

@@ -36,7 +36,7 @@ from . import auth, metrics
 from .backends import load_backend
 from .backends.base import Backend
 from .gpu_timer import GpuTimer, is_gpu_work
-from .limits import DEFAULT_MAX_HANDLES, Accounted, Limits, give_back_memory, parse_size
+from .limits import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_MAX_HANDLES, Accounted, Limits, give_back_memory, parse_size
 
 log = logging.getLogger("xpuremote.worker")
 
@@ -275,8 +275,8 @@ def _name_of(item: Any) -> str:
 
 
 # ---- the process ------------------------------------------------------------------------
-def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = 10.0, limits: Limits | None = None,
-          keys: auth.ServerKeys | None = None, client_key: str = "") -> int:
+def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+          limits: Limits | None = None, keys: auth.ServerKeys | None = None, client_key: str = "") -> int:
     backend = Accounted(load_backend(backend_name), limits or Limits())
     session = Session(backend, secrets.token_bytes(wire.KEY_BYTES), session_id)
     session.limits = backend.limits
@@ -297,7 +297,7 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_MONITOR_STOPPED)
     endpoint = _bind(sock, bind, session_id)
     print(f"endpoint {endpoint} {session.key.hex()}", flush=True)  # to the daemon's pipe only
-    watchdog = Watchdog(monitor, session, session_id)
+    watchdog = Watchdog(monitor, session)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     sock.setsockopt(zmq.RCVTIMEO, 100)
@@ -353,9 +353,9 @@ class Watchdog(threading.Thread):
     POLL_MS = 500
     EXIT_GRACE_S = 2.0
 
-    def __init__(self, monitor: zmq.Socket, session: Session, session_id: str) -> None:
+    def __init__(self, monitor: zmq.Socket, session: Session) -> None:
         super().__init__(name="xpu-watchdog", daemon=True)
-        self.monitor, self.session, self.session_id = monitor, session, session_id
+        self.monitor, self.session = monitor, session
         self.parent = os.getppid()
         self.connected = threading.Event()  # a connection was accepted: the client is on its way
         self.finished = threading.Event()  # the main thread has left its loop
@@ -372,7 +372,7 @@ class Watchdog(threading.Thread):
 
     def exit_now(self) -> None:
         try:
-            log.warning("session %s: %s while a call was running; exiting now", self.session_id, self.gone)
+            log.warning("session %s: %s while a call was running; exiting now", self.session.name, self.gone)
             _report(self.session, None)  # the daemon's session_end line gets the last counters
             logging.shutdown()
         finally:  # whatever the reports meet (a daemon that is gone has closed our stdout pipe's other end)
@@ -562,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="live allocations, streams, events, modules, ... of each kind (0: no limit)")
     parser.add_argument("--key", help="the server's secret key file: CURVE on")
     parser.add_argument("--client-key", default="", help="z85 public key of the only client admitted (with --key)")
-    parser.add_argument("--connect-timeout", type=float, default=10.0,
+    parser.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
                         help="seconds the client has to connect after its hello; then the session ends")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("XPU_LOG", "INFO").upper(), stream=sys.stderr,
