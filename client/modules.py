@@ -248,6 +248,8 @@ def cu_kernel_get_library(d: Driver, call: Call, args: list[Any]) -> None:
 @implements("cuKernelGetName", "cuFuncGetName")
 def cu_kernel_get_name(d: Driver, call: Call, args: list[Any]) -> None:
     address, handle = args
+    if not address or not handle:  # documented: either NULL is CUDA_ERROR_INVALID_VALUE, not a bad handle
+        raise CudaError(errors.INVALID_VALUE)
     marshal.put_u64(address, c_string(function(d, handle).kernel.name))
 
 

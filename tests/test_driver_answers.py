@@ -73,6 +73,14 @@ def test_the_private_tables(record: dict[str, Any]) -> None:
     assert list(record["from_logs"]["slots"]) == ["cudart[9]"]
 
 
+@pytest.mark.parametrize("fn", ["cuKernelGetName", "cuFuncGetName"])
+def test_null_name_or_handle_is_invalid_value(record: dict[str, Any], fn: str) -> None:
+    """The driver API documents CUDA_ERROR_INVALID_VALUE for either NULL (the shim said 400, INVALID_HANDLE)."""
+    edges = record["sides"]["shim"]["answers"]["edge"]
+    assert edges[f"{fn}(&name, NULL)"] == {"status": errors.INVALID_VALUE, "value": None}
+    assert edges[f"{fn}(NULL, NULL)"]["status"] == errors.INVALID_VALUE
+
+
 def test_without_a_driver_the_record_says_so(record: dict[str, Any]) -> None:
     if record["sides"]["real"]["present"]:
         pytest.skip("this machine has a CUDA driver")
