@@ -13,7 +13,7 @@ BUILD  := build
 TORCH_VENV  := .venv-torch
 TORCH_STAMP := $(TORCH_VENV)/.installed
 
-.PHONY: setup shim torch demo test lint check-generated bench clean
+.PHONY: setup shim torch demo test lint check-generated bench gpu-bundle gpu-check clean
 
 setup: $(STAMP)
 
@@ -60,6 +60,31 @@ test: lint check-generated shim torch
 bench: shim torch
 	$(PY) bench/foundation.py --out bench/results/foundation-sim.json
 	$(PY) bench/mathlibs.py --out bench/results/mathlibs-sim.json
+
+# The GPU check (docs/gpu-check.md). `make gpu-bundle` here, with the package index: what a GPU
+# machine without network lacks, into $(GPU_BUNDLE). `make gpu-check OUT=dir` there: install it,
+# build the shim, run the stages (STAGES=1,2,3,4,5) against a GPU; BACKEND=sim runs them here on
+# the sim (the dry run CI does), with this project's venvs.
+GPU_BUNDLE  ?= gpu-bundle
+BACKEND     ?= cuda
+STAGES      ?= 1,2,3,4,5
+# a local Python of the GPU machine's version, whose headers and libpython the bundle carries
+BUNDLE_PYTHON ?= python3.12
+ifeq ($(BACKEND),sim)
+GPU_PYTHON  ?= $(PY)
+GPU_DEPS    := setup torch
+GPU_TORCH   := --torch-python $(TORCH_VENV)/bin/python
+else
+GPU_PYTHON  ?= python3
+endif
+
+gpu-bundle: setup
+	$(PY) bench/gpu_check.py bundle --out $(GPU_BUNDLE) --headers-from "$$(command -v $(BUNDLE_PYTHON))"
+
+gpu-check: $(GPU_DEPS)
+	@test -n "$(OUT)" || { echo "make gpu-check OUT=dir [BACKEND=cuda|sim] [STAGES=1,2,3,4,5]"; exit 2; }
+	$(GPU_PYTHON) bench/gpu_check.py run --bundle $(GPU_BUNDLE) --out $(OUT) --backend $(BACKEND) \
+		--stages $(STAGES) --python $(GPU_PYTHON) $(GPU_TORCH)
 
 clean:
 	rm -rf $(BUILD) .pytest_cache

@@ -1,9 +1,9 @@
-"""Foundation benchmark: what the shim costs over the bare transport, on the sim backend.
+"""Foundation benchmark: what the shim costs over the bare transport, on the sim backend (or a GPU).
 
     python bench/foundation.py [--out bench/results/foundation-sim.json] [--quick] [--profile DIR]
-                               [--curve off|on|both]
+                               [--curve off|on|both] [--backend sim|cuda]
 
-Starts its own `xpu-server --backend sim` and a raw pyzmq echo server on loopback, and two
+Starts its own `xpu-server --backend sim` (or cuda) and a raw pyzmq echo server on loopback, and two
 long-lived agent processes:
 
   shim agent  Python with the shim preloaded (LD_PRELOAD, LD_LIBRARY_PATH, XPU_SERVER, as
@@ -454,14 +454,14 @@ def clean_env(keys: dict[str, str] | None = None) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in drop}, **(keys or {})}
 
 
-def start_sim_server(log_path: Path, keys: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(log_path: Path, backend: str, keys: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     address = f"tcp://127.0.0.1:{free_port()}"
     env = {**clean_env(), "XPU_LOG": "INFO"}
     curve = ["--key", f"{keys['XPU_BENCH_KEYS']}/server.key_secret", "--allowed-keys",
              f"{keys['XPU_BENCH_KEYS']}/allowed"] if keys else []
     with open(log_path, "w") as log:  # the server keeps its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-m", "xpuremote.server.daemon", "--listen", address,
-                                 "--backend", "sim", *curve], stderr=log, env=env)
+                                 "--backend", backend, *curve], stderr=log, env=env)
     deadline = time.monotonic() + 30
     while "ready" not in log_path.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -590,7 +590,7 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
     procs: list[subprocess.Popen] = []
     agents: list[Agent] = []
     try:
-        server, address = start_sim_server(tmp / "server.log", keys)
+        server, address = start_server(tmp / "server.log", args.backend, keys)
         procs.append(server)
         echo, endpoint = start_echo_server(keys)
         procs.append(echo)
@@ -735,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--bulk-repeats", type=int, default=11)
     parser.add_argument("--quick", action="store_true", help="small counts, for a smoke test")
+    parser.add_argument("--backend", choices=["sim", "cuda"], default="sim", help="the xpu-server's (default sim)")
     parser.add_argument("--profile", metavar="DIR", help="also profile each phase; .pstats files go here")
     parser.add_argument("--curve", choices=["off", "on", "both"], default="off",
                         help="encrypt every connection with CURVE; both: a run without, then one with")
@@ -759,9 +760,9 @@ def main(argv: list[str] | None = None) -> int:
         md = table(rows)
         share = results["server_us_per_call"]
         title = f"CURVE {'on' if curve else 'off'}"
-        print(f"\n## {title}\n\n{md}\n\nserver share (in-process worker.Session, no transport): "
+        print(f"\n## {title}\n\n{md}\n\nserver share (in-process worker.Session on the sim, no transport): "
               f"sync {share['sync']:.2f} µs/call, async {share['async']:.2f} µs/call")
-        sections.append(f"## {title}\n\n{md}\n\nServer share (worker.Session in-process, no transport): "
+        sections.append(f"## {title}\n\n{md}\n\nServer share (worker.Session in-process on the sim, no transport): "
                         f"sync {share['sync']:.2f} µs/call, async {share['async']:.2f} µs/call.")
         docs[title] = {"figures": rows, "server_us_per_call": share, "samples": results["samples"],
                        "verified": results["verified"]}
@@ -785,7 +786,7 @@ def main(argv: list[str] | None = None) -> int:
         m = info
         body = sections[0].split("\n\n", 1)[1] if len(sections) == 1 else "\n\n".join(sections)
         out.with_suffix(".md").write_text(
-            f"# Foundation benchmark (sim backend)\n\n`{command}`\n\n"
+            f"# Foundation benchmark ({args.backend} backend)\n\n`{command}`\n\n"
             f"Machine: {m['cores']} cores, {m['cpu']}, {m['system']}; Python {m['python']}, "
             f"pyzmq {m['pyzmq']} (libzmq {m['libzmq']}), msgpack {m['msgpack']}. "
             f"Medians of {args.repeats} repeats ({args.bulk_repeats} for copies), the two agents "

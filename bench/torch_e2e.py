@@ -205,12 +205,13 @@ def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP) -> 
 
 # ---- the comparison ---------------------------------------------------------------------------------
 def measure(name: str, steps: int, remote: bool, server: str | None, timeout_s: float,
-            size: str = "full") -> dict[str, Any]:
-    me = [sys.executable, str(Path(__file__).resolve()), "--run", name, "--steps", str(steps), "--size", size]
+            size: str = "full", warmup: int = WARMUP, backend: str = "cuda") -> dict[str, Any]:
+    me = [sys.executable, str(Path(__file__).resolve()), "--run", name, "--steps", str(steps), "--size", size,
+          "--warmup", str(warmup)]
     cmd = me
     if remote:
         cmd = [sys.executable, "-m", "xpuremote.interpose.run", *(["--server", server] if server else []),
-               "--backend", "cuda", "--", *me]
+               "--backend", backend, "--", *me]
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     wall = time.perf_counter() - started
@@ -221,7 +222,9 @@ def measure(name: str, steps: int, remote: bool, server: str | None, timeout_s: 
 
 
 def _said(run: dict[str, Any]) -> str:
-    return f"{run['median_ms']:.2f} ms/step" if "median_ms" in run else "error: " + run["error"].splitlines()[-1]
+    if "median_ms" in run:
+        return f"{run['median_ms']:.2f} ms/step"
+    return run.get("skipped") or "error: " + (run["error"].splitlines() or [""])[-1]
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -229,8 +232,8 @@ def markdown(report: dict[str, Any]) -> str:
             "|---|---|---|---|---|"]
     for r in report["results"]:
         n, x = r["native"], r["remote"]
-        if "error" in n or "error" in x:
-            why = (n.get("error") or x.get("error") or "").splitlines()[-1:] or [""]
+        if "median_ms" not in n or "median_ms" not in x:
+            why = (x.get("error") or n.get("error") or n.get("skipped") or "").splitlines()[-1:] or [""]
             rows.append(f"| {r['workload']} | {n.get('median_ms', '-')} | {x.get('median_ms', '-')} | - | "
                         f"error: {why[0][:120]} |")
             continue
@@ -251,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     parser.add_argument("--size", choices=sorted(SIZES), default="full")
     parser.add_argument("--warmup", type=int, default=WARMUP)
+    parser.add_argument("--backend", choices=["cuda", "sim"], default="cuda",
+                        help="of the local server; sim: no native run (no GPU), and set XPU_SIM_SKIP_KERNELS=1")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # one workload in this process
     args = parser.parse_args(argv)
     if args.run:  # one or more workloads, one after the other in this process: a JSON line each
@@ -261,13 +266,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out DIR is required")
     results = []
     for name in filter(None, args.workloads.split(",")):
-        native = measure(name, args.steps, False, None, args.timeout, args.size)
-        remote = measure(name, args.steps, True, args.server, args.timeout, args.size)
+        native = (measure(name, args.steps, False, None, args.timeout, args.size, args.warmup)
+                  if args.backend == "cuda" else {"workload": name, "skipped": "no GPU: the sim backend"})
+        remote = measure(name, args.steps, True, args.server, args.timeout, args.size, args.warmup, args.backend)
         results.append({"workload": name, "native": native, "remote": remote})
         print(f"{name}: native {_said(native)}, xpuremote {_said(remote)}", file=sys.stderr)
     report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv),
               "machine": f"{platform.node()} {platform.platform()} {os.cpu_count()} cpus",
-              "server": args.server or "local xpu-server --backend cuda", "steps": args.steps, "results": results}
+              "server": args.server or f"local xpu-server --backend {args.backend}", "steps": args.steps,
+              "results": results}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "torch_e2e.json").write_text(json.dumps(report, indent=1))
     (args.out / "torch_e2e.md").write_text(markdown(report))

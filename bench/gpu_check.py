@@ -1,0 +1,636 @@
+"""One prepared command that proves xpuremote on a GPU machine, and its dry run anywhere.
+
+    python bench/gpu_check.py bundle --out gpu-bundle [--python-version 3.12] [--headers-from PYTHON]
+    python bench/gpu_check.py run --bundle gpu-bundle --out DIR [--backend cuda|sim] [--stages 1,2,3,4,5]
+                                  [--torch-python PYTHON]
+
+`make gpu-bundle` and `make gpu-check OUT=DIR [BACKEND=sim] [STAGES=...]` call these; docs/gpu-check.md
+says how to run them by hand and what each output means.
+
+bundle (here, with the package index): the project's wheel and the wheels it needs (pyzmq, cffi,
+msgpack, ...) for the GPU machine's Python and for this one, NVIDIA's runtime wheels the tests pin,
+and, taken from a local Python of that version if there is one, its headers and libpython, which
+the shim's build needs where the GPU machine's Python lacks them. A hash of the project's source
+says which tree it was made from.
+
+run (there, no network): installs the bundle into build/gpu-check/site (pip --no-index --target),
+builds the shim, then runs the chosen stages, each under a time limit of its own:
+
+  1 suite     pytest with XPU_TEST_BACKEND=cuda (the tests that make sense on a GPU, real kernels);
+              with --backend sim, where CI has just run the suite, it only collects that selection
+  2 programs  NVIDIA's runtimes, cuda-python, an nvcc-built program and the stock PyTorch, through
+              `xpu-run` against a local `xpu-server` over loopback TCP, and natively beside them
+  3 bench     bench/foundation.py, and bench/torch_e2e.py (native vs through xpuremote)
+  4 perf      `xpu-perf validate` on two PyTorch workloads (predicted vs emulated links)
+  5 answers   bench/driver_answers.py: what the real driver answers beside the shim's answers
+
+and writes DIR/gpu-check.json (everything), DIR/gpu-check.md (the summary) and DIR/gpu-check.log
+(each command's output). Exit status 0 when every chosen stage passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ("protocol", "client", "server", "interpose", "perfmodel", "pyproject.toml")
+WORK = ROOT / "build" / "gpu-check"
+# pip's names for the platforms of x86-64 Linux wheels, newest first (pip matches each exactly)
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)] + ["manylinux2014_x86_64",
+                                                                                   "manylinux1_x86_64", "any"]
+LOG_TAIL = 200_000  # characters of each command's output kept in gpu-check.log
+SIM_KERNELS = ("examples/sim_kernels.py", "tests/sim_kernels.py", "tests/torch_sim_kernels.py")
+
+
+# ---- running commands -------------------------------------------------------------------------------
+@dataclass
+class Context:
+    backend: str
+    python: str
+    torch_python: str
+    bundle: Path
+    out: Path
+    log: TextIO
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def gpu(self) -> bool:
+        return self.backend == "cuda"
+
+    def run(self, name: str, cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+        """`cmd` in its own process group (killed whole at the end: servers it started go too)."""
+        started = time.monotonic()
+        self.log.write(f"\n===== {name}: {shlex.join(cmd)}\n")
+        self.log.flush()
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env or self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+            rc: int | None = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            rc = None
+        _kill_group(proc.pid)
+        text = output.decode(errors="replace") + (f"\n(killed after {timeout:.0f} s)" if rc is None else "")
+        self.log.write(text[-LOG_TAIL:] + f"\n===== {name}: exit {rc}, {time.monotonic() - started:.1f} s\n")
+        self.log.flush()
+        return {"name": name, "command": shlex.join(cmd), "rc": rc, "seconds": round(time.monotonic() - started, 1),
+                "output": text}
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _brief(step: dict[str, Any], lines: int = 25) -> dict[str, Any]:
+    """A step as the JSON keeps it: the end of its output only (the log has more)."""
+    return {**{k: v for k, v in step.items() if k != "output"},
+            "tail": "\n".join(step["output"].strip().splitlines()[-lines:])}
+
+
+def _query(python: str, code: str, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _built(path: Path) -> bool:
+    return "__pycache__" in path.parts or path.suffix in (".so", ".o", ".pyc")
+
+
+def source_hash() -> str:
+    """The project's source as one hash: which tree a bundle was made from."""
+    h = hashlib.sha256()
+    for top in SOURCES:
+        path = ROOT / top
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not _built(p))
+        for f in files:
+            h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+# ---- the bundle (made here, with the package index) ---------------------------------------------------
+def _pins() -> list[str]:
+    """NVIDIA's runtime wheels as the test extra pins them (pyproject.toml says them once)."""
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    return [r for r in extras["test"] if r.startswith("nvidia-cuda-runtime")]
+
+
+def _pip_download(wheels: Path, version: str, requirements: list[str]) -> None:
+    platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version",
+                    version, "--implementation", "cp", *platforms, "-d", str(wheels), *requirements], check=True)
+
+
+def _python_files(python: str) -> tuple[Path, Path] | None:
+    """A Python's header folder and its libpython, where both exist."""
+    code = ("import sysconfig as s, os; print(s.get_paths()['include']); "
+            "print(os.path.join(s.get_config_var('LIBDIR') or '', s.get_config_var('INSTSONAME') or ''))")
+    found = _query(python, code).splitlines()
+    if len(found) != 2 or not (Path(found[0]) / "Python.h").is_file() or not Path(found[1]).is_file():
+        return None
+    return Path(found[0]), Path(found[1])
+
+
+def bundle(out: Path, version: str, headers_from: str | None) -> int:
+    if out.exists():
+        shutil.rmtree(out)
+    wheels = out / "wheels"
+    wheels.mkdir(parents=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(wheels), str(ROOT)],
+                   check=True)
+    project = next(wheels.glob("xpuremote-*.whl"))
+    here = sysconfig.get_python_version()
+    for v in dict.fromkeys([version, here]):  # the GPU machine's Python, and this one's for the dry run
+        _pip_download(wheels, v, [str(project), *_pins()])
+    notes = {"source": source_hash(), "python_version": version, "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+             "wheels": sorted(p.name for p in wheels.iterdir()), "python_files": None}
+    files = _python_files(headers_from) if headers_from else None
+    if files and _query(headers_from, "import sysconfig; print(sysconfig.get_python_version())") == version:
+        include, lib = files
+        with tarfile.open(out / f"python{version}.tar.xz", "w:xz") as tar:
+            tar.add(include, arcname=f"include/{include.name}")
+            tar.add(lib, arcname=f"lib/{lib.name}")
+        notes["python_files"] = f"python{version}.tar.xz: headers and {lib.name} of {headers_from}"
+    else:
+        print(f"gpu-bundle: no Python {version} with headers and libpython given (--headers-from): the GPU "
+              f"machine's own python{version}-dev must provide them", file=sys.stderr)
+    (out / "bundle.json").write_text(json.dumps(notes, indent=1) + "\n")
+    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+    print(f"{out}: {len(notes['wheels'])} wheels, {size / 2**20:.1f} MiB, source {notes['source']}")
+    return 0
+
+
+# ---- set-up on the machine: facts, install, the shim ---------------------------------------------------
+FACTS = """import json, os, sys, sysconfig, shutil
+lib = os.path.join(sysconfig.get_config_var('LIBDIR') or '', sysconfig.get_config_var('INSTSONAME') or '')
+print(json.dumps({'python': sys.version.split()[0], 'executable': sys.executable,
+  'shared_libpython': bool(sysconfig.get_config_var('Py_ENABLE_SHARED')), 'libpython': os.path.isfile(lib),
+  'headers': os.path.isfile(os.path.join(sysconfig.get_paths()['include'], 'Python.h')),
+  'gcc': shutil.which('gcc'), 'nvcc': shutil.which('nvcc'), 'nvidia_smi': shutil.which('nvidia-smi')}))"""
+
+
+def _command_line(cmd: list[str]) -> str:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"({exc})"
+    return (proc.stdout or proc.stderr).strip()
+
+
+def environment(ctx: Context) -> dict[str, Any]:
+    facts = json.loads(_query(ctx.python, FACTS) or "{}")
+    facts["machine"] = f"{platform.node()}, {platform.platform()}, {os.cpu_count()} cpus"
+    if facts.get("nvidia_smi"):
+        facts["gpus"] = _command_line(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap",
+                                       "--format=csv,noheader"]).splitlines()
+    if facts.get("nvcc"):
+        facts["nvcc_version"] = _command_line(["nvcc", "--version"]).splitlines()[-1:]
+    facts["torch"] = _query(ctx.torch_python, "import torch; print(torch.__version__, torch.version.cuda)")
+    return facts
+
+
+def setup(ctx: Context, facts: dict[str, Any]) -> dict[str, Any]:
+    """Install the bundle (no network), fall back on its Python files where needed, build the shim."""
+    notes = json.loads((ctx.bundle / "bundle.json").read_text())
+    if notes["source"] != source_hash():
+        return {"ok": False, "why": f"the bundle was made from another tree (source {notes['source']}, this tree "
+                                    f"{source_hash()}): run `make gpu-bundle` again"}
+    site, shim = WORK / "site", WORK / "shim"
+    shutil.rmtree(site, ignore_errors=True)
+    steps = [ctx.run("install", [ctx.python, "-m", "pip", "install", "--quiet", "--no-index", "--no-compile",
+                                 "--find-links", str(ctx.bundle / "wheels"), "--target", str(site), "xpuremote",
+                                 *_pins_from(notes)], 300)]
+    ctx.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    ctx.env["XPU_SHIM_DIR"] = str(shim)
+    fallback = _python_fallback(ctx, facts)
+    steps.append(ctx.run("build the shim", [ctx.python, "-m", "xpuremote.interpose.build"], 300))
+    ok = all(s["rc"] == 0 for s in steps)
+    return {"ok": ok, "bundle": notes, "python_files": fallback, "steps": [_brief(s) for s in steps]}
+
+
+def _pins_from(notes: dict[str, Any]) -> list[str]:
+    """The runtime wheels in the bundle, by name (the bundle lists what it holds)."""
+    names = {re.sub(r"-\d.*", "", w).replace("_", "-") for w in notes["wheels"]}
+    return sorted(n for n in names if n.startswith("nvidia-cuda-runtime"))
+
+
+def _python_fallback(ctx: Context, facts: dict[str, Any]) -> str:
+    if facts.get("headers") and facts.get("libpython"):
+        return "the machine's own"
+    archive = next(ctx.bundle.glob("python*.tar.xz"), None)
+    if archive is None:
+        return "missing, and the bundle has none: the shim will not build"
+    target = WORK / "python"
+    shutil.rmtree(target, ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        tar.extractall(target, filter="data")
+    lib = target / "lib"
+    real = next(lib.glob("libpython*.so*"))
+    unversioned = lib / re.sub(r"\.so.*", ".so", real.name)  # what the linker's -lpythonX.Y looks for
+    if not unversioned.exists():
+        unversioned.symlink_to(real.name)
+    include = next((target / "include").iterdir())
+    for var, value in (("C_INCLUDE_PATH", include), ("LIBRARY_PATH", lib), ("LD_LIBRARY_PATH", lib)):
+        ctx.env[var] = os.pathsep.join(filter(None, [str(value), ctx.env.get(var)]))
+    return f"from the bundle ({archive.name})"
+
+
+# ---- stage 1: the test suite ----------------------------------------------------------------------
+def stage_suite(ctx: Context) -> dict[str, Any]:
+    env = {**ctx.env, "XPU_TEST_BACKEND": "cuda"}
+    select = ["-m", "pytest", "-m", "not sim_only", "-p", "no:cacheprovider"]
+    if not ctx.gpu:  # CI has just run the whole suite on the sim: check that the GPU's selection collects
+        step = ctx.run("collect the GPU selection", [ctx.python, *select, "--collect-only", "-q"], 300, env)
+        counts = _pytest_counts(step["output"])
+        return {"ok": step["rc"] == 0 and counts.get("collected", 0) > 0, "counts": counts, "steps": [_brief(step)]}
+    junit = WORK / "suite.xml"
+    xdist = _query(ctx.python, "import xdist; print(1)") == "1"
+    workers = ["-n", str(min(8, os.cpu_count() or 1))] if xdist else []
+    step = ctx.run("pytest", [ctx.python, *select, "-q", "-rfE", *workers, f"--junitxml={junit}"], 540, env)
+    counts = _pytest_counts(step["output"])
+    failures = _junit_failures(junit)
+    return {"ok": step["rc"] == 0, "counts": counts, "failures": failures, "steps": [_brief(step, 60)]}
+
+
+def _pytest_counts(output: str) -> dict[str, int]:
+    last = next((line for line in reversed(output.splitlines()) if re.search(r"\d+ (passed|failed|collected|"
+                                                                              r"error|tests? collected)", line)), "")
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", last)}
+    if "tests" in counts or "test" in counts:  # "N tests collected" / "N/M tests collected"
+        counts["collected"] = counts.pop("tests", counts.pop("test", 0))
+    return counts
+
+
+def _junit_failures(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        return []
+    failures = []
+    for case in ET.parse(path).iter("testcase"):
+        for bad in (*case.iter("failure"), *case.iter("error")):
+            failures.append({"test": f"{case.get('classname')}::{case.get('name')}",
+                             "message": (bad.get("message") or "")[:400]})
+    return failures
+
+
+# ---- stage 2: programs through xpu-run, and natively ---------------------------------------------------
+@dataclass
+class Program:
+    name: str
+    argv: list[str]
+    verdict: Callable[[dict[str, Any]], str | None]  # None: passed; else why not
+
+
+def _exit_ok(step: dict[str, Any]) -> str | None:
+    return None if step["rc"] == 0 else f"exit {step['rc']}: {_last_line(step)}"
+
+
+def _last_line(step: dict[str, Any]) -> str:
+    lines = step["output"].strip().splitlines()
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def _json_checks(step: dict[str, Any]) -> str | None:
+    """The torch_*_check.py programs: one JSON line of check -> largest difference (or the error)."""
+    if step["rc"] != 0:
+        return _exit_ok(step)
+    try:
+        results = json.loads(step["output"].strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return f"no JSON line: {_last_line(step)}"
+    errors = [k for k, v in results.items() if isinstance(v, str)]
+    return f"errors in {', '.join(errors)}" if errors else None
+
+
+def _checks_of(step: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        return json.loads(step["output"].strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return None
+
+
+def programs(ctx: Context) -> list[Program]:
+    tests = str(ROOT / "tests" / "programs")
+    found = _toolchain(ctx, "cudart_path(12)", "cudart_path(13)")
+    progs = []
+    for major, lib in zip((12, 13), found + ["None"] * (2 - len(found))):
+        for sub in ("properties", "roundtrip", "stream"):
+            if lib != "None":
+                progs.append(Program(f"cudart{major} {sub}", [ctx.python, f"{tests}/cudart_check.py", lib, sub],
+                                     _exit_ok))
+    progs.append(Program("cuda-python", [ctx.python, f"{tests}/cuda_python_check.py"], _exit_ok))
+    vector_add = _build_vector_add(ctx)
+    if vector_add:
+        progs.append(Program("vector_add (nvcc)", [vector_add], _exit_ok))
+    progs.append(Program("torch: memory, copies, streams", [ctx.torch_python, f"{tests}/torch_check.py"], _exit_ok))
+    for name in ("torch_math_check", "torch_train_check"):
+        progs.append(Program(f"torch: {name}", [ctx.torch_python, f"{tests}/{name}.py"], _json_checks))
+    return progs
+
+
+def _toolchain(ctx: Context, *calls: str) -> list[str]:
+    """What tests/toolchain.py finds, asked of the checks' Python with the bundle installed."""
+    code = "import sys; sys.path.insert(0, 'tests'); import toolchain as t; " + "; ".join(
+        f"print(t.{c})" for c in calls)
+    return _query(ctx.python, code, ctx.env).splitlines()
+
+
+def _build_vector_add(ctx: Context) -> str | None:
+    nvcc, lib = (_toolchain(ctx, "nvcc_path()", "nvcc_lib_dir()") + ["None", "None"])[:2]
+    if nvcc == "None":
+        return None
+    out = WORK / "vector_add"
+    arch = f"sm_{_compute_capability(ctx)}"
+    step = ctx.run("nvcc vector_add", [nvcc, f"-arch={arch}", *([f"-L{lib}"] if lib != "None" else []), "-o",
+                                       str(out), str(ROOT / "examples" / "vector_add.cu")], 300)
+    return str(out) if step["rc"] == 0 else None
+
+
+def _compute_capability(ctx: Context) -> str:
+    if ctx.gpu:
+        cap = _command_line(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]).splitlines()
+        if cap and re.fullmatch(r"\d+\.\d+", cap[0].strip()):
+            return cap[0].strip().replace(".", "")
+    return "90"  # the sim reports an H100's compute capability
+
+
+def start_server(ctx: Context, name: str, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    log = open(WORK / f"server-{name}.log", "w")  # noqa: SIM115 - the server keeps the descriptor
+    env = {**ctx.env, "XPU_LOG": "INFO", **(extra_env or {})}
+    if not ctx.gpu:
+        env["XPU_SIM_KERNELS"] = ",".join(str(ROOT / k) for k in SIM_KERNELS)
+    proc = subprocess.Popen([ctx.python, "-m", "xpuremote.server.daemon", "--listen", address, "--backend",
+                             ctx.backend], stderr=log, env=env, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while "ready" not in (WORK / f"server-{name}.log").read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"xpu-server did not start: {(WORK / f'server-{name}.log').read_text()[-2000:]}")
+        time.sleep(0.1)
+    return proc, address
+
+
+def stage_programs(ctx: Context) -> dict[str, Any]:
+    server, address = start_server(ctx, "programs")
+    rows, steps = [], []
+    try:
+        for prog in programs(ctx):
+            remote = ctx.run(f"{prog.name} via xpu-run", [ctx.python, "-m", "xpuremote.interpose.run", "--server",
+                                                          address, "--", *prog.argv], 240)
+            (WORK / "programs").mkdir(exist_ok=True)
+            (WORK / "programs" / f"{re.sub(r'[^a-z0-9]+', '-', prog.name.lower())}.log").write_text(remote["output"])
+            row = {"program": prog.name, "xpuremote": prog.verdict(remote) or "pass", "xpuremote_s": remote["seconds"],
+                   "xpuremote_checks": _checks_of(remote) if prog.verdict is _json_checks else None}
+            steps.append(remote)
+            if ctx.gpu:
+                native = ctx.run(f"{prog.name} natively", prog.argv, 240)
+                row |= {"native": prog.verdict(native) or "pass", "native_s": native["seconds"],
+                        "native_checks": _checks_of(native) if prog.verdict is _json_checks else None}
+                steps.append(native)
+            rows.append(row)
+    finally:
+        _kill_group(server.pid)
+    ok = bool(rows) and all(r["xpuremote"] == "pass" for r in rows)
+    return {"ok": ok, "server": f"xpu-server --backend {ctx.backend} at {address}", "programs": rows,
+            "steps": [_brief(s, 8) for s in steps]}
+
+
+# ---- stage 3: benchmarks -------------------------------------------------------------------------------
+E2E = ("mlp_train", "cnn_train_fp32", "cnn_train_amp", "gpt2_step_bf16", "cnn_infer_b1", "cnn_infer_b32",
+       "mlp_compile_graph", "gpt2_generate")
+SIM_E2E = ("mlp_train", "cnn_infer_b1")  # the sim runs PyTorch with its kernels skipped, at toy sizes
+SIM_TORCH = {"XPU_SIM_SKIP_KERNELS": "1"}
+
+
+def stage_bench(ctx: Context) -> dict[str, Any]:
+    budget = time.monotonic() + 540
+    out = WORK / "bench"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    quick = [] if ctx.gpu else ["--quick"]
+    steps = [ctx.run("foundation", [ctx.python, "bench/foundation.py", "--backend", ctx.backend, *quick,
+                                    "--out", str(out / "foundation.json")], 240)]
+    foundation = _read_json(out / "foundation.json")
+    e2e, env = [], {**ctx.env, **({} if ctx.gpu else SIM_TORCH)}
+    size = [] if ctx.gpu else ["--size", "small", "--steps", "2", "--warmup", "1"]
+    for workload in E2E if ctx.gpu else SIM_E2E:
+        if time.monotonic() > budget - 60:
+            e2e.append({"workload": workload, "not run": "the stage's time ran out"})
+            continue
+        folder = out / workload
+        steps.append(ctx.run(f"torch_e2e {workload}", [ctx.torch_python, "bench/torch_e2e.py", "--backend",
+                                                       ctx.backend, "--workloads", workload, "--timeout", "200",
+                                                       *size, "--out", str(folder)], 420, env))
+        e2e += _read_json(folder / "torch_e2e.json").get("results", [{"workload": workload, "not run": "no result"}])
+    ok = steps[0]["rc"] == 0 and bool(foundation) and all(
+        "error" not in r.get("remote", {"error": 1}) and (not ctx.gpu or "error" not in r.get("native", {}))
+        for r in e2e)
+    return {"ok": ok, "foundation": foundation, "torch_e2e": e2e, "steps": [_brief(s, 12) for s in steps]}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+# ---- stage 4: xpu-perf validate -------------------------------------------------------------------------
+def stage_perf(ctx: Context) -> dict[str, Any]:
+    grid = ["--rtt-us", "0,200,1000", "--gbps", "0,10"] if ctx.gpu else ["--rtt-us", "0,200", "--gbps", "0"]
+    size = ["--steps", "20"] if ctx.gpu else ["--steps", "2", "--warmup", "1", "--size", "small"]
+    env = {**ctx.env, **({} if ctx.gpu else SIM_TORCH)}
+    results, steps = [], []
+    for workload in ("mlp_train", "cnn_infer_b1"):
+        step = ctx.run(f"xpu-perf validate {workload}", [
+            ctx.python, "-m", "xpuremote.perfmodel.cli", "validate", "--backend", ctx.backend, "--repeat", "1",
+            *grid, "--json", "--", ctx.torch_python, "bench/torch_e2e.py", "--run", workload, *size], 280, env)
+        steps.append(step)
+        result = _last_json(step["output"]) if step["rc"] == 0 else None
+        results.append({"workload": workload, **(result or {"error": _last_line(step)})})
+    ok = all("error" not in r for r in results)
+    return {"ok": ok, "validations": results, "steps": [_brief(s, 12) for s in steps]}
+
+
+def _last_json(output: str) -> dict[str, Any] | None:
+    for line in reversed(output.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                return None
+    return None
+
+
+# ---- stage 5: the driver's answers beside the shim's ---------------------------------------------------
+def stage_answers(ctx: Context) -> dict[str, Any]:
+    record = WORK / "answers.json"
+    logs = sorted(str(p) for p in (WORK / "programs").glob("torch*.log")) if (WORK / "programs").is_dir() else []
+    step = ctx.run("driver answers", [ctx.python, "bench/driver_answers.py", "--backend", ctx.backend, "--out",
+                                      str(record), *[a for log in logs for a in ("--tables-log", log)]], 300)
+    answers = _read_json(record)
+    text = record.with_suffix(".md").read_text() if record.with_suffix(".md").is_file() else ""
+    return {"ok": step["rc"] == 0 and bool(answers), "answers": answers, "markdown": text,
+            "steps": [_brief(step, 12)]}
+
+
+STAGES: dict[str, Callable[[Context], dict[str, Any]]] = {
+    "1": stage_suite, "2": stage_programs, "3": stage_bench, "4": stage_perf, "5": stage_answers}
+STAGE_NAMES = {"1": "suite", "2": "programs", "3": "bench", "4": "perf", "5": "answers"}
+
+
+# ---- the report --------------------------------------------------------------------------------------
+def markdown(report: dict[str, Any]) -> str:
+    env = report["environment"]
+    lines = [f"# xpuremote GPU check, backend {report['backend']} ({report['when']})", "",
+             f"Command: `{report['command']}`", "",
+             f"Machine: {env.get('machine')}; GPUs: {'; '.join(env.get('gpus', [])) or 'none'}; "
+             f"Python {env.get('python')} ({env.get('executable')}, shared libpython: {env.get('shared_libpython')}); "
+             f"torch {env.get('torch') or '-'}; nvcc: {' '.join(env.get('nvcc_version', [])) or '-'}", "",
+             f"Set-up: {'ok' if report['setup'].get('ok') else 'FAILED: ' + str(report['setup'].get('why', ''))}; "
+             f"Python headers and libpython: {report['setup'].get('python_files', '-')}", ""]
+    for key, stage in report["stages"].items():
+        lines += [f"## Stage {key}: {STAGE_NAMES[key]} — {'pass' if stage.get('ok') else 'FAIL'} "
+                  f"({stage.get('seconds', 0):.0f} s)", ""]
+        lines += SECTIONS[key](stage) if "why" not in stage else [f"Not run: {stage['why']}"]
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _md_suite(stage: dict[str, Any]) -> list[str]:
+    out = [", ".join(f"{n} {k}" for k, n in stage.get("counts", {}).items()) or "(no counts)"]
+    out += [f"- FAIL `{f['test']}`: {f['message'][:200]}" for f in stage.get("failures", [])]
+    return out
+
+
+def _md_programs(stage: dict[str, Any]) -> list[str]:
+    rows = ["| program | through xpuremote | s | natively | s |", "|---|---|---|---|---|"]
+    rows += [f"| {r['program']} | {r['xpuremote']} | {r['xpuremote_s']} | {r.get('native', '-')} | "
+             f"{r.get('native_s', '-')} |" for r in stage.get("programs", [])]
+    return [stage.get("server", ""), "", *rows]
+
+
+def _md_bench(stage: dict[str, Any]) -> list[str]:
+    out = ["Foundation (through the shim beside raw pyzmq, same run):", ""]
+    for row in stage.get("foundation", {}).get("figures", []):
+        out.append(f"- {json.dumps(row)}")
+    out += ["", "| workload | native ms/step | xpuremote ms/step | slowdown |", "|---|---|---|---|"]
+    for r in stage.get("torch_e2e", []):
+        n, x = r.get("native", {}), r.get("remote", {})
+        if "not run" in r:
+            out.append(f"| {r['workload']} | not run: {r['not run']} | | |")
+            continue
+        ratio = f"{x['median_ms'] / n['median_ms']:.2f}x" if "median_ms" in n and "median_ms" in x else "-"
+        out.append(f"| {r['workload']} | {_cell(n)} | {_cell(x)} | {ratio} |")
+    return out
+
+
+def _cell(run: dict[str, Any]) -> str:
+    if "median_ms" in run:
+        return f"{run['median_ms']:.2f}"
+    return "error: " + run["error"].strip().splitlines()[-1][:100] if "error" in run else run.get("skipped", "-")
+
+
+def _md_perf(stage: dict[str, Any]) -> list[str]:
+    out = ["| workload | RTT µs | Gbit/s | predicted s | measured s | error |", "|---|---|---|---|---|---|"]
+    for v in stage.get("validations", []):
+        if "error" in v:
+            out.append(f"| {v['workload']} | error: {v['error']} | | | | |")
+        for p in v.get("points", []):
+            out.append(f"| {v['workload']} | {p['rtt_us']:g} | {p['gbps'] or 'unlimited'} | {p['predicted_s']:.3f} | "
+                       f"{p['measured_s']:.3f} | {100 * p['error']:+.1f}% |")
+    return out
+
+
+def _md_answers(stage: dict[str, Any]) -> list[str]:
+    """bench/driver_answers.py's own Markdown, its headings put under this stage's."""
+    return [re.sub(r"^#", "###", line) for line in stage.get("markdown", "").splitlines()]
+
+
+SECTIONS = {"1": _md_suite, "2": _md_programs, "3": _md_bench, "4": _md_perf, "5": _md_answers}
+
+
+def run(args: argparse.Namespace) -> int:
+    args.out.mkdir(parents=True, exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "XPU_SERVER", "XPU_TEST_BACKEND")}
+    env["PYTHONUNBUFFERED"] = "1"
+    with open(args.out / "gpu-check.log", "w") as log:
+        ctx = Context(args.backend, args.python, args.torch_python or args.python, args.bundle.resolve(), args.out,
+                      log, env)
+        facts = environment(ctx)
+        report: dict[str, Any] = {"command": shlex.join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+                                  "backend": args.backend, "environment": facts, "stages": {}}
+        started = time.monotonic()
+        report["setup"] = setup(ctx, facts)
+        report["setup"]["seconds"] = round(time.monotonic() - started, 1)
+        for key in args.stages.split(","):
+            started = time.monotonic()
+            if not report["setup"]["ok"]:
+                result = {"ok": False, "why": "set-up failed"}
+            else:
+                try:
+                    result = STAGES[key](ctx)
+                except Exception as exc:  # noqa: BLE001 - one stage's crash must not lose the others' results
+                    result = {"ok": False, "why": f"{type(exc).__name__}: {exc}"}
+            report["stages"][key] = {**result, "stage": STAGE_NAMES[key], "seconds": round(time.monotonic() - started)}
+            print(f"stage {key} ({STAGE_NAMES[key]}): {'pass' if result['ok'] else 'FAIL'}", flush=True)
+            (args.out / "gpu-check.json").write_text(json.dumps(report, indent=1) + "\n")  # after each stage
+            (args.out / "gpu-check.md").write_text(markdown(report))
+    print((args.out / "gpu-check.md").read_text())
+    return 0 if report["setup"]["ok"] and all(s["ok"] for s in report["stages"].values()) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    b = sub.add_parser("bundle", help="make the bundle (here, with the package index)")
+    b.add_argument("--out", type=Path, default=ROOT / "gpu-bundle")
+    b.add_argument("--python-version", default="3.12", help="the GPU machine's Python (default 3.12)")
+    b.add_argument("--headers-from", help="a local Python of that version whose headers and libpython to carry")
+    r = sub.add_parser("run", help="install the bundle, build the shim, run the stages")
+    r.add_argument("--bundle", type=Path, default=ROOT / "gpu-bundle")
+    r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--backend", choices=["cuda", "sim"], default="cuda")
+    r.add_argument("--stages", default=",".join(STAGES))
+    r.add_argument("--python", default=sys.executable, help="the Python that runs the checks (default: this one)")
+    r.add_argument("--torch-python", help="a Python with torch (default: --python)")
+    args = parser.parse_args(argv)
+    if args.verb == "bundle":
+        return bundle(args.out, args.python_version, args.headers_from)
+    if unknown := set(args.stages.split(",")) - set(STAGES):
+        parser.error(f"unknown stages {sorted(unknown)}: choose from {','.join(STAGES)}")
+    return run(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
