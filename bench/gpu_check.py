@@ -171,7 +171,8 @@ def bundle(out: Path, version: str, headers_from: str | None) -> int:
     project = next(wheels.glob("xpuremote-*.whl"))
     here = sysconfig.get_python_version()
     for v in dict.fromkeys([version, here]):  # the GPU machine's Python, and this one's for the dry run
-        _pip_download(wheels, v, [str(project), *_pins()])
+        # pip judges the project's markers by the Python that runs it: name what 3.12 adds
+        _pip_download(wheels, v, [str(project), *_pins(), "setuptools>=68"])
     notes = {"source": source_hash(), "python_version": version, "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
              "wheels": sorted(p.name for p in wheels.iterdir()), "python_files": None}
     files = _python_files(headers_from) if headers_from else None
