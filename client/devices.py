@@ -27,7 +27,12 @@ def c_string(text: str) -> int:
 
 
 def out(call: Call, name: str, address: int, value: Any) -> None:
-    marshal.put(next(p for p in call.params if p.name == name), address, value)
+    """A local answer through an output parameter: NULL where the table requires one is the
+    driver's INVALID_VALUE, not a success that stored nothing."""
+    param = next(p for p in call.params if p.name == name)
+    if not address and not param.optional:
+        raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {name} is NULL")
+    marshal.put(param, address, value)
 
 
 @implements("cuInit")

@@ -81,6 +81,11 @@ def test_null_name_or_handle_is_invalid_value(record: dict[str, Any], fn: str) -
     assert edges[f"{fn}(NULL, NULL)"]["status"] == errors.INVALID_VALUE
 
 
+def test_a_null_output_pointer_is_invalid_value(record: dict[str, Any]) -> None:
+    """A local answer with nowhere to go is the driver's INVALID_VALUE (the shim said success)."""
+    assert record["sides"]["shim"]["answers"]["edge"]["cuDeviceGetCount(NULL)"]["status"] == errors.INVALID_VALUE
+
+
 def test_without_a_driver_the_record_says_so(record: dict[str, Any]) -> None:
     if record["sides"]["real"]["present"]:
         pytest.skip("this machine has a CUDA driver")
