@@ -55,14 +55,13 @@ from xpuremote.protocol.cuda_api import ENUMS
 
 ATTRIBUTE_PREFIX = "CU_DEVICE_ATTRIBUTE_"
 # what NVIDIA's runtimes and math libraries ask for besides the tables the shim has
-# (cuda-driver-facts: the runtime's first probe, cuBLAS/cuFFT's tools context and tools module)
+# (cuda-driver-facts: the runtime's optional driver-log table, cuFFT's tools module)
 EXTRA_TABLES = {
-    "f8cff951-2146-8b4e-b9e2-fb469e7c0dd9": "runtime probe",
-    "21318c60-9714-3248-8ca6-41ff7324c8f2": "tools context",
+    "f8cff951-2146-8b4e-b9e2-fb469e7c0dd9": "runtime driver log",
     "6e163fbe-b958-444d-835c-e182aff1991e": "tools module",
 }
 NO_SIZE_SLOT = {"c693336e-1121-df11-a8c3-68f355d89593"}  # CONTEXT_LOCAL_STORAGE: slot 0 is put()
-MAX_SLOTS = 64  # a size beyond this many slots is not a size
+MAX_SLOTS = 128  # a size beyond this many slots is not a size (the tools context is said to have 95)
 UUID_TEXT = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 # what client code logs (interpose/entry.py): unknown_table and unknown_slot
 LOGGED_TABLE = re.compile(rf"asked for private table ({UUID_TEXT})")

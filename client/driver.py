@@ -262,10 +262,10 @@ class Driver:
                 ENSURE[p.ctype](self, out[i])
         return out
 
-    def say_once(self, key: str, message: str, *args: Any) -> None:
+    def say_once(self, key: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
         if key not in self._said:
             self._said.add(key)
-            log.warning(message, *args)
+            log.log(level, message, *args)
 
 
 def _library_of(symbol: str) -> str:

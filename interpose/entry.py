@@ -73,11 +73,25 @@ def unknown_slot(ffi: Any, slots: Any) -> int:
     return errors.NOT_SUPPORTED
 
 
+# Tables every runtime seen (12.9 to 13.5) asks for and goes on without: said at INFO only.
+OPTIONAL_TABLES = {
+    # slot 1: a log function (domain, severity, format, va_list); 13.x also calls slot 2 with 0 or 1
+    # around some device queries. Without the table the runtime skips both.
+    "f8cff951-2146-8b4e-b9e2-fb469e7c0dd9": "the runtime's optional driver-log table",
+}
+
+
 def unknown_table(ffi: Any, slots: Any) -> int:
+    """A refused cuGetExportTable: said once per table, naming the library that asked."""
     uuid = bytes(ffi.buffer(ffi.cast("char *", slots[0]), 16)).hex()
     name = f"{uuid[:8]}-{uuid[8:12]}-{uuid[12:16]}-{uuid[16:20]}-{uuid[20:]}"
-    driver.DRIVER.say_once(f"table {name}", "a library asked for private table %s, which xpuremote does not "
-                           "implement (it fails to initialise if it needs it)", name)
+    library = ffi.string(ffi.cast("char *", slots[1])).decode(errors="replace") or "a library"
+    if name in OPTIONAL_TABLES:
+        driver.DRIVER.say_once(f"table {name}", "%s asked for private table %s (%s); xpuremote has none and it "
+                               "goes on without it", library, name, OPTIONAL_TABLES[name], level=logging.INFO)
+    else:
+        driver.DRIVER.say_once(f"table {name}", "%s asked for private table %s, which xpuremote does not "
+                               "implement (it fails to initialise if it needs it)", library, name)
     return errors.INVALID_VALUE
 
 

@@ -309,6 +309,34 @@ static int integrity_check(uint32_t version, uint64_t unix_seconds, uint8_t out[
     return xpu_internal(XPU_OP_INTEGRITY, s);
 }
 
+/* TOOLS_CONTEXT (21318c60-...): libcudart 13.4 and later fail their initialisation without it
+ * (every call then answers cudaErrorInvalidValue); cuBLAS, cuBLASLt, cuDNN and cuFFT ask for it too.
+ * The runtime never reads its size and calls only slots 39 and 51, on the profiler-callback path of
+ * its API entries, which runs only for an API whose flag a tool has set in the HOOKS[2] buffer: the
+ * shim's stays zero, so nothing calls them. What the slots do is not known, so each one names itself
+ * once and answers NOT_SUPPORTED. 95 slots: what a 595-series driver is reported to serve (the GPU
+ * check's bench/driver_answers.py records the real size). */
+#define UNKNOWN10(table, d) UNKNOWN(table, d##0) UNKNOWN(table, d##1) UNKNOWN(table, d##2) UNKNOWN(table, d##3) \
+    UNKNOWN(table, d##4) UNKNOWN(table, d##5) UNKNOWN(table, d##6) UNKNOWN(table, d##7) UNKNOWN(table, d##8) \
+    UNKNOWN(table, d##9)
+#define SLOT(table, n) (void *)table##_slot##n
+#define SLOT10(table, d) SLOT(table, d##0), SLOT(table, d##1), SLOT(table, d##2), SLOT(table, d##3), \
+    SLOT(table, d##4), SLOT(table, d##5), SLOT(table, d##6), SLOT(table, d##7), SLOT(table, d##8), SLOT(table, d##9)
+UNKNOWN(tools_context, 1) UNKNOWN(tools_context, 2) UNKNOWN(tools_context, 3) UNKNOWN(tools_context, 4)
+UNKNOWN(tools_context, 5) UNKNOWN(tools_context, 6) UNKNOWN(tools_context, 7) UNKNOWN(tools_context, 8)
+UNKNOWN(tools_context, 9) UNKNOWN10(tools_context, 1) UNKNOWN10(tools_context, 2) UNKNOWN10(tools_context, 3)
+UNKNOWN10(tools_context, 4) UNKNOWN10(tools_context, 5) UNKNOWN10(tools_context, 6) UNKNOWN10(tools_context, 7)
+UNKNOWN10(tools_context, 8) UNKNOWN(tools_context, 90) UNKNOWN(tools_context, 91) UNKNOWN(tools_context, 92)
+UNKNOWN(tools_context, 93) UNKNOWN(tools_context, 94)
+static void *tools_context[95] = {
+    (void *)(95 * sizeof(void *)), SLOT(tools_context, 1), SLOT(tools_context, 2), SLOT(tools_context, 3),
+    SLOT(tools_context, 4), SLOT(tools_context, 5), SLOT(tools_context, 6), SLOT(tools_context, 7),
+    SLOT(tools_context, 8), SLOT(tools_context, 9), SLOT10(tools_context, 1), SLOT10(tools_context, 2),
+    SLOT10(tools_context, 3), SLOT10(tools_context, 4), SLOT10(tools_context, 5), SLOT10(tools_context, 6),
+    SLOT10(tools_context, 7), SLOT10(tools_context, 8), SLOT(tools_context, 90), SLOT(tools_context, 91),
+    SLOT(tools_context, 92), SLOT(tools_context, 93), SLOT(tools_context, 94),
+};
+
 typedef struct { const unsigned char uuid[16]; void **table; } export_table;
 static const export_table export_tables[] = {
     {{0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9}, cudart_interface},
@@ -319,6 +347,7 @@ static const export_table export_tables[] = {
      context_local_storage},
     {{0x26, 0x3e, 0x88, 0x60, 0x7c, 0xd2, 0x61, 0x43, 0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e}, context_checks},
     {{0xd4, 0x08, 0x20, 0x55, 0xbd, 0xe6, 0x70, 0x4b, 0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2}, integrity_table},
+    {{0x21, 0x31, 0x8c, 0x60, 0x97, 0x14, 0x32, 0x48, 0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2}, tools_context},
 };
 
 XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid) {
@@ -329,13 +358,11 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid) {
             return CUDA_SUCCESS;
         }
     *table = NULL;
-    /* the runtime's probe of f8cff951-... expects no table; any other request is worth a word */
-    static const unsigned char probe[16] = {0xf8, 0xcf, 0xf9, 0x51, 0x21, 0x46, 0x8b, 0x4e,
-                                            0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9};
-    if (memcmp(uuid, probe, 16) != 0) {
-        uint64_t s[1] = {(uint64_t)(uintptr_t)uuid};
-        xpu_internal(XPU_OP_UNKNOWN_TABLE, s);
-    }
+    /* said in the client: which library asked (the caller's file), and for what */
+    Dl_info caller;
+    const char *file = dladdr(__builtin_return_address(0), &caller) && caller.dli_fname ? caller.dli_fname : "";
+    uint64_t s[2] = {(uint64_t)(uintptr_t)uuid, (uint64_t)(uintptr_t)file};
+    xpu_internal(XPU_OP_UNKNOWN_TABLE, s);
     return CUDA_ERROR_INVALID_VALUE;
 }
 

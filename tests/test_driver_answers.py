@@ -62,11 +62,12 @@ def test_the_shim_side_answers_everything_asked(record: dict[str, Any]) -> None:
 def test_the_private_tables(record: dict[str, Any]) -> None:
     tables = record["sides"]["shim"]["answers"]["cuGetExportTable"]
     assert set(tables) == set(record["tables"]) == {*da.shim_tables(), *da.EXTRA_TABLES, LOGGED_UUID}
-    assert len(da.shim_tables()) == 6
+    assert len(da.shim_tables()) == 7
     for uuid in da.shim_tables():
         assert tables[uuid]["status"] == 0
         assert (tables[uuid]["value"]["size"] is None) == (uuid in da.NO_SIZE_SLOT)
     assert tables["6bd5fb6c-5bf4-e74a-8987-d93912fd9df9"]["value"] == {"size": 13 * 8, "filled": "1" * 12}
+    assert tables["21318c60-9714-3248-8ca6-41ff7324c8f2"]["value"] == {"size": 95 * 8, "filled": "1" * 94}
     for uuid in (*da.EXTRA_TABLES, LOGGED_UUID):
         assert tables[uuid] == {"status": errors.INVALID_VALUE, "value": None}
     assert list(record["from_logs"]["tables"]) == [LOGGED_UUID]

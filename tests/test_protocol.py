@@ -265,6 +265,7 @@ EXPORT_TABLES = {  # UUID bytes in memory order -> has a size in slot 0
     "c693336e1121df11a8c368f355d89593": False,  # CONTEXT_LOCAL_STORAGE: no size slot
     "263e88607cd2614392f6bbd5006dfa7e": True,  # CONTEXT_CHECKS
     "d4082055bde6704b8d34ba123c66e1f2": True,  # INTEGRITY_CHECK
+    "21318c60971432488ca641ff7324c8f2": True,  # TOOLS_CONTEXT: libcudart >= 13.4 needs it to exist
 }
 UNKNOWN_TABLES = ("f8cff95121468b4eb9e2fb469e7c0dd9", "ab" * 16, "00" * 16)
 
@@ -309,6 +310,7 @@ answer = {
     "tables": {u: table(u) for u in req["tables"]},
     "null_table": table(req["tables"][0], null_table=True)[0],
     "null_uuid": table(None)[0],
+    "asked_again": table(req["tables"][-1]),
 }
 print(json.dumps(answer))
 """
@@ -363,7 +365,7 @@ def probe(shim: Path) -> Any:
     extra = ["cuMemcpyHtoDAsync_v2_ptsz", "cuGetProcAddress", "cuGetProcAddress_v2", "cuGetExportTable"]
     stdin = json.dumps({"requests": requests, "extra_symbols": extra,
                         "tables": list(EXPORT_TABLES) + list(UNKNOWN_TABLES)})
-    env = shim_env(shim, "tcp://127.0.0.1:9")  # no server: none of this may need one
+    env = shim_env(shim, "tcp://127.0.0.1:9", XPU_LOG="INFO")  # no server: none of this may need one
     result = subprocess.run([sys.executable, "-c", PROBE], input=stdin, env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr
@@ -372,6 +374,7 @@ def probe(shim: Path) -> Any:
     answer["facts"] = facts
     answer["variant_requests"] = variants
     answer["too_old"] = too_old
+    answer["stderr"] = result.stderr
     return answer
 
 
@@ -471,3 +474,14 @@ def test_export_tables(probe: Any) -> None:
         assert rc == errors.INVALID_VALUE and not address, (uuid, tables[uuid])
     assert probe["null_table"] == errors.INVALID_VALUE
     assert probe["null_uuid"] == errors.INVALID_VALUE
+
+
+def test_a_refused_table_is_said_once_naming_the_library(probe: Any) -> None:
+    """WARNING, except for the optional driver-log table that every runtime asks for and goes without."""
+    said = re.findall(r"xpuremote: (\w+) (\S+) asked for private table ([0-9a-f-]{36})", probe["stderr"])
+    asked = {uuid.replace("-", ""): (level, library) for level, library, uuid in said}
+    assert len(said) == len(asked) == len(UNKNOWN_TABLES), probe["stderr"]  # once each, though asked twice
+    for uuid in UNKNOWN_TABLES:
+        level, library = asked[uuid]
+        assert level == ("INFO" if uuid.startswith("f8cff951") else "WARNING"), (uuid, level)
+        assert library.endswith(".so") or ".so." in library, library  # ctypes' libffi made the call
