@@ -12,15 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from toolchain import cudart_path
+from toolchain import NEWEST_CUDART, cudart_path, newest_cudart
 
 SCRIPT = Path(__file__).resolve().parent / "programs" / "cudart_check.py"
 SIZES = ("1", "7", "4096", "65537", str((1 << 20) + 3), str(64 << 20))
 CUDA_ERROR_INVALID_DEVICE = 101
 
 
-@pytest.fixture(params=[12, 13], ids=["cudart12", "cudart13"])
+@pytest.fixture(params=[12, 13, "newest"], ids=["cudart12", "cudart13", f"cudart{NEWEST_CUDART}"])
 def cudart(request: pytest.FixtureRequest) -> str:
+    """The pinned runtimes of the test extra, and the newest tested (13.4 and later need the tools context)."""
+    if request.param == "newest":
+        path, why = newest_cudart()
+        if path is None:
+            pytest.skip(why)
+        return path
     path = cudart_path(request.param)
     if path is None:
         pytest.skip(f"the CUDA {request.param} runtime wheel is not installed")
