@@ -16,6 +16,29 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_KERNELS = ",".join(str(ROOT / p) for p in ("examples/sim_kernels.py", "tests/sim_kernels.py"))
+# The backend the tests' servers run: the sim (no GPU needed), or `cuda` on a machine with a GPU,
+# where tests marked sim_only are skipped.
+BACKENDS = ("sim", "cuda")
+BACKEND = os.environ.get("XPU_TEST_BACKEND") or "sim"
+# Part of device 0's name: the sim's, or NVIDIA's (the driver names each GPU it supports "NVIDIA ...").
+DEVICE_NAME = {"sim": "xpuremote sim device 0", "cuda": "NVIDIA"}.get(BACKEND, "")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if BACKEND not in BACKENDS:
+        raise pytest.UsageError(f"XPU_TEST_BACKEND={BACKEND!r}: the tests run against one of {', '.join(BACKENDS)}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under another backend than the sim, tests marked sim_only(reason=...) are skipped, saying why."""
+    for item in items:
+        marker = item.get_closest_marker("sim_only")
+        if marker is None:
+            continue
+        if "reason" not in marker.kwargs:
+            raise pytest.UsageError(f"{item.nodeid}: sim_only needs a reason=")
+        if BACKEND != "sim":
+            item.add_marker(pytest.mark.skip(reason=f"sim only: {marker.kwargs['reason']}"))
 
 
 def free_port() -> int:
@@ -42,13 +65,18 @@ class Server:
                 self.process.kill()
 
 
-def start_server(tmp: Path, backend: str = "sim", env: dict[str, str] | None = None, args: tuple[str, ...] = (),
+def start_server(tmp: Path, backend: str = BACKEND, env: dict[str, str] | None = None, args: tuple[str, ...] = (),
                  address: str | None = None) -> Server:
-    """A real `xpu-server` on a free loopback port (or `address`); returns once it says `ready`."""
+    """A real `xpu-server` on a free loopback port (or `address`); returns once it says `ready`.
+
+    The sim's settings (XPU_SIM_*, the host kernels) go to a sim server only: another backend runs
+    real kernels, so a test's sim settings leave it as it is."""
     address = address or f"tcp://127.0.0.1:{free_port()}"
     log_path = tmp / f"server-{address.rsplit(':', 1)[1]}-{time.monotonic_ns()}.log"
     full_env = {**os.environ, "XPU_SIM_KERNELS": SIM_KERNELS, "XPU_LOG": "INFO", **(env or {})}
     full_env.pop("LD_PRELOAD", None)
+    if backend != "sim":
+        full_env = {k: v for k, v in full_env.items() if not k.startswith("XPU_SIM_")}
     with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-m", "xpuremote.server.daemon", "--listen", address,
                                  "--backend", backend, *args], stderr=log, env=full_env)
@@ -86,7 +114,7 @@ def shim_env(shim: Path, address: str, **extra: str) -> dict[str, str]:
 
 @pytest.fixture
 def run_on(shim: Path, server: Server):
-    """run_on([cmd...], **env) -> CompletedProcess of a program using the shared sim server."""
+    """run_on([cmd...], **env) -> CompletedProcess of a program using the shared server."""
 
     def run(cmd: list[str], timeout: float = 120, address: str | None = None,
             **env: str) -> subprocess.CompletedProcess:

@@ -1,5 +1,5 @@
 """The client's batching of async calls: the alarm the flusher sleeps on, and the flusher sending
-a batch that no sync call carries, against a real sim server."""
+a batch that no sync call carries, against a real server."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The cuda backend, without a GPU: its libcuda is xpuremote's own shim (a stand-in, named as
 such) talking to a sim server. This exercises the backend's generic replay of every call
-shape, the inventory and the hand-written requests, end to end; on a GPU machine the same
-tests run against NVIDIA's libcuda by leaving XPU_CUDA_LIBRARY unset."""
+shape, the inventory and the hand-written requests, end to end. On a GPU machine
+(XPU_TEST_BACKEND=cuda) the other test modules run the cuda backend on NVIDIA's libcuda."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from toolchain import nvcc_lib_dir, nvcc_path
 from xpuremote.protocol import errors
 
 ROOT = Path(__file__).resolve().parent.parent
+# The stand-in needs no GPU (CI runs it); on a GPU its checks are the other modules'.
+pytestmark = pytest.mark.sim_only(reason="the cuda backend on a stand-in libcuda chained to a sim server")
 
 
 @pytest.fixture(scope="module")

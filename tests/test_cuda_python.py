@@ -1,4 +1,4 @@
-"""cuda-python's driver bindings (cuda.bindings.driver), unmodified, on the shim and the sim server."""
+"""cuda-python's driver bindings (cuda.bindings.driver), unmodified, on the shim and the session's server."""
 
 from __future__ import annotations
 

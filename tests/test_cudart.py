@@ -1,4 +1,4 @@
-"""NVIDIA's own libcudart (12.x and 13.x, from the runtime wheels) over the shim and a sim server.
+"""NVIDIA's own libcudart (12.x and 13.x, from the runtime wheels) over the shim and the session's server.
 
 Each test runs tests/programs/cudart_check.py in a subprocess with the shim preloaded; that
 script loads the runtime with ctypes, runs one sub-test and prints its findings as JSON.
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import DEVICE_NAME
 from toolchain import NEWEST_CUDART, cudart_path, newest_cudart
 
 SCRIPT = Path(__file__).resolve().parent / "programs" / "cudart_check.py"
@@ -51,7 +52,7 @@ def check(run_on, cudart: str):
 def test_device_count_and_properties(check) -> None:
     r = check("properties")
     assert r["count"] == 1
-    assert "sim device 0" in r["name"]
+    assert DEVICE_NAME in r["name"]
     assert (r["major"], r["minor"]) == (9, 0)
     assert (r["prop_major"], r["prop_minor"]) == (9, 0)
     assert r["total_global_mem"] == r["mem_info_total"] > 0

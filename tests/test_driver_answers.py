@@ -9,7 +9,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import ROOT, Server
+from conftest import BACKEND, DEVICE_NAME, ROOT, Server
 
 from xpuremote.protocol import errors
 from xpuremote.server.backends.sim import SIM_DRIVER_VERSION
@@ -45,9 +45,11 @@ def test_the_shim_side_answers_everything_asked(record: dict[str, Any]) -> None:
     shim = record["sides"]["shim"]
     assert shim["present"] and shim["is_shim"] and not shim["missing"]
     answers = shim["answers"]
-    assert answers["driver"]["cuDriverGetVersion"] == {"status": 0, "value": SIM_DRIVER_VERSION}
-    assert answers["driver"]["cuDeviceGetCount"] == {"status": 0, "value": 1}
-    assert answers["device"]["dev0 name"]["value"].startswith("xpuremote sim device 0")
+    version = answers["driver"]["cuDriverGetVersion"]
+    assert version["status"] == 0 and (version["value"] == SIM_DRIVER_VERSION if BACKEND == "sim" else
+                                       version["value"] >= 12000)
+    assert answers["driver"]["cuDeviceGetCount"]["status"] == 0 and answers["driver"]["cuDeviceGetCount"]["value"] >= 1
+    assert answers["device"]["dev0 name"]["value"].startswith(DEVICE_NAME)
     attributes = {int(key.split()[1]) for key in answers["attribute"]}
     assert attributes == set(da.attribute_ids()) and all(a["status"] == 0 for a in answers["attribute"].values())
     names = answers["cuGetErrorName"]

@@ -36,6 +36,11 @@ from xpuremote.protocol import wire
 from xpuremote.protocol.calls import BY_OPCODE, CALLS
 from xpuremote.server.daemon import DAEMON_MAX_MESSAGE
 
+# What it fuzzes is the wire and the daemon's and the worker's validation, the same code on every
+# backend; and its bound on the worker's resident memory is a sim worker's (a CUDA worker's holds
+# the driver's, and the math libraries' that fuzzed calls load).
+pytestmark = pytest.mark.sim_only(reason="backend-independent validation; its worker memory bound is a sim worker's")
+
 MESSAGES = 10_000
 DAEMON_MESSAGES = 600
 CHUNK = 250

@@ -18,8 +18,13 @@ import time
 import zlib
 from pathlib import Path
 
+import pytest
 from conftest import start_server
 from pyclient import PyClient, rss, sessions, wait_for
+
+# It ends asserting free == total device-wide, true of the sim, which counts allocations only: a
+# GPU's free memory also leaves out its contexts' own. (test_hostile runs its clients on every backend.)
+pytestmark = pytest.mark.sim_only(reason="free == total device-wide holds on the sim only")
 
 CLIENTS = 32
 SEQUENCES = int(os.environ.get("XPU_LOAD_SEQUENCES", "1000"))

@@ -19,6 +19,10 @@ from xpuremote.client.connection import Connection
 from xpuremote.interpose.build import NVML_NAME
 from xpuremote.protocol import nvml
 
+# Two devices (XPU_SIM_DEVICES=2), the sim's PCI addresses and device 0 idle: tests/test_torch.py
+# covers the NVML that PyTorch reads on a GPU server.
+pytestmark = pytest.mark.sim_only(reason="two sim devices (XPU_SIM_DEVICES) at the sim's PCI addresses")
+
 SCRIPT = ROOT / "tests" / "programs" / "nvml_check.py"
 SIZE = 24 * (1 << 20) + 7
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from conftest import Server, free_port, shim_env, start_server
+from conftest import DEVICE_NAME, Server, free_port, shim_env, start_server
 from pyclient import PyClient, sessions, wait_for
 from pyclient import rss as rss_of
 from test_faults import COPY_UNTIL_FAILURE, alive, finish, pids_of_children, program, spawn
@@ -243,16 +243,32 @@ def test_device_memory_is_cleared_between_clients(servers: list[Server], tmp_pat
 
 
 # ---- cleanup ---------------------------------------------------------------------------------------
+# On a GPU it waits on the GPU's nanosecond timer; the sim runs tests/sim_kernels.py's sleep_ms instead.
 SLEEP_PTX = b"""
 .version 8.0
 .target sm_90
 .address_size 64
-.visible .entry sleep_ms(.param .u32 ms) { ret; }
+.visible .entry sleep_ms(.param .u32 ms)
+{
+    .reg .pred %p;
+    .reg .b32 %ms;
+    .reg .b64 %now, %end;
+    ld.param.u32 %ms, [ms];
+    mov.u64 %now, %globaltimer;
+    mul.wide.u32 %end, %ms, 1000000;
+    add.u64 %end, %end, %now;
+WAIT:
+    nanosleep.u32 100000;
+    mov.u64 %now, %globaltimer;
+    setp.lt.u64 %p, %now, %end;
+    @%p bra WAIT;
+    ret;
+}
 """
 
 
 def start_a_long_call(client: PyClient, seconds: int) -> None:
-    """Launch tests/sim_kernels.py's sleep_ms without waiting: the worker is busy in one call."""
+    """Launch sleep_ms without waiting: the worker (on the sim) or its GPU is busy in one call."""
     module, function = 0x7C00_0000_4000, 0x7C00_0000_4010
     client.post("xpuModuleLoad", module, hashlib.sha256(SLEEP_PTX).digest(), SLEEP_PTX, len(SLEEP_PTX))
     client.post("xpuModuleGetFunction", function, module, "sleep_ms")
@@ -266,7 +282,8 @@ def start_a_long_call(client: PyClient, seconds: int) -> None:
 @pytest.mark.parametrize("who", ["daemon", "client"])
 def test_a_busy_worker_ends_when_its_daemon_or_client_is_gone(who: str, servers: list[Server],
                                                               tmp_path: Path) -> None:
-    """The worker notices in a thread of its own, while its main thread is in a 60 s call."""
+    """The worker notices in a thread of its own, while its main thread is in a 60 s call (on the sim;
+    on a GPU, while the GPU runs a 60 s kernel)."""
     srv = launch(servers, tmp_path)
     client = PyClient(srv.address)
     (worker,) = pids_of_children(srv.process.pid)
@@ -297,6 +314,8 @@ def board_directories(daemon: int) -> list[Path]:
     return list(Path(tempfile.gettempdir()).glob(f"xpuremote-sim-{os.getuid()}-{daemon}*"))
 
 
+# The board directory is how a sim daemon's workers share device memory figures; a GPU has its own.
+@pytest.mark.sim_only(reason="the sim's board directory")
 def test_the_sim_board_directory_goes_with_its_daemon(servers: list[Server], tmp_path: Path) -> None:
     """Removed when the daemon ends; one left by a daemon killed -9 is removed by the next daemon."""
     killed = launch(servers, tmp_path)
@@ -463,7 +482,7 @@ def test_status_metrics_and_session_log_lines(servers: list[Server], tmp_path: P
         assert out.returncode == 0, out.stderr
         row = next(line for line in out.stdout.splitlines() if line.startswith(session))
         assert "3.0 MiB" in row and f":{os.getpid()}" in row, out.stdout
-        assert "xpuremote sim device 0" in out.stdout, out.stdout
+        assert DEVICE_NAME in out.stdout, out.stdout
 
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         memory = re.search(rf'xpu_session_memory_bytes{{session="{session}",[^}}]*}} (\d+)', text)

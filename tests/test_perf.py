@@ -1,8 +1,8 @@
-"""xpu-perf: traces recorded from real programs on a real sim server, the emulated link, the model
+"""xpu-perf: traces recorded from real programs on a real server, the emulated link, the model
 and its command line, and the model's accuracy against runs over emulated links.
 
 The programs are examples/workloads.cu in its three mixes (round-trip bound, launch bound,
-bandwidth bound), compiled with nvcc; their kernels run through examples/sim_kernels.py.
+bandwidth bound), compiled with nvcc; on the sim their kernels run through examples/sim_kernels.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SIM_KERNELS, Build
+from conftest import BACKEND, ROOT, SIM_KERNELS, Build
 from pyclient import PyClient
 from toolchain import nvcc_lib_dir
 
@@ -63,7 +63,7 @@ def test_trace_holds_every_call_and_message(run_on, workloads: Path, tmp_path: P
     assert all(m.server is not None and len(m.per_call) == m.n for m in t.messages), "the server timed each"
     assert all(by_seq[c.seq].n > c.pos for c in launches)
     assert t.end is not None and 0 < t.span_ns <= t.end
-    assert t.header["backend"] == "sim" and t.header["argv"][1:] == ["sync", "50"]
+    assert t.header["backend"] == BACKEND and t.header["argv"][1:] == ["sync", "50"]
 
 
 def test_gpu_time_is_measured_only_when_asked(run_on, workloads: Path, tmp_path: Path) -> None:
@@ -280,8 +280,9 @@ def test_validate_compares_the_faster_two_thirds() -> None:
 
 
 def test_validate_command_line(shim: Path, workloads: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("XPU_SIM_KERNELS", SIM_KERNELS)
-    out = xpu_perf("validate", "--rtt-us", "0,500", "--gbps", "0", "--backend", "sim", "--repeat", "1", "--json",
+    if BACKEND == "sim":  # validate starts a server of its own
+        monkeypatch.setenv("XPU_SIM_KERNELS", SIM_KERNELS)
+    out = xpu_perf("validate", "--rtt-us", "0,500", "--gbps", "0", "--backend", BACKEND, "--repeat", "1", "--json",
                    "--plot", tmp_path / "v.png", "--", workloads, "sync", "20")
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -294,6 +295,9 @@ def test_validate_command_line(shim: Path, workloads: Path, tmp_path: Path, monk
 
 
 # ---- accuracy --------------------------------------------------------------------------------------
+# Minutes of runs, and its bar is calibrated on the sim (bench/results/perf-validate.md): what a GPU's
+# kernel times do to the model's accuracy is a measurement to make on its own, not this test.
+@pytest.mark.sim_only(reason="slow, and its error bar is calibrated on runs against the sim")
 def test_validate_predicts_emulated_links(shim: Path, workloads: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Over the three programs and RTT {0, 50, 200, 1000} µs x {1, 10 Gbit/s, unlimited}, the
     issue's bar: the median error of the predicted run time is at most 5%, and no point is off

@@ -414,6 +414,8 @@ def _curve_hello(ctx: zmq.Context, address: str) -> dict:
 
 
 # ---- the sim's board directory ----------------------------------------------------------------------
+# Only a sim daemon makes one (its workers' shared device memory figures).
+@pytest.mark.sim_only(reason="the sim's board directory")
 def test_the_sim_board_follows_no_link_planted_in_tmp(tmp_path: Path) -> None:
     """Another local user who makes the board directory first, with a link inside to a file of the
     server's user (root's /etc/shadow, say), must not get that file written. The planted name is the one
@@ -439,6 +441,7 @@ def test_the_sim_board_follows_no_link_planted_in_tmp(tmp_path: Path) -> None:
     assert victim.read_bytes() == b"precious"
 
 
+@pytest.mark.sim_only(reason="the sim's board directory")
 def test_a_sim_board_directory_that_is_not_private_is_refused(tmp_path: Path) -> None:
     open_to_all = tmp_path / "open"
     open_to_all.mkdir(mode=0o777)
@@ -462,7 +465,7 @@ def test_a_sim_board_directory_that_is_not_private_is_refused(tmp_path: Path) ->
 # ---- small holes -------------------------------------------------------------------------------------
 def test_garbage_module_images_are_refused_as_the_driver_would(server: Server) -> None:
     """Bytes that are no module image answer CUDA_ERROR_INVALID_IMAGE, code for another GPU
-    CUDA_ERROR_NO_BINARY_FOR_GPU; the session goes on (the sim is sm_90)."""
+    CUDA_ERROR_NO_BINARY_FOR_GPU; the session goes on (the sim, like an H100, is sm_90)."""
     ptx = PTX.decode()
     images = {
         b"garbage that is text": errors.INVALID_IMAGE,

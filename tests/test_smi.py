@@ -15,6 +15,9 @@ import pytest
 from conftest import Server, shim_env, start_server
 from toolchain import cudart_path
 
+# Two devices (XPU_SIM_DEVICES=2), memory held on the second, backend "sim" in the listing.
+pytestmark = pytest.mark.sim_only(reason="two sim devices (XPU_SIM_DEVICES)")
+
 MIB = 1 << 20
 HOLDER = """
 import ctypes, sys

@@ -8,6 +8,9 @@ import sys
 import pytest
 from conftest import start_server
 
+# Three devices (XPU_SIM_DEVICES=3), told apart by the sim's names and UUIDs.
+pytestmark = pytest.mark.sim_only(reason="three sim devices (XPU_SIM_DEVICES), their names and UUIDs")
+
 SCRIPT = """
 import ctypes
 cu = ctypes.CDLL("libcuda.so.1")

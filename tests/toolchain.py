@@ -74,9 +74,13 @@ def newest_cudart() -> tuple[str | None, str]:
 
 
 def nvcc_lib_dir() -> str | None:
-    """Where nvcc's wheel keeps libcudart_static.a and friends, for -L."""
+    """Where nvcc's libcudart_static.a and friends are, for -L: lib beside the wheel's bin, lib64
+    beside a CUDA toolkit's (/usr/local/cuda/bin/nvcc, say)."""
     nvcc = nvcc_path()
     if nvcc is None:
         return None
-    lib = Path(nvcc).resolve().parent.parent / "lib"
-    return str(lib) if lib.is_dir() else None
+    root = Path(nvcc).resolve().parent.parent
+    for lib in (root / "lib", root / "lib64"):
+        if (lib / "libcudart_static.a").is_file():
+            return str(lib)
+    return None

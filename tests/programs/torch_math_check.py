@@ -8,11 +8,18 @@ device computes in fp16/bf16, so each difference is the device's rounding, not t
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch_checks import check, diff, rel, report
 
 torch.manual_seed(0)
+if os.environ.get("XPU_TEST_BACKEND") == "cuda":
+    # a GPU's cuDNN computes fp32 convolutions in TF32 unless told not to (PyTorch's default): its
+    # 10-bit mantissa puts these results about 1e-3 from the CPU's, past the 1e-4 fp32 checks allow
+    # (matmuls are fp32 by default); the sim computes in fp32 either way
+    torch.backends.cudnn.allow_tf32 = False
 
 
 a, b = torch.randn(33, 17), torch.randn(17, 9)
