@@ -287,20 +287,20 @@ def stage_suite(ctx: Context) -> dict[str, Any]:
         counts = _pytest_counts(step["output"])
         return {"ok": step["rc"] == 0 and counts.get("collected", 0) > 0, "counts": counts, "steps": [_brief(step)]}
     junit = WORK / "suite.xml"
-    xdist = _query(ctx.python, "import xdist; print(1)") == "1"
-    workers = ["-n", str(min(8, os.cpu_count() or 1))] if xdist else []
-    step = ctx.run("pytest", [ctx.python, *select, "-q", "-rfE", *workers, f"--junitxml={junit}"], 540, env)
+    # one process: tests compare the GPU's device-wide free memory, which parallel workers would move
+    step = ctx.run("pytest", [ctx.python, *select, "-q", "-rfE", f"--junitxml={junit}"], 540, env)
     counts = _pytest_counts(step["output"])
     failures = _junit_failures(junit)
     return {"ok": step["rc"] == 0, "counts": counts, "failures": failures, "steps": [_brief(step, 60)]}
 
 
 def _pytest_counts(output: str) -> dict[str, int]:
-    last = next((line for line in reversed(output.splitlines()) if re.search(r"\d+ (passed|failed|collected|"
-                                                                              r"error|tests? collected)", line)), "")
-    counts = {word: int(n) for n, word in re.findall(r"(\d+) (\w+)", last)}
-    if "tests" in counts or "test" in counts:  # "N tests collected" / "N/M tests collected"
-        counts["collected"] = counts.pop("tests", counts.pop("test", 0))
+    """pytest's last tally: "3 failed, 230 passed, ..." or "234/263 tests collected (29 deselected)"."""
+    last = next((line for line in reversed(output.splitlines())
+                 if re.search(r"\d+ (passed|failed|error|errors|skipped|deselected)|tests? collected", line)), "")
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|errors?|skipped|deselected|xfailed)", last)}
+    if collected := re.search(r"(?:(\d+)/)?(\d+) tests? collected", last):
+        counts["collected"] = int(collected[1] or collected[2])
     return counts
 
 
