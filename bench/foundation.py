@@ -710,7 +710,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lines.append(f"| {r['figure']} | {r['unit']} | {_fmt(r['shim'])} | {_fmt(r['baseline'])} | "
                      f"{r['ratio']:.2f}x | {r['target']} | {'yes' if r['met'] else 'NO'} |")
-    lines += ["", "CPU time, medians (all threads; client = the agent process, server = the sim worker or "
+    lines += ["", "CPU time, medians (all threads; client = the agent process, server = the session's worker or "
               "the echo server):", "",
               "| figure | unit | shim: client | shim: server | baseline: client | baseline: server |",
               "|---|---|---:|---:|---:|---:|"]
@@ -790,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
             f"Machine: {m['cores']} cores, {m['cpu']}, {m['system']}; Python {m['python']}, "
             f"pyzmq {m['pyzmq']} (libzmq {m['libzmq']}), msgpack {m['msgpack']}. "
             f"Medians of {args.repeats} repeats ({args.bulk_repeats} for copies), the two agents "
-            f"interleaved; sim server, echo server and both agents share the machine (load average before "
+            f"interleaved; the xpu-server, echo server and both agents share the machine (load average before "
             f"{m['load_before']}, after {doc['load_after']}). Workers and the echo server run with "
             f"GLIBC_TUNABLES={m['worker_glibc_tunables'] or '(none)'}, transparent huge pages "
             f"{m['transparent_hugepage']}.\n\n"
