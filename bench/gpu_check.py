@@ -69,7 +69,6 @@ class Context:
     python: str
     torch_python: str
     bundle: Path
-    out: Path
     log: TextIO
     env: dict[str, str] = field(default_factory=dict)
 
@@ -336,9 +335,8 @@ def _json_checks(step: dict[str, Any]) -> str | None:
     """The torch_*_check.py programs: one JSON line of check -> largest difference (or the error)."""
     if step["rc"] != 0:
         return _exit_ok(step)
-    try:
-        results = json.loads(step["output"].strip().splitlines()[-1])
-    except (ValueError, IndexError):
+    results = _checks_of(step)
+    if results is None:
         return f"no JSON line: {_last_line(step)}"
     errors = [k for k, v in results.items() if isinstance(v, str)]
     return f"errors in {', '.join(errors)}" if errors else None
@@ -415,11 +413,12 @@ def start_server(ctx: Context, name: str, extra_env: dict[str, str] | None = Non
 def stage_programs(ctx: Context) -> dict[str, Any]:
     server, address = start_server(ctx, "programs")
     rows, steps = [], []
+    shutil.rmtree(WORK / "programs", ignore_errors=True)
+    (WORK / "programs").mkdir()  # each program's output through xpu-run, which stage 5 reads
     try:
         for prog in programs(ctx):
             remote = ctx.run(f"{prog.name} via xpu-run", [ctx.python, "-m", "xpuremote.interpose.run", "--server",
                                                           address, "--", *prog.argv], 240)
-            (WORK / "programs").mkdir(exist_ok=True)
             (WORK / "programs" / f"{re.sub(r'[^a-z0-9]+', '-', prog.name.lower())}.log").write_text(remote["output"])
             row = {"program": prog.name, "xpuremote": prog.verdict(remote) or "pass", "xpuremote_s": remote["seconds"],
                    "xpuremote_checks": _checks_of(remote) if prog.verdict is _json_checks else None}
@@ -432,7 +431,7 @@ def stage_programs(ctx: Context) -> dict[str, Any]:
             rows.append(row)
     finally:
         _kill_group(server.pid)
-    ok = bool(rows) and all(r["xpuremote"] == "pass" for r in rows)
+    ok = bool(rows) and all(r["xpuremote"] == "pass" and r.get("native", "pass") == "pass" for r in rows)
     return {"ok": ok, "server": f"xpu-server --backend {ctx.backend} at {address}", "programs": rows,
             "steps": [_brief(s, 8) for s in steps]}
 
@@ -599,8 +598,8 @@ def run(args: argparse.Namespace) -> int:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "XPU_SERVER", "XPU_TEST_BACKEND")}
     env["PYTHONUNBUFFERED"] = "1"
     with open(args.out / "gpu-check.log", "w") as log:
-        ctx = Context(args.backend, args.python, args.torch_python or args.python, args.bundle.resolve(), args.out,
-                      log, env)
+        ctx = Context(args.backend, args.python, args.torch_python or args.python, args.bundle.resolve(), log,
+                      env)
         facts = environment(ctx)
         report: dict[str, Any] = {"command": shlex.join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
                                   "backend": args.backend, "environment": facts, "stages": {}}
