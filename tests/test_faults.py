@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -160,6 +161,35 @@ print(cu.cuInit(0), cu.cuDeviceGetCount(byref(n)), cu.cuMemAlloc_v2(byref(p), c_
         str(CUBLAS_STATUS_NOT_INITIALIZED), str(NVML_ERROR_UNINITIALIZED), "-1"], proc.stderr
     assert proc.stderr.count("the CUDA client could not start") == 1, proc.stderr
     assert "fix:" in proc.stderr
+
+
+def other_python() -> str | None:
+    """An interpreter other than the one running the tests (another version or another build)."""
+    probe = "import sys; print(sys.version.splitlines()[0]); print(sys.base_prefix)"
+    ours = [sys.version.splitlines()[0], sys.base_prefix]
+    for name in ("/usr/bin/python3", *(f"python3.{minor}" for minor in range(10, 15))):
+        exe = shutil.which(name)
+        if exe:
+            proc = subprocess.run([exe, "-c", probe], capture_output=True, text=True, timeout=30)
+            if proc.returncode == 0 and proc.stdout.splitlines() != ours:
+                return exe
+    return None
+
+
+def test_xpu_run_says_before_the_program_starts_that_its_python_cannot_host_the_client(server: Server) -> None:
+    """The client runs in the application's interpreter; another one cannot host it. xpu-run says
+    so, with the fix, before the program runs (the program still runs: it may not use CUDA)."""
+    python = other_python()
+    if python is None:
+        pytest.skip("no Python other than the tests' own on this machine")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    proc = subprocess.run([sys.executable, "-m", "xpuremote.interpose.run", "--server", server.address, "--",
+                           python, "-c", "import sys; print('started', file=sys.stderr); sys.exit(3)"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 3, proc.stderr
+    said = proc.stderr.index("so every CUDA call would fail with CUDA_ERROR_NOT_INITIALIZED")
+    assert "xpu-run: fix: run the program with " + sys.executable in proc.stderr
+    assert said < proc.stderr.index("started")
 
 
 def test_null_pointers_are_invalid_value_and_lose_nothing(run_on) -> None:
