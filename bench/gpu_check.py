@@ -179,9 +179,10 @@ def bundle(out: Path, version: str, headers_from: str | None) -> int:
     for v in dict.fromkeys([version, here]):  # the GPU machine's Python, and this one's for the dry run
         # pip judges the project's markers by the Python that runs it: name what 3.12 adds
         _pip_download(wheels, v, [str(project), *_pins(), "setuptools>=68"])
-    # the newest runtime the tests try, which tests/toolchain.py fetches with pip: kept apart, since
-    # `wheels` holds the pinned version of the same package
-    _pip_download(out / "runtimes", version, [f"nvidia-cuda-runtime=={_toolchain_here().NEWEST_CUDART}"])
+    # the runtimes the tests fetch with pip (tests/toolchain.py) besides the pinned ones: kept apart, since
+    # `wheels` holds the pinned versions of the same packages
+    toolchain = _toolchain_here()
+    _pip_download(out / "runtimes", version, [toolchain.cudart_requirement(v) for v in toolchain.FETCHED_CUDARTS])
     notes = {"source": source_hash(), "python_version": version, "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
              "wheels": sorted(p.name for p in wheels.iterdir()), "python_files": None}
     files = _python_files(headers_from) if headers_from else None
@@ -241,7 +242,7 @@ def setup(ctx: Context, facts: dict[str, Any]) -> dict[str, Any]:
                                  "--find-links", str(ctx.bundle / "wheels"), "--target", str(site), "xpuremote",
                                  *_pins_from(notes)], 300)]
     ctx.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
-    # what the tests fetch with pip (the newest runtime) comes from the bundle, not the network
+    # what the tests fetch with pip (runtimes besides the pinned ones) comes from the bundle, not the network
     ctx.env |= {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(ctx.bundle / "runtimes")}
     ctx.env["XPU_SHIM_DIR"] = str(shim)
     fallback = _python_fallback(ctx, facts)

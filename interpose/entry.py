@@ -73,7 +73,7 @@ def unknown_slot(ffi: Any, slots: Any) -> int:
     return errors.NOT_SUPPORTED
 
 
-# Tables every runtime seen (12.9 to 13.5) asks for and goes on without: said at INFO only.
+# Tables the runtimes from 12.9 on (to 13.5) ask for and go on without: said at INFO only (12.4 to 12.8 do not ask).
 OPTIONAL_TABLES = {
     # slot 1: a log function (domain, severity, format, va_list); 13.x also calls slot 2 with 0 or 1
     # around some device queries. Without the table the runtime skips both.

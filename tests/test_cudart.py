@@ -6,25 +6,30 @@ script loads the runtime with ctypes, runs one sub-test and prints its findings 
 
 from __future__ import annotations
 
+import functools
 import json
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import DEVICE_NAME
-from toolchain import NEWEST_CUDART, cudart_path, newest_cudart
+from toolchain import FETCHED_CUDARTS, cudart_path, fetch_cudart
 
 SCRIPT = Path(__file__).resolve().parent / "programs" / "cudart_check.py"
 SIZES = ("1", "7", "4096", "65537", str((1 << 20) + 3), str(64 << 20))
 CUDA_ERROR_INVALID_DEVICE = 101
 
 
-@pytest.fixture(params=[12, 13, "newest"], ids=["cudart12", "cudart13", f"cudart{NEWEST_CUDART}"])
+@pytest.fixture(params=[12, 13, *FETCHED_CUDARTS],
+                ids=["cudart12", "cudart13", *(f"cudart{v}" for v in FETCHED_CUDARTS)])
 def cudart(request: pytest.FixtureRequest) -> str:
-    """The pinned runtimes of the test extra, and the newest tested (13.4 and later need the tools context)."""
-    if request.param == "newest":
-        path, why = newest_cudart()
+    """The pinned runtimes of the test extra (the newest 12.x, the oldest 13.x), and those fetched: the oldest
+    12.x tested and the newest 13.x (13.4 and later need the tools context)."""
+    if isinstance(request.param, str):
+        path, why = fetch_cudart(request.param)
         if path is None:
             pytest.skip(why)
         return path
@@ -34,19 +39,21 @@ def cudart(request: pytest.FixtureRequest) -> str:
     return path
 
 
+def run_check(run: Callable[[list[str]], subprocess.CompletedProcess], cudart: str, subtest: str) -> dict[str, Any]:
+    """The sub-test's JSON result, run by `run` (under the shim); fails (AssertionError) if the program failed.
+    bench/runtimes.py calls the tests below with this too, on every runtime of the package index."""
+    proc = run([sys.executable, str(SCRIPT), cudart, subtest])
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"{subtest}: no output (exit {proc.returncode})\nstderr:\n{proc.stderr}"
+    result = json.loads(lines[-1])
+    assert proc.returncode == 0 and result["ok"], f"{subtest}: {result}\nstderr:\n{proc.stderr}"
+    return result
+
+
 @pytest.fixture
-def check(run_on, cudart: str):
+def check(run_on, cudart: str) -> Callable[[str], dict[str, Any]]:
     """check(subtest) -> the sub-test's JSON result; fails the test if the program failed."""
-
-    def run(subtest: str) -> dict[str, Any]:
-        proc = run_on([sys.executable, str(SCRIPT), cudart, subtest], timeout=300)
-        lines = proc.stdout.strip().splitlines()
-        assert lines, f"{subtest}: no output (exit {proc.returncode})\nstderr:\n{proc.stderr}"
-        result = json.loads(lines[-1])
-        assert proc.returncode == 0 and result["ok"], f"{subtest}: {result}\nstderr:\n{proc.stderr}"
-        return result
-
-    return run
+    return functools.partial(run_check, functools.partial(run_on, timeout=300), cudart)
 
 
 def test_device_count_and_properties(check) -> None:

@@ -10,9 +10,14 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-# The newest CUDA 13 runtime tested besides the one the test extra pins: one venv holds one version
-# of a wheel, so its libcudart is fetched with pip into a cache directory (newest_cudart()).
+# NVIDIA's runtime wheels by CUDA major: (package, folder), libcudart being nvidia/FOLDER/lib/libcudart.so.MAJOR
+RUNTIME_WHEELS = {12: ("nvidia-cuda-runtime-cu12", "cuda_runtime"), 13: ("nvidia-cuda-runtime", "cu13")}
+# Runtimes tested besides the two the test extra pins (12.9.79, the newest 12.x on the index, and 13.0.96, the
+# oldest 13.x): one venv holds one version of a wheel, so these are fetched with pip into a cache directory
+# (fetch_cudart()). bench/runtimes.py runs every release from 12.4 on.
+OLDEST_CUDART12 = "12.4.99"
 NEWEST_CUDART = "13.5.37"
+FETCHED_CUDARTS = (OLDEST_CUDART12, NEWEST_CUDART)
 
 
 def nvcc_path() -> str | None:
@@ -39,23 +44,33 @@ def _nvidia_dirs() -> list[Path]:
 
 
 def cudart_path(major: int) -> str | None:
-    """NVIDIA's libcudart of CUDA `major` (12 or 13), from the runtime wheels."""
-    sub = {12: ("cuda_runtime", "libcudart.so.12"), 13: ("cu13", "libcudart.so.13")}[major]
+    """NVIDIA's libcudart of CUDA `major` (12 or 13), from the runtime wheels installed."""
     for base in _nvidia_dirs():
-        candidate = base / sub[0] / "lib" / sub[1]
+        candidate = base.parent / cudart_member(major)
         if candidate.is_file():
             return str(candidate)
     return None
 
 
-def newest_cudart() -> tuple[str | None, str]:
-    """(libcudart.so.13 of nvidia-cuda-runtime==NEWEST_CUDART, "") from the cache (XPU_SHIM_DIR, else
-    ~/.cache/xpuremote), downloaded there with pip the first time; (None, why) when pip cannot get it."""
+def cudart_member(major: int) -> str:
+    """Where the runtime wheel of CUDA `major` keeps libcudart."""
+    return f"nvidia/{RUNTIME_WHEELS[major][1]}/lib/libcudart.so.{major}"
+
+
+def cudart_requirement(version: str) -> str:
+    """pip's requirement for NVIDIA's runtime `version` (the package's name depends on the major)."""
+    return f"{RUNTIME_WHEELS[int(version.split('.')[0])][0]}=={version}"
+
+
+def fetch_cudart(version: str) -> tuple[str | None, str]:
+    """(libcudart of NVIDIA's runtime `version`, "") from the cache (XPU_SHIM_DIR, else ~/.cache/xpuremote),
+    downloaded there with pip the first time; (None, why) when pip cannot get it."""
+    major = int(version.split(".")[0])
     root = Path(os.environ.get("XPU_SHIM_DIR") or Path.home() / ".cache" / "xpuremote")
-    lib = root / f"cudart-{NEWEST_CUDART}" / "libcudart.so.13"
+    lib = root / f"cudart-{version}" / f"libcudart.so.{major}"
     if lib.is_file():
         return str(lib), ""
-    requirement = f"nvidia-cuda-runtime=={NEWEST_CUDART}"
+    requirement = cudart_requirement(version)
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
                                "--retries", "1", "--timeout", "15", "-d", tmp, requirement],
@@ -65,7 +80,9 @@ def newest_cudart() -> tuple[str | None, str]:
             why = (proc.stderr.strip().splitlines() or ["no wheel"])[-1]
             return None, f"pip could not download {requirement} (offline?): {why}"
         with zipfile.ZipFile(wheels[0]) as wheel:
-            member = next(n for n in wheel.namelist() if n.endswith("/lib/libcudart.so.13"))
+            member = cudart_member(major)
+            if member not in wheel.namelist():
+                return None, f"{wheels[0].name} has no {member}"
             lib.parent.mkdir(parents=True, exist_ok=True)
             part = lib.with_suffix(f".part{os.getpid()}")
             part.write_bytes(wheel.read(member))
