@@ -87,9 +87,13 @@ class Context:
             output, _ = proc.communicate(timeout=timeout)
             rc: int | None = proc.returncode
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
+            _kill_group(proc.pid)
             rc = None
+            try:  # a process that left the group may still hold the pipe: don't wait on it for ever
+                output, _ = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                output = b"(no output: the pipe stayed open after the kill)"
         _kill_group(proc.pid)
         text = output.decode(errors="replace") + (f"\n(killed after {timeout:.0f} s)" if rc is None else "")
         self.log.write(text[-LOG_TAIL:] + f"\n===== {name}: exit {rc}, {time.monotonic() - started:.1f} s\n")
@@ -109,6 +113,7 @@ def _brief(step: dict[str, Any], lines: int = 25) -> dict[str, Any]:
             "tail": "\n".join(step["output"].strip().splitlines()[-lines:])}
 
 
+# This script runs before the bundle is installed, so it imports nothing of xpuremote's.
 def _query(python: str, code: str, env: dict[str, str] | None = None) -> str:
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     return proc.stdout.strip() if proc.returncode == 0 else ""
@@ -240,7 +245,7 @@ def setup(ctx: Context, facts: dict[str, Any]) -> dict[str, Any]:
     shutil.rmtree(site, ignore_errors=True)
     steps = [ctx.run("install", [ctx.python, "-m", "pip", "install", "--quiet", "--no-index", "--no-compile",
                                  "--find-links", str(ctx.bundle / "wheels"), "--target", str(site), "xpuremote",
-                                 *_pins_from(notes)], 300)]
+                                 *_pins()], 300)]
     ctx.env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     # what the tests fetch with pip (runtimes besides the pinned ones) comes from the bundle, not the network
     ctx.env |= {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(ctx.bundle / "runtimes")}
@@ -249,12 +254,6 @@ def setup(ctx: Context, facts: dict[str, Any]) -> dict[str, Any]:
     steps.append(ctx.run("build the shim", [ctx.python, "-m", "xpuremote.interpose.build"], 300))
     ok = all(s["rc"] == 0 for s in steps)
     return {"ok": ok, "bundle": notes, "python_files": fallback, "steps": [_brief(s) for s in steps]}
-
-
-def _pins_from(notes: dict[str, Any]) -> list[str]:
-    """The runtime wheels in the bundle, by name (the bundle lists what it holds)."""
-    names = {re.sub(r"-\d.*", "", w).replace("_", "-") for w in notes["wheels"]}
-    return sorted(n for n in names if n.startswith("nvidia-cuda-runtime"))
 
 
 def _python_fallback(ctx: Context, facts: dict[str, Any]) -> str:
