@@ -66,8 +66,20 @@ def forward_stderr(proc: subprocess.Popen) -> None:
     threading.Thread(target=pump, daemon=True).start()
 
 
-# what identifies an interpreter: the shim embeds the one that runs xpu-run, and a process can hold only one
+# What identifies an interpreter: the shim embeds the one that runs xpu-run, and a process can hold only one.
 WHICH_PYTHON = "import sys; print(sys.version.splitlines()[0]); print(sys.base_prefix)"
+THIS_PYTHON = [sys.version.splitlines()[0], sys.base_prefix]
+
+
+def interpreter(exe: str) -> list[str] | None:
+    """[version line, base prefix] of the Python `exe`, or None where it does not answer as one."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    try:
+        probe = subprocess.run([exe, "-c", WHICH_PYTHON], capture_output=True, text=True, timeout=30, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = probe.stdout.splitlines()
+    return found if probe.returncode == 0 and len(found) == 2 else None
 
 
 def foreign_python(command: list[str]) -> str | None:
@@ -76,15 +88,10 @@ def foreign_python(command: list[str]) -> str | None:
     exe = shutil.which(command[0])
     if not exe or not re.fullmatch(r"python[0-9.]*", os.path.basename(exe)):
         return None
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    try:
-        probe = subprocess.run([exe, "-c", WHICH_PYTHON], capture_output=True, text=True, timeout=30, env=env)
-    except (OSError, subprocess.TimeoutExpired):
+    theirs = interpreter(exe)
+    if theirs is None or theirs == THIS_PYTHON:
         return None
-    theirs = probe.stdout.splitlines()
-    ours = [sys.version.splitlines()[0], sys.base_prefix]
-    if probe.returncode != 0 or len(theirs) != 2 or theirs == ours:
-        return None
+    ours = THIS_PYTHON
     return (f"xpu-run: {command[0]} is Python {theirs[0].split()[0]} from {theirs[1]}, but xpuremote is installed "
             f"for Python {ours[0].split()[0]} from {ours[1]}; its CUDA client runs inside the application's Python, "
             f"so every CUDA call would fail with CUDA_ERROR_NOT_INITIALIZED.\n"

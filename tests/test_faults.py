@@ -24,6 +24,7 @@ import zmq
 from conftest import ROOT, Server, free_port, shim_env, start_server
 from pyclient import wait_for
 
+from xpuremote.interpose.run import THIS_PYTHON, interpreter
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import CALLS
 from xpuremote.protocol.cuda_api import ENUMS
@@ -165,14 +166,10 @@ print(cu.cuInit(0), cu.cuDeviceGetCount(byref(n)), cu.cuMemAlloc_v2(byref(p), c_
 
 def other_python() -> str | None:
     """An interpreter other than the one running the tests (another version or another build)."""
-    probe = "import sys; print(sys.version.splitlines()[0]); print(sys.base_prefix)"
-    ours = [sys.version.splitlines()[0], sys.base_prefix]
     for name in ("/usr/bin/python3", *(f"python3.{minor}" for minor in range(10, 15))):
         exe = shutil.which(name)
-        if exe:
-            proc = subprocess.run([exe, "-c", probe], capture_output=True, text=True, timeout=30)
-            if proc.returncode == 0 and proc.stdout.splitlines() != ours:
-                return exe
+        if exe and interpreter(exe) not in (None, THIS_PYTHON):
+            return exe
     return None
 
 
