@@ -155,14 +155,23 @@ def _pip_download(wheels: Path, version: str, requirements: list[str]) -> None:
                     version, "--implementation", "cp", *platforms, "-d", str(wheels), *requirements], check=True)
 
 
-def _python_files(python: str) -> tuple[Path, Path] | None:
-    """A Python's header folder and its libpython, where both exist."""
-    code = ("import sysconfig as s, os; print(s.get_paths()['include']); "
-            "print(os.path.join(s.get_config_var('LIBDIR') or '', s.get_config_var('INSTSONAME') or ''))")
-    found = _query(python, code).splitlines()
-    if len(found) != 2 or not (Path(found[0]) / "Python.h").is_file() or not Path(found[1]).is_file():
+# What the machine's Python has, asked of it (the set-up records it; the bundle reads the headers' Python).
+FACTS = """import json, os, sys, sysconfig, shutil
+lib = os.path.join(sysconfig.get_config_var('LIBDIR') or '', sysconfig.get_config_var('INSTSONAME') or '')
+include = sysconfig.get_paths()['include']
+print(json.dumps({'python': sys.version.split()[0], 'version': sysconfig.get_python_version(),
+  'executable': sys.executable, 'shared_libpython': bool(sysconfig.get_config_var('Py_ENABLE_SHARED')),
+  'libpython': os.path.isfile(lib), 'libpython_path': lib,
+  'headers': os.path.isfile(os.path.join(include, 'Python.h')), 'include': include,
+  'gcc': shutil.which('gcc'), 'nvcc': shutil.which('nvcc'), 'nvidia_smi': shutil.which('nvidia-smi')}))"""
+
+
+def _python_files(python: str, version: str) -> tuple[Path, Path] | None:
+    """The header folder and libpython of `python`, where it is Python `version` and has both."""
+    facts = json.loads(_query(python, FACTS) or "{}")
+    if facts.get("version") != version or not (facts["headers"] and facts["libpython"]):
         return None
-    return Path(found[0]), Path(found[1])
+    return Path(facts["include"]), Path(facts["libpython_path"])
 
 
 def _toolchain_here() -> Any:
@@ -190,8 +199,8 @@ def bundle(out: Path, version: str, headers_from: str | None) -> int:
     _pip_download(out / "runtimes", version, [toolchain.cudart_requirement(v) for v in toolchain.FETCHED_CUDARTS])
     notes = {"source": source_hash(), "python_version": version, "made": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
              "wheels": sorted(p.name for p in wheels.iterdir()), "python_files": None}
-    files = _python_files(headers_from) if headers_from else None
-    if files and _query(headers_from, "import sysconfig; print(sysconfig.get_python_version())") == version:
+    files = _python_files(headers_from, version) if headers_from else None
+    if files:
         include, lib = files
         with tarfile.open(out / f"python{version}.tar.xz", "w:xz") as tar:
             tar.add(include, arcname=f"include/{include.name}")
@@ -207,14 +216,6 @@ def bundle(out: Path, version: str, headers_from: str | None) -> int:
 
 
 # ---- set-up on the machine: facts, install, the shim ---------------------------------------------------
-FACTS = """import json, os, sys, sysconfig, shutil
-lib = os.path.join(sysconfig.get_config_var('LIBDIR') or '', sysconfig.get_config_var('INSTSONAME') or '')
-print(json.dumps({'python': sys.version.split()[0], 'executable': sys.executable,
-  'shared_libpython': bool(sysconfig.get_config_var('Py_ENABLE_SHARED')), 'libpython': os.path.isfile(lib),
-  'headers': os.path.isfile(os.path.join(sysconfig.get_paths()['include'], 'Python.h')),
-  'gcc': shutil.which('gcc'), 'nvcc': shutil.which('nvcc'), 'nvidia_smi': shutil.which('nvidia-smi')}))"""
-
-
 def _command_line(cmd: list[str]) -> str:
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
