@@ -71,6 +71,7 @@ class Context:
     bundle: Path
     log: TextIO
     suite_limit: float = 540
+    bench_limit: float = 540
     env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -281,7 +282,8 @@ def _python_fallback(ctx: Context, facts: dict[str, Any]) -> str:
 
 # ---- stage 1: the test suite ----------------------------------------------------------------------
 def stage_suite(ctx: Context) -> dict[str, Any]:
-    env = {**ctx.env, "XPU_TEST_BACKEND": "cuda"}
+    torch_python = shutil.which(ctx.torch_python) or ctx.torch_python
+    env = {**ctx.env, "XPU_TEST_BACKEND": "cuda", "XPU_TORCH_PYTHON": torch_python}
     select = ["-m", "pytest", "-m", "not sim_only", "-p", "no:cacheprovider"]
     if not ctx.gpu:  # CI has just run the whole suite on the sim: check that the GPU's selection collects
         step = ctx.run("collect the GPU selection", [ctx.python, *select, "--collect-only", "-q"], 300, env)
@@ -432,16 +434,17 @@ def stage_programs(ctx: Context) -> dict[str, Any]:
     rows, steps = [], []
     shutil.rmtree(WORK / "programs", ignore_errors=True)
     (WORK / "programs").mkdir()  # each program's output through xpu-run, which stage 5 reads
+    env = {**ctx.env, "XPU_TEST_BACKEND": ctx.backend}  # the programs expect the backend's device names
     try:
         for prog in programs(ctx):
             remote = ctx.run(f"{prog.name} via xpu-run", [ctx.python, "-m", "xpuremote.interpose.run", "--server",
-                                                          address, "--", *prog.argv], 240)
+                                                          address, "--", *prog.argv], 240, env)
             (WORK / "programs" / f"{re.sub(r'[^a-z0-9]+', '-', prog.name.lower())}.log").write_text(remote["output"])
             row = {"program": prog.name, "xpuremote": prog.verdict(remote) or "pass", "xpuremote_s": remote["seconds"],
                    "xpuremote_checks": _checks_of(remote) if prog.verdict is _json_checks else None}
             steps.append(remote)
             if ctx.gpu:
-                native = ctx.run(f"{prog.name} natively", prog.argv, 240)
+                native = ctx.run(f"{prog.name} natively", prog.argv, 240, env)
                 row |= {"native": prog.verdict(native) or "pass", "native_s": native["seconds"],
                         "native_checks": _checks_of(native) if prog.verdict is _json_checks else None}
                 steps.append(native)
@@ -461,7 +464,7 @@ SIM_TORCH = {"XPU_SIM_SKIP_KERNELS": "1"}
 
 
 def stage_bench(ctx: Context) -> dict[str, Any]:
-    budget = time.monotonic() + 540
+    budget = time.monotonic() + ctx.bench_limit
     out = WORK / "bench"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -616,7 +619,7 @@ def run(args: argparse.Namespace) -> int:
     env["PYTHONUNBUFFERED"] = "1"
     with open(args.out / "gpu-check.log", "w") as log:
         ctx = Context(args.backend, args.python, args.torch_python or args.python, args.bundle.resolve(), log,
-                      args.suite_limit, env)
+                      args.suite_limit, args.bench_limit, env)
         facts = environment(ctx)
         report: dict[str, Any] = {"command": shlex.join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
                                   "backend": args.backend, "environment": facts, "stages": {}}
@@ -655,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--python", default=sys.executable, help="the Python that runs the checks (default: this one)")
     r.add_argument("--torch-python", help="a Python with torch (default: --python)")
     r.add_argument("--suite-limit", type=float, default=540, help="seconds for stage 1's pytest (default 540)")
+    r.add_argument("--bench-limit", type=float, default=540, help="seconds for stage 3 (default 540)")
     args = parser.parse_args(argv)
     if args.verb == "bundle":
         return bundle(args.out, args.python_version, args.headers_from)

@@ -35,28 +35,35 @@ SCALAR_BYTES = {LT_DESC[name]: size for name, size in mathlibs.SCALAR_BYTES.item
 
 # client handle -> what the local answers need: {"stream", "pointer_mode", "math_mode", ...}
 STATE: dict[int, dict[str, int]] = {}
-_checked: set[str] = set()
+_served: dict[str, tuple[int, int, int] | None] = {}  # library -> the server's copy's version, asked once
 
 
-def version_number(lib: mathlibs.Library) -> int:
-    major, minor, patch = mathlibs.api(lib).VERSION
-    return major * 10000 + minor * 100 + patch
+def served(d: Driver, lib: mathlibs.Library) -> tuple[int, int, int] | None:
+    """major, minor, patch of the library the server runs these calls on (None: it has none)."""
+    if lib.name not in _served:
+        (version,) = d.call(CALLS["xpuLibraryVersion"], [lib.name, 1])
+        _served[lib.name] = tuple(version) if version else None
+    return _served[lib.name]
+
+
+def version_of(d: Driver, lib: mathlibs.Library) -> tuple[int, int, int]:
+    """What the application is told: the version that runs its calls, the server's. The headers'
+    when the server has none (its first handle then fails, saying so)."""
+    return served(d, lib) or tuple(mathlibs.api(lib).VERSION)
 
 
 def check_version(d: Driver, lib: mathlibs.Library) -> None:
-    """Once per library, before its first handle: can the server serve the version the application's
-    calls are declared with (same major, no older minor)?"""
-    if lib.name in _checked:
+    """Before a library's first handle: the server's copy must share the major version of the
+    headers the calls are declared from (the ABI is stable within one). An older minor serves all
+    but the calls it lacks, which answer NOT_SUPPORTED on their own."""
+    have, ours = served(d, lib), tuple(mathlibs.api(lib).VERSION)
+    if have is not None and have[0] == ours[0]:
         return
-    (served,) = d.call(CALLS["xpuLibraryVersion"], [lib.name, 1])
-    ours = tuple(mathlibs.api(lib).VERSION)
-    if not served or served[0] != ours[0] or tuple(served[:2]) < ours[:2]:
-        have = ".".join(map(str, served)) if served else "none"
-        message = (f"the server cannot serve {lib.name} {'.'.join(map(str, ours))}, the version this program "
-                   f"uses (the server has {have}); install {lib.name} {ours[0]}.{ours[1]} or newer on the server")
-        log.error("%s", message)
-        raise errors.library_error(lib.name, "version_mismatch", message)
-    _checked.add(lib.name)
+    message = (f"the server cannot serve {lib.name} {ours[0]}.x, the major version this program's calls are made "
+               f"for (the server has {'.'.join(map(str, have)) if have else 'none'}); install {lib.name} {ours[0]} "
+               "on the server")
+    log.error("%s", message)
+    raise errors.library_error(lib.name, "version_mismatch", message)
 
 
 def _created(call: Call, args: list[Any]) -> int:
@@ -235,10 +242,15 @@ def backend_finalize(d: Driver, call: Call, args: list[Any]) -> None:
         d.forward(call, args)
 
 
-# ---- versions, answered from the headers the replacement libraries were generated from ------------
+# ---- versions: the server's copy's (the library that runs the calls) --------------------------------
+def _number(version: tuple[int, int, int]) -> int:
+    major, minor, patch = version
+    return major * 10000 + minor * 100 + patch
+
+
 def _version_of(lib: mathlibs.Library) -> Callable[[Driver, Call, list[Any]], int]:
     def version(d: Driver, call: Call, args: list[Any]) -> int:
-        return version_number(lib)
+        return _number(version_of(d, lib))
 
     return version
 
@@ -249,15 +261,14 @@ def _cudart_version(d: Driver, call: Call, args: list[Any]) -> int:
 
 def _property(d: Driver, call: Call, args: list[Any]) -> None:
     kind, out = args  # libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
-    version = mathlibs.api(mathlibs.BY_NAME[call.library]).VERSION
     if not 0 <= kind < 3 or not out:
         raise errors.CudaError(errors.INVALID_VALUE, f"{call.symbol}: property {kind}")
-    marshal.put(call.params[1], out, version[kind])
+    marshal.put(call.params[1], out, version_of(d, mathlibs.BY_NAME[call.library])[kind])
 
 
 @implements("cublasGetVersion")
 def cublas_get_version(d: Driver, call: Call, args: list[Any]) -> None:
-    marshal.put(call.params[1], args[1], version_number(mathlibs.CUBLAS))
+    marshal.put(call.params[1], args[1], _number(version_of(d, mathlibs.CUBLAS)))
 
 
 implements("cublasLtGetVersion")(_version_of(mathlibs.CUBLASLT))

@@ -174,17 +174,32 @@ def test_the_same_math_through_the_cuda_backend(chained: Server) -> None:
     assert "not supported by xpuremote" not in stderr, stderr[-3000:]
 
 
-# The older library is the sim's claim (XPU_SIM_LIBRARY_VERSIONS); a GPU server has the one it has.
-@pytest.mark.sim_only(reason="an older cuDNN is the sim's claim (XPU_SIM_LIBRARY_VERSIONS)")
-def test_an_older_library_on_the_server_fails_at_handle_creation(tmp_path: Path) -> None:
-    srv = start_server(tmp_path, env={"XPU_SIM_LIBRARY_VERSIONS": "cudnn=9.1.0"})
+# The server's versions are the sim's claim here (XPU_SIM_LIBRARY_VERSIONS); a GPU server has the
+# ones it has (a GPU check found the stock PyTorch's cuBLAS 13.1 there, older than these headers).
+VERSIONS = ("import ctypes, torch; x = torch.ones(4, 4).cuda(); print((x @ x).sum().item()); "
+            "lib, v = ctypes.CDLL('libcublas.so.13'), ctypes.c_int(); "
+            "print([lib.cublasGetProperty(k, ctypes.byref(v)) or v.value for k in range(3)])")
+
+
+@pytest.mark.sim_only(reason="the server's library versions are the sim's claim (XPU_SIM_LIBRARY_VERSIONS)")
+@pytest.mark.parametrize("served", ["older minor", "other major"])
+def test_the_servers_library_version_is_what_the_program_gets(tmp_path: Path, served: str) -> None:
+    """A server whose cuBLAS has an older minor serves it, and the program is told that version; one
+    with another major is refused at the first handle, saying what to install."""
+    from xpuremote.protocol import cublas_api
+
+    major = cublas_api.VERSION[0]
+    version = [major, 0, 7] if served == "older minor" else [major - 1, 9, 0]
+    srv = start_server(tmp_path, env={"XPU_SIM_KERNELS": KERNELS,
+                                      "XPU_SIM_LIBRARY_VERSIONS": "cublas=" + ".".join(map(str, version))})
     try:
-        proc = run_torch(srv, ["-c", "import torch; print(torch.nn.functional.conv2d("
-                                     "torch.ones(1, 1, 3, 3).cuda(), torch.ones(1, 1, 1, 1).cuda()).sum())"])
+        proc = run_torch(srv, ["-c", VERSIONS])
     finally:
         srv.stop()
-    assert proc.returncode != 0
-    from xpuremote.protocol import cudnn_api
-
-    ours = ".".join(map(str, cudnn_api.VERSION))
-    assert f"cannot serve cudnn {ours}" in proc.stderr and "the server has 9.1.0" in proc.stderr, proc.stderr[-3000:]
+    if served == "older minor":
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.split() == ["64.0", *f"[{version[0]}, {version[1]}, {version[2]}]".split()], proc.stdout
+    else:
+        assert proc.returncode != 0
+        assert f"cannot serve cublas {major}.x" in proc.stderr, proc.stderr[-3000:]
+        assert f"the server has {major - 1}.9.0" in proc.stderr, proc.stderr[-3000:]

@@ -25,6 +25,11 @@ def check(cond: bool, what: str, why: str = "") -> None:
         print(f"FAIL {what}: {why}", flush=True)
 
 
+# xpuremote refuses stale and made-up handles; NVIDIA's driver does not check them and may crash
+# (a bogus CUstream is dereferenced), so natively those probes are left out
+CHECKS_HANDLES = "XPU_SERVER" in os.environ
+
+
 def ok(result: tuple, what: str) -> object:
     """Check a cuda-python result tuple's CUresult; return its value(s)."""
     err, *values = result
@@ -254,7 +259,9 @@ def memory() -> None:
     for ptr in (a, b, p):
         ok(cu.cuMemFree(ptr), "cuMemFree")
     free2, _ = ok(cu.cuMemGetInfo(), "cuMemGetInfo after free")
-    check(free2 == free0, "freeing gives the memory back", f"{free0} -> {free2}")
+    # NVIDIA's driver may keep a 2 MiB page of its own meanwhile (seen with per-thread streams)
+    slack = 2 << 20 if os.environ.get("XPU_TEST_BACKEND") == "cuda" else 0
+    check(free0 - slack <= free2 <= free0, "freeing gives the memory back", f"{free0} -> {free2}")
     err, = cu.cuMemFree(a)
     check(err != SUCCESS, "double free fails", repr(err))
     err, _ = cu.cuMemAlloc(0)
@@ -336,8 +343,9 @@ def streams_and_events() -> None:
     check(int(sctx) == int(ctx), "stream context", f"{sctx} vs {ctx}")
     ok(cu.cuStreamQuery(s1), "cuStreamQuery")
     ok(cu.cuStreamSynchronize(s1), "cuStreamSynchronize")
-    err, _ = cu.cuStreamGetFlags(cu.CUstream(0x1234560))
-    check(err == cu.CUresult.CUDA_ERROR_INVALID_HANDLE, "flags of a bogus stream", repr(err))
+    if CHECKS_HANDLES:
+        err, _ = cu.cuStreamGetFlags(cu.CUstream(0x1234560))
+        check(err == cu.CUresult.CUDA_ERROR_INVALID_HANDLE, "flags of a bogus stream", repr(err))
 
     e_flags = cu.CUevent_flags.CU_EVENT_DEFAULT
     start = ok(cu.cuEventCreate(e_flags), "cuEventCreate")
@@ -371,13 +379,15 @@ def streams_and_events() -> None:
 
     for e in (start, stop, untimed):
         ok(cu.cuEventDestroy(e), "cuEventDestroy")
-    err, = cu.cuEventDestroy(start)
-    check(err == cu.CUresult.CUDA_ERROR_INVALID_HANDLE, "destroying an event twice", repr(err))
+    if CHECKS_HANDLES:
+        err, = cu.cuEventDestroy(start)
+        check(err == cu.CUresult.CUDA_ERROR_INVALID_HANDLE, "destroying an event twice", repr(err))
     ok(cu.cuMemFree(d), "cuMemFree (streams)")
     ok(cu.cuStreamDestroy(s1), "cuStreamDestroy")
     ok(cu.cuStreamDestroy(s2), "cuStreamDestroy second")
-    err, = cu.cuStreamQuery(s1)
-    check(err == cu.CUresult.CUDA_ERROR_INVALID_HANDLE, "query of a destroyed stream", repr(err))
+    if CHECKS_HANDLES:
+        err, = cu.cuStreamQuery(s1)
+        check(err == cu.CUresult.CUDA_ERROR_INVALID_HANDLE, "query of a destroyed stream", repr(err))
 
 
 # ---- errors ---------------------------------------------------------------------------------------
