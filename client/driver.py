@@ -25,6 +25,7 @@ from xpuremote.protocol import errors
 from xpuremote.protocol.calls import CALLS, SYMBOLS, Call
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import LinkSpec
+from xpuremote.protocol.logs import EVERY_CALL
 
 from . import marshal, trace
 from .connection import Connection
@@ -313,6 +314,7 @@ DRIVER = Driver()
 
 def handler(call: Call) -> Callable[[Any], int]:
     """The function the shim calls for `call`, given the argument slots."""
+    calls_logged = log.isEnabledFor(EVERY_CALL)  # XPU_LOG=CALLS: every call as it starts, with its arguments
     decode = marshal.slot_decoder(call)
     impl = IMPLEMENTATIONS.get(call.symbol) or IMPLEMENTATIONS.get(call.family)
     if impl is None and call.cls in ("sync", "async", "shadow"):
@@ -329,7 +331,10 @@ def handler(call: Call) -> Callable[[Any], int]:
 
     def run(slots: Any) -> int:
         try:
-            return impl(DRIVER, call, decode(slots)) or 0
+            args = decode(slots)
+            if calls_logged:
+                log.log(EVERY_CALL, "%s%s", call.symbol, tuple(args))
+            return impl(DRIVER, call, args) or 0
         except CudaError as exc:
             log.debug("%s -> %s", call.symbol, exc)
             return errors.status_for(exc, call.library)

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from xpuremote.client import driver, integrity, mathlibs, nvml, trace
-from xpuremote.protocol import errors
+from xpuremote.protocol import errors, logs
 
 log = logging.getLogger("xpuremote.client")
 XPU_OP_LIBRARY = 1 << 20  # shim.c's: where the math libraries' ops start, counted after the driver's
@@ -96,7 +96,7 @@ def unknown_table(ffi: Any, slots: Any) -> int:
 
 
 def setup_logging() -> None:
-    level = os.environ.get("XPU_LOG", "WARNING").upper()
+    level = logs.level("WARNING")
     logger = logging.getLogger("xpuremote")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)

@@ -60,7 +60,7 @@ def forward_stderr(proc: subprocess.Popen) -> None:
 
     def pump() -> None:
         for line in proc.stderr:
-            if os.environ.get("XPU_LOG", "WARNING").upper() in ("DEBUG", "INFO") or "ERROR" in line:
+            if os.environ.get("XPU_LOG", "WARNING").upper() in ("CALLS", "DEBUG", "INFO") or "ERROR" in line:
                 sys.stderr.write(line)
 
     threading.Thread(target=pump, daemon=True).start()

@@ -38,7 +38,7 @@ from urllib.parse import urlparse
 import zmq
 import zmq.utils.monitor
 
-from xpuremote.protocol import errors, wire
+from xpuremote.protocol import errors, logs, wire
 
 from . import auth, metrics
 from .backends import gpu_present, load_backend, sim_board
@@ -374,7 +374,7 @@ def serve_main(argv: list[str]) -> int:
                         help="file holding a bearer token that metrics requests must send (Authorization: Bearer)")
     parser.add_argument("--shutdown-grace", type=float, default=10.0, help="seconds sessions get to end on SIGTERM")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("XPU_LOG", "INFO").upper(), stream=sys.stderr,
+    logging.basicConfig(level=logs.level("INFO"), stream=sys.stderr,
                         format="xpu-server %(levelname)s %(message)s")
     if bool(args.key) != bool(args.allowed_keys):
         parser.error("--key and --allowed-keys go together")

@@ -27,7 +27,7 @@ from typing import Any
 import zmq
 import zmq.utils.monitor
 
-from xpuremote.protocol import errors, wire
+from xpuremote.protocol import errors, logs, wire
 from xpuremote.protocol.calls import BY_OPCODE, CALLS, DEFAULT_STREAMS, Call, Param
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import LinkSpec, Wire, wait_until
@@ -565,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
                         help="seconds the client has to connect after its hello; then the session ends")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("XPU_LOG", "INFO").upper(), stream=sys.stderr,
+    logging.basicConfig(level=logs.level("INFO"), stream=sys.stderr,
                         format=f"xpu-server[{args.session}] %(levelname)s %(message)s")
     keys = auth.load_server_keys(args.key) if args.key else None
     limits = Limits(args.mem_quota, args.max_request_bytes, args.max_handles)

@@ -72,7 +72,9 @@ def library_path(lib: mathlibs.Library) -> str:
     return lib.soname
 
 
-OWN = ("cuModuleUnload",)  # driver calls written by hand: the image cache must hear of them
+# driver calls written by hand: the image cache must hear of unloads, and a kernel's handle here is
+# the CUfunction of its module (xpuModuleGetFunction), so the cuKernel* calls take their cuFunc* forms
+OWN = ("cuModuleUnload", "cuKernelGetAttribute", "cuKernelSetAttribute", "cuKernelSetCacheConfig")
 
 
 class CudaBackend(Backend):
@@ -278,6 +280,16 @@ class CudaBackend(Backend):
         self.check(self.lib.cuModuleGetFunction(fn, self.ffi.cast("void *", module), name.encode()),
                    "cuModuleGetFunction")
         return (int(self.ffi.cast("uintptr_t", fn[0])),)
+
+    def cuKernelGetAttribute(self, attrib: int, kernel: int, dev: int) -> tuple[int]:
+        return (self.out("int *", "cuFuncGetAttribute", self.lib.cuFuncGetAttribute, attrib,
+                         self.ffi.cast("void *", kernel)),)
+
+    def cuKernelSetAttribute(self, attrib: int, value: int, kernel: int, dev: int) -> None:
+        self.check(self.lib.cuFuncSetAttribute(self.ffi.cast("void *", kernel), attrib, value), "cuFuncSetAttribute")
+
+    def cuKernelSetCacheConfig(self, kernel: int, config: int, dev: int) -> None:
+        self.check(self.lib.cuFuncSetCacheConfig(self.ffi.cast("void *", kernel), config), "cuFuncSetCacheConfig")
 
     def xpuFuncGetParams(self, func: int) -> tuple[list[list[int]]]:
         layout, offset, size = [], self.ffi.new("size_t *"), self.ffi.new("size_t *")

@@ -5,6 +5,7 @@ an error's text in place of a number."""
 from __future__ import annotations
 
 import json
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ results: dict[str, Any] = {}
 
 def check(name: str) -> Callable[[Callable[[], float]], None]:
     def run(fn: Callable[[], float]) -> None:
+        print(f"check {name}", file=sys.stderr, flush=True)  # which one, should the process die
         try:
             results[name] = float(fn())
         except Exception as exc:  # noqa: BLE001 - reported in the JSON, for the test to show
