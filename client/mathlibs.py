@@ -322,5 +322,10 @@ def backend_get_attribute(d: Driver, call: Call, args: list[Any]) -> None:
         if count_out:
             marshal.write(count_out, count)
         return
-    outs = d.call(call, [descriptor, name, attribute_type, requested, 8 if count_out else None, size or None])
-    marshal.unpack(call, args, outs)
+    count, data = d.call(call, [descriptor, name, attribute_type, requested, 8, size or None])
+    if count_out:  # NULL is allowed (the stock PyTorch passes it)
+        marshal.write(count_out, count)
+    # cuDNN writes the elements the attribute holds, up to the request: callers size their arrays by
+    # an earlier count and may still request more (the stock PyTorch's numerical notes)
+    held = max(0, min(requested, int.from_bytes(count, "little", signed=True)))
+    marshal.write(array, data[:_elements_bytes(attribute_type, held)] if data else None)

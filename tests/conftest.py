@@ -16,6 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM_KERNELS = ",".join(str(ROOT / p) for p in ("examples/sim_kernels.py", "tests/sim_kernels.py"))
+TORCH_SIM_KERNELS = f"{SIM_KERNELS},{ROOT / 'tests' / 'torch_sim_kernels.py'}"  # and PyTorch's, by name
 # The backend the tests' servers run: the sim (no GPU needed), or `cuda` on a machine with a GPU,
 # where tests marked sim_only are skipped.
 BACKENDS = ("sim", "cuda")
@@ -100,6 +101,24 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = start_server(tmp_path_factory.mktemp("server"))
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def chained(tmp_path_factory: pytest.TempPathFactory, shim: Path) -> Iterator[tuple[Server, Server]]:
+    """(cuda, sim): a cuda-backend server whose libcuda and math libraries are xpuremote's own
+    (stand-ins, named as such) talking to a sim server. The cuda backend's generic replay of every
+    call shape, without a GPU; its tests are sim_only (on a GPU the other tests run it for real)."""
+    from xpuremote.interpose.build import LIBRARY_NAMES
+
+    tmp = tmp_path_factory.mktemp("chain")
+    sim = start_server(tmp, backend="sim", env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS})
+    stand_ins = {f"XPU_{name.upper()}_LIBRARY": str(shim.parent / soname)
+                 for name, soname in zip(("cublas", "cublasLt", "cudnn"), LIBRARY_NAMES)}
+    cuda = start_server(tmp, backend="cuda", env={"XPU_CUDA_LIBRARY": str(shim), "XPU_SERVER": sim.address,
+                                                  **stand_ins})
+    yield cuda, sim
+    cuda.stop()
+    sim.stop()
 
 
 def shim_env(shim: Path, address: str, **extra: str) -> dict[str, str]:

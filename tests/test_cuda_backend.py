@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import start_server
 from pyclient import PyClient
 from test_isolation import HOSTILE, SIZE, host_pointer_statuses, load
 from toolchain import nvcc_lib_dir, nvcc_path
@@ -20,16 +19,6 @@ from xpuremote.protocol import errors
 ROOT = Path(__file__).resolve().parent.parent
 # The stand-in needs no GPU (CI runs it); on a GPU its checks are the other modules'.
 pytestmark = pytest.mark.sim_only(reason="the cuda backend on a stand-in libcuda chained to a sim server")
-
-
-@pytest.fixture(scope="module")
-def chained(tmp_path_factory: pytest.TempPathFactory, shim: Path):
-    tmp = tmp_path_factory.mktemp("chain")
-    sim = start_server(tmp)
-    cuda = start_server(tmp, backend="cuda", env={"XPU_CUDA_LIBRARY": str(shim), "XPU_SERVER": sim.address})
-    yield cuda, sim
-    cuda.stop()
-    sim.stop()
 
 
 def test_vector_add_through_the_cuda_backend(chained, run_on, tmp_path: Path) -> None:

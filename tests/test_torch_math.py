@@ -21,10 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BACKEND, ROOT, SIM_KERNELS, Server, start_server
+from conftest import BACKEND, ROOT, TORCH_SIM_KERNELS, Server, start_server
 from test_torch import run_torch, torch_python
-
-from xpuremote.interpose.build import LIBRARY_NAMES
 
 MATH = ROOT / "tests" / "programs" / "torch_math_check.py"
 TRAIN = ROOT / "tests" / "programs" / "torch_train_check.py"
@@ -32,7 +30,6 @@ E2E = ROOT / "bench" / "torch_e2e.py"
 # the issue's workloads of bench/torch_e2e.py: an MLP, a ResNet-18-like CNN, a GPT-2-like
 # transformer, and an LLM's generate loop
 E2E_WORKLOADS = ("mlp_train", "cnn_train_fp32", "gpt2_step_bf16", "gpt2_generate")
-KERNELS = f"{SIM_KERNELS},{ROOT / 'tests' / 'torch_sim_kernels.py'}"
 # largest difference from the CPU allowed per check: fp32 sums of a few dozen products, or
 # relative to the result's magnitude where the device rounds to fp16/bf16
 TOLERANCE = {"float16": 2e-3, "fp16": 2e-3, "bfloat16": 1.6e-2}
@@ -44,23 +41,9 @@ def tolerance(check: str) -> float:
 
 @pytest.fixture(scope="module")
 def math_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("math"), env={"XPU_SIM_KERNELS": KERNELS})
+    srv = start_server(tmp_path_factory.mktemp("math"), env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS})
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def chained(tmp_path_factory: pytest.TempPathFactory, shim: Path) -> Iterator[Server]:
-    """A cuda-backend server whose libcuda and math libraries are xpuremote's, talking to a sim."""
-    tmp = tmp_path_factory.mktemp("math-chain")
-    sim = start_server(tmp, env={"XPU_SIM_KERNELS": KERNELS})
-    stand_ins = {f"XPU_{name.upper()}_LIBRARY": str(shim.parent / soname)
-                 for name, soname in zip(("cublas", "cublasLt", "cudnn"), LIBRARY_NAMES)}
-    cuda = start_server(tmp, backend="cuda", env={"XPU_CUDA_LIBRARY": str(shim), "XPU_SERVER": sim.address,
-                                                  **stand_ins})
-    yield cuda
-    cuda.stop()
-    sim.stop()
 
 
 def run_math(server: Server, program: Path = MATH, **env: str) -> tuple[dict[str, Any], str]:
@@ -132,7 +115,8 @@ def test_every_torch_e2e_workload_runs_to_the_end(tmp_path: Path) -> None:
     """On the sim, with kernels skipped (XPU_SIM_SKIP_KERNELS=1: values are garbage, calls are real),
     each workload's step makes only driver and library calls that xpuremote answers (one process
     runs them one after the other). On a GPU the kernels run: each checksum is the native run's."""
-    srv = start_server(tmp_path, env={"XPU_SIM_KERNELS": KERNELS, "XPU_SIM_SKIP_KERNELS": "1"})  # the sim's only
+    # the sim's only
+    srv = start_server(tmp_path, env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS, "XPU_SIM_SKIP_KERNELS": "1"})
     try:
         proc = run_torch(srv, E2E_ARGS)
     finally:
@@ -168,8 +152,8 @@ def test_the_wheels_library_calls_reach_the_server(math_result: tuple[dict[str, 
 
 # On a GPU the other tests here are the cuda backend's, with NVIDIA's libcuda and math libraries.
 @pytest.mark.sim_only(reason="the cuda backend on stand-in libraries chained to a sim server")
-def test_the_same_math_through_the_cuda_backend(chained: Server) -> None:
-    results, stderr = run_math(chained)
+def test_the_same_math_through_the_cuda_backend(chained: tuple[Server, Server]) -> None:
+    results, stderr = run_math(chained[0])
     assert_close(results)
     assert "not supported by xpuremote" not in stderr, stderr[-3000:]
 
@@ -190,7 +174,7 @@ def test_the_servers_library_version_is_what_the_program_gets(tmp_path: Path, se
 
     major = cublas_api.VERSION[0]
     version = [major, 0, 7] if served == "older minor" else [major - 1, 9, 0]
-    srv = start_server(tmp_path, env={"XPU_SIM_KERNELS": KERNELS,
+    srv = start_server(tmp_path, env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS,
                                       "XPU_SIM_LIBRARY_VERSIONS": "cublas=" + ".".join(map(str, version))})
     try:
         proc = run_torch(srv, ["-c", VERSIONS])

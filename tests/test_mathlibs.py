@@ -1,0 +1,64 @@
+"""The replacement math libraries called directly (ctypes), as a C program would, on the session's
+server: what they write into the application's memory."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+PROGRAM = r"""
+import ctypes
+from xpuremote.protocol.cudnn_api import ENUMS as E
+
+cuda, dnn = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL("libcudnn.so.9")
+i64 = ctypes.c_int64
+
+
+def ok(status, what):
+    assert status == 0, f"{what}: status {status}"
+
+
+context, handle, tensor = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+ok(cuda.cuInit(0), "cuInit")
+ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0), "cuDevicePrimaryCtxRetain")
+ok(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+ok(dnn.cudnnCreate(ctypes.byref(handle)), "cudnnCreate")
+ok(dnn.cudnnBackendCreateDescriptor(E["CUDNN_BACKEND_TENSOR_DESCRIPTOR"], ctypes.byref(tensor)), "create")
+
+
+def set_(name, kind, values, ctype=i64):
+    array = (ctype * len(values))(*values)
+    ok(dnn.cudnnBackendSetAttribute(tensor, E[name], E[kind], i64(len(values)), array), name)
+
+
+set_("CUDNN_ATTR_TENSOR_DATA_TYPE", "CUDNN_TYPE_DATA_TYPE", [E["CUDNN_DATA_FLOAT"]], ctypes.c_int)
+set_("CUDNN_ATTR_TENSOR_DIMENSIONS", "CUDNN_TYPE_INT64", [2, 3, 4, 5])
+set_("CUDNN_ATTR_TENSOR_STRIDES", "CUDNN_TYPE_INT64", [60, 20, 5, 1])
+set_("CUDNN_ATTR_TENSOR_UNIQUE_ID", "CUDNN_TYPE_INT64", [7])
+set_("CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT", "CUDNN_TYPE_INT64", [4])
+ok(dnn.cudnnBackendFinalize(tensor), "finalize")
+
+# room for 8 dimensions, 4 held: cuDNN writes 4 and the count, and nothing past them
+dims, count = (i64 * 9)(*[-7] * 9), i64(-1)
+ok(dnn.cudnnBackendGetAttribute(tensor, E["CUDNN_ATTR_TENSOR_DIMENSIONS"], E["CUDNN_TYPE_INT64"], i64(8),
+                                ctypes.byref(count), dims), "get dimensions")
+print(count.value, list(dims))
+# the count may be left out; then only the elements come back
+one = (i64 * 2)(-7, -7)
+ok(dnn.cudnnBackendGetAttribute(tensor, E["CUDNN_ATTR_TENSOR_UNIQUE_ID"], E["CUDNN_TYPE_INT64"], i64(1), None, one),
+   "get the unique id without its count")
+print(list(one))
+"""
+
+
+@pytest.mark.parametrize("where", ["server", pytest.param("cuda backend", marks=pytest.mark.sim_only(
+    reason="the cuda backend on stand-in libraries chained to a sim server"))])
+def test_get_attribute_writes_only_the_elements_the_descriptor_holds(run_on, chained, where: str) -> None:
+    """A GPU check found the stock PyTorch sizing an array by a first call's count, then asking
+    again with a larger request: every element requested was written back, past its end (the
+    cuda backend's buffer is the request's size; the sim's answer was the held elements only)."""
+    address = chained[0].address if where == "cuda backend" else None
+    result = run_on([sys.executable, "-c", PROGRAM], timeout=60, address=address)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["4 [2, 3, 4, 5, -7, -7, -7, -7, -7]", "[7, -7]"], result.stdout
