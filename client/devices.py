@@ -151,8 +151,19 @@ MAX_DEVICE_ATTRIBUTE = max(v for k, v in ENUMS.items() if k.startswith("CU_DEVIC
 
 
 def pci_bus_id(device: Any) -> str:
+    """As the driver writes it: a 4-digit domain (an H100 answered "0000:00:06.0"); NVML's has 8."""
     domain, bus, dev = device.pci
-    return f"{domain:08X}:{bus:02X}:{dev:02X}.0"
+    return f"{domain:04X}:{bus:02X}:{dev:02X}.0"
+
+
+def _pci_address(text: str) -> tuple[int, int, int] | None:
+    """(domain, bus, device) of "[domain:]bus:device[.function]", any width of hex digits."""
+    parts = text.split(".")[0].split(":")
+    try:
+        numbers = [int(p, 16) for p in parts]
+    except ValueError:
+        return None
+    return tuple([0] * (3 - len(numbers)) + numbers) if 2 <= len(numbers) <= 3 else None
 
 
 @implements("cuDeviceGetPCIBusId")
@@ -167,10 +178,9 @@ def cu_device_get_pci_bus_id(d: Driver, call: Call, args: list[Any]) -> None:
 def cu_device_get_by_pci_bus_id(d: Driver, call: Call, args: list[Any]) -> None:
     address, text = args
     d.session()
-    wanted = marshal.read_string(text).lower()
+    wanted = marshal.read_string(text)
     for i, device in enumerate(d.devices):
-        full = pci_bus_id(device).lower()
-        if wanted in (full, full[4:]):  # with or without the 8-digit domain
+        if _pci_address(wanted) == tuple(device.pci):  # the driver's form, NVML's or no domain
             out(call, "dev", address, i)
             return
     raise CudaError(errors.INVALID_DEVICE, f"no device at PCI bus id {wanted}")

@@ -158,7 +158,7 @@ def nvml_handle_by_uuid(n: Nvml, args: list[int]) -> int:
 
 def bus_id(device: dict[str, Any]) -> str:
     domain, bus, dev = device["pci"]
-    return f"{domain:08x}:{bus:02x}:{dev:02x}.0"  # as cuDeviceGetPCIBusId writes it
+    return f"{domain:08x}:{bus:02x}:{dev:02x}.0"  # NVML's form: an 8-digit domain
 
 
 @handles("nvmlDeviceGetHandleByPciBusId", "nvmlDeviceGetHandleByPciBusId_v2")

@@ -101,6 +101,12 @@ pci = pci.split(b"\0", 1)[0].decode()
 bus = values[A.CU_DEVICE_ATTRIBUTE_PCI_BUS_ID]
 check(len(pci.split(":")) == 3 and int(pci.split(":")[1], 16) == bus, "PCI bus id matches attribute",
       f"{pci!r} vs bus {bus}")
+check(len(pci.split(":")[0]) == 4, "PCI domain of 4 digits, as the driver writes it", repr(pci))
+for form in (pci, pci.split(":", 1)[1]):  # documented: [domain]:[bus]:[device].[function], or without the domain
+    found = ok(cu.cuDeviceGetByPCIBusId(form.encode()), f"cuDeviceGetByPCIBusId {form}")
+    check(int(found) == int(dev), f"device at {form}", repr(found))
+err, _ = cu.cuDeviceGetByPCIBusId(b"0000:fe:1f.0")
+check(err == cu.CUresult.CUDA_ERROR_INVALID_DEVICE, "no device at an unused PCI address", repr(err))
 err, _ = cu.cuDeviceGetAttribute(A.CU_DEVICE_ATTRIBUTE_WARP_SIZE, count)
 check(err == cu.CUresult.CUDA_ERROR_INVALID_DEVICE, "attribute of a missing device", repr(err))
 
