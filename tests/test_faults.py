@@ -684,3 +684,20 @@ print(f"version {version.value} {again.value}", flush=True)
     line = lines[0]
     assert str(server_version) in line and "server" in line and "driver" in line, line
     assert "runtime" in line and "update" in line, line
+
+
+COUNT = ("import ctypes; cuda = ctypes.CDLL('libcuda.so.1'); n = ctypes.c_int(); "
+         "print(cuda.cuInit(0), cuda.cuDeviceGetCount(ctypes.byref(n)), n.value >= 1)")
+
+
+def test_xpu_log_calls_names_every_call_and_a_bad_level_is_said(run_on) -> None:
+    """XPU_LOG=CALLS: each call as it starts, with its arguments (how a crash's last calls are
+    found); a level that is not one is said, and the default kept."""
+    traced = run_on([sys.executable, "-c", COUNT], timeout=60, XPU_LOG="CALLS")
+    assert traced.stdout.split() == ["0", "0", "True"], traced.stderr[-3000:]
+    assert re.search(r"^xpuremote: CALLS cuInit\(0,\)$", traced.stderr, re.M), traced.stderr[-3000:]
+    assert re.search(r"^xpuremote: CALLS cuDeviceGetCount\(\d+,\)$", traced.stderr, re.M), traced.stderr[-3000:]
+    bad = run_on([sys.executable, "-c", COUNT], timeout=60, XPU_LOG="loud")
+    assert bad.stdout.split() == ["0", "0", "True"], bad.stderr[-3000:]
+    assert "XPU_LOG=LOUD is not one of CALLS, DEBUG, INFO, WARNING, ERROR; using WARNING" in bad.stderr, bad.stderr
+    assert "CALLS" not in bad.stderr.replace("not one of CALLS", "")
