@@ -48,8 +48,12 @@ def served(d: Driver, lib: mathlibs.Library) -> tuple[int, int, int] | None:
 
 def version_of(d: Driver, lib: mathlibs.Library) -> tuple[int, int, int]:
     """What the application is told: the version that runs its calls, the server's. The headers'
-    when the server has none (its first handle then fails, saying so)."""
-    return served(d, lib) or tuple(mathlibs.api(lib).VERSION)
+    when the server has none or cannot be asked (its first handle then fails, saying why): the
+    version calls return a number, not a status."""
+    try:
+        return served(d, lib) or tuple(mathlibs.api(lib).VERSION)
+    except errors.CudaError:
+        return tuple(mathlibs.api(lib).VERSION)
 
 
 def check_version(d: Driver, lib: mathlibs.Library) -> None:

@@ -62,3 +62,16 @@ def test_get_attribute_writes_only_the_elements_the_descriptor_holds(run_on, cha
     result = run_on([sys.executable, "-c", PROGRAM], timeout=60, address=address)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["4 [2, 3, 4, 5, -7, -7, -7, -7, -7]", "[7, -7]"], result.stdout
+
+
+def test_the_version_is_a_number_even_with_no_server(run_on) -> None:
+    """cudnnGetVersion returns the version, not a status: with no server to ask, the headers'."""
+    from conftest import free_port
+
+    from xpuremote.protocol.cudnn_api import VERSION
+
+    program = ("import ctypes; dnn = ctypes.CDLL('libcudnn.so.9'); dnn.cudnnGetVersion.restype = ctypes.c_size_t; "
+               "print(dnn.cudnnGetVersion())")
+    result = run_on([sys.executable, "-c", program], timeout=60, address=f"tcp://127.0.0.1:{free_port()}")
+    major, minor, patch = VERSION
+    assert result.stdout.split() == [str(major * 10000 + minor * 100 + patch)], result.stderr[-3000:]
