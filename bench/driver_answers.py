@@ -281,7 +281,7 @@ def notes() -> dict[tuple[str, str], str]:
 
     out = {("attribute", f"{attr} "): "by design: a feature xpuremote does not forward answers 0"
            for attr in NOT_FORWARDED}
-    out[("cuGetErrorString", "")] = "the shim answers cuda.h's documentation text"
+    out[("cuGetErrorString", "")] = "a driver's text not recorded yet: the shim answers cuda.h's doc comment"
     return out
 
 
@@ -379,6 +379,25 @@ def record_answers(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
             "tables": labels, "from_logs": logged, "sides": {"real": real, "shim": shim}, "differences": diffs}
 
 
+def write_error_strings(record_path: Path, out: Path) -> int:
+    """The shim's cuGetErrorString texts, as a real driver answered them in a record."""
+    record = json.loads(record_path.read_text())
+    record = record.get("stages", {}).get("5", {}).get("answers", record)  # a gpu-check.json holds one
+    real = record["sides"]["real"]
+    if not real.get("present"):
+        print(f"{record_path}: no real driver in this record", file=sys.stderr)
+        return 1
+    texts = {key.split(" ", 1)[1]: a["value"] for key, a in real["answers"]["cuGetErrorString"].items()
+             if a["status"] == 0 and a["value"]}
+    driver = real["answers"]["driver"]["cuDriverGetVersion"]["value"]
+    out.write_text(json.dumps({"recorded": f"cuGetErrorString of {real['library'].rsplit('/', 1)[-1]} (CUDA "
+                                           f"{driver // 1000}.{driver % 1000 // 10}), {record['when']}, by "
+                                           "bench/driver_answers.py --error-strings",
+                               "strings": texts}, indent=1, sort_keys=False) + "\n")
+    print(f"{len(texts)} texts -> {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -386,12 +405,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server", help="tcp://host:port of an xpu-server for the shim side")
     parser.add_argument("--backend", choices=["auto", "cuda", "sim"], help="the local server's, without --server")
     parser.add_argument("--tables-log", nargs="*", default=[], metavar="LOG", help="logs of runs under xpu-run")
+    parser.add_argument("--error-strings", nargs=2, metavar=("RECORD", "FILE"),
+                        help="write the real driver's cuGetErrorString texts from RECORD (this script's "
+                             "--out, or a gpu-check.json) to FILE (protocol/driver_error_strings.json)")
     parser.add_argument("--probe", metavar="OUT", help=argparse.SUPPRESS)
     parser.add_argument("--table", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.probe:
         probe(args.table, lambda found: Path(args.probe).write_text(json.dumps(found)))
         return 0
+    if args.error_strings:
+        return write_error_strings(Path(args.error_strings[0]), Path(args.error_strings[1]))
     if not args.out:
         parser.error("--out FILE.json is required")
     record = record_answers(args, argv)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from .cuda_api import ENUMS, ERROR_DOCS
+
+# cuGetErrorString's texts as NVIDIA's driver answers them, recorded on a GPU (bench/driver_answers.py
+# --error-strings writes the file); a code the record lacks gets cuda.h's doc comment instead
+DRIVER_TEXTS: dict[str, str] = json.loads(Path(__file__).with_name("driver_error_strings.json").read_text())["strings"]
 
 NAMES: dict[int, str] = {
     v: k for k, v in ENUMS.items() if k == "CUDA_SUCCESS" or k.startswith("CUDA_ERROR_")
@@ -41,7 +48,7 @@ def name(code: int) -> str:
 
 
 def message(code: int) -> str:
-    return ERROR_DOCS.get(name(code), f"unrecognized error code {code}")
+    return DRIVER_TEXTS.get(name(code)) or ERROR_DOCS.get(name(code), f"unrecognized error code {code}")
 
 
 class CudaError(Exception):
