@@ -120,3 +120,27 @@ def test_compare_lists_what_differs() -> None:
     assert diffs[3]["shim"] is None
     assert da.summary(diffs) == {"differences": 4, "explained": 2,
                                  "by_section": {"attribute": 2, "cuGetErrorString": 1, "cuGetExportTable": 1}}
+
+
+def test_error_strings_are_written_from_a_real_drivers_record(tmp_path) -> None:
+    """The file the shim's cuGetErrorString answers from (protocol/driver_error_strings.json)."""
+    real = {"present": True, "library": "/some/dir/libcuda.so.580.1",
+            "answers": {"driver": {"cuDriverGetVersion": {"status": 0, "value": 13000}},
+                        "cuGetErrorString": {"0 CUDA_SUCCESS": {"status": 0, "value": "no error"},
+                                             "1 CUDA_ERROR_INVALID_VALUE": {"status": 0, "value": "invalid argument"},
+                                             "999 CUDA_ERROR_UNKNOWN": {"status": 1, "value": None}}}}
+    record = tmp_path / "gpu-check.json"  # the GPU check's report holds the record as stage 5's answers
+    record.write_text(json.dumps({"stages": {"5": {"answers": {"when": "then", "sides": {"real": real}}}}}))
+    out = tmp_path / "strings.json"
+    assert da.main(["--error-strings", str(record), str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["strings"] == {"CUDA_SUCCESS": "no error", "CUDA_ERROR_INVALID_VALUE": "invalid argument"}
+    assert written["recorded"].startswith("cuGetErrorString of libcuda.so.580.1 (CUDA 13.0), then")
+    record.write_text(json.dumps({"when": "then", "sides": {"real": {"present": False}}}))
+    assert da.main(["--error-strings", str(record), str(out)]) == 1  # no real driver: nothing to write
+
+
+def test_the_shims_error_strings_are_the_recorded_drivers() -> None:
+    recorded = json.loads((ROOT / "protocol" / "driver_error_strings.json").read_text())["strings"]
+    assert errors.message(errors.INVALID_VALUE) == recorded["CUDA_ERROR_INVALID_VALUE"] == "invalid argument"
+    assert set(recorded) <= set(errors.CODES)
