@@ -16,628 +16,679 @@ XPU_EXPORT int cuArrayGetDescriptor_v2(void *a0, void *a1) { uint64_t s[] = {(ui
 XPU_EXPORT int cuArrayGetMemoryRequirements(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(9, s); }
 XPU_EXPORT int cuArrayGetPlane(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(10, s); }
 XPU_EXPORT int cuArrayGetSparseProperties(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(11, s); }
-XPU_EXPORT int cuCheckpointProcessCheckpoint(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(12, s); }
-XPU_EXPORT int cuCheckpointProcessGetRestoreThreadId(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(13, s); }
-XPU_EXPORT int cuCheckpointProcessGetState(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(14, s); }
-XPU_EXPORT int cuCheckpointProcessLock(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(15, s); }
-XPU_EXPORT int cuCheckpointProcessRestore(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(16, s); }
-XPU_EXPORT int cuCheckpointProcessUnlock(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(17, s); }
-XPU_EXPORT int cuCoredumpGetAttribute(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(18, s); }
-XPU_EXPORT int cuCoredumpGetAttributeGlobal(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(19, s); }
-XPU_EXPORT int cuCoredumpSetAttribute(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(20, s); }
-XPU_EXPORT int cuCoredumpSetAttributeGlobal(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(21, s); }
-XPU_EXPORT int cuCtxAttach(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(22, s); }
-XPU_EXPORT int cuCtxCreate(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(23, s); }
-XPU_EXPORT int cuCtxCreate_v2(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(24, s); }
-XPU_EXPORT int cuCtxCreate_v3(void *a0, void *a1, int32_t a2, uint32_t a3, int32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(int64_t)a4}; return xpu_enter(25, s); }
-XPU_EXPORT int cuCtxCreate_v4(void *a0, void *a1, uint32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(26, s); }
-XPU_EXPORT int cuCtxDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(27, s); }
-XPU_EXPORT int cuCtxDestroy_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(28, s); }
-XPU_EXPORT int cuCtxDetach(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(29, s); }
-XPU_EXPORT int cuCtxDisablePeerAccess(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(30, s); }
-XPU_EXPORT int cuCtxEnablePeerAccess(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(31, s); }
-XPU_EXPORT int cuCtxFromGreenCtx(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(32, s); }
-XPU_EXPORT int cuCtxGetApiVersion(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(33, s); }
-XPU_EXPORT int cuCtxGetCacheConfig(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(34, s); }
-XPU_EXPORT int cuCtxGetCurrent(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(35, s); }
-XPU_EXPORT int cuCtxGetDevResource(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(36, s); }
-XPU_EXPORT int cuCtxGetDevice(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(37, s); }
-XPU_EXPORT int cuCtxGetDevice_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(38, s); }
-XPU_EXPORT int cuCtxGetExecAffinity(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(39, s); }
-XPU_EXPORT int cuCtxGetFlags(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(40, s); }
-XPU_EXPORT int cuCtxGetId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(41, s); }
-XPU_EXPORT int cuCtxGetLimit(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(42, s); }
-XPU_EXPORT int cuCtxGetSharedMemConfig(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(43, s); }
-XPU_EXPORT int cuCtxGetStreamPriorityRange(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(44, s); }
-XPU_EXPORT int cuCtxPopCurrent(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(45, s); }
-XPU_EXPORT int cuCtxPopCurrent_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(46, s); }
-XPU_EXPORT int cuCtxPushCurrent(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(47, s); }
-XPU_EXPORT int cuCtxPushCurrent_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(48, s); }
-XPU_EXPORT int cuCtxRecordEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(49, s); }
-XPU_EXPORT int cuCtxResetPersistingL2Cache(void) { uint64_t *s = NULL; return xpu_enter(50, s); }
-XPU_EXPORT int cuCtxSetCacheConfig(uint32_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(51, s); }
-XPU_EXPORT int cuCtxSetCurrent(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(52, s); }
-XPU_EXPORT int cuCtxSetFlags(uint32_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(53, s); }
-XPU_EXPORT int cuCtxSetLimit(uint32_t a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(54, s); }
-XPU_EXPORT int cuCtxSetSharedMemConfig(uint32_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(55, s); }
-XPU_EXPORT int cuCtxSynchronize(void) { uint64_t *s = NULL; return xpu_enter(56, s); }
-XPU_EXPORT int cuCtxSynchronize_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(57, s); }
-XPU_EXPORT int cuCtxWaitEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(58, s); }
-XPU_EXPORT int cuDestroyExternalMemory(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(59, s); }
-XPU_EXPORT int cuDestroyExternalSemaphore(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(60, s); }
-XPU_EXPORT int cuDevResourceGenerateDesc(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(61, s); }
-XPU_EXPORT int cuDevSmResourceSplitByCount(void *a0, void *a1, void *a2, void *a3, uint32_t a4, uint32_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(62, s); }
-XPU_EXPORT int cuDeviceCanAccessPeer(void *a0, int32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(63, s); }
-XPU_EXPORT int cuDeviceComputeCapability(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(64, s); }
-XPU_EXPORT int cuDeviceGet(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(65, s); }
-XPU_EXPORT int cuDeviceGetAttribute(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(66, s); }
-XPU_EXPORT int cuDeviceGetByPCIBusId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(67, s); }
-XPU_EXPORT int cuDeviceGetCount(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(68, s); }
-XPU_EXPORT int cuDeviceGetDefaultMemPool(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(69, s); }
-XPU_EXPORT int cuDeviceGetDevResource(int32_t a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(70, s); }
-XPU_EXPORT int cuDeviceGetExecAffinitySupport(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(71, s); }
-XPU_EXPORT int cuDeviceGetGraphMemAttribute(int32_t a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(72, s); }
-XPU_EXPORT int cuDeviceGetHostAtomicCapabilities(void *a0, void *a1, uint32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(73, s); }
-XPU_EXPORT int cuDeviceGetLuid(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(74, s); }
-XPU_EXPORT int cuDeviceGetMemPool(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(75, s); }
-XPU_EXPORT int cuDeviceGetName(void *a0, int32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(76, s); }
-XPU_EXPORT int cuDeviceGetNvSciSyncAttributes(void *a0, int32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(77, s); }
-XPU_EXPORT int cuDeviceGetP2PAtomicCapabilities(void *a0, void *a1, uint32_t a2, int32_t a3, int32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(int64_t)a3, (uint64_t)(int64_t)a4}; return xpu_enter(78, s); }
-XPU_EXPORT int cuDeviceGetP2PAttribute(void *a0, uint32_t a1, int32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(79, s); }
-XPU_EXPORT int cuDeviceGetPCIBusId(void *a0, int32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(80, s); }
-XPU_EXPORT int cuDeviceGetProperties(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(81, s); }
-XPU_EXPORT int cuDeviceGetTexture1DLinearMaxWidth(void *a0, uint32_t a1, uint32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(82, s); }
-XPU_EXPORT int cuDeviceGetUuid(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(83, s); }
-XPU_EXPORT int cuDeviceGetUuid_v2(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(84, s); }
-XPU_EXPORT int cuDeviceGraphMemTrim(int32_t a0) { uint64_t s[] = {(uint64_t)(int64_t)a0}; return xpu_enter(85, s); }
-XPU_EXPORT int cuDevicePrimaryCtxGetState(int32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(86, s); }
-XPU_EXPORT int cuDevicePrimaryCtxRelease(int32_t a0) { uint64_t s[] = {(uint64_t)(int64_t)a0}; return xpu_enter(87, s); }
-XPU_EXPORT int cuDevicePrimaryCtxRelease_v2(int32_t a0) { uint64_t s[] = {(uint64_t)(int64_t)a0}; return xpu_enter(88, s); }
-XPU_EXPORT int cuDevicePrimaryCtxReset(int32_t a0) { uint64_t s[] = {(uint64_t)(int64_t)a0}; return xpu_enter(89, s); }
-XPU_EXPORT int cuDevicePrimaryCtxReset_v2(int32_t a0) { uint64_t s[] = {(uint64_t)(int64_t)a0}; return xpu_enter(90, s); }
-XPU_EXPORT int cuDevicePrimaryCtxRetain(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(91, s); }
-XPU_EXPORT int cuDevicePrimaryCtxSetFlags(int32_t a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(92, s); }
-XPU_EXPORT int cuDevicePrimaryCtxSetFlags_v2(int32_t a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(93, s); }
-XPU_EXPORT int cuDeviceRegisterAsyncNotification(int32_t a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(94, s); }
-XPU_EXPORT int cuDeviceSetGraphMemAttribute(int32_t a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(95, s); }
-XPU_EXPORT int cuDeviceSetMemPool(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(96, s); }
-XPU_EXPORT int cuDeviceTotalMem(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(97, s); }
-XPU_EXPORT int cuDeviceTotalMem_v2(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(98, s); }
-XPU_EXPORT int cuDeviceUnregisterAsyncNotification(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(99, s); }
-XPU_EXPORT int cuDriverGetVersion(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(100, s); }
-XPU_EXPORT int cuEventCreate(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(101, s); }
-XPU_EXPORT int cuEventDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(102, s); }
-XPU_EXPORT int cuEventDestroy_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(103, s); }
-XPU_EXPORT int cuEventElapsedTime(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(104, s); }
-XPU_EXPORT int cuEventElapsedTime_v2(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(105, s); }
-XPU_EXPORT int cuEventQuery(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(106, s); }
-XPU_EXPORT int cuEventRecord(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(107, s); }
-XPU_EXPORT int cuEventRecordWithFlags(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(108, s); }
-XPU_EXPORT int cuEventRecordWithFlags_ptsz(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(109, s); }
-XPU_EXPORT int cuEventRecord_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(110, s); }
-XPU_EXPORT int cuEventSynchronize(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(111, s); }
-XPU_EXPORT int cuExternalMemoryGetMappedBuffer(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(112, s); }
-XPU_EXPORT int cuExternalMemoryGetMappedMipmappedArray(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(113, s); }
-XPU_EXPORT int cuFlushGPUDirectRDMAWrites(uint32_t a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(114, s); }
-XPU_EXPORT int cuFuncGetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(115, s); }
-XPU_EXPORT int cuFuncGetModule(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(116, s); }
-XPU_EXPORT int cuFuncGetName(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(117, s); }
-XPU_EXPORT int cuFuncGetParamInfo(void *a0, uint64_t a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(118, s); }
-XPU_EXPORT int cuFuncIsLoaded(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(119, s); }
-XPU_EXPORT int cuFuncLoad(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(120, s); }
-XPU_EXPORT int cuFuncSetAttribute(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(121, s); }
-XPU_EXPORT int cuFuncSetBlockShape(void *a0, int32_t a1, int32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(122, s); }
-XPU_EXPORT int cuFuncSetCacheConfig(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(123, s); }
-XPU_EXPORT int cuFuncSetSharedMemConfig(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(124, s); }
-XPU_EXPORT int cuFuncSetSharedSize(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(125, s); }
-XPU_EXPORT int cuGetErrorName(uint32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(126, s); }
-XPU_EXPORT int cuGetErrorString(uint32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(127, s); }
-XPU_EXPORT int cuGraphAddBatchMemOpNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(131, s); }
-XPU_EXPORT int cuGraphAddChildGraphNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(132, s); }
-XPU_EXPORT int cuGraphAddDependencies(void *a0, void *a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(133, s); }
-XPU_EXPORT int cuGraphAddDependencies_v2(void *a0, void *a1, void *a2, void *a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(134, s); }
-XPU_EXPORT int cuGraphAddEmptyNode(void *a0, void *a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(135, s); }
-XPU_EXPORT int cuGraphAddEventRecordNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(136, s); }
-XPU_EXPORT int cuGraphAddEventWaitNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(137, s); }
-XPU_EXPORT int cuGraphAddExternalSemaphoresSignalNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(138, s); }
-XPU_EXPORT int cuGraphAddExternalSemaphoresWaitNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(139, s); }
-XPU_EXPORT int cuGraphAddHostNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(140, s); }
-XPU_EXPORT int cuGraphAddKernelNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(141, s); }
-XPU_EXPORT int cuGraphAddKernelNode_v2(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(142, s); }
-XPU_EXPORT int cuGraphAddMemAllocNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(143, s); }
-XPU_EXPORT int cuGraphAddMemFreeNode(void *a0, void *a1, void *a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(144, s); }
-XPU_EXPORT int cuGraphAddMemcpyNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(145, s); }
-XPU_EXPORT int cuGraphAddMemsetNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(146, s); }
-XPU_EXPORT int cuGraphAddNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(147, s); }
-XPU_EXPORT int cuGraphAddNode_v2(void *a0, void *a1, void *a2, void *a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(148, s); }
-XPU_EXPORT int cuGraphBatchMemOpNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(149, s); }
-XPU_EXPORT int cuGraphBatchMemOpNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(150, s); }
-XPU_EXPORT int cuGraphChildGraphNodeGetGraph(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(151, s); }
-XPU_EXPORT int cuGraphClone(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(152, s); }
-XPU_EXPORT int cuGraphConditionalHandleCreate(void *a0, void *a1, void *a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(153, s); }
-XPU_EXPORT int cuGraphCreate(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(154, s); }
-XPU_EXPORT int cuGraphDebugDotPrint(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(155, s); }
-XPU_EXPORT int cuGraphDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(156, s); }
-XPU_EXPORT int cuGraphDestroyNode(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(157, s); }
-XPU_EXPORT int cuGraphEventRecordNodeGetEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(158, s); }
-XPU_EXPORT int cuGraphEventRecordNodeSetEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(159, s); }
-XPU_EXPORT int cuGraphEventWaitNodeGetEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(160, s); }
-XPU_EXPORT int cuGraphEventWaitNodeSetEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(161, s); }
-XPU_EXPORT int cuGraphExecBatchMemOpNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(162, s); }
-XPU_EXPORT int cuGraphExecChildGraphNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(163, s); }
-XPU_EXPORT int cuGraphExecDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(164, s); }
-XPU_EXPORT int cuGraphExecEventRecordNodeSetEvent(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(165, s); }
-XPU_EXPORT int cuGraphExecEventWaitNodeSetEvent(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(166, s); }
-XPU_EXPORT int cuGraphExecExternalSemaphoresSignalNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(167, s); }
-XPU_EXPORT int cuGraphExecExternalSemaphoresWaitNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(168, s); }
-XPU_EXPORT int cuGraphExecGetFlags(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(169, s); }
-XPU_EXPORT int cuGraphExecHostNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(170, s); }
-XPU_EXPORT int cuGraphExecKernelNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(171, s); }
-XPU_EXPORT int cuGraphExecKernelNodeSetParams_v2(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(172, s); }
-XPU_EXPORT int cuGraphExecMemcpyNodeSetParams(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(173, s); }
-XPU_EXPORT int cuGraphExecMemsetNodeSetParams(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(174, s); }
-XPU_EXPORT int cuGraphExecNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(175, s); }
-XPU_EXPORT int cuGraphExecUpdate(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(176, s); }
-XPU_EXPORT int cuGraphExecUpdate_v2(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(177, s); }
-XPU_EXPORT int cuGraphExternalSemaphoresSignalNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(178, s); }
-XPU_EXPORT int cuGraphExternalSemaphoresSignalNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(179, s); }
-XPU_EXPORT int cuGraphExternalSemaphoresWaitNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(180, s); }
-XPU_EXPORT int cuGraphExternalSemaphoresWaitNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(181, s); }
-XPU_EXPORT int cuGraphGetEdges(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(182, s); }
-XPU_EXPORT int cuGraphGetEdges_v2(void *a0, void *a1, void *a2, void *a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(183, s); }
-XPU_EXPORT int cuGraphGetNodes(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(184, s); }
-XPU_EXPORT int cuGraphGetRootNodes(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(185, s); }
-XPU_EXPORT int cuGraphHostNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(186, s); }
-XPU_EXPORT int cuGraphHostNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(187, s); }
-XPU_EXPORT int cuGraphInstantiate(void *a0, void *a1, void *a2, void *a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(188, s); }
-XPU_EXPORT int cuGraphInstantiateWithFlags(void *a0, void *a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(189, s); }
-XPU_EXPORT int cuGraphInstantiateWithParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(190, s); }
-XPU_EXPORT int cuGraphInstantiateWithParams_ptsz(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(191, s); }
-XPU_EXPORT int cuGraphInstantiate_v2(void *a0, void *a1, void *a2, void *a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(192, s); }
-XPU_EXPORT int cuGraphKernelNodeCopyAttributes(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(193, s); }
-XPU_EXPORT int cuGraphKernelNodeGetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(194, s); }
-XPU_EXPORT int cuGraphKernelNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(195, s); }
-XPU_EXPORT int cuGraphKernelNodeGetParams_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(196, s); }
-XPU_EXPORT int cuGraphKernelNodeSetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(197, s); }
-XPU_EXPORT int cuGraphKernelNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(198, s); }
-XPU_EXPORT int cuGraphKernelNodeSetParams_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(199, s); }
-XPU_EXPORT int cuGraphLaunch(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(200, s); }
-XPU_EXPORT int cuGraphLaunch_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(201, s); }
-XPU_EXPORT int cuGraphMemAllocNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(202, s); }
-XPU_EXPORT int cuGraphMemFreeNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(203, s); }
-XPU_EXPORT int cuGraphMemcpyNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(204, s); }
-XPU_EXPORT int cuGraphMemcpyNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(205, s); }
-XPU_EXPORT int cuGraphMemsetNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(206, s); }
-XPU_EXPORT int cuGraphMemsetNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(207, s); }
-XPU_EXPORT int cuGraphNodeFindInClone(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(208, s); }
-XPU_EXPORT int cuGraphNodeGetDependencies(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(209, s); }
-XPU_EXPORT int cuGraphNodeGetDependencies_v2(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(210, s); }
-XPU_EXPORT int cuGraphNodeGetDependentNodes(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(211, s); }
-XPU_EXPORT int cuGraphNodeGetDependentNodes_v2(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(212, s); }
-XPU_EXPORT int cuGraphNodeGetEnabled(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(213, s); }
-XPU_EXPORT int cuGraphNodeGetType(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(214, s); }
-XPU_EXPORT int cuGraphNodeSetEnabled(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(215, s); }
-XPU_EXPORT int cuGraphNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(216, s); }
-XPU_EXPORT int cuGraphReleaseUserObject(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(217, s); }
-XPU_EXPORT int cuGraphRemoveDependencies(void *a0, void *a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(218, s); }
-XPU_EXPORT int cuGraphRemoveDependencies_v2(void *a0, void *a1, void *a2, void *a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(219, s); }
-XPU_EXPORT int cuGraphRetainUserObject(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(220, s); }
-XPU_EXPORT int cuGraphUpload(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(221, s); }
-XPU_EXPORT int cuGraphUpload_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(222, s); }
-XPU_EXPORT int cuGraphicsMapResources(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(223, s); }
-XPU_EXPORT int cuGraphicsMapResources_ptsz(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(224, s); }
-XPU_EXPORT int cuGraphicsResourceGetMappedMipmappedArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(225, s); }
-XPU_EXPORT int cuGraphicsResourceGetMappedPointer(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(226, s); }
-XPU_EXPORT int cuGraphicsResourceGetMappedPointer_v2(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(227, s); }
-XPU_EXPORT int cuGraphicsResourceSetMapFlags(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(228, s); }
-XPU_EXPORT int cuGraphicsResourceSetMapFlags_v2(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(229, s); }
-XPU_EXPORT int cuGraphicsSubResourceGetMappedArray(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(230, s); }
-XPU_EXPORT int cuGraphicsUnmapResources(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(231, s); }
-XPU_EXPORT int cuGraphicsUnmapResources_ptsz(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(232, s); }
-XPU_EXPORT int cuGraphicsUnregisterResource(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(233, s); }
-XPU_EXPORT int cuGreenCtxCreate(void *a0, void *a1, int32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(234, s); }
-XPU_EXPORT int cuGreenCtxDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(235, s); }
-XPU_EXPORT int cuGreenCtxGetDevResource(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(236, s); }
-XPU_EXPORT int cuGreenCtxGetId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(237, s); }
-XPU_EXPORT int cuGreenCtxRecordEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(238, s); }
-XPU_EXPORT int cuGreenCtxStreamCreate(void *a0, void *a1, uint32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(239, s); }
-XPU_EXPORT int cuGreenCtxWaitEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(240, s); }
-XPU_EXPORT int cuImportExternalMemory(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(241, s); }
-XPU_EXPORT int cuImportExternalSemaphore(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(242, s); }
-XPU_EXPORT int cuInit(uint32_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(243, s); }
-XPU_EXPORT int cuIpcCloseMemHandle(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(244, s); }
-XPU_EXPORT int cuIpcGetEventHandle(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(245, s); }
-XPU_EXPORT int cuIpcGetMemHandle(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(246, s); }
-XPU_EXPORT int cuIpcOpenEventHandle(void *a0, xpu_struct64 a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)&a1}; return xpu_enter(247, s); }
-XPU_EXPORT int cuIpcOpenMemHandle(void *a0, xpu_struct64 a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)&a1, (uint64_t)(uint64_t)a2}; return xpu_enter(248, s); }
-XPU_EXPORT int cuIpcOpenMemHandle_v2(void *a0, xpu_struct64 a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)&a1, (uint64_t)(uint64_t)a2}; return xpu_enter(249, s); }
-XPU_EXPORT int cuKernelGetAttribute(void *a0, uint32_t a1, void *a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(250, s); }
-XPU_EXPORT int cuKernelGetFunction(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(251, s); }
-XPU_EXPORT int cuKernelGetLibrary(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(252, s); }
-XPU_EXPORT int cuKernelGetName(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(253, s); }
-XPU_EXPORT int cuKernelGetParamInfo(void *a0, uint64_t a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(254, s); }
-XPU_EXPORT int cuKernelSetAttribute(uint32_t a0, int32_t a1, void *a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(255, s); }
-XPU_EXPORT int cuKernelSetCacheConfig(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(256, s); }
-XPU_EXPORT int cuLaunch(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(257, s); }
-XPU_EXPORT int cuLaunchCooperativeKernel(void *a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4, uint32_t a5, uint32_t a6, uint32_t a7, void *a8, void *a9) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uint64_t)a7, (uint64_t)(uintptr_t)a8, (uint64_t)(uintptr_t)a9}; return xpu_enter(258, s); }
-XPU_EXPORT int cuLaunchCooperativeKernelMultiDevice(void *a0, uint32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(259, s); }
-XPU_EXPORT int cuLaunchCooperativeKernel_ptsz(void *a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4, uint32_t a5, uint32_t a6, uint32_t a7, void *a8, void *a9) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uint64_t)a7, (uint64_t)(uintptr_t)a8, (uint64_t)(uintptr_t)a9}; return xpu_enter(260, s); }
-XPU_EXPORT int cuLaunchGrid(void *a0, int32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(261, s); }
-XPU_EXPORT int cuLaunchGridAsync(void *a0, int32_t a1, int32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(262, s); }
-XPU_EXPORT int cuLaunchHostFunc(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(263, s); }
-XPU_EXPORT int cuLaunchHostFunc_ptsz(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(264, s); }
-XPU_EXPORT int cuLaunchKernel(void *a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4, uint32_t a5, uint32_t a6, uint32_t a7, void *a8, void *a9, void *a10) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uint64_t)a7, (uint64_t)(uintptr_t)a8, (uint64_t)(uintptr_t)a9, (uint64_t)(uintptr_t)a10}; return xpu_enter(265, s); }
-XPU_EXPORT int cuLaunchKernelEx(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(266, s); }
-XPU_EXPORT int cuLaunchKernelEx_ptsz(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(267, s); }
-XPU_EXPORT int cuLaunchKernel_ptsz(void *a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4, uint32_t a5, uint32_t a6, uint32_t a7, void *a8, void *a9, void *a10) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uint64_t)a7, (uint64_t)(uintptr_t)a8, (uint64_t)(uintptr_t)a9, (uint64_t)(uintptr_t)a10}; return xpu_enter(268, s); }
-XPU_EXPORT int cuLibraryEnumerateKernels(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(269, s); }
-XPU_EXPORT int cuLibraryGetGlobal(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(270, s); }
-XPU_EXPORT int cuLibraryGetKernel(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(271, s); }
-XPU_EXPORT int cuLibraryGetKernelCount(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(272, s); }
-XPU_EXPORT int cuLibraryGetManaged(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(273, s); }
-XPU_EXPORT int cuLibraryGetModule(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(274, s); }
-XPU_EXPORT int cuLibraryGetUnifiedFunction(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(275, s); }
-XPU_EXPORT int cuLibraryLoadData(void *a0, void *a1, void *a2, void *a3, uint32_t a4, void *a5, void *a6, uint32_t a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uint64_t)a7}; return xpu_enter(276, s); }
-XPU_EXPORT int cuLibraryLoadFromFile(void *a0, void *a1, void *a2, void *a3, uint32_t a4, void *a5, void *a6, uint32_t a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uint64_t)a7}; return xpu_enter(277, s); }
-XPU_EXPORT int cuLibraryUnload(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(278, s); }
-XPU_EXPORT int cuLinkAddData(void *a0, uint32_t a1, void *a2, uint64_t a3, void *a4, uint32_t a5, void *a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(279, s); }
-XPU_EXPORT int cuLinkAddData_v2(void *a0, uint32_t a1, void *a2, uint64_t a3, void *a4, uint32_t a5, void *a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(280, s); }
-XPU_EXPORT int cuLinkAddFile(void *a0, uint32_t a1, void *a2, uint32_t a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(281, s); }
-XPU_EXPORT int cuLinkAddFile_v2(void *a0, uint32_t a1, void *a2, uint32_t a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(282, s); }
-XPU_EXPORT int cuLinkComplete(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(283, s); }
-XPU_EXPORT int cuLinkCreate(uint32_t a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(284, s); }
-XPU_EXPORT int cuLinkCreate_v2(uint32_t a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(285, s); }
-XPU_EXPORT int cuLinkDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(286, s); }
-XPU_EXPORT int cuLogsCurrent(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(287, s); }
-XPU_EXPORT int cuLogsDumpToFile(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(288, s); }
-XPU_EXPORT int cuLogsDumpToMemory(void *a0, void *a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(289, s); }
-XPU_EXPORT int cuLogsRegisterCallback(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(290, s); }
-XPU_EXPORT int cuLogsUnregisterCallback(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(291, s); }
-XPU_EXPORT int cuMemAddressFree(uint64_t a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(292, s); }
-XPU_EXPORT int cuMemAddressReserve(void *a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(293, s); }
-XPU_EXPORT int cuMemAdvise(uint64_t a0, uint64_t a1, uint32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(294, s); }
-XPU_EXPORT int cuMemAdvise_v2(uint64_t a0, uint64_t a1, uint32_t a2, xpu_struct8 a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)&a3}; return xpu_enter(295, s); }
-XPU_EXPORT int cuMemAlloc(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(296, s); }
-XPU_EXPORT int cuMemAllocAsync(void *a0, uint64_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(297, s); }
-XPU_EXPORT int cuMemAllocAsync_ptsz(void *a0, uint64_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(298, s); }
-XPU_EXPORT int cuMemAllocFromPoolAsync(void *a0, uint64_t a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(299, s); }
-XPU_EXPORT int cuMemAllocFromPoolAsync_ptsz(void *a0, uint64_t a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(300, s); }
-XPU_EXPORT int cuMemAllocHost(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(301, s); }
-XPU_EXPORT int cuMemAllocHost_v2(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(302, s); }
-XPU_EXPORT int cuMemAllocManaged(void *a0, uint64_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(303, s); }
-XPU_EXPORT int cuMemAllocPitch(void *a0, void *a1, uint32_t a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(304, s); }
-XPU_EXPORT int cuMemAllocPitch_v2(void *a0, void *a1, uint64_t a2, uint64_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(305, s); }
-XPU_EXPORT int cuMemAlloc_v2(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(306, s); }
-XPU_EXPORT int cuMemBatchDecompressAsync(void *a0, uint64_t a1, uint32_t a2, void *a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(307, s); }
-XPU_EXPORT int cuMemBatchDecompressAsync_ptsz(void *a0, uint64_t a1, uint32_t a2, void *a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(308, s); }
-XPU_EXPORT int cuMemCreate(void *a0, uint64_t a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(309, s); }
-XPU_EXPORT int cuMemDiscardAndPrefetchBatchAsync(void *a0, void *a1, uint64_t a2, void *a3, void *a4, uint64_t a5, uint64_t a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(310, s); }
-XPU_EXPORT int cuMemDiscardAndPrefetchBatchAsync_ptsz(void *a0, void *a1, uint64_t a2, void *a3, void *a4, uint64_t a5, uint64_t a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(311, s); }
-XPU_EXPORT int cuMemDiscardBatchAsync(void *a0, void *a1, uint64_t a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(312, s); }
-XPU_EXPORT int cuMemDiscardBatchAsync_ptsz(void *a0, void *a1, uint64_t a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(313, s); }
-XPU_EXPORT int cuMemExportToShareableHandle(void *a0, uint64_t a1, uint32_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(314, s); }
-XPU_EXPORT int cuMemFree(uint32_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(315, s); }
-XPU_EXPORT int cuMemFreeAsync(uint64_t a0, void *a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(316, s); }
-XPU_EXPORT int cuMemFreeAsync_ptsz(uint64_t a0, void *a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(317, s); }
-XPU_EXPORT int cuMemFreeHost(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(318, s); }
-XPU_EXPORT int cuMemFree_v2(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(319, s); }
-XPU_EXPORT int cuMemGetAccess(void *a0, void *a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(320, s); }
-XPU_EXPORT int cuMemGetAddressRange(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(321, s); }
-XPU_EXPORT int cuMemGetAddressRange_v2(void *a0, void *a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(322, s); }
-XPU_EXPORT int cuMemGetAllocationGranularity(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(323, s); }
-XPU_EXPORT int cuMemGetAllocationPropertiesFromHandle(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(324, s); }
-XPU_EXPORT int cuMemGetDefaultMemPool(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(325, s); }
-XPU_EXPORT int cuMemGetHandleForAddressRange(void *a0, uint64_t a1, uint64_t a2, uint32_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(326, s); }
-XPU_EXPORT int cuMemGetInfo(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(327, s); }
-XPU_EXPORT int cuMemGetInfo_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(328, s); }
-XPU_EXPORT int cuMemGetMemPool(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(329, s); }
-XPU_EXPORT int cuMemHostAlloc(void *a0, uint64_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(330, s); }
-XPU_EXPORT int cuMemHostGetDevicePointer(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(331, s); }
-XPU_EXPORT int cuMemHostGetDevicePointer_v2(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(332, s); }
-XPU_EXPORT int cuMemHostGetFlags(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(333, s); }
-XPU_EXPORT int cuMemHostRegister(void *a0, uint64_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(334, s); }
-XPU_EXPORT int cuMemHostRegister_v2(void *a0, uint64_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(335, s); }
-XPU_EXPORT int cuMemHostUnregister(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(336, s); }
-XPU_EXPORT int cuMemImportFromShareableHandle(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(337, s); }
-XPU_EXPORT int cuMemMap(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(338, s); }
-XPU_EXPORT int cuMemMapArrayAsync(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(339, s); }
-XPU_EXPORT int cuMemMapArrayAsync_ptsz(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(340, s); }
-XPU_EXPORT int cuMemPoolCreate(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(341, s); }
-XPU_EXPORT int cuMemPoolDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(342, s); }
-XPU_EXPORT int cuMemPoolExportPointer(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(343, s); }
-XPU_EXPORT int cuMemPoolExportToShareableHandle(void *a0, void *a1, uint32_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(344, s); }
-XPU_EXPORT int cuMemPoolGetAccess(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(345, s); }
-XPU_EXPORT int cuMemPoolGetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(346, s); }
-XPU_EXPORT int cuMemPoolImportFromShareableHandle(void *a0, void *a1, uint32_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(347, s); }
-XPU_EXPORT int cuMemPoolImportPointer(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(348, s); }
-XPU_EXPORT int cuMemPoolSetAccess(void *a0, void *a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(349, s); }
-XPU_EXPORT int cuMemPoolSetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(350, s); }
-XPU_EXPORT int cuMemPoolTrimTo(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(351, s); }
-XPU_EXPORT int cuMemPrefetchAsync(uint64_t a0, uint64_t a1, int32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(352, s); }
-XPU_EXPORT int cuMemPrefetchAsync_ptsz(uint64_t a0, uint64_t a1, int32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(353, s); }
-XPU_EXPORT int cuMemPrefetchAsync_v2(uint64_t a0, uint64_t a1, xpu_struct8 a2, uint32_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)&a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(354, s); }
-XPU_EXPORT int cuMemPrefetchAsync_v2_ptsz(uint64_t a0, uint64_t a1, xpu_struct8 a2, uint32_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)&a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(355, s); }
-XPU_EXPORT int cuMemPrefetchBatchAsync(void *a0, void *a1, uint64_t a2, void *a3, void *a4, uint64_t a5, uint64_t a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(356, s); }
-XPU_EXPORT int cuMemPrefetchBatchAsync_ptsz(void *a0, void *a1, uint64_t a2, void *a3, void *a4, uint64_t a5, uint64_t a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(357, s); }
-XPU_EXPORT int cuMemRangeGetAttribute(void *a0, uint64_t a1, uint32_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(358, s); }
-XPU_EXPORT int cuMemRangeGetAttributes(void *a0, void *a1, void *a2, uint64_t a3, uint64_t a4, uint64_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(359, s); }
-XPU_EXPORT int cuMemRelease(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(360, s); }
-XPU_EXPORT int cuMemRetainAllocationHandle(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(361, s); }
-XPU_EXPORT int cuMemSetAccess(uint64_t a0, uint64_t a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(362, s); }
-XPU_EXPORT int cuMemSetMemPool(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(363, s); }
-XPU_EXPORT int cuMemUnmap(uint64_t a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(364, s); }
-XPU_EXPORT int cuMemcpy(uint64_t a0, uint64_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(365, s); }
-XPU_EXPORT int cuMemcpy2D(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(366, s); }
-XPU_EXPORT int cuMemcpy2DAsync(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(367, s); }
-XPU_EXPORT int cuMemcpy2DAsync_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(368, s); }
-XPU_EXPORT int cuMemcpy2DAsync_v2_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(369, s); }
-XPU_EXPORT int cuMemcpy2DUnaligned(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(370, s); }
-XPU_EXPORT int cuMemcpy2DUnaligned_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(371, s); }
-XPU_EXPORT int cuMemcpy2DUnaligned_v2_ptds(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(372, s); }
-XPU_EXPORT int cuMemcpy2D_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(373, s); }
-XPU_EXPORT int cuMemcpy2D_v2_ptds(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(374, s); }
-XPU_EXPORT int cuMemcpy3D(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(375, s); }
-XPU_EXPORT int cuMemcpy3DAsync(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(376, s); }
-XPU_EXPORT int cuMemcpy3DAsync_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(377, s); }
-XPU_EXPORT int cuMemcpy3DAsync_v2_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(378, s); }
-XPU_EXPORT int cuMemcpy3DBatchAsync(uint64_t a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(379, s); }
-XPU_EXPORT int cuMemcpy3DBatchAsync_ptsz(uint64_t a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(380, s); }
-XPU_EXPORT int cuMemcpy3DBatchAsync_v2(uint64_t a0, void *a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(381, s); }
-XPU_EXPORT int cuMemcpy3DBatchAsync_v2_ptsz(uint64_t a0, void *a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(382, s); }
-XPU_EXPORT int cuMemcpy3DPeer(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(383, s); }
-XPU_EXPORT int cuMemcpy3DPeerAsync(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(384, s); }
-XPU_EXPORT int cuMemcpy3DPeerAsync_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(385, s); }
-XPU_EXPORT int cuMemcpy3DPeer_ptds(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(386, s); }
-XPU_EXPORT int cuMemcpy3D_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(387, s); }
-XPU_EXPORT int cuMemcpy3D_v2_ptds(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(388, s); }
-XPU_EXPORT int cuMemcpyAsync(uint64_t a0, uint64_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(389, s); }
-XPU_EXPORT int cuMemcpyAsync_ptsz(uint64_t a0, uint64_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(390, s); }
-XPU_EXPORT int cuMemcpyAtoA(void *a0, uint32_t a1, void *a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(391, s); }
-XPU_EXPORT int cuMemcpyAtoA_v2(void *a0, uint64_t a1, void *a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(392, s); }
-XPU_EXPORT int cuMemcpyAtoA_v2_ptds(void *a0, uint64_t a1, void *a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(393, s); }
-XPU_EXPORT int cuMemcpyAtoD(uint32_t a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(394, s); }
-XPU_EXPORT int cuMemcpyAtoD_v2(uint64_t a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(395, s); }
-XPU_EXPORT int cuMemcpyAtoD_v2_ptds(uint64_t a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(396, s); }
-XPU_EXPORT int cuMemcpyAtoH(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(397, s); }
-XPU_EXPORT int cuMemcpyAtoHAsync(void *a0, void *a1, uint32_t a2, uint32_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(398, s); }
-XPU_EXPORT int cuMemcpyAtoHAsync_v2(void *a0, void *a1, uint64_t a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(399, s); }
-XPU_EXPORT int cuMemcpyAtoHAsync_v2_ptsz(void *a0, void *a1, uint64_t a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(400, s); }
-XPU_EXPORT int cuMemcpyAtoH_v2(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(401, s); }
-XPU_EXPORT int cuMemcpyAtoH_v2_ptds(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(402, s); }
-XPU_EXPORT int cuMemcpyBatchAsync(void *a0, void *a1, void *a2, uint64_t a3, void *a4, void *a5, uint64_t a6, void *a7, void *a8) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(uintptr_t)a8}; return xpu_enter(403, s); }
-XPU_EXPORT int cuMemcpyBatchAsync_ptsz(void *a0, void *a1, void *a2, uint64_t a3, void *a4, void *a5, uint64_t a6, void *a7, void *a8) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(uintptr_t)a8}; return xpu_enter(404, s); }
-XPU_EXPORT int cuMemcpyBatchAsync_v2(void *a0, void *a1, void *a2, uint64_t a3, void *a4, void *a5, uint64_t a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(405, s); }
-XPU_EXPORT int cuMemcpyBatchAsync_v2_ptsz(void *a0, void *a1, void *a2, uint64_t a3, void *a4, void *a5, uint64_t a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(406, s); }
-XPU_EXPORT int cuMemcpyDtoA(void *a0, uint32_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(407, s); }
-XPU_EXPORT int cuMemcpyDtoA_v2(void *a0, uint64_t a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(408, s); }
-XPU_EXPORT int cuMemcpyDtoA_v2_ptds(void *a0, uint64_t a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(409, s); }
-XPU_EXPORT int cuMemcpyDtoD(uint32_t a0, uint32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(410, s); }
-XPU_EXPORT int cuMemcpyDtoDAsync(uint32_t a0, uint32_t a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(411, s); }
-XPU_EXPORT int cuMemcpyDtoDAsync_v2(uint64_t a0, uint64_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(412, s); }
-XPU_EXPORT int cuMemcpyDtoDAsync_v2_ptsz(uint64_t a0, uint64_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(413, s); }
-XPU_EXPORT int cuMemcpyDtoD_v2(uint64_t a0, uint64_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(414, s); }
-XPU_EXPORT int cuMemcpyDtoD_v2_ptds(uint64_t a0, uint64_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(415, s); }
-XPU_EXPORT int cuMemcpyDtoH(void *a0, uint32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(416, s); }
-XPU_EXPORT int cuMemcpyDtoHAsync(void *a0, uint32_t a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(417, s); }
-XPU_EXPORT int cuMemcpyDtoHAsync_v2(void *a0, uint64_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(418, s); }
-XPU_EXPORT int cuMemcpyDtoHAsync_v2_ptsz(void *a0, uint64_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(419, s); }
-XPU_EXPORT int cuMemcpyDtoH_v2(void *a0, uint64_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(420, s); }
-XPU_EXPORT int cuMemcpyDtoH_v2_ptds(void *a0, uint64_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(421, s); }
-XPU_EXPORT int cuMemcpyHtoA(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(422, s); }
-XPU_EXPORT int cuMemcpyHtoAAsync(void *a0, uint32_t a1, void *a2, uint32_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(423, s); }
-XPU_EXPORT int cuMemcpyHtoAAsync_v2(void *a0, uint64_t a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(424, s); }
-XPU_EXPORT int cuMemcpyHtoAAsync_v2_ptsz(void *a0, uint64_t a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(425, s); }
-XPU_EXPORT int cuMemcpyHtoA_v2(void *a0, uint64_t a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(426, s); }
-XPU_EXPORT int cuMemcpyHtoA_v2_ptds(void *a0, uint64_t a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(427, s); }
-XPU_EXPORT int cuMemcpyHtoD(uint32_t a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(428, s); }
-XPU_EXPORT int cuMemcpyHtoDAsync(uint32_t a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(429, s); }
-XPU_EXPORT int cuMemcpyHtoDAsync_v2(uint64_t a0, void *a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(430, s); }
-XPU_EXPORT int cuMemcpyHtoDAsync_v2_ptsz(uint64_t a0, void *a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(431, s); }
-XPU_EXPORT int cuMemcpyHtoD_v2(uint64_t a0, void *a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(432, s); }
-XPU_EXPORT int cuMemcpyHtoD_v2_ptds(uint64_t a0, void *a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(433, s); }
-XPU_EXPORT int cuMemcpyPeer(uint64_t a0, void *a1, uint64_t a2, void *a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(434, s); }
-XPU_EXPORT int cuMemcpyPeerAsync(uint64_t a0, void *a1, uint64_t a2, void *a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(435, s); }
-XPU_EXPORT int cuMemcpyPeerAsync_ptsz(uint64_t a0, void *a1, uint64_t a2, void *a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(436, s); }
-XPU_EXPORT int cuMemcpyPeer_ptds(uint64_t a0, void *a1, uint64_t a2, void *a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(437, s); }
-XPU_EXPORT int cuMemcpy_ptds(uint64_t a0, uint64_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(438, s); }
-XPU_EXPORT int cuMemsetD16(uint32_t a0, uint16_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(439, s); }
-XPU_EXPORT int cuMemsetD16Async(uint64_t a0, uint16_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(440, s); }
-XPU_EXPORT int cuMemsetD16Async_ptsz(uint64_t a0, uint16_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(441, s); }
-XPU_EXPORT int cuMemsetD16_v2(uint64_t a0, uint16_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(442, s); }
-XPU_EXPORT int cuMemsetD16_v2_ptds(uint64_t a0, uint16_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(443, s); }
-XPU_EXPORT int cuMemsetD2D16(uint32_t a0, uint32_t a1, uint16_t a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(444, s); }
-XPU_EXPORT int cuMemsetD2D16Async(uint64_t a0, uint64_t a1, uint16_t a2, uint64_t a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(445, s); }
-XPU_EXPORT int cuMemsetD2D16Async_ptsz(uint64_t a0, uint64_t a1, uint16_t a2, uint64_t a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(446, s); }
-XPU_EXPORT int cuMemsetD2D16_v2(uint64_t a0, uint64_t a1, uint16_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(447, s); }
-XPU_EXPORT int cuMemsetD2D16_v2_ptds(uint64_t a0, uint64_t a1, uint16_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(448, s); }
-XPU_EXPORT int cuMemsetD2D32(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(449, s); }
-XPU_EXPORT int cuMemsetD2D32Async(uint64_t a0, uint64_t a1, uint32_t a2, uint64_t a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(450, s); }
-XPU_EXPORT int cuMemsetD2D32Async_ptsz(uint64_t a0, uint64_t a1, uint32_t a2, uint64_t a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(451, s); }
-XPU_EXPORT int cuMemsetD2D32_v2(uint64_t a0, uint64_t a1, uint32_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(452, s); }
-XPU_EXPORT int cuMemsetD2D32_v2_ptds(uint64_t a0, uint64_t a1, uint32_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(453, s); }
-XPU_EXPORT int cuMemsetD2D8(uint32_t a0, uint32_t a1, uint8_t a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(454, s); }
-XPU_EXPORT int cuMemsetD2D8Async(uint64_t a0, uint64_t a1, uint8_t a2, uint64_t a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(455, s); }
-XPU_EXPORT int cuMemsetD2D8Async_ptsz(uint64_t a0, uint64_t a1, uint8_t a2, uint64_t a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(456, s); }
-XPU_EXPORT int cuMemsetD2D8_v2(uint64_t a0, uint64_t a1, uint8_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(457, s); }
-XPU_EXPORT int cuMemsetD2D8_v2_ptds(uint64_t a0, uint64_t a1, uint8_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(458, s); }
-XPU_EXPORT int cuMemsetD32(uint32_t a0, uint32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(459, s); }
-XPU_EXPORT int cuMemsetD32Async(uint64_t a0, uint32_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(460, s); }
-XPU_EXPORT int cuMemsetD32Async_ptsz(uint64_t a0, uint32_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(461, s); }
-XPU_EXPORT int cuMemsetD32_v2(uint64_t a0, uint32_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(462, s); }
-XPU_EXPORT int cuMemsetD32_v2_ptds(uint64_t a0, uint32_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(463, s); }
-XPU_EXPORT int cuMemsetD8(uint32_t a0, uint8_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(464, s); }
-XPU_EXPORT int cuMemsetD8Async(uint64_t a0, uint8_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(465, s); }
-XPU_EXPORT int cuMemsetD8Async_ptsz(uint64_t a0, uint8_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(466, s); }
-XPU_EXPORT int cuMemsetD8_v2(uint64_t a0, uint8_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(467, s); }
-XPU_EXPORT int cuMemsetD8_v2_ptds(uint64_t a0, uint8_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(468, s); }
-XPU_EXPORT int cuMipmappedArrayCreate(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(469, s); }
-XPU_EXPORT int cuMipmappedArrayDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(470, s); }
-XPU_EXPORT int cuMipmappedArrayGetLevel(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(471, s); }
-XPU_EXPORT int cuMipmappedArrayGetMemoryRequirements(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(472, s); }
-XPU_EXPORT int cuMipmappedArrayGetSparseProperties(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(473, s); }
-XPU_EXPORT int cuModuleEnumerateFunctions(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(474, s); }
-XPU_EXPORT int cuModuleGetFunction(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(475, s); }
-XPU_EXPORT int cuModuleGetFunctionCount(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(476, s); }
-XPU_EXPORT int cuModuleGetGlobal(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(477, s); }
-XPU_EXPORT int cuModuleGetGlobal_v2(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(478, s); }
-XPU_EXPORT int cuModuleGetLoadingMode(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(479, s); }
-XPU_EXPORT int cuModuleGetSurfRef(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(480, s); }
-XPU_EXPORT int cuModuleGetTexRef(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(481, s); }
-XPU_EXPORT int cuModuleLoad(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(482, s); }
-XPU_EXPORT int cuModuleLoadData(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(483, s); }
-XPU_EXPORT int cuModuleLoadDataEx(void *a0, void *a1, uint32_t a2, void *a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(484, s); }
-XPU_EXPORT int cuModuleLoadFatBinary(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(485, s); }
-XPU_EXPORT int cuModuleUnload(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(486, s); }
-XPU_EXPORT int cuMulticastAddDevice(uint64_t a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(487, s); }
-XPU_EXPORT int cuMulticastBindAddr(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(488, s); }
-XPU_EXPORT int cuMulticastBindMem(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(489, s); }
-XPU_EXPORT int cuMulticastCreate(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(490, s); }
-XPU_EXPORT int cuMulticastGetGranularity(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(491, s); }
-XPU_EXPORT int cuMulticastUnbind(uint64_t a0, int32_t a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(492, s); }
-XPU_EXPORT int cuOccupancyAvailableDynamicSMemPerBlock(void *a0, void *a1, int32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(493, s); }
-XPU_EXPORT int cuOccupancyMaxActiveBlocksPerMultiprocessor(void *a0, void *a1, int32_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(494, s); }
-XPU_EXPORT int cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(void *a0, void *a1, int32_t a2, uint64_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(495, s); }
-XPU_EXPORT int cuOccupancyMaxActiveClusters(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(496, s); }
-XPU_EXPORT int cuOccupancyMaxPotentialBlockSize(void *a0, void *a1, void *a2, void *a3, uint64_t a4, int32_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(int64_t)a5}; return xpu_enter(497, s); }
-XPU_EXPORT int cuOccupancyMaxPotentialBlockSizeWithFlags(void *a0, void *a1, void *a2, void *a3, uint64_t a4, int32_t a5, uint32_t a6) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(int64_t)a5, (uint64_t)(uint64_t)a6}; return xpu_enter(498, s); }
-XPU_EXPORT int cuOccupancyMaxPotentialClusterSize(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(499, s); }
-XPU_EXPORT int cuParamSetSize(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(500, s); }
-XPU_EXPORT int cuParamSetTexRef(void *a0, int32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(501, s); }
-XPU_EXPORT int cuParamSetf(void *a0, int32_t a1, float a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, xpu_bits_float(a2)}; return xpu_enter(502, s); }
-XPU_EXPORT int cuParamSeti(void *a0, int32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(503, s); }
-XPU_EXPORT int cuParamSetv(void *a0, int32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(504, s); }
-XPU_EXPORT int cuPointerGetAttribute(void *a0, uint32_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(505, s); }
-XPU_EXPORT int cuPointerGetAttributes(uint32_t a0, void *a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(506, s); }
-XPU_EXPORT int cuPointerSetAttribute(void *a0, uint32_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(507, s); }
-XPU_EXPORT int cuProfilerInitialize(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(508, s); }
-XPU_EXPORT int cuProfilerStart(void) { uint64_t *s = NULL; return xpu_enter(509, s); }
-XPU_EXPORT int cuProfilerStop(void) { uint64_t *s = NULL; return xpu_enter(510, s); }
-XPU_EXPORT int cuSignalExternalSemaphoresAsync(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(511, s); }
-XPU_EXPORT int cuSignalExternalSemaphoresAsync_ptsz(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(512, s); }
-XPU_EXPORT int cuStreamAddCallback(void *a0, void *a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(513, s); }
-XPU_EXPORT int cuStreamAddCallback_ptsz(void *a0, void *a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(514, s); }
-XPU_EXPORT int cuStreamAttachMemAsync(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(515, s); }
-XPU_EXPORT int cuStreamAttachMemAsync_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(516, s); }
-XPU_EXPORT int cuStreamBatchMemOp(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(517, s); }
-XPU_EXPORT int cuStreamBatchMemOp_ptsz(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(518, s); }
-XPU_EXPORT int cuStreamBatchMemOp_v2(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(519, s); }
-XPU_EXPORT int cuStreamBatchMemOp_v2_ptsz(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(520, s); }
-XPU_EXPORT int cuStreamBeginCapture(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(521, s); }
-XPU_EXPORT int cuStreamBeginCaptureToGraph(void *a0, void *a1, void *a2, void *a3, uint64_t a4, uint32_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(522, s); }
-XPU_EXPORT int cuStreamBeginCaptureToGraph_ptsz(void *a0, void *a1, void *a2, void *a3, uint64_t a4, uint32_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(523, s); }
-XPU_EXPORT int cuStreamBeginCapture_ptsz(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(524, s); }
-XPU_EXPORT int cuStreamBeginCapture_v2(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(525, s); }
-XPU_EXPORT int cuStreamBeginCapture_v2_ptsz(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(526, s); }
-XPU_EXPORT int cuStreamCopyAttributes(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(527, s); }
-XPU_EXPORT int cuStreamCopyAttributes_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(528, s); }
-XPU_EXPORT int cuStreamCreate(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(529, s); }
-XPU_EXPORT int cuStreamCreateWithPriority(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(530, s); }
-XPU_EXPORT int cuStreamDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(531, s); }
-XPU_EXPORT int cuStreamDestroy_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(532, s); }
-XPU_EXPORT int cuStreamEndCapture(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(533, s); }
-XPU_EXPORT int cuStreamEndCapture_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(534, s); }
-XPU_EXPORT int cuStreamGetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(535, s); }
-XPU_EXPORT int cuStreamGetAttribute_ptsz(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(536, s); }
-XPU_EXPORT int cuStreamGetCaptureInfo(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(537, s); }
-XPU_EXPORT int cuStreamGetCaptureInfo_ptsz(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(538, s); }
-XPU_EXPORT int cuStreamGetCaptureInfo_v2(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(539, s); }
-XPU_EXPORT int cuStreamGetCaptureInfo_v2_ptsz(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(540, s); }
-XPU_EXPORT int cuStreamGetCaptureInfo_v3(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5, void *a6) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6}; return xpu_enter(541, s); }
-XPU_EXPORT int cuStreamGetCaptureInfo_v3_ptsz(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5, void *a6) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6}; return xpu_enter(542, s); }
-XPU_EXPORT int cuStreamGetCtx(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(543, s); }
-XPU_EXPORT int cuStreamGetCtx_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(544, s); }
-XPU_EXPORT int cuStreamGetCtx_v2(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(545, s); }
-XPU_EXPORT int cuStreamGetCtx_v2_ptsz(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(546, s); }
-XPU_EXPORT int cuStreamGetDevice(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(547, s); }
-XPU_EXPORT int cuStreamGetDevice_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(548, s); }
-XPU_EXPORT int cuStreamGetFlags(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(549, s); }
-XPU_EXPORT int cuStreamGetFlags_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(550, s); }
-XPU_EXPORT int cuStreamGetGreenCtx(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(551, s); }
-XPU_EXPORT int cuStreamGetId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(552, s); }
-XPU_EXPORT int cuStreamGetId_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(553, s); }
-XPU_EXPORT int cuStreamGetPriority(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(554, s); }
-XPU_EXPORT int cuStreamGetPriority_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(555, s); }
-XPU_EXPORT int cuStreamIsCapturing(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(556, s); }
-XPU_EXPORT int cuStreamIsCapturing_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(557, s); }
-XPU_EXPORT int cuStreamQuery(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(558, s); }
-XPU_EXPORT int cuStreamQuery_ptsz(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(559, s); }
-XPU_EXPORT int cuStreamSetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(560, s); }
-XPU_EXPORT int cuStreamSetAttribute_ptsz(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(561, s); }
-XPU_EXPORT int cuStreamSynchronize(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(562, s); }
-XPU_EXPORT int cuStreamSynchronize_ptsz(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(563, s); }
-XPU_EXPORT int cuStreamUpdateCaptureDependencies(void *a0, void *a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(564, s); }
-XPU_EXPORT int cuStreamUpdateCaptureDependencies_ptsz(void *a0, void *a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(565, s); }
-XPU_EXPORT int cuStreamUpdateCaptureDependencies_v2(void *a0, void *a1, void *a2, uint64_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(566, s); }
-XPU_EXPORT int cuStreamUpdateCaptureDependencies_v2_ptsz(void *a0, void *a1, void *a2, uint64_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(567, s); }
-XPU_EXPORT int cuStreamWaitEvent(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(568, s); }
-XPU_EXPORT int cuStreamWaitEvent_ptsz(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(569, s); }
-XPU_EXPORT int cuStreamWaitValue32(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(570, s); }
-XPU_EXPORT int cuStreamWaitValue32_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(571, s); }
-XPU_EXPORT int cuStreamWaitValue32_v2(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(572, s); }
-XPU_EXPORT int cuStreamWaitValue32_v2_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(573, s); }
-XPU_EXPORT int cuStreamWaitValue64(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(574, s); }
-XPU_EXPORT int cuStreamWaitValue64_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(575, s); }
-XPU_EXPORT int cuStreamWaitValue64_v2(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(576, s); }
-XPU_EXPORT int cuStreamWaitValue64_v2_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(577, s); }
-XPU_EXPORT int cuStreamWriteValue32(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(578, s); }
-XPU_EXPORT int cuStreamWriteValue32_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(579, s); }
-XPU_EXPORT int cuStreamWriteValue32_v2(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(580, s); }
-XPU_EXPORT int cuStreamWriteValue32_v2_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(581, s); }
-XPU_EXPORT int cuStreamWriteValue64(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(582, s); }
-XPU_EXPORT int cuStreamWriteValue64_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(583, s); }
-XPU_EXPORT int cuStreamWriteValue64_v2(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(584, s); }
-XPU_EXPORT int cuStreamWriteValue64_v2_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(585, s); }
-XPU_EXPORT int cuSurfObjectCreate(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(586, s); }
-XPU_EXPORT int cuSurfObjectDestroy(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(587, s); }
-XPU_EXPORT int cuSurfObjectGetResourceDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(588, s); }
-XPU_EXPORT int cuSurfRefGetArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(589, s); }
-XPU_EXPORT int cuSurfRefSetArray(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(590, s); }
-XPU_EXPORT int cuTensorMapEncodeIm2col(void *a0, uint32_t a1, uint32_t a2, void *a3, void *a4, void *a5, void *a6, void *a7, uint32_t a8, uint32_t a9, void *a10, uint32_t a11, uint32_t a12, uint32_t a13, uint32_t a14) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(uint64_t)a8, (uint64_t)(uint64_t)a9, (uint64_t)(uintptr_t)a10, (uint64_t)(uint64_t)a11, (uint64_t)(uint64_t)a12, (uint64_t)(uint64_t)a13, (uint64_t)(uint64_t)a14}; return xpu_enter(591, s); }
-XPU_EXPORT int cuTensorMapEncodeIm2colWide(void *a0, uint32_t a1, uint32_t a2, void *a3, void *a4, void *a5, int32_t a6, int32_t a7, uint32_t a8, uint32_t a9, void *a10, uint32_t a11, uint32_t a12, uint32_t a13, uint32_t a14, uint32_t a15) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(int64_t)a6, (uint64_t)(int64_t)a7, (uint64_t)(uint64_t)a8, (uint64_t)(uint64_t)a9, (uint64_t)(uintptr_t)a10, (uint64_t)(uint64_t)a11, (uint64_t)(uint64_t)a12, (uint64_t)(uint64_t)a13, (uint64_t)(uint64_t)a14, (uint64_t)(uint64_t)a15}; return xpu_enter(592, s); }
-XPU_EXPORT int cuTensorMapEncodeTiled(void *a0, uint32_t a1, uint32_t a2, void *a3, void *a4, void *a5, void *a6, void *a7, uint32_t a8, uint32_t a9, uint32_t a10, uint32_t a11) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(uint64_t)a8, (uint64_t)(uint64_t)a9, (uint64_t)(uint64_t)a10, (uint64_t)(uint64_t)a11}; return xpu_enter(593, s); }
-XPU_EXPORT int cuTensorMapReplaceAddress(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(594, s); }
-XPU_EXPORT int cuTexObjectCreate(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(595, s); }
-XPU_EXPORT int cuTexObjectDestroy(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(596, s); }
-XPU_EXPORT int cuTexObjectGetResourceDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(597, s); }
-XPU_EXPORT int cuTexObjectGetResourceViewDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(598, s); }
-XPU_EXPORT int cuTexObjectGetTextureDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(599, s); }
-XPU_EXPORT int cuTexRefCreate(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(600, s); }
-XPU_EXPORT int cuTexRefDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(601, s); }
-XPU_EXPORT int cuTexRefGetAddress(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(602, s); }
-XPU_EXPORT int cuTexRefGetAddressMode(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(603, s); }
-XPU_EXPORT int cuTexRefGetAddress_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(604, s); }
-XPU_EXPORT int cuTexRefGetArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(605, s); }
-XPU_EXPORT int cuTexRefGetBorderColor(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(606, s); }
-XPU_EXPORT int cuTexRefGetFilterMode(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(607, s); }
-XPU_EXPORT int cuTexRefGetFlags(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(608, s); }
-XPU_EXPORT int cuTexRefGetFormat(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(609, s); }
-XPU_EXPORT int cuTexRefGetMaxAnisotropy(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(610, s); }
-XPU_EXPORT int cuTexRefGetMipmapFilterMode(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(611, s); }
-XPU_EXPORT int cuTexRefGetMipmapLevelBias(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(612, s); }
-XPU_EXPORT int cuTexRefGetMipmapLevelClamp(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(613, s); }
-XPU_EXPORT int cuTexRefGetMipmappedArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(614, s); }
-XPU_EXPORT int cuTexRefSetAddress(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(615, s); }
-XPU_EXPORT int cuTexRefSetAddress2D(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(616, s); }
-XPU_EXPORT int cuTexRefSetAddress2D_v2(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(617, s); }
-XPU_EXPORT int cuTexRefSetAddress2D_v3(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(618, s); }
-XPU_EXPORT int cuTexRefSetAddressMode(void *a0, int32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(619, s); }
-XPU_EXPORT int cuTexRefSetAddress_v2(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(620, s); }
-XPU_EXPORT int cuTexRefSetArray(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(621, s); }
-XPU_EXPORT int cuTexRefSetBorderColor(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(622, s); }
-XPU_EXPORT int cuTexRefSetFilterMode(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(623, s); }
-XPU_EXPORT int cuTexRefSetFlags(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(624, s); }
-XPU_EXPORT int cuTexRefSetFormat(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(625, s); }
-XPU_EXPORT int cuTexRefSetMaxAnisotropy(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(626, s); }
-XPU_EXPORT int cuTexRefSetMipmapFilterMode(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(627, s); }
-XPU_EXPORT int cuTexRefSetMipmapLevelBias(void *a0, float a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, xpu_bits_float(a1)}; return xpu_enter(628, s); }
-XPU_EXPORT int cuTexRefSetMipmapLevelClamp(void *a0, float a1, float a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, xpu_bits_float(a1), xpu_bits_float(a2)}; return xpu_enter(629, s); }
-XPU_EXPORT int cuTexRefSetMipmappedArray(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(630, s); }
-XPU_EXPORT int cuThreadExchangeStreamCaptureMode(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(631, s); }
-XPU_EXPORT int cuUserObjectCreate(void *a0, void *a1, void *a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(632, s); }
-XPU_EXPORT int cuUserObjectRelease(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(633, s); }
-XPU_EXPORT int cuUserObjectRetain(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(634, s); }
-XPU_EXPORT int cuWaitExternalSemaphoresAsync(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(635, s); }
-XPU_EXPORT int cuWaitExternalSemaphoresAsync_ptsz(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(636, s); }
+XPU_EXPORT int cuCheckpointOperationComplete(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(12, s); }
+XPU_EXPORT int cuCheckpointProcessCheckpoint(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(13, s); }
+XPU_EXPORT int cuCheckpointProcessGetRestoreThreadId(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(14, s); }
+XPU_EXPORT int cuCheckpointProcessGetState(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(15, s); }
+XPU_EXPORT int cuCheckpointProcessLock(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(16, s); }
+XPU_EXPORT int cuCheckpointProcessRestore(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(17, s); }
+XPU_EXPORT int cuCheckpointProcessUnlock(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(18, s); }
+XPU_EXPORT int cuCoredumpDeregisterCompleteCallback(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(19, s); }
+XPU_EXPORT int cuCoredumpDeregisterStartCallback(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(20, s); }
+XPU_EXPORT int cuCoredumpGetAttribute(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(21, s); }
+XPU_EXPORT int cuCoredumpGetAttributeGlobal(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(22, s); }
+XPU_EXPORT int cuCoredumpRegisterCompleteCallback(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(23, s); }
+XPU_EXPORT int cuCoredumpRegisterStartCallback(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(24, s); }
+XPU_EXPORT int cuCoredumpSetAttribute(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(25, s); }
+XPU_EXPORT int cuCoredumpSetAttributeGlobal(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(26, s); }
+XPU_EXPORT int cuCtxAttach(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(27, s); }
+XPU_EXPORT int cuCtxCreate(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(28, s); }
+XPU_EXPORT int cuCtxCreate_v2(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(29, s); }
+XPU_EXPORT int cuCtxCreate_v3(void *a0, void *a1, int32_t a2, uint32_t a3, int32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(int64_t)a4}; return xpu_enter(30, s); }
+XPU_EXPORT int cuCtxCreate_v4(void *a0, void *a1, uint32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(31, s); }
+XPU_EXPORT int cuCtxDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(32, s); }
+XPU_EXPORT int cuCtxDestroy_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(33, s); }
+XPU_EXPORT int cuCtxDetach(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(34, s); }
+XPU_EXPORT int cuCtxDisablePeerAccess(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(35, s); }
+XPU_EXPORT int cuCtxEnablePeerAccess(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(36, s); }
+XPU_EXPORT int cuCtxFromGreenCtx(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(37, s); }
+XPU_EXPORT int cuCtxGetApiVersion(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(38, s); }
+XPU_EXPORT int cuCtxGetCacheConfig(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(39, s); }
+XPU_EXPORT int cuCtxGetCurrent(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(40, s); }
+XPU_EXPORT int cuCtxGetDevResource(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(41, s); }
+XPU_EXPORT int cuCtxGetDevice(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(42, s); }
+XPU_EXPORT int cuCtxGetDevice_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(43, s); }
+XPU_EXPORT int cuCtxGetExecAffinity(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(44, s); }
+XPU_EXPORT int cuCtxGetFlags(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(45, s); }
+XPU_EXPORT int cuCtxGetId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(46, s); }
+XPU_EXPORT int cuCtxGetLimit(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(47, s); }
+XPU_EXPORT int cuCtxGetSharedMemConfig(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(48, s); }
+XPU_EXPORT int cuCtxGetStreamPriorityRange(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(49, s); }
+XPU_EXPORT int cuCtxPopCurrent(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(50, s); }
+XPU_EXPORT int cuCtxPopCurrent_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(51, s); }
+XPU_EXPORT int cuCtxPushCurrent(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(52, s); }
+XPU_EXPORT int cuCtxPushCurrent_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(53, s); }
+XPU_EXPORT int cuCtxRecordEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(54, s); }
+XPU_EXPORT int cuCtxResetPersistingL2Cache(void) { uint64_t *s = NULL; return xpu_enter(55, s); }
+XPU_EXPORT int cuCtxSetCacheConfig(uint32_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(56, s); }
+XPU_EXPORT int cuCtxSetCurrent(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(57, s); }
+XPU_EXPORT int cuCtxSetFlags(uint32_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(58, s); }
+XPU_EXPORT int cuCtxSetLimit(uint32_t a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(59, s); }
+XPU_EXPORT int cuCtxSetSharedMemConfig(uint32_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(60, s); }
+XPU_EXPORT int cuCtxSynchronize(void) { uint64_t *s = NULL; return xpu_enter(61, s); }
+XPU_EXPORT int cuCtxSynchronize_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(62, s); }
+XPU_EXPORT int cuCtxWaitEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(63, s); }
+XPU_EXPORT int cuDestroyExternalMemory(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(64, s); }
+XPU_EXPORT int cuDestroyExternalSemaphore(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(65, s); }
+XPU_EXPORT int cuDevResourceGenerateDesc(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(66, s); }
+XPU_EXPORT int cuDevSmResourceSplit(void *a0, uint32_t a1, void *a2, void *a3, uint32_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(67, s); }
+XPU_EXPORT int cuDevSmResourceSplitByCount(void *a0, void *a1, void *a2, void *a3, uint32_t a4, uint32_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(68, s); }
+XPU_EXPORT int cuDeviceCanAccessPeer(void *a0, int32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(69, s); }
+XPU_EXPORT int cuDeviceComputeCapability(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(70, s); }
+XPU_EXPORT int cuDeviceGet(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(71, s); }
+XPU_EXPORT int cuDeviceGetAttribute(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(72, s); }
+XPU_EXPORT int cuDeviceGetByPCIBusId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(73, s); }
+XPU_EXPORT int cuDeviceGetCliqueCount(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(74, s); }
+XPU_EXPORT int cuDeviceGetCliqueInfo(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(75, s); }
+XPU_EXPORT int cuDeviceGetCount(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(76, s); }
+XPU_EXPORT int cuDeviceGetDefaultMemPool(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(77, s); }
+XPU_EXPORT int cuDeviceGetDevResource(int32_t a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(78, s); }
+XPU_EXPORT int cuDeviceGetExecAffinitySupport(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(79, s); }
+XPU_EXPORT int cuDeviceGetFabricClusterUuid(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(80, s); }
+XPU_EXPORT int cuDeviceGetGraphMemAttribute(int32_t a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(81, s); }
+XPU_EXPORT int cuDeviceGetHostAtomicCapabilities(void *a0, void *a1, uint32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(82, s); }
+XPU_EXPORT int cuDeviceGetLuid(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(83, s); }
+XPU_EXPORT int cuDeviceGetMemPool(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(84, s); }
+XPU_EXPORT int cuDeviceGetName(void *a0, int32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(85, s); }
+XPU_EXPORT int cuDeviceGetNvSciSyncAttributes(void *a0, int32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(86, s); }
+XPU_EXPORT int cuDeviceGetP2PAtomicCapabilities(void *a0, void *a1, uint32_t a2, int32_t a3, int32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(int64_t)a3, (uint64_t)(int64_t)a4}; return xpu_enter(87, s); }
+XPU_EXPORT int cuDeviceGetP2PAttribute(void *a0, uint32_t a1, int32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(88, s); }
+XPU_EXPORT int cuDeviceGetPCIBusId(void *a0, int32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(89, s); }
+XPU_EXPORT int cuDeviceGetProperties(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(90, s); }
+XPU_EXPORT int cuDeviceGetTexture1DLinearMaxWidth(void *a0, uint32_t a1, uint32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(91, s); }
+XPU_EXPORT int cuDeviceGetUuid(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(92, s); }
+XPU_EXPORT int cuDeviceGetUuid_v2(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(93, s); }
+XPU_EXPORT int cuDeviceGraphMemTrim(int32_t a0) { uint64_t s[] = {(uint64_t)(int64_t)a0}; return xpu_enter(94, s); }
+XPU_EXPORT int cuDevicePrimaryCtxGetState(int32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(95, s); }
+XPU_EXPORT int cuDevicePrimaryCtxRelease(int32_t a0) { uint64_t s[] = {(uint64_t)(int64_t)a0}; return xpu_enter(96, s); }
+XPU_EXPORT int cuDevicePrimaryCtxRelease_v2(int32_t a0) { uint64_t s[] = {(uint64_t)(int64_t)a0}; return xpu_enter(97, s); }
+XPU_EXPORT int cuDevicePrimaryCtxReset(int32_t a0) { uint64_t s[] = {(uint64_t)(int64_t)a0}; return xpu_enter(98, s); }
+XPU_EXPORT int cuDevicePrimaryCtxReset_v2(int32_t a0) { uint64_t s[] = {(uint64_t)(int64_t)a0}; return xpu_enter(99, s); }
+XPU_EXPORT int cuDevicePrimaryCtxRetain(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(100, s); }
+XPU_EXPORT int cuDevicePrimaryCtxSetFlags(int32_t a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(101, s); }
+XPU_EXPORT int cuDevicePrimaryCtxSetFlags_v2(int32_t a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(102, s); }
+XPU_EXPORT int cuDeviceRegisterAsyncNotification(int32_t a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(103, s); }
+XPU_EXPORT int cuDeviceSetGraphMemAttribute(int32_t a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(104, s); }
+XPU_EXPORT int cuDeviceSetMemPool(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(105, s); }
+XPU_EXPORT int cuDeviceTotalMem(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(106, s); }
+XPU_EXPORT int cuDeviceTotalMem_v2(void *a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(107, s); }
+XPU_EXPORT int cuDeviceUnregisterAsyncNotification(int32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(int64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(108, s); }
+XPU_EXPORT int cuDriverGetVersion(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(109, s); }
+XPU_EXPORT int cuEventCreate(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(110, s); }
+XPU_EXPORT int cuEventDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(111, s); }
+XPU_EXPORT int cuEventDestroy_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(112, s); }
+XPU_EXPORT int cuEventElapsedTime(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(113, s); }
+XPU_EXPORT int cuEventElapsedTime_v2(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(114, s); }
+XPU_EXPORT int cuEventQuery(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(115, s); }
+XPU_EXPORT int cuEventRecord(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(116, s); }
+XPU_EXPORT int cuEventRecordWithFlags(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(117, s); }
+XPU_EXPORT int cuEventRecordWithFlags_ptsz(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(118, s); }
+XPU_EXPORT int cuEventRecord_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(119, s); }
+XPU_EXPORT int cuEventSynchronize(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(120, s); }
+XPU_EXPORT int cuExternalMemoryGetMappedBuffer(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(121, s); }
+XPU_EXPORT int cuExternalMemoryGetMappedMipmappedArray(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(122, s); }
+XPU_EXPORT int cuFabricCpyBatchAsync(uint64_t a0, void *a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(123, s); }
+XPU_EXPORT int cuFabricCpyBatchAsync_ptsz(uint64_t a0, void *a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(124, s); }
+XPU_EXPORT int cuFlushGPUDirectRDMAWrites(uint32_t a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(125, s); }
+XPU_EXPORT int cuFuncGetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(126, s); }
+XPU_EXPORT int cuFuncGetModule(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(127, s); }
+XPU_EXPORT int cuFuncGetName(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(128, s); }
+XPU_EXPORT int cuFuncGetParamCount(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(129, s); }
+XPU_EXPORT int cuFuncGetParamInfo(void *a0, uint64_t a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(130, s); }
+XPU_EXPORT int cuFuncIsLoaded(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(131, s); }
+XPU_EXPORT int cuFuncLoad(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(132, s); }
+XPU_EXPORT int cuFuncSetAttribute(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(133, s); }
+XPU_EXPORT int cuFuncSetBlockShape(void *a0, int32_t a1, int32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(134, s); }
+XPU_EXPORT int cuFuncSetCacheConfig(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(135, s); }
+XPU_EXPORT int cuFuncSetSharedMemConfig(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(136, s); }
+XPU_EXPORT int cuFuncSetSharedSize(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(137, s); }
+XPU_EXPORT int cuGetErrorName(uint32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(138, s); }
+XPU_EXPORT int cuGetErrorString(uint32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(139, s); }
+XPU_EXPORT int cuGraphAddBatchMemOpNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(143, s); }
+XPU_EXPORT int cuGraphAddChildGraphNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(144, s); }
+XPU_EXPORT int cuGraphAddDependencies(void *a0, void *a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(145, s); }
+XPU_EXPORT int cuGraphAddDependencies_v2(void *a0, void *a1, void *a2, void *a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(146, s); }
+XPU_EXPORT int cuGraphAddEmptyNode(void *a0, void *a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(147, s); }
+XPU_EXPORT int cuGraphAddEventRecordNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(148, s); }
+XPU_EXPORT int cuGraphAddEventWaitNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(149, s); }
+XPU_EXPORT int cuGraphAddExternalSemaphoresSignalNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(150, s); }
+XPU_EXPORT int cuGraphAddExternalSemaphoresWaitNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(151, s); }
+XPU_EXPORT int cuGraphAddHostNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(152, s); }
+XPU_EXPORT int cuGraphAddKernelNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(153, s); }
+XPU_EXPORT int cuGraphAddKernelNode_v2(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(154, s); }
+XPU_EXPORT int cuGraphAddMemAllocNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(155, s); }
+XPU_EXPORT int cuGraphAddMemFreeNode(void *a0, void *a1, void *a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(156, s); }
+XPU_EXPORT int cuGraphAddMemcpyNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(157, s); }
+XPU_EXPORT int cuGraphAddMemsetNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(158, s); }
+XPU_EXPORT int cuGraphAddNode(void *a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(159, s); }
+XPU_EXPORT int cuGraphAddNode_v2(void *a0, void *a1, void *a2, void *a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(160, s); }
+XPU_EXPORT int cuGraphAddNode_v3(void *a0, void *a1, void *a2, void *a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(161, s); }
+XPU_EXPORT int cuGraphBatchMemOpNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(162, s); }
+XPU_EXPORT int cuGraphBatchMemOpNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(163, s); }
+XPU_EXPORT int cuGraphChildGraphNodeGetGraph(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(164, s); }
+XPU_EXPORT int cuGraphClone(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(165, s); }
+XPU_EXPORT int cuGraphConditionalHandleCreate(void *a0, void *a1, void *a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(166, s); }
+XPU_EXPORT int cuGraphCreate(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(167, s); }
+XPU_EXPORT int cuGraphDebugDotPrint(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(168, s); }
+XPU_EXPORT int cuGraphDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(169, s); }
+XPU_EXPORT int cuGraphDestroyNode(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(170, s); }
+XPU_EXPORT int cuGraphEventRecordNodeGetEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(171, s); }
+XPU_EXPORT int cuGraphEventRecordNodeSetEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(172, s); }
+XPU_EXPORT int cuGraphEventWaitNodeGetEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(173, s); }
+XPU_EXPORT int cuGraphEventWaitNodeSetEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(174, s); }
+XPU_EXPORT int cuGraphExecBatchMemOpNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(175, s); }
+XPU_EXPORT int cuGraphExecChildGraphNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(176, s); }
+XPU_EXPORT int cuGraphExecDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(177, s); }
+XPU_EXPORT int cuGraphExecEventRecordNodeSetEvent(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(178, s); }
+XPU_EXPORT int cuGraphExecEventWaitNodeSetEvent(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(179, s); }
+XPU_EXPORT int cuGraphExecExternalSemaphoresSignalNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(180, s); }
+XPU_EXPORT int cuGraphExecExternalSemaphoresWaitNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(181, s); }
+XPU_EXPORT int cuGraphExecGetFlags(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(182, s); }
+XPU_EXPORT int cuGraphExecGetId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(183, s); }
+XPU_EXPORT int cuGraphExecHostNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(184, s); }
+XPU_EXPORT int cuGraphExecKernelNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(185, s); }
+XPU_EXPORT int cuGraphExecKernelNodeSetParams_v2(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(186, s); }
+XPU_EXPORT int cuGraphExecMemcpyNodeSetParams(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(187, s); }
+XPU_EXPORT int cuGraphExecMemsetNodeSetParams(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(188, s); }
+XPU_EXPORT int cuGraphExecNodeSetParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(189, s); }
+XPU_EXPORT int cuGraphExecUpdate(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(190, s); }
+XPU_EXPORT int cuGraphExecUpdate_v2(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(191, s); }
+XPU_EXPORT int cuGraphExternalSemaphoresSignalNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(192, s); }
+XPU_EXPORT int cuGraphExternalSemaphoresSignalNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(193, s); }
+XPU_EXPORT int cuGraphExternalSemaphoresWaitNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(194, s); }
+XPU_EXPORT int cuGraphExternalSemaphoresWaitNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(195, s); }
+XPU_EXPORT int cuGraphGetEdges(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(196, s); }
+XPU_EXPORT int cuGraphGetEdges_v2(void *a0, void *a1, void *a2, void *a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(197, s); }
+XPU_EXPORT int cuGraphGetId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(198, s); }
+XPU_EXPORT int cuGraphGetNodes(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(199, s); }
+XPU_EXPORT int cuGraphGetRootNodes(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(200, s); }
+XPU_EXPORT int cuGraphHostNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(201, s); }
+XPU_EXPORT int cuGraphHostNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(202, s); }
+XPU_EXPORT int cuGraphInstantiate(void *a0, void *a1, void *a2, void *a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(203, s); }
+XPU_EXPORT int cuGraphInstantiateWithFlags(void *a0, void *a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(204, s); }
+XPU_EXPORT int cuGraphInstantiateWithParams(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(205, s); }
+XPU_EXPORT int cuGraphInstantiateWithParams_ptsz(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(206, s); }
+XPU_EXPORT int cuGraphInstantiate_v2(void *a0, void *a1, void *a2, void *a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(207, s); }
+XPU_EXPORT int cuGraphKernelNodeCopyAttributes(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(208, s); }
+XPU_EXPORT int cuGraphKernelNodeGetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(209, s); }
+XPU_EXPORT int cuGraphKernelNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(210, s); }
+XPU_EXPORT int cuGraphKernelNodeGetParams_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(211, s); }
+XPU_EXPORT int cuGraphKernelNodeSetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(212, s); }
+XPU_EXPORT int cuGraphKernelNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(213, s); }
+XPU_EXPORT int cuGraphKernelNodeSetParams_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(214, s); }
+XPU_EXPORT int cuGraphLaunch(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(215, s); }
+XPU_EXPORT int cuGraphLaunch_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(216, s); }
+XPU_EXPORT int cuGraphMemAllocNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(217, s); }
+XPU_EXPORT int cuGraphMemFreeNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(218, s); }
+XPU_EXPORT int cuGraphMemcpyNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(219, s); }
+XPU_EXPORT int cuGraphMemcpyNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(220, s); }
+XPU_EXPORT int cuGraphMemsetNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(221, s); }
+XPU_EXPORT int cuGraphMemsetNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(222, s); }
+XPU_EXPORT int cuGraphNodeFindInClone(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(223, s); }
+XPU_EXPORT int cuGraphNodeGetContainingGraph(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(224, s); }
+XPU_EXPORT int cuGraphNodeGetDependencies(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(225, s); }
+XPU_EXPORT int cuGraphNodeGetDependencies_v2(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(226, s); }
+XPU_EXPORT int cuGraphNodeGetDependentNodes(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(227, s); }
+XPU_EXPORT int cuGraphNodeGetDependentNodes_v2(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(228, s); }
+XPU_EXPORT int cuGraphNodeGetEnabled(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(229, s); }
+XPU_EXPORT int cuGraphNodeGetLocalId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(230, s); }
+XPU_EXPORT int cuGraphNodeGetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(231, s); }
+XPU_EXPORT int cuGraphNodeGetToolsId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(232, s); }
+XPU_EXPORT int cuGraphNodeGetType(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(233, s); }
+XPU_EXPORT int cuGraphNodeSetEnabled(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(234, s); }
+XPU_EXPORT int cuGraphNodeSetParams(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(235, s); }
+XPU_EXPORT int cuGraphNodeSetParams_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(236, s); }
+XPU_EXPORT int cuGraphReleaseUserObject(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(237, s); }
+XPU_EXPORT int cuGraphRemoveDependencies(void *a0, void *a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(238, s); }
+XPU_EXPORT int cuGraphRemoveDependencies_v2(void *a0, void *a1, void *a2, void *a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(239, s); }
+XPU_EXPORT int cuGraphRetainUserObject(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(240, s); }
+XPU_EXPORT int cuGraphUpload(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(241, s); }
+XPU_EXPORT int cuGraphUpload_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(242, s); }
+XPU_EXPORT int cuGraphicsMapResources(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(243, s); }
+XPU_EXPORT int cuGraphicsMapResources_ptsz(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(244, s); }
+XPU_EXPORT int cuGraphicsResourceGetMappedMipmappedArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(245, s); }
+XPU_EXPORT int cuGraphicsResourceGetMappedPointer(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(246, s); }
+XPU_EXPORT int cuGraphicsResourceGetMappedPointer_v2(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(247, s); }
+XPU_EXPORT int cuGraphicsResourceSetMapFlags(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(248, s); }
+XPU_EXPORT int cuGraphicsResourceSetMapFlags_v2(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(249, s); }
+XPU_EXPORT int cuGraphicsSubResourceGetMappedArray(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(250, s); }
+XPU_EXPORT int cuGraphicsUnmapResources(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(251, s); }
+XPU_EXPORT int cuGraphicsUnmapResources_ptsz(uint32_t a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(252, s); }
+XPU_EXPORT int cuGraphicsUnregisterResource(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(253, s); }
+XPU_EXPORT int cuGreenCtxCreate(void *a0, void *a1, int32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(254, s); }
+XPU_EXPORT int cuGreenCtxDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(255, s); }
+XPU_EXPORT int cuGreenCtxGetDevResource(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(256, s); }
+XPU_EXPORT int cuGreenCtxGetId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(257, s); }
+XPU_EXPORT int cuGreenCtxRecordEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(258, s); }
+XPU_EXPORT int cuGreenCtxStreamCreate(void *a0, void *a1, uint32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(259, s); }
+XPU_EXPORT int cuGreenCtxWaitEvent(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(260, s); }
+XPU_EXPORT int cuImportExternalMemory(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(261, s); }
+XPU_EXPORT int cuImportExternalSemaphore(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(262, s); }
+XPU_EXPORT int cuInit(uint32_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(263, s); }
+XPU_EXPORT int cuIpcCloseMemHandle(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(264, s); }
+XPU_EXPORT int cuIpcGetEventHandle(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(265, s); }
+XPU_EXPORT int cuIpcGetMemHandle(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(266, s); }
+XPU_EXPORT int cuIpcOpenEventHandle(void *a0, xpu_struct64 a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)&a1}; return xpu_enter(267, s); }
+XPU_EXPORT int cuIpcOpenMemHandle(void *a0, xpu_struct64 a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)&a1, (uint64_t)(uint64_t)a2}; return xpu_enter(268, s); }
+XPU_EXPORT int cuIpcOpenMemHandle_v2(void *a0, xpu_struct64 a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)&a1, (uint64_t)(uint64_t)a2}; return xpu_enter(269, s); }
+XPU_EXPORT int cuKernelGetAttribute(void *a0, uint32_t a1, void *a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(270, s); }
+XPU_EXPORT int cuKernelGetFunction(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(271, s); }
+XPU_EXPORT int cuKernelGetLibrary(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(272, s); }
+XPU_EXPORT int cuKernelGetName(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(273, s); }
+XPU_EXPORT int cuKernelGetParamCount(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(274, s); }
+XPU_EXPORT int cuKernelGetParamInfo(void *a0, uint64_t a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(275, s); }
+XPU_EXPORT int cuKernelSetAttribute(uint32_t a0, int32_t a1, void *a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(276, s); }
+XPU_EXPORT int cuKernelSetCacheConfig(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(277, s); }
+XPU_EXPORT int cuLaunch(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(278, s); }
+XPU_EXPORT int cuLaunchCooperativeKernel(void *a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4, uint32_t a5, uint32_t a6, uint32_t a7, void *a8, void *a9) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uint64_t)a7, (uint64_t)(uintptr_t)a8, (uint64_t)(uintptr_t)a9}; return xpu_enter(279, s); }
+XPU_EXPORT int cuLaunchCooperativeKernelMultiDevice(void *a0, uint32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(280, s); }
+XPU_EXPORT int cuLaunchCooperativeKernel_ptsz(void *a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4, uint32_t a5, uint32_t a6, uint32_t a7, void *a8, void *a9) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uint64_t)a7, (uint64_t)(uintptr_t)a8, (uint64_t)(uintptr_t)a9}; return xpu_enter(281, s); }
+XPU_EXPORT int cuLaunchGrid(void *a0, int32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(282, s); }
+XPU_EXPORT int cuLaunchGridAsync(void *a0, int32_t a1, int32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(283, s); }
+XPU_EXPORT int cuLaunchHostFunc(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(284, s); }
+XPU_EXPORT int cuLaunchHostFunc_ptsz(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(285, s); }
+XPU_EXPORT int cuLaunchHostFunc_v2(void *a0, void *a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(286, s); }
+XPU_EXPORT int cuLaunchHostFunc_v2_ptsz(void *a0, void *a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(287, s); }
+XPU_EXPORT int cuLaunchKernel(void *a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4, uint32_t a5, uint32_t a6, uint32_t a7, void *a8, void *a9, void *a10) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uint64_t)a7, (uint64_t)(uintptr_t)a8, (uint64_t)(uintptr_t)a9, (uint64_t)(uintptr_t)a10}; return xpu_enter(288, s); }
+XPU_EXPORT int cuLaunchKernelEx(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(289, s); }
+XPU_EXPORT int cuLaunchKernelEx_ptsz(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(290, s); }
+XPU_EXPORT int cuLaunchKernel_ptsz(void *a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4, uint32_t a5, uint32_t a6, uint32_t a7, void *a8, void *a9, void *a10) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uint64_t)a7, (uint64_t)(uintptr_t)a8, (uint64_t)(uintptr_t)a9, (uint64_t)(uintptr_t)a10}; return xpu_enter(291, s); }
+XPU_EXPORT int cuLibraryEnumerateKernels(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(292, s); }
+XPU_EXPORT int cuLibraryGetGlobal(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(293, s); }
+XPU_EXPORT int cuLibraryGetKernel(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(294, s); }
+XPU_EXPORT int cuLibraryGetKernelCount(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(295, s); }
+XPU_EXPORT int cuLibraryGetManaged(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(296, s); }
+XPU_EXPORT int cuLibraryGetModule(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(297, s); }
+XPU_EXPORT int cuLibraryGetUnifiedFunction(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(298, s); }
+XPU_EXPORT int cuLibraryLoadData(void *a0, void *a1, void *a2, void *a3, uint32_t a4, void *a5, void *a6, uint32_t a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uint64_t)a7}; return xpu_enter(299, s); }
+XPU_EXPORT int cuLibraryLoadFromFile(void *a0, void *a1, void *a2, void *a3, uint32_t a4, void *a5, void *a6, uint32_t a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uint64_t)a7}; return xpu_enter(300, s); }
+XPU_EXPORT int cuLibraryUnload(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(301, s); }
+XPU_EXPORT int cuLinkAddData(void *a0, uint32_t a1, void *a2, uint64_t a3, void *a4, uint32_t a5, void *a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(302, s); }
+XPU_EXPORT int cuLinkAddData_v2(void *a0, uint32_t a1, void *a2, uint64_t a3, void *a4, uint32_t a5, void *a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(303, s); }
+XPU_EXPORT int cuLinkAddFile(void *a0, uint32_t a1, void *a2, uint32_t a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(304, s); }
+XPU_EXPORT int cuLinkAddFile_v2(void *a0, uint32_t a1, void *a2, uint32_t a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(305, s); }
+XPU_EXPORT int cuLinkComplete(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(306, s); }
+XPU_EXPORT int cuLinkCreate(uint32_t a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(307, s); }
+XPU_EXPORT int cuLinkCreate_v2(uint32_t a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(308, s); }
+XPU_EXPORT int cuLinkDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(309, s); }
+XPU_EXPORT int cuLogicalEndpointAddDevice(uint32_t a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(310, s); }
+XPU_EXPORT int cuLogicalEndpointBindAddr(uint32_t a0, int32_t a1, uint64_t a2, void *a3, uint64_t a4, uint64_t a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(311, s); }
+XPU_EXPORT int cuLogicalEndpointBindMem(uint32_t a0, int32_t a1, uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5, uint64_t a6) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6}; return xpu_enter(312, s); }
+XPU_EXPORT int cuLogicalEndpointCreate(uint32_t a0, void *a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(313, s); }
+XPU_EXPORT int cuLogicalEndpointDestroy(uint32_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(314, s); }
+XPU_EXPORT int cuLogicalEndpointExport(void *a0, uint32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(315, s); }
+XPU_EXPORT int cuLogicalEndpointGetLimits(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(316, s); }
+XPU_EXPORT int cuLogicalEndpointIdRelease(uint32_t a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(317, s); }
+XPU_EXPORT int cuLogicalEndpointIdReserve(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(318, s); }
+XPU_EXPORT int cuLogicalEndpointImport(uint32_t a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(319, s); }
+XPU_EXPORT int cuLogicalEndpointQuery(uint32_t a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(320, s); }
+XPU_EXPORT int cuLogicalEndpointUnbind(uint32_t a0, int32_t a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(321, s); }
+XPU_EXPORT int cuLogsCurrent(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(322, s); }
+XPU_EXPORT int cuLogsDumpToFile(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(323, s); }
+XPU_EXPORT int cuLogsDumpToMemory(void *a0, void *a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(324, s); }
+XPU_EXPORT int cuLogsRegisterCallback(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(325, s); }
+XPU_EXPORT int cuLogsUnregisterCallback(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(326, s); }
+XPU_EXPORT int cuMemAddressFree(uint64_t a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(327, s); }
+XPU_EXPORT int cuMemAddressReserve(void *a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(328, s); }
+XPU_EXPORT int cuMemAdvise(uint64_t a0, uint64_t a1, uint32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(329, s); }
+XPU_EXPORT int cuMemAdvise_v2(uint64_t a0, uint64_t a1, uint32_t a2, xpu_struct8 a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)&a3}; return xpu_enter(330, s); }
+XPU_EXPORT int cuMemAlloc(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(331, s); }
+XPU_EXPORT int cuMemAllocAsync(void *a0, uint64_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(332, s); }
+XPU_EXPORT int cuMemAllocAsync_ptsz(void *a0, uint64_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(333, s); }
+XPU_EXPORT int cuMemAllocFromPoolAsync(void *a0, uint64_t a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(334, s); }
+XPU_EXPORT int cuMemAllocFromPoolAsync_ptsz(void *a0, uint64_t a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(335, s); }
+XPU_EXPORT int cuMemAllocHost(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(336, s); }
+XPU_EXPORT int cuMemAllocHost_v2(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(337, s); }
+XPU_EXPORT int cuMemAllocManaged(void *a0, uint64_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(338, s); }
+XPU_EXPORT int cuMemAllocPitch(void *a0, void *a1, uint32_t a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(339, s); }
+XPU_EXPORT int cuMemAllocPitch_v2(void *a0, void *a1, uint64_t a2, uint64_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(340, s); }
+XPU_EXPORT int cuMemAlloc_v2(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(341, s); }
+XPU_EXPORT int cuMemBatchDecompressAsync(void *a0, uint64_t a1, uint32_t a2, void *a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(342, s); }
+XPU_EXPORT int cuMemBatchDecompressAsync_ptsz(void *a0, uint64_t a1, uint32_t a2, void *a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(343, s); }
+XPU_EXPORT int cuMemCreate(void *a0, uint64_t a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(344, s); }
+XPU_EXPORT int cuMemDiscardAndPrefetchBatchAsync(void *a0, void *a1, uint64_t a2, void *a3, void *a4, uint64_t a5, uint64_t a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(345, s); }
+XPU_EXPORT int cuMemDiscardAndPrefetchBatchAsync_ptsz(void *a0, void *a1, uint64_t a2, void *a3, void *a4, uint64_t a5, uint64_t a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(346, s); }
+XPU_EXPORT int cuMemDiscardBatchAsync(void *a0, void *a1, uint64_t a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(347, s); }
+XPU_EXPORT int cuMemDiscardBatchAsync_ptsz(void *a0, void *a1, uint64_t a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(348, s); }
+XPU_EXPORT int cuMemExportToShareableHandle(void *a0, uint64_t a1, uint32_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(349, s); }
+XPU_EXPORT int cuMemFree(uint32_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(350, s); }
+XPU_EXPORT int cuMemFreeAsync(uint64_t a0, void *a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(351, s); }
+XPU_EXPORT int cuMemFreeAsync_ptsz(uint64_t a0, void *a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(352, s); }
+XPU_EXPORT int cuMemFreeHost(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(353, s); }
+XPU_EXPORT int cuMemFree_v2(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(354, s); }
+XPU_EXPORT int cuMemGetAccess(void *a0, void *a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(355, s); }
+XPU_EXPORT int cuMemGetAddressRange(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(356, s); }
+XPU_EXPORT int cuMemGetAddressRange_v2(void *a0, void *a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(357, s); }
+XPU_EXPORT int cuMemGetAllocationGranularity(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(358, s); }
+XPU_EXPORT int cuMemGetAllocationPropertiesFromHandle(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(359, s); }
+XPU_EXPORT int cuMemGetDefaultMemPool(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(360, s); }
+XPU_EXPORT int cuMemGetHandleForAddressRange(void *a0, uint64_t a1, uint64_t a2, uint32_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(361, s); }
+XPU_EXPORT int cuMemGetInfo(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(362, s); }
+XPU_EXPORT int cuMemGetInfo_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(363, s); }
+XPU_EXPORT int cuMemGetLocationInfo(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(364, s); }
+XPU_EXPORT int cuMemGetMemPool(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(365, s); }
+XPU_EXPORT int cuMemHostAlloc(void *a0, uint64_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(366, s); }
+XPU_EXPORT int cuMemHostGetDevicePointer(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(367, s); }
+XPU_EXPORT int cuMemHostGetDevicePointer_v2(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(368, s); }
+XPU_EXPORT int cuMemHostGetFlags(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(369, s); }
+XPU_EXPORT int cuMemHostRegister(void *a0, uint64_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(370, s); }
+XPU_EXPORT int cuMemHostRegister_v2(void *a0, uint64_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(371, s); }
+XPU_EXPORT int cuMemHostUnregister(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(372, s); }
+XPU_EXPORT int cuMemImportFromShareableHandle(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(373, s); }
+XPU_EXPORT int cuMemMap(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(374, s); }
+XPU_EXPORT int cuMemMapArrayAsync(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(375, s); }
+XPU_EXPORT int cuMemMapArrayAsync_ptsz(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(376, s); }
+XPU_EXPORT int cuMemPoolCreate(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(377, s); }
+XPU_EXPORT int cuMemPoolDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(378, s); }
+XPU_EXPORT int cuMemPoolExportPointer(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(379, s); }
+XPU_EXPORT int cuMemPoolExportToShareableHandle(void *a0, void *a1, uint32_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(380, s); }
+XPU_EXPORT int cuMemPoolGetAccess(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(381, s); }
+XPU_EXPORT int cuMemPoolGetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(382, s); }
+XPU_EXPORT int cuMemPoolImportFromShareableHandle(void *a0, void *a1, uint32_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(383, s); }
+XPU_EXPORT int cuMemPoolImportPointer(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(384, s); }
+XPU_EXPORT int cuMemPoolSetAccess(void *a0, void *a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(385, s); }
+XPU_EXPORT int cuMemPoolSetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(386, s); }
+XPU_EXPORT int cuMemPoolTrimTo(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(387, s); }
+XPU_EXPORT int cuMemPrefetchAsync(uint64_t a0, uint64_t a1, int32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(388, s); }
+XPU_EXPORT int cuMemPrefetchAsync_ptsz(uint64_t a0, uint64_t a1, int32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(389, s); }
+XPU_EXPORT int cuMemPrefetchAsync_v2(uint64_t a0, uint64_t a1, xpu_struct8 a2, uint32_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)&a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(390, s); }
+XPU_EXPORT int cuMemPrefetchAsync_v2_ptsz(uint64_t a0, uint64_t a1, xpu_struct8 a2, uint32_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)&a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(391, s); }
+XPU_EXPORT int cuMemPrefetchBatchAsync(void *a0, void *a1, uint64_t a2, void *a3, void *a4, uint64_t a5, uint64_t a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(392, s); }
+XPU_EXPORT int cuMemPrefetchBatchAsync_ptsz(void *a0, void *a1, uint64_t a2, void *a3, void *a4, uint64_t a5, uint64_t a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(393, s); }
+XPU_EXPORT int cuMemRangeGetAttribute(void *a0, uint64_t a1, uint32_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(394, s); }
+XPU_EXPORT int cuMemRangeGetAttributes(void *a0, void *a1, void *a2, uint64_t a3, uint64_t a4, uint64_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(395, s); }
+XPU_EXPORT int cuMemRelease(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(396, s); }
+XPU_EXPORT int cuMemRetainAllocationHandle(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(397, s); }
+XPU_EXPORT int cuMemSetAccess(uint64_t a0, uint64_t a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(398, s); }
+XPU_EXPORT int cuMemSetMemPool(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(399, s); }
+XPU_EXPORT int cuMemUnmap(uint64_t a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(400, s); }
+XPU_EXPORT int cuMemcpy(uint64_t a0, uint64_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(401, s); }
+XPU_EXPORT int cuMemcpy2D(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(402, s); }
+XPU_EXPORT int cuMemcpy2DAsync(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(403, s); }
+XPU_EXPORT int cuMemcpy2DAsync_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(404, s); }
+XPU_EXPORT int cuMemcpy2DAsync_v2_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(405, s); }
+XPU_EXPORT int cuMemcpy2DUnaligned(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(406, s); }
+XPU_EXPORT int cuMemcpy2DUnaligned_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(407, s); }
+XPU_EXPORT int cuMemcpy2DUnaligned_v2_ptds(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(408, s); }
+XPU_EXPORT int cuMemcpy2D_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(409, s); }
+XPU_EXPORT int cuMemcpy2D_v2_ptds(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(410, s); }
+XPU_EXPORT int cuMemcpy3D(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(411, s); }
+XPU_EXPORT int cuMemcpy3DAsync(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(412, s); }
+XPU_EXPORT int cuMemcpy3DAsync_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(413, s); }
+XPU_EXPORT int cuMemcpy3DAsync_v2_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(414, s); }
+XPU_EXPORT int cuMemcpy3DBatchAsync(uint64_t a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(415, s); }
+XPU_EXPORT int cuMemcpy3DBatchAsync_ptsz(uint64_t a0, void *a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(416, s); }
+XPU_EXPORT int cuMemcpy3DBatchAsync_v2(uint64_t a0, void *a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(417, s); }
+XPU_EXPORT int cuMemcpy3DBatchAsync_v2_ptsz(uint64_t a0, void *a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(418, s); }
+XPU_EXPORT int cuMemcpy3DPeer(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(419, s); }
+XPU_EXPORT int cuMemcpy3DPeerAsync(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(420, s); }
+XPU_EXPORT int cuMemcpy3DPeerAsync_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(421, s); }
+XPU_EXPORT int cuMemcpy3DPeer_ptds(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(422, s); }
+XPU_EXPORT int cuMemcpy3DWithAttributesAsync(void *a0, uint64_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(423, s); }
+XPU_EXPORT int cuMemcpy3DWithAttributesAsync_ptsz(void *a0, uint64_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(424, s); }
+XPU_EXPORT int cuMemcpy3D_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(425, s); }
+XPU_EXPORT int cuMemcpy3D_v2_ptds(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(426, s); }
+XPU_EXPORT int cuMemcpyAsync(uint64_t a0, uint64_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(427, s); }
+XPU_EXPORT int cuMemcpyAsync_ptsz(uint64_t a0, uint64_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(428, s); }
+XPU_EXPORT int cuMemcpyAtoA(void *a0, uint32_t a1, void *a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(429, s); }
+XPU_EXPORT int cuMemcpyAtoA_v2(void *a0, uint64_t a1, void *a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(430, s); }
+XPU_EXPORT int cuMemcpyAtoA_v2_ptds(void *a0, uint64_t a1, void *a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(431, s); }
+XPU_EXPORT int cuMemcpyAtoD(uint32_t a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(432, s); }
+XPU_EXPORT int cuMemcpyAtoD_v2(uint64_t a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(433, s); }
+XPU_EXPORT int cuMemcpyAtoD_v2_ptds(uint64_t a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(434, s); }
+XPU_EXPORT int cuMemcpyAtoH(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(435, s); }
+XPU_EXPORT int cuMemcpyAtoHAsync(void *a0, void *a1, uint32_t a2, uint32_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(436, s); }
+XPU_EXPORT int cuMemcpyAtoHAsync_v2(void *a0, void *a1, uint64_t a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(437, s); }
+XPU_EXPORT int cuMemcpyAtoHAsync_v2_ptsz(void *a0, void *a1, uint64_t a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(438, s); }
+XPU_EXPORT int cuMemcpyAtoH_v2(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(439, s); }
+XPU_EXPORT int cuMemcpyAtoH_v2_ptds(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(440, s); }
+XPU_EXPORT int cuMemcpyBatchAsync(void *a0, void *a1, void *a2, uint64_t a3, void *a4, void *a5, uint64_t a6, void *a7, void *a8) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(uintptr_t)a8}; return xpu_enter(441, s); }
+XPU_EXPORT int cuMemcpyBatchAsync_ptsz(void *a0, void *a1, void *a2, uint64_t a3, void *a4, void *a5, uint64_t a6, void *a7, void *a8) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(uintptr_t)a8}; return xpu_enter(442, s); }
+XPU_EXPORT int cuMemcpyBatchAsync_v2(void *a0, void *a1, void *a2, uint64_t a3, void *a4, void *a5, uint64_t a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(443, s); }
+XPU_EXPORT int cuMemcpyBatchAsync_v2_ptsz(void *a0, void *a1, void *a2, uint64_t a3, void *a4, void *a5, uint64_t a6, void *a7) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uint64_t)a6, (uint64_t)(uintptr_t)a7}; return xpu_enter(444, s); }
+XPU_EXPORT int cuMemcpyDtoA(void *a0, uint32_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(445, s); }
+XPU_EXPORT int cuMemcpyDtoA_v2(void *a0, uint64_t a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(446, s); }
+XPU_EXPORT int cuMemcpyDtoA_v2_ptds(void *a0, uint64_t a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(447, s); }
+XPU_EXPORT int cuMemcpyDtoD(uint32_t a0, uint32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(448, s); }
+XPU_EXPORT int cuMemcpyDtoDAsync(uint32_t a0, uint32_t a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(449, s); }
+XPU_EXPORT int cuMemcpyDtoDAsync_v2(uint64_t a0, uint64_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(450, s); }
+XPU_EXPORT int cuMemcpyDtoDAsync_v2_ptsz(uint64_t a0, uint64_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(451, s); }
+XPU_EXPORT int cuMemcpyDtoD_v2(uint64_t a0, uint64_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(452, s); }
+XPU_EXPORT int cuMemcpyDtoD_v2_ptds(uint64_t a0, uint64_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(453, s); }
+XPU_EXPORT int cuMemcpyDtoH(void *a0, uint32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(454, s); }
+XPU_EXPORT int cuMemcpyDtoHAsync(void *a0, uint32_t a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(455, s); }
+XPU_EXPORT int cuMemcpyDtoHAsync_v2(void *a0, uint64_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(456, s); }
+XPU_EXPORT int cuMemcpyDtoHAsync_v2_ptsz(void *a0, uint64_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(457, s); }
+XPU_EXPORT int cuMemcpyDtoH_v2(void *a0, uint64_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(458, s); }
+XPU_EXPORT int cuMemcpyDtoH_v2_ptds(void *a0, uint64_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(459, s); }
+XPU_EXPORT int cuMemcpyHtoA(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(460, s); }
+XPU_EXPORT int cuMemcpyHtoAAsync(void *a0, uint32_t a1, void *a2, uint32_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(461, s); }
+XPU_EXPORT int cuMemcpyHtoAAsync_v2(void *a0, uint64_t a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(462, s); }
+XPU_EXPORT int cuMemcpyHtoAAsync_v2_ptsz(void *a0, uint64_t a1, void *a2, uint64_t a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(463, s); }
+XPU_EXPORT int cuMemcpyHtoA_v2(void *a0, uint64_t a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(464, s); }
+XPU_EXPORT int cuMemcpyHtoA_v2_ptds(void *a0, uint64_t a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(465, s); }
+XPU_EXPORT int cuMemcpyHtoD(uint32_t a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(466, s); }
+XPU_EXPORT int cuMemcpyHtoDAsync(uint32_t a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(467, s); }
+XPU_EXPORT int cuMemcpyHtoDAsync_v2(uint64_t a0, void *a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(468, s); }
+XPU_EXPORT int cuMemcpyHtoDAsync_v2_ptsz(uint64_t a0, void *a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(469, s); }
+XPU_EXPORT int cuMemcpyHtoD_v2(uint64_t a0, void *a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(470, s); }
+XPU_EXPORT int cuMemcpyHtoD_v2_ptds(uint64_t a0, void *a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(471, s); }
+XPU_EXPORT int cuMemcpyPeer(uint64_t a0, void *a1, uint64_t a2, void *a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(472, s); }
+XPU_EXPORT int cuMemcpyPeerAsync(uint64_t a0, void *a1, uint64_t a2, void *a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(473, s); }
+XPU_EXPORT int cuMemcpyPeerAsync_ptsz(uint64_t a0, void *a1, uint64_t a2, void *a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(474, s); }
+XPU_EXPORT int cuMemcpyPeer_ptds(uint64_t a0, void *a1, uint64_t a2, void *a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(475, s); }
+XPU_EXPORT int cuMemcpyWithAttributesAsync(uint64_t a0, uint64_t a1, uint64_t a2, void *a3, void *a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(476, s); }
+XPU_EXPORT int cuMemcpyWithAttributesAsync_ptsz(uint64_t a0, uint64_t a1, uint64_t a2, void *a3, void *a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(477, s); }
+XPU_EXPORT int cuMemcpy_ptds(uint64_t a0, uint64_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(478, s); }
+XPU_EXPORT int cuMemsetD16(uint32_t a0, uint16_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(479, s); }
+XPU_EXPORT int cuMemsetD16Async(uint64_t a0, uint16_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(480, s); }
+XPU_EXPORT int cuMemsetD16Async_ptsz(uint64_t a0, uint16_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(481, s); }
+XPU_EXPORT int cuMemsetD16_v2(uint64_t a0, uint16_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(482, s); }
+XPU_EXPORT int cuMemsetD16_v2_ptds(uint64_t a0, uint16_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(483, s); }
+XPU_EXPORT int cuMemsetD2D16(uint32_t a0, uint32_t a1, uint16_t a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(484, s); }
+XPU_EXPORT int cuMemsetD2D16Async(uint64_t a0, uint64_t a1, uint16_t a2, uint64_t a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(485, s); }
+XPU_EXPORT int cuMemsetD2D16Async_ptsz(uint64_t a0, uint64_t a1, uint16_t a2, uint64_t a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(486, s); }
+XPU_EXPORT int cuMemsetD2D16_v2(uint64_t a0, uint64_t a1, uint16_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(487, s); }
+XPU_EXPORT int cuMemsetD2D16_v2_ptds(uint64_t a0, uint64_t a1, uint16_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(488, s); }
+XPU_EXPORT int cuMemsetD2D32(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(489, s); }
+XPU_EXPORT int cuMemsetD2D32Async(uint64_t a0, uint64_t a1, uint32_t a2, uint64_t a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(490, s); }
+XPU_EXPORT int cuMemsetD2D32Async_ptsz(uint64_t a0, uint64_t a1, uint32_t a2, uint64_t a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(491, s); }
+XPU_EXPORT int cuMemsetD2D32_v2(uint64_t a0, uint64_t a1, uint32_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(492, s); }
+XPU_EXPORT int cuMemsetD2D32_v2_ptds(uint64_t a0, uint64_t a1, uint32_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(493, s); }
+XPU_EXPORT int cuMemsetD2D8(uint32_t a0, uint32_t a1, uint8_t a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(494, s); }
+XPU_EXPORT int cuMemsetD2D8Async(uint64_t a0, uint64_t a1, uint8_t a2, uint64_t a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(495, s); }
+XPU_EXPORT int cuMemsetD2D8Async_ptsz(uint64_t a0, uint64_t a1, uint8_t a2, uint64_t a3, uint64_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(496, s); }
+XPU_EXPORT int cuMemsetD2D8_v2(uint64_t a0, uint64_t a1, uint8_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(497, s); }
+XPU_EXPORT int cuMemsetD2D8_v2_ptds(uint64_t a0, uint64_t a1, uint8_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(498, s); }
+XPU_EXPORT int cuMemsetD32(uint32_t a0, uint32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(499, s); }
+XPU_EXPORT int cuMemsetD32Async(uint64_t a0, uint32_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(500, s); }
+XPU_EXPORT int cuMemsetD32Async_ptsz(uint64_t a0, uint32_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(501, s); }
+XPU_EXPORT int cuMemsetD32_v2(uint64_t a0, uint32_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(502, s); }
+XPU_EXPORT int cuMemsetD32_v2_ptds(uint64_t a0, uint32_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(503, s); }
+XPU_EXPORT int cuMemsetD8(uint32_t a0, uint8_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(504, s); }
+XPU_EXPORT int cuMemsetD8Async(uint64_t a0, uint8_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(505, s); }
+XPU_EXPORT int cuMemsetD8Async_ptsz(uint64_t a0, uint8_t a1, uint64_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(506, s); }
+XPU_EXPORT int cuMemsetD8_v2(uint64_t a0, uint8_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(507, s); }
+XPU_EXPORT int cuMemsetD8_v2_ptds(uint64_t a0, uint8_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(508, s); }
+XPU_EXPORT int cuMipmappedArrayCreate(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(509, s); }
+XPU_EXPORT int cuMipmappedArrayDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(510, s); }
+XPU_EXPORT int cuMipmappedArrayGetLevel(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(511, s); }
+XPU_EXPORT int cuMipmappedArrayGetMemoryRequirements(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(512, s); }
+XPU_EXPORT int cuMipmappedArrayGetSparseProperties(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(513, s); }
+XPU_EXPORT int cuModuleEnumerateFunctions(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(514, s); }
+XPU_EXPORT int cuModuleGetFunction(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(515, s); }
+XPU_EXPORT int cuModuleGetFunctionCount(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(516, s); }
+XPU_EXPORT int cuModuleGetGlobal(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(517, s); }
+XPU_EXPORT int cuModuleGetGlobal_v2(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(518, s); }
+XPU_EXPORT int cuModuleGetLoadingMode(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(519, s); }
+XPU_EXPORT int cuModuleGetSurfRef(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(520, s); }
+XPU_EXPORT int cuModuleGetTexRef(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(521, s); }
+XPU_EXPORT int cuModuleLoad(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(522, s); }
+XPU_EXPORT int cuModuleLoadData(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(523, s); }
+XPU_EXPORT int cuModuleLoadDataEx(void *a0, void *a1, uint32_t a2, void *a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(524, s); }
+XPU_EXPORT int cuModuleLoadFatBinary(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(525, s); }
+XPU_EXPORT int cuModuleUnload(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(526, s); }
+XPU_EXPORT int cuMulticastAddDevice(uint64_t a0, int32_t a1) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(int64_t)a1}; return xpu_enter(527, s); }
+XPU_EXPORT int cuMulticastBindAddr(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(528, s); }
+XPU_EXPORT int cuMulticastBindAddr_v2(uint64_t a0, int32_t a1, uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(529, s); }
+XPU_EXPORT int cuMulticastBindMem(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(530, s); }
+XPU_EXPORT int cuMulticastBindMem_v2(uint64_t a0, int32_t a1, uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5, uint64_t a6) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5, (uint64_t)(uint64_t)a6}; return xpu_enter(531, s); }
+XPU_EXPORT int cuMulticastCreate(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(532, s); }
+XPU_EXPORT int cuMulticastGetGranularity(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(533, s); }
+XPU_EXPORT int cuMulticastUnbind(uint64_t a0, int32_t a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(534, s); }
+XPU_EXPORT int cuOccupancyAvailableDynamicSMemPerBlock(void *a0, void *a1, int32_t a2, int32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(int64_t)a3}; return xpu_enter(535, s); }
+XPU_EXPORT int cuOccupancyMaxActiveBlocksPerMultiprocessor(void *a0, void *a1, int32_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(536, s); }
+XPU_EXPORT int cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(void *a0, void *a1, int32_t a2, uint64_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(537, s); }
+XPU_EXPORT int cuOccupancyMaxActiveClusters(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(538, s); }
+XPU_EXPORT int cuOccupancyMaxPotentialBlockSize(void *a0, void *a1, void *a2, void *a3, uint64_t a4, int32_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(int64_t)a5}; return xpu_enter(539, s); }
+XPU_EXPORT int cuOccupancyMaxPotentialBlockSizeWithFlags(void *a0, void *a1, void *a2, void *a3, uint64_t a4, int32_t a5, uint32_t a6) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(int64_t)a5, (uint64_t)(uint64_t)a6}; return xpu_enter(540, s); }
+XPU_EXPORT int cuOccupancyMaxPotentialClusterSize(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(541, s); }
+XPU_EXPORT int cuParamSetSize(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(542, s); }
+XPU_EXPORT int cuParamSetTexRef(void *a0, int32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(543, s); }
+XPU_EXPORT int cuParamSetf(void *a0, int32_t a1, float a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, xpu_bits_float(a2)}; return xpu_enter(544, s); }
+XPU_EXPORT int cuParamSeti(void *a0, int32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(545, s); }
+XPU_EXPORT int cuParamSetv(void *a0, int32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(546, s); }
+XPU_EXPORT int cuPointerGetAttribute(void *a0, uint32_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(547, s); }
+XPU_EXPORT int cuPointerGetAttributes(uint32_t a0, void *a1, void *a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uint64_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(548, s); }
+XPU_EXPORT int cuPointerSetAttribute(void *a0, uint32_t a1, uint64_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(549, s); }
+XPU_EXPORT int cuProfilerInitialize(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(550, s); }
+XPU_EXPORT int cuProfilerStart(void) { uint64_t *s = NULL; return xpu_enter(551, s); }
+XPU_EXPORT int cuProfilerStop(void) { uint64_t *s = NULL; return xpu_enter(552, s); }
+XPU_EXPORT int cuSignalExternalSemaphoresAsync(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(553, s); }
+XPU_EXPORT int cuSignalExternalSemaphoresAsync_ptsz(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(554, s); }
+XPU_EXPORT int cuStreamAddCallback(void *a0, void *a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(555, s); }
+XPU_EXPORT int cuStreamAddCallback_ptsz(void *a0, void *a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(556, s); }
+XPU_EXPORT int cuStreamAttachMemAsync(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(557, s); }
+XPU_EXPORT int cuStreamAttachMemAsync_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(558, s); }
+XPU_EXPORT int cuStreamBatchMemOp(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(559, s); }
+XPU_EXPORT int cuStreamBatchMemOp_ptsz(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(560, s); }
+XPU_EXPORT int cuStreamBatchMemOp_v2(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(561, s); }
+XPU_EXPORT int cuStreamBatchMemOp_v2_ptsz(void *a0, uint32_t a1, void *a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(562, s); }
+XPU_EXPORT int cuStreamBeginCapture(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(563, s); }
+XPU_EXPORT int cuStreamBeginCaptureToCig(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(564, s); }
+XPU_EXPORT int cuStreamBeginCaptureToCig_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(565, s); }
+XPU_EXPORT int cuStreamBeginCaptureToGraph(void *a0, void *a1, void *a2, void *a3, uint64_t a4, uint32_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(566, s); }
+XPU_EXPORT int cuStreamBeginCaptureToGraph_ptsz(void *a0, void *a1, void *a2, void *a3, uint64_t a4, uint32_t a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uint64_t)a4, (uint64_t)(uint64_t)a5}; return xpu_enter(567, s); }
+XPU_EXPORT int cuStreamBeginCapture_ptsz(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(568, s); }
+XPU_EXPORT int cuStreamBeginCapture_v2(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(569, s); }
+XPU_EXPORT int cuStreamBeginCapture_v2_ptsz(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(570, s); }
+XPU_EXPORT int cuStreamBeginRecaptureToGraph(void *a0, uint32_t a1, void *a2, void *a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(571, s); }
+XPU_EXPORT int cuStreamBeginRecaptureToGraph_ptsz(void *a0, uint32_t a1, void *a2, void *a3, void *a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4}; return xpu_enter(572, s); }
+XPU_EXPORT int cuStreamCopyAttributes(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(573, s); }
+XPU_EXPORT int cuStreamCopyAttributes_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(574, s); }
+XPU_EXPORT int cuStreamCreate(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(575, s); }
+XPU_EXPORT int cuStreamCreateWithPriority(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(576, s); }
+XPU_EXPORT int cuStreamDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(577, s); }
+XPU_EXPORT int cuStreamDestroy_v2(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(578, s); }
+XPU_EXPORT int cuStreamEndCapture(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(579, s); }
+XPU_EXPORT int cuStreamEndCaptureToCig(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(580, s); }
+XPU_EXPORT int cuStreamEndCaptureToCig_ptsz(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(581, s); }
+XPU_EXPORT int cuStreamEndCapture_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(582, s); }
+XPU_EXPORT int cuStreamGetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(583, s); }
+XPU_EXPORT int cuStreamGetAttribute_ptsz(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(584, s); }
+XPU_EXPORT int cuStreamGetCaptureInfo(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(585, s); }
+XPU_EXPORT int cuStreamGetCaptureInfo_ptsz(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(586, s); }
+XPU_EXPORT int cuStreamGetCaptureInfo_v2(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(587, s); }
+XPU_EXPORT int cuStreamGetCaptureInfo_v2_ptsz(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5}; return xpu_enter(588, s); }
+XPU_EXPORT int cuStreamGetCaptureInfo_v3(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5, void *a6) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6}; return xpu_enter(589, s); }
+XPU_EXPORT int cuStreamGetCaptureInfo_v3_ptsz(void *a0, void *a1, void *a2, void *a3, void *a4, void *a5, void *a6) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6}; return xpu_enter(590, s); }
+XPU_EXPORT int cuStreamGetCtx(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(591, s); }
+XPU_EXPORT int cuStreamGetCtx_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(592, s); }
+XPU_EXPORT int cuStreamGetCtx_v2(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(593, s); }
+XPU_EXPORT int cuStreamGetCtx_v2_ptsz(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(594, s); }
+XPU_EXPORT int cuStreamGetDevResource(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(595, s); }
+XPU_EXPORT int cuStreamGetDevResource_ptsz(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(596, s); }
+XPU_EXPORT int cuStreamGetDevice(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(597, s); }
+XPU_EXPORT int cuStreamGetDevice_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(598, s); }
+XPU_EXPORT int cuStreamGetFlags(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(599, s); }
+XPU_EXPORT int cuStreamGetFlags_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(600, s); }
+XPU_EXPORT int cuStreamGetGreenCtx(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(601, s); }
+XPU_EXPORT int cuStreamGetId(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(602, s); }
+XPU_EXPORT int cuStreamGetId_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(603, s); }
+XPU_EXPORT int cuStreamGetPriority(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(604, s); }
+XPU_EXPORT int cuStreamGetPriority_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(605, s); }
+XPU_EXPORT int cuStreamIsCapturing(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(606, s); }
+XPU_EXPORT int cuStreamIsCapturing_ptsz(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(607, s); }
+XPU_EXPORT int cuStreamQuery(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(608, s); }
+XPU_EXPORT int cuStreamQuery_ptsz(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(609, s); }
+XPU_EXPORT int cuStreamSetAttribute(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(610, s); }
+XPU_EXPORT int cuStreamSetAttribute_ptsz(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(611, s); }
+XPU_EXPORT int cuStreamSynchronize(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(612, s); }
+XPU_EXPORT int cuStreamSynchronize_ptsz(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(613, s); }
+XPU_EXPORT int cuStreamUpdateCaptureDependencies(void *a0, void *a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(614, s); }
+XPU_EXPORT int cuStreamUpdateCaptureDependencies_ptsz(void *a0, void *a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(615, s); }
+XPU_EXPORT int cuStreamUpdateCaptureDependencies_v2(void *a0, void *a1, void *a2, uint64_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(616, s); }
+XPU_EXPORT int cuStreamUpdateCaptureDependencies_v2_ptsz(void *a0, void *a1, void *a2, uint64_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(617, s); }
+XPU_EXPORT int cuStreamWaitEvent(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(618, s); }
+XPU_EXPORT int cuStreamWaitEvent_ptsz(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(619, s); }
+XPU_EXPORT int cuStreamWaitValue32(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(620, s); }
+XPU_EXPORT int cuStreamWaitValue32_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(621, s); }
+XPU_EXPORT int cuStreamWaitValue32_v2(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(622, s); }
+XPU_EXPORT int cuStreamWaitValue32_v2_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(623, s); }
+XPU_EXPORT int cuStreamWaitValue64(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(624, s); }
+XPU_EXPORT int cuStreamWaitValue64_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(625, s); }
+XPU_EXPORT int cuStreamWaitValue64_v2(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(626, s); }
+XPU_EXPORT int cuStreamWaitValue64_v2_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(627, s); }
+XPU_EXPORT int cuStreamWriteValue32(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(628, s); }
+XPU_EXPORT int cuStreamWriteValue32_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(629, s); }
+XPU_EXPORT int cuStreamWriteValue32_v2(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(630, s); }
+XPU_EXPORT int cuStreamWriteValue32_v2_ptsz(void *a0, uint64_t a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(631, s); }
+XPU_EXPORT int cuStreamWriteValue64(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(632, s); }
+XPU_EXPORT int cuStreamWriteValue64_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(633, s); }
+XPU_EXPORT int cuStreamWriteValue64_v2(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(634, s); }
+XPU_EXPORT int cuStreamWriteValue64_v2_ptsz(void *a0, uint64_t a1, uint64_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(635, s); }
+XPU_EXPORT int cuSurfObjectCreate(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(636, s); }
+XPU_EXPORT int cuSurfObjectDestroy(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(637, s); }
+XPU_EXPORT int cuSurfObjectGetResourceDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(638, s); }
+XPU_EXPORT int cuSurfRefGetArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(639, s); }
+XPU_EXPORT int cuSurfRefSetArray(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(640, s); }
+XPU_EXPORT int cuTensorMapEncodeIm2col(void *a0, uint32_t a1, uint32_t a2, void *a3, void *a4, void *a5, void *a6, void *a7, uint32_t a8, uint32_t a9, void *a10, uint32_t a11, uint32_t a12, uint32_t a13, uint32_t a14) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(uint64_t)a8, (uint64_t)(uint64_t)a9, (uint64_t)(uintptr_t)a10, (uint64_t)(uint64_t)a11, (uint64_t)(uint64_t)a12, (uint64_t)(uint64_t)a13, (uint64_t)(uint64_t)a14}; return xpu_enter(641, s); }
+XPU_EXPORT int cuTensorMapEncodeIm2colWide(void *a0, uint32_t a1, uint32_t a2, void *a3, void *a4, void *a5, int32_t a6, int32_t a7, uint32_t a8, uint32_t a9, void *a10, uint32_t a11, uint32_t a12, uint32_t a13, uint32_t a14, uint32_t a15) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(int64_t)a6, (uint64_t)(int64_t)a7, (uint64_t)(uint64_t)a8, (uint64_t)(uint64_t)a9, (uint64_t)(uintptr_t)a10, (uint64_t)(uint64_t)a11, (uint64_t)(uint64_t)a12, (uint64_t)(uint64_t)a13, (uint64_t)(uint64_t)a14, (uint64_t)(uint64_t)a15}; return xpu_enter(642, s); }
+XPU_EXPORT int cuTensorMapEncodeTiled(void *a0, uint32_t a1, uint32_t a2, void *a3, void *a4, void *a5, void *a6, void *a7, uint32_t a8, uint32_t a9, uint32_t a10, uint32_t a11) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(uintptr_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(uintptr_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(uint64_t)a8, (uint64_t)(uint64_t)a9, (uint64_t)(uint64_t)a10, (uint64_t)(uint64_t)a11}; return xpu_enter(643, s); }
+XPU_EXPORT int cuTensorMapReplaceAddress(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(644, s); }
+XPU_EXPORT int cuTensorMapSetAllocationClass(void *a0, uint32_t a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(645, s); }
+XPU_EXPORT int cuTexObjectCreate(void *a0, void *a1, void *a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(646, s); }
+XPU_EXPORT int cuTexObjectDestroy(uint64_t a0) { uint64_t s[] = {(uint64_t)(uint64_t)a0}; return xpu_enter(647, s); }
+XPU_EXPORT int cuTexObjectGetResourceDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(648, s); }
+XPU_EXPORT int cuTexObjectGetResourceViewDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(649, s); }
+XPU_EXPORT int cuTexObjectGetTextureDesc(void *a0, uint64_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(650, s); }
+XPU_EXPORT int cuTexRefCreate(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(651, s); }
+XPU_EXPORT int cuTexRefDestroy(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(652, s); }
+XPU_EXPORT int cuTexRefGetAddress(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(653, s); }
+XPU_EXPORT int cuTexRefGetAddressMode(void *a0, void *a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(654, s); }
+XPU_EXPORT int cuTexRefGetAddress_v2(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(655, s); }
+XPU_EXPORT int cuTexRefGetArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(656, s); }
+XPU_EXPORT int cuTexRefGetBorderColor(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(657, s); }
+XPU_EXPORT int cuTexRefGetFilterMode(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(658, s); }
+XPU_EXPORT int cuTexRefGetFlags(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(659, s); }
+XPU_EXPORT int cuTexRefGetFormat(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(660, s); }
+XPU_EXPORT int cuTexRefGetMaxAnisotropy(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(661, s); }
+XPU_EXPORT int cuTexRefGetMipmapFilterMode(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(662, s); }
+XPU_EXPORT int cuTexRefGetMipmapLevelBias(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(663, s); }
+XPU_EXPORT int cuTexRefGetMipmapLevelClamp(void *a0, void *a1, void *a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2}; return xpu_enter(664, s); }
+XPU_EXPORT int cuTexRefGetMipmappedArray(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(665, s); }
+XPU_EXPORT int cuTexRefSetAddress(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(666, s); }
+XPU_EXPORT int cuTexRefSetAddress2D(void *a0, void *a1, uint32_t a2, uint32_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(667, s); }
+XPU_EXPORT int cuTexRefSetAddress2D_v2(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(668, s); }
+XPU_EXPORT int cuTexRefSetAddress2D_v3(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(669, s); }
+XPU_EXPORT int cuTexRefSetAddressMode(void *a0, int32_t a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(int64_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(670, s); }
+XPU_EXPORT int cuTexRefSetAddress_v2(void *a0, void *a1, uint64_t a2, uint64_t a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3}; return xpu_enter(671, s); }
+XPU_EXPORT int cuTexRefSetArray(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(672, s); }
+XPU_EXPORT int cuTexRefSetBorderColor(void *a0, void *a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1}; return xpu_enter(673, s); }
+XPU_EXPORT int cuTexRefSetFilterMode(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(674, s); }
+XPU_EXPORT int cuTexRefSetFlags(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(675, s); }
+XPU_EXPORT int cuTexRefSetFormat(void *a0, uint32_t a1, int32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2}; return xpu_enter(676, s); }
+XPU_EXPORT int cuTexRefSetMaxAnisotropy(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(677, s); }
+XPU_EXPORT int cuTexRefSetMipmapFilterMode(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(678, s); }
+XPU_EXPORT int cuTexRefSetMipmapLevelBias(void *a0, float a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, xpu_bits_float(a1)}; return xpu_enter(679, s); }
+XPU_EXPORT int cuTexRefSetMipmapLevelClamp(void *a0, float a1, float a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, xpu_bits_float(a1), xpu_bits_float(a2)}; return xpu_enter(680, s); }
+XPU_EXPORT int cuTexRefSetMipmappedArray(void *a0, void *a1, uint32_t a2) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2}; return xpu_enter(681, s); }
+XPU_EXPORT int cuThreadExchangeStreamCaptureMode(void *a0) { uint64_t s[] = {(uint64_t)(uintptr_t)a0}; return xpu_enter(682, s); }
+XPU_EXPORT int cuUserObjectCreate(void *a0, void *a1, void *a2, uint32_t a3, uint32_t a4) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(uint64_t)a4}; return xpu_enter(683, s); }
+XPU_EXPORT int cuUserObjectRelease(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(684, s); }
+XPU_EXPORT int cuUserObjectRetain(void *a0, uint32_t a1) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1}; return xpu_enter(685, s); }
+XPU_EXPORT int cuWaitExternalSemaphoresAsync(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(686, s); }
+XPU_EXPORT int cuWaitExternalSemaphoresAsync_ptsz(void *a0, void *a1, uint32_t a2, void *a3) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uintptr_t)a3}; return xpu_enter(687, s); }
 
 const char *const xpu_symbol_names[] = {
     "cuArray3DCreate",
@@ -652,14 +703,19 @@ const char *const xpu_symbol_names[] = {
     "cuArrayGetMemoryRequirements",
     "cuArrayGetPlane",
     "cuArrayGetSparseProperties",
+    "cuCheckpointOperationComplete",
     "cuCheckpointProcessCheckpoint",
     "cuCheckpointProcessGetRestoreThreadId",
     "cuCheckpointProcessGetState",
     "cuCheckpointProcessLock",
     "cuCheckpointProcessRestore",
     "cuCheckpointProcessUnlock",
+    "cuCoredumpDeregisterCompleteCallback",
+    "cuCoredumpDeregisterStartCallback",
     "cuCoredumpGetAttribute",
     "cuCoredumpGetAttributeGlobal",
+    "cuCoredumpRegisterCompleteCallback",
+    "cuCoredumpRegisterStartCallback",
     "cuCoredumpSetAttribute",
     "cuCoredumpSetAttributeGlobal",
     "cuCtxAttach",
@@ -702,16 +758,20 @@ const char *const xpu_symbol_names[] = {
     "cuDestroyExternalMemory",
     "cuDestroyExternalSemaphore",
     "cuDevResourceGenerateDesc",
+    "cuDevSmResourceSplit",
     "cuDevSmResourceSplitByCount",
     "cuDeviceCanAccessPeer",
     "cuDeviceComputeCapability",
     "cuDeviceGet",
     "cuDeviceGetAttribute",
     "cuDeviceGetByPCIBusId",
+    "cuDeviceGetCliqueCount",
+    "cuDeviceGetCliqueInfo",
     "cuDeviceGetCount",
     "cuDeviceGetDefaultMemPool",
     "cuDeviceGetDevResource",
     "cuDeviceGetExecAffinitySupport",
+    "cuDeviceGetFabricClusterUuid",
     "cuDeviceGetGraphMemAttribute",
     "cuDeviceGetHostAtomicCapabilities",
     "cuDeviceGetLuid",
@@ -754,10 +814,13 @@ const char *const xpu_symbol_names[] = {
     "cuEventSynchronize",
     "cuExternalMemoryGetMappedBuffer",
     "cuExternalMemoryGetMappedMipmappedArray",
+    "cuFabricCpyBatchAsync",
+    "cuFabricCpyBatchAsync_ptsz",
     "cuFlushGPUDirectRDMAWrites",
     "cuFuncGetAttribute",
     "cuFuncGetModule",
     "cuFuncGetName",
+    "cuFuncGetParamCount",
     "cuFuncGetParamInfo",
     "cuFuncIsLoaded",
     "cuFuncLoad",
@@ -789,6 +852,7 @@ const char *const xpu_symbol_names[] = {
     "cuGraphAddMemsetNode",
     "cuGraphAddNode",
     "cuGraphAddNode_v2",
+    "cuGraphAddNode_v3",
     "cuGraphBatchMemOpNodeGetParams",
     "cuGraphBatchMemOpNodeSetParams",
     "cuGraphChildGraphNodeGetGraph",
@@ -810,6 +874,7 @@ const char *const xpu_symbol_names[] = {
     "cuGraphExecExternalSemaphoresSignalNodeSetParams",
     "cuGraphExecExternalSemaphoresWaitNodeSetParams",
     "cuGraphExecGetFlags",
+    "cuGraphExecGetId",
     "cuGraphExecHostNodeSetParams",
     "cuGraphExecKernelNodeSetParams",
     "cuGraphExecKernelNodeSetParams_v2",
@@ -824,6 +889,7 @@ const char *const xpu_symbol_names[] = {
     "cuGraphExternalSemaphoresWaitNodeSetParams",
     "cuGraphGetEdges",
     "cuGraphGetEdges_v2",
+    "cuGraphGetId",
     "cuGraphGetNodes",
     "cuGraphGetRootNodes",
     "cuGraphHostNodeGetParams",
@@ -849,14 +915,19 @@ const char *const xpu_symbol_names[] = {
     "cuGraphMemsetNodeGetParams",
     "cuGraphMemsetNodeSetParams",
     "cuGraphNodeFindInClone",
+    "cuGraphNodeGetContainingGraph",
     "cuGraphNodeGetDependencies",
     "cuGraphNodeGetDependencies_v2",
     "cuGraphNodeGetDependentNodes",
     "cuGraphNodeGetDependentNodes_v2",
     "cuGraphNodeGetEnabled",
+    "cuGraphNodeGetLocalId",
+    "cuGraphNodeGetParams",
+    "cuGraphNodeGetToolsId",
     "cuGraphNodeGetType",
     "cuGraphNodeSetEnabled",
     "cuGraphNodeSetParams",
+    "cuGraphNodeSetParams_v2",
     "cuGraphReleaseUserObject",
     "cuGraphRemoveDependencies",
     "cuGraphRemoveDependencies_v2",
@@ -894,6 +965,7 @@ const char *const xpu_symbol_names[] = {
     "cuKernelGetFunction",
     "cuKernelGetLibrary",
     "cuKernelGetName",
+    "cuKernelGetParamCount",
     "cuKernelGetParamInfo",
     "cuKernelSetAttribute",
     "cuKernelSetCacheConfig",
@@ -905,6 +977,8 @@ const char *const xpu_symbol_names[] = {
     "cuLaunchGridAsync",
     "cuLaunchHostFunc",
     "cuLaunchHostFunc_ptsz",
+    "cuLaunchHostFunc_v2",
+    "cuLaunchHostFunc_v2_ptsz",
     "cuLaunchKernel",
     "cuLaunchKernelEx",
     "cuLaunchKernelEx_ptsz",
@@ -927,6 +1001,18 @@ const char *const xpu_symbol_names[] = {
     "cuLinkCreate",
     "cuLinkCreate_v2",
     "cuLinkDestroy",
+    "cuLogicalEndpointAddDevice",
+    "cuLogicalEndpointBindAddr",
+    "cuLogicalEndpointBindMem",
+    "cuLogicalEndpointCreate",
+    "cuLogicalEndpointDestroy",
+    "cuLogicalEndpointExport",
+    "cuLogicalEndpointGetLimits",
+    "cuLogicalEndpointIdRelease",
+    "cuLogicalEndpointIdReserve",
+    "cuLogicalEndpointImport",
+    "cuLogicalEndpointQuery",
+    "cuLogicalEndpointUnbind",
     "cuLogsCurrent",
     "cuLogsDumpToFile",
     "cuLogsDumpToMemory",
@@ -969,6 +1055,7 @@ const char *const xpu_symbol_names[] = {
     "cuMemGetHandleForAddressRange",
     "cuMemGetInfo",
     "cuMemGetInfo_v2",
+    "cuMemGetLocationInfo",
     "cuMemGetMemPool",
     "cuMemHostAlloc",
     "cuMemHostGetDevicePointer",
@@ -1027,6 +1114,8 @@ const char *const xpu_symbol_names[] = {
     "cuMemcpy3DPeerAsync",
     "cuMemcpy3DPeerAsync_ptsz",
     "cuMemcpy3DPeer_ptds",
+    "cuMemcpy3DWithAttributesAsync",
+    "cuMemcpy3DWithAttributesAsync_ptsz",
     "cuMemcpy3D_v2",
     "cuMemcpy3D_v2_ptds",
     "cuMemcpyAsync",
@@ -1078,6 +1167,8 @@ const char *const xpu_symbol_names[] = {
     "cuMemcpyPeerAsync",
     "cuMemcpyPeerAsync_ptsz",
     "cuMemcpyPeer_ptds",
+    "cuMemcpyWithAttributesAsync",
+    "cuMemcpyWithAttributesAsync_ptsz",
     "cuMemcpy_ptds",
     "cuMemsetD16",
     "cuMemsetD16Async",
@@ -1129,7 +1220,9 @@ const char *const xpu_symbol_names[] = {
     "cuModuleUnload",
     "cuMulticastAddDevice",
     "cuMulticastBindAddr",
+    "cuMulticastBindAddr_v2",
     "cuMulticastBindMem",
+    "cuMulticastBindMem_v2",
     "cuMulticastCreate",
     "cuMulticastGetGranularity",
     "cuMulticastUnbind",
@@ -1162,11 +1255,15 @@ const char *const xpu_symbol_names[] = {
     "cuStreamBatchMemOp_v2",
     "cuStreamBatchMemOp_v2_ptsz",
     "cuStreamBeginCapture",
+    "cuStreamBeginCaptureToCig",
+    "cuStreamBeginCaptureToCig_ptsz",
     "cuStreamBeginCaptureToGraph",
     "cuStreamBeginCaptureToGraph_ptsz",
     "cuStreamBeginCapture_ptsz",
     "cuStreamBeginCapture_v2",
     "cuStreamBeginCapture_v2_ptsz",
+    "cuStreamBeginRecaptureToGraph",
+    "cuStreamBeginRecaptureToGraph_ptsz",
     "cuStreamCopyAttributes",
     "cuStreamCopyAttributes_ptsz",
     "cuStreamCreate",
@@ -1174,6 +1271,8 @@ const char *const xpu_symbol_names[] = {
     "cuStreamDestroy",
     "cuStreamDestroy_v2",
     "cuStreamEndCapture",
+    "cuStreamEndCaptureToCig",
+    "cuStreamEndCaptureToCig_ptsz",
     "cuStreamEndCapture_ptsz",
     "cuStreamGetAttribute",
     "cuStreamGetAttribute_ptsz",
@@ -1187,6 +1286,8 @@ const char *const xpu_symbol_names[] = {
     "cuStreamGetCtx_ptsz",
     "cuStreamGetCtx_v2",
     "cuStreamGetCtx_v2_ptsz",
+    "cuStreamGetDevResource",
+    "cuStreamGetDevResource_ptsz",
     "cuStreamGetDevice",
     "cuStreamGetDevice_ptsz",
     "cuStreamGetFlags",
@@ -1235,6 +1336,7 @@ const char *const xpu_symbol_names[] = {
     "cuTensorMapEncodeIm2colWide",
     "cuTensorMapEncodeTiled",
     "cuTensorMapReplaceAddress",
+    "cuTensorMapSetAllocationClass",
     "cuTexObjectCreate",
     "cuTexObjectDestroy",
     "cuTexObjectGetResourceDesc",
@@ -1278,7 +1380,7 @@ const char *const xpu_symbol_names[] = {
     "cuWaitExternalSemaphoresAsync",
     "cuWaitExternalSemaphoresAsync_ptsz",
 };
-const int xpu_symbol_count = 637;
+const int xpu_symbol_count = 688;
 
 void *const xpu_symbol_addrs[] = {
     (void *)cuArray3DCreate,
@@ -1293,14 +1395,19 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuArrayGetMemoryRequirements,
     (void *)cuArrayGetPlane,
     (void *)cuArrayGetSparseProperties,
+    (void *)cuCheckpointOperationComplete,
     (void *)cuCheckpointProcessCheckpoint,
     (void *)cuCheckpointProcessGetRestoreThreadId,
     (void *)cuCheckpointProcessGetState,
     (void *)cuCheckpointProcessLock,
     (void *)cuCheckpointProcessRestore,
     (void *)cuCheckpointProcessUnlock,
+    (void *)cuCoredumpDeregisterCompleteCallback,
+    (void *)cuCoredumpDeregisterStartCallback,
     (void *)cuCoredumpGetAttribute,
     (void *)cuCoredumpGetAttributeGlobal,
+    (void *)cuCoredumpRegisterCompleteCallback,
+    (void *)cuCoredumpRegisterStartCallback,
     (void *)cuCoredumpSetAttribute,
     (void *)cuCoredumpSetAttributeGlobal,
     (void *)cuCtxAttach,
@@ -1343,16 +1450,20 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuDestroyExternalMemory,
     (void *)cuDestroyExternalSemaphore,
     (void *)cuDevResourceGenerateDesc,
+    (void *)cuDevSmResourceSplit,
     (void *)cuDevSmResourceSplitByCount,
     (void *)cuDeviceCanAccessPeer,
     (void *)cuDeviceComputeCapability,
     (void *)cuDeviceGet,
     (void *)cuDeviceGetAttribute,
     (void *)cuDeviceGetByPCIBusId,
+    (void *)cuDeviceGetCliqueCount,
+    (void *)cuDeviceGetCliqueInfo,
     (void *)cuDeviceGetCount,
     (void *)cuDeviceGetDefaultMemPool,
     (void *)cuDeviceGetDevResource,
     (void *)cuDeviceGetExecAffinitySupport,
+    (void *)cuDeviceGetFabricClusterUuid,
     (void *)cuDeviceGetGraphMemAttribute,
     (void *)cuDeviceGetHostAtomicCapabilities,
     (void *)cuDeviceGetLuid,
@@ -1395,10 +1506,13 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuEventSynchronize,
     (void *)cuExternalMemoryGetMappedBuffer,
     (void *)cuExternalMemoryGetMappedMipmappedArray,
+    (void *)cuFabricCpyBatchAsync,
+    (void *)cuFabricCpyBatchAsync_ptsz,
     (void *)cuFlushGPUDirectRDMAWrites,
     (void *)cuFuncGetAttribute,
     (void *)cuFuncGetModule,
     (void *)cuFuncGetName,
+    (void *)cuFuncGetParamCount,
     (void *)cuFuncGetParamInfo,
     (void *)cuFuncIsLoaded,
     (void *)cuFuncLoad,
@@ -1430,6 +1544,7 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuGraphAddMemsetNode,
     (void *)cuGraphAddNode,
     (void *)cuGraphAddNode_v2,
+    (void *)cuGraphAddNode_v3,
     (void *)cuGraphBatchMemOpNodeGetParams,
     (void *)cuGraphBatchMemOpNodeSetParams,
     (void *)cuGraphChildGraphNodeGetGraph,
@@ -1451,6 +1566,7 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuGraphExecExternalSemaphoresSignalNodeSetParams,
     (void *)cuGraphExecExternalSemaphoresWaitNodeSetParams,
     (void *)cuGraphExecGetFlags,
+    (void *)cuGraphExecGetId,
     (void *)cuGraphExecHostNodeSetParams,
     (void *)cuGraphExecKernelNodeSetParams,
     (void *)cuGraphExecKernelNodeSetParams_v2,
@@ -1465,6 +1581,7 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuGraphExternalSemaphoresWaitNodeSetParams,
     (void *)cuGraphGetEdges,
     (void *)cuGraphGetEdges_v2,
+    (void *)cuGraphGetId,
     (void *)cuGraphGetNodes,
     (void *)cuGraphGetRootNodes,
     (void *)cuGraphHostNodeGetParams,
@@ -1490,14 +1607,19 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuGraphMemsetNodeGetParams,
     (void *)cuGraphMemsetNodeSetParams,
     (void *)cuGraphNodeFindInClone,
+    (void *)cuGraphNodeGetContainingGraph,
     (void *)cuGraphNodeGetDependencies,
     (void *)cuGraphNodeGetDependencies_v2,
     (void *)cuGraphNodeGetDependentNodes,
     (void *)cuGraphNodeGetDependentNodes_v2,
     (void *)cuGraphNodeGetEnabled,
+    (void *)cuGraphNodeGetLocalId,
+    (void *)cuGraphNodeGetParams,
+    (void *)cuGraphNodeGetToolsId,
     (void *)cuGraphNodeGetType,
     (void *)cuGraphNodeSetEnabled,
     (void *)cuGraphNodeSetParams,
+    (void *)cuGraphNodeSetParams_v2,
     (void *)cuGraphReleaseUserObject,
     (void *)cuGraphRemoveDependencies,
     (void *)cuGraphRemoveDependencies_v2,
@@ -1535,6 +1657,7 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuKernelGetFunction,
     (void *)cuKernelGetLibrary,
     (void *)cuKernelGetName,
+    (void *)cuKernelGetParamCount,
     (void *)cuKernelGetParamInfo,
     (void *)cuKernelSetAttribute,
     (void *)cuKernelSetCacheConfig,
@@ -1546,6 +1669,8 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuLaunchGridAsync,
     (void *)cuLaunchHostFunc,
     (void *)cuLaunchHostFunc_ptsz,
+    (void *)cuLaunchHostFunc_v2,
+    (void *)cuLaunchHostFunc_v2_ptsz,
     (void *)cuLaunchKernel,
     (void *)cuLaunchKernelEx,
     (void *)cuLaunchKernelEx_ptsz,
@@ -1568,6 +1693,18 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuLinkCreate,
     (void *)cuLinkCreate_v2,
     (void *)cuLinkDestroy,
+    (void *)cuLogicalEndpointAddDevice,
+    (void *)cuLogicalEndpointBindAddr,
+    (void *)cuLogicalEndpointBindMem,
+    (void *)cuLogicalEndpointCreate,
+    (void *)cuLogicalEndpointDestroy,
+    (void *)cuLogicalEndpointExport,
+    (void *)cuLogicalEndpointGetLimits,
+    (void *)cuLogicalEndpointIdRelease,
+    (void *)cuLogicalEndpointIdReserve,
+    (void *)cuLogicalEndpointImport,
+    (void *)cuLogicalEndpointQuery,
+    (void *)cuLogicalEndpointUnbind,
     (void *)cuLogsCurrent,
     (void *)cuLogsDumpToFile,
     (void *)cuLogsDumpToMemory,
@@ -1610,6 +1747,7 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuMemGetHandleForAddressRange,
     (void *)cuMemGetInfo,
     (void *)cuMemGetInfo_v2,
+    (void *)cuMemGetLocationInfo,
     (void *)cuMemGetMemPool,
     (void *)cuMemHostAlloc,
     (void *)cuMemHostGetDevicePointer,
@@ -1668,6 +1806,8 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuMemcpy3DPeerAsync,
     (void *)cuMemcpy3DPeerAsync_ptsz,
     (void *)cuMemcpy3DPeer_ptds,
+    (void *)cuMemcpy3DWithAttributesAsync,
+    (void *)cuMemcpy3DWithAttributesAsync_ptsz,
     (void *)cuMemcpy3D_v2,
     (void *)cuMemcpy3D_v2_ptds,
     (void *)cuMemcpyAsync,
@@ -1719,6 +1859,8 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuMemcpyPeerAsync,
     (void *)cuMemcpyPeerAsync_ptsz,
     (void *)cuMemcpyPeer_ptds,
+    (void *)cuMemcpyWithAttributesAsync,
+    (void *)cuMemcpyWithAttributesAsync_ptsz,
     (void *)cuMemcpy_ptds,
     (void *)cuMemsetD16,
     (void *)cuMemsetD16Async,
@@ -1770,7 +1912,9 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuModuleUnload,
     (void *)cuMulticastAddDevice,
     (void *)cuMulticastBindAddr,
+    (void *)cuMulticastBindAddr_v2,
     (void *)cuMulticastBindMem,
+    (void *)cuMulticastBindMem_v2,
     (void *)cuMulticastCreate,
     (void *)cuMulticastGetGranularity,
     (void *)cuMulticastUnbind,
@@ -1803,11 +1947,15 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuStreamBatchMemOp_v2,
     (void *)cuStreamBatchMemOp_v2_ptsz,
     (void *)cuStreamBeginCapture,
+    (void *)cuStreamBeginCaptureToCig,
+    (void *)cuStreamBeginCaptureToCig_ptsz,
     (void *)cuStreamBeginCaptureToGraph,
     (void *)cuStreamBeginCaptureToGraph_ptsz,
     (void *)cuStreamBeginCapture_ptsz,
     (void *)cuStreamBeginCapture_v2,
     (void *)cuStreamBeginCapture_v2_ptsz,
+    (void *)cuStreamBeginRecaptureToGraph,
+    (void *)cuStreamBeginRecaptureToGraph_ptsz,
     (void *)cuStreamCopyAttributes,
     (void *)cuStreamCopyAttributes_ptsz,
     (void *)cuStreamCreate,
@@ -1815,6 +1963,8 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuStreamDestroy,
     (void *)cuStreamDestroy_v2,
     (void *)cuStreamEndCapture,
+    (void *)cuStreamEndCaptureToCig,
+    (void *)cuStreamEndCaptureToCig_ptsz,
     (void *)cuStreamEndCapture_ptsz,
     (void *)cuStreamGetAttribute,
     (void *)cuStreamGetAttribute_ptsz,
@@ -1828,6 +1978,8 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuStreamGetCtx_ptsz,
     (void *)cuStreamGetCtx_v2,
     (void *)cuStreamGetCtx_v2_ptsz,
+    (void *)cuStreamGetDevResource,
+    (void *)cuStreamGetDevResource_ptsz,
     (void *)cuStreamGetDevice,
     (void *)cuStreamGetDevice_ptsz,
     (void *)cuStreamGetFlags,
@@ -1876,6 +2028,7 @@ void *const xpu_symbol_addrs[] = {
     (void *)cuTensorMapEncodeIm2colWide,
     (void *)cuTensorMapEncodeTiled,
     (void *)cuTensorMapReplaceAddress,
+    (void *)cuTensorMapSetAllocationClass,
     (void *)cuTexObjectCreate,
     (void *)cuTexObjectDestroy,
     (void *)cuTexObjectGetResourceDesc,
@@ -1934,631 +2087,682 @@ const xpu_variant xpu_variants[] = {
     {"cuArrayGetMemoryRequirements", 11060, 0, 9},
     {"cuArrayGetPlane", 11020, 0, 10},
     {"cuArrayGetSparseProperties", 11010, 0, 11},
-    {"cuCheckpointProcessCheckpoint", 12080, 0, 12},
-    {"cuCheckpointProcessGetRestoreThreadId", 12080, 0, 13},
-    {"cuCheckpointProcessGetState", 12080, 0, 14},
-    {"cuCheckpointProcessLock", 12080, 0, 15},
-    {"cuCheckpointProcessRestore", 12080, 0, 16},
-    {"cuCheckpointProcessUnlock", 12080, 0, 17},
-    {"cuCoredumpGetAttribute", 12010, 0, 18},
-    {"cuCoredumpGetAttributeGlobal", 12010, 0, 19},
-    {"cuCoredumpSetAttribute", 12010, 0, 20},
-    {"cuCoredumpSetAttributeGlobal", 12010, 0, 21},
-    {"cuCtxAttach", 2000, 0, 22},
-    {"cuCtxCreate", 2000, 0, 23},
-    {"cuCtxCreate", 3020, 0, 24},
-    {"cuCtxCreate", 11040, 0, 25},
-    {"cuCtxCreate", 12050, 0, 26},
-    {"cuCtxDestroy", 2000, 0, 27},
-    {"cuCtxDestroy", 4000, 0, 28},
-    {"cuCtxDetach", 2000, 0, 29},
-    {"cuCtxDisablePeerAccess", 4000, 0, 30},
-    {"cuCtxEnablePeerAccess", 4000, 0, 31},
-    {"cuCtxFromGreenCtx", 12040, 0, 32},
-    {"cuCtxGetApiVersion", 3020, 0, 33},
-    {"cuCtxGetCacheConfig", 3020, 0, 34},
-    {"cuCtxGetCurrent", 4000, 0, 35},
-    {"cuCtxGetDevResource", 12040, 0, 36},
-    {"cuCtxGetDevice", 2000, 0, 37},
-    {"cuCtxGetDevice", 13000, 0, 38},
-    {"cuCtxGetExecAffinity", 11040, 0, 39},
-    {"cuCtxGetFlags", 7000, 0, 40},
-    {"cuCtxGetId", 12000, 0, 41},
-    {"cuCtxGetLimit", 3010, 0, 42},
-    {"cuCtxGetSharedMemConfig", 4020, 0, 43},
-    {"cuCtxGetStreamPriorityRange", 5050, 0, 44},
-    {"cuCtxPopCurrent", 2000, 0, 45},
-    {"cuCtxPopCurrent", 4000, 0, 46},
-    {"cuCtxPushCurrent", 2000, 0, 47},
-    {"cuCtxPushCurrent", 4000, 0, 48},
-    {"cuCtxRecordEvent", 12050, 0, 49},
-    {"cuCtxResetPersistingL2Cache", 11000, 0, 50},
-    {"cuCtxSetCacheConfig", 3020, 0, 51},
-    {"cuCtxSetCurrent", 4000, 0, 52},
-    {"cuCtxSetFlags", 12010, 0, 53},
-    {"cuCtxSetLimit", 3010, 0, 54},
-    {"cuCtxSetSharedMemConfig", 4020, 0, 55},
-    {"cuCtxSynchronize", 2000, 0, 56},
-    {"cuCtxSynchronize", 13000, 0, 57},
-    {"cuCtxWaitEvent", 12050, 0, 58},
-    {"cuDestroyExternalMemory", 10000, 0, 59},
-    {"cuDestroyExternalSemaphore", 10000, 0, 60},
-    {"cuDevResourceGenerateDesc", 12040, 0, 61},
-    {"cuDevSmResourceSplitByCount", 12040, 0, 62},
-    {"cuDeviceCanAccessPeer", 4000, 0, 63},
-    {"cuDeviceComputeCapability", 2000, 0, 64},
-    {"cuDeviceGet", 2000, 0, 65},
-    {"cuDeviceGetAttribute", 2000, 0, 66},
-    {"cuDeviceGetByPCIBusId", 4010, 0, 67},
-    {"cuDeviceGetCount", 2000, 0, 68},
-    {"cuDeviceGetDefaultMemPool", 11020, 0, 69},
-    {"cuDeviceGetDevResource", 12040, 0, 70},
-    {"cuDeviceGetExecAffinitySupport", 11040, 0, 71},
-    {"cuDeviceGetGraphMemAttribute", 11040, 0, 72},
-    {"cuDeviceGetHostAtomicCapabilities", 13000, 0, 73},
-    {"cuDeviceGetLuid", 10000, 0, 74},
-    {"cuDeviceGetMemPool", 11020, 0, 75},
-    {"cuDeviceGetName", 2000, 0, 76},
-    {"cuDeviceGetNvSciSyncAttributes", 10020, 0, 77},
-    {"cuDeviceGetP2PAtomicCapabilities", 13000, 0, 78},
-    {"cuDeviceGetP2PAttribute", 8000, 0, 79},
-    {"cuDeviceGetPCIBusId", 4010, 0, 80},
-    {"cuDeviceGetProperties", 2000, 0, 81},
-    {"cuDeviceGetTexture1DLinearMaxWidth", 11010, 0, 82},
-    {"cuDeviceGetUuid", 9020, 0, 83},
-    {"cuDeviceGetUuid", 11040, 0, 84},
-    {"cuDeviceGraphMemTrim", 11040, 0, 85},
-    {"cuDevicePrimaryCtxGetState", 7000, 0, 86},
-    {"cuDevicePrimaryCtxRelease", 7000, 0, 87},
-    {"cuDevicePrimaryCtxRelease", 11000, 0, 88},
-    {"cuDevicePrimaryCtxReset", 7000, 0, 89},
-    {"cuDevicePrimaryCtxReset", 11000, 0, 90},
-    {"cuDevicePrimaryCtxRetain", 7000, 0, 91},
-    {"cuDevicePrimaryCtxSetFlags", 7000, 0, 92},
-    {"cuDevicePrimaryCtxSetFlags", 11000, 0, 93},
-    {"cuDeviceRegisterAsyncNotification", 12040, 0, 94},
-    {"cuDeviceSetGraphMemAttribute", 11040, 0, 95},
-    {"cuDeviceSetMemPool", 11020, 0, 96},
-    {"cuDeviceTotalMem", 2000, 0, 97},
-    {"cuDeviceTotalMem", 3020, 0, 98},
-    {"cuDeviceUnregisterAsyncNotification", 12040, 0, 99},
-    {"cuDriverGetVersion", 2020, 0, 100},
-    {"cuEventCreate", 2000, 0, 101},
-    {"cuEventDestroy", 2000, 0, 102},
-    {"cuEventDestroy", 4000, 0, 103},
-    {"cuEventElapsedTime", 2000, 0, 104},
-    {"cuEventElapsedTime", 12080, 0, 105},
-    {"cuEventQuery", 2000, 0, 106},
-    {"cuEventRecord", 2000, 0, 107},
-    {"cuEventRecord", 7000, 1, 110},
-    {"cuEventRecordWithFlags", 11010, 0, 108},
-    {"cuEventRecordWithFlags", 11010, 1, 109},
-    {"cuEventSynchronize", 2000, 0, 111},
-    {"cuExternalMemoryGetMappedBuffer", 10000, 0, 112},
-    {"cuExternalMemoryGetMappedMipmappedArray", 10000, 0, 113},
-    {"cuFlushGPUDirectRDMAWrites", 11030, 0, 114},
-    {"cuFuncGetAttribute", 2020, 0, 115},
-    {"cuFuncGetModule", 11000, 0, 116},
-    {"cuFuncGetName", 12030, 0, 117},
-    {"cuFuncGetParamInfo", 12040, 0, 118},
-    {"cuFuncIsLoaded", 12040, 0, 119},
-    {"cuFuncLoad", 12040, 0, 120},
-    {"cuFuncSetAttribute", 9000, 0, 121},
-    {"cuFuncSetBlockShape", 2000, 0, 122},
-    {"cuFuncSetCacheConfig", 3000, 0, 123},
-    {"cuFuncSetSharedMemConfig", 4020, 0, 124},
-    {"cuFuncSetSharedSize", 2000, 0, 125},
-    {"cuGetErrorName", 6000, 0, 126},
-    {"cuGetErrorString", 6000, 0, 127},
-    {"cuGetExportTable", 3000, 0, 128},
-    {"cuGetProcAddress", 11030, 0, 129},
-    {"cuGetProcAddress", 12000, 0, 130},
-    {"cuGraphAddBatchMemOpNode", 11070, 0, 131},
-    {"cuGraphAddChildGraphNode", 10000, 0, 132},
-    {"cuGraphAddDependencies", 10000, 0, 133},
-    {"cuGraphAddDependencies", 12030, 0, 134},
-    {"cuGraphAddEmptyNode", 10000, 0, 135},
-    {"cuGraphAddEventRecordNode", 11010, 0, 136},
-    {"cuGraphAddEventWaitNode", 11010, 0, 137},
-    {"cuGraphAddExternalSemaphoresSignalNode", 11020, 0, 138},
-    {"cuGraphAddExternalSemaphoresWaitNode", 11020, 0, 139},
-    {"cuGraphAddHostNode", 10000, 0, 140},
-    {"cuGraphAddKernelNode", 10000, 0, 141},
-    {"cuGraphAddKernelNode", 12000, 0, 142},
-    {"cuGraphAddMemAllocNode", 11040, 0, 143},
-    {"cuGraphAddMemFreeNode", 11040, 0, 144},
-    {"cuGraphAddMemcpyNode", 10000, 0, 145},
-    {"cuGraphAddMemsetNode", 10000, 0, 146},
-    {"cuGraphAddNode", 12020, 0, 147},
-    {"cuGraphAddNode", 12030, 0, 148},
-    {"cuGraphBatchMemOpNodeGetParams", 11070, 0, 149},
-    {"cuGraphBatchMemOpNodeSetParams", 11070, 0, 150},
-    {"cuGraphChildGraphNodeGetGraph", 10000, 0, 151},
-    {"cuGraphClone", 10000, 0, 152},
-    {"cuGraphConditionalHandleCreate", 12030, 0, 153},
-    {"cuGraphCreate", 10000, 0, 154},
-    {"cuGraphDebugDotPrint", 11030, 0, 155},
-    {"cuGraphDestroy", 10000, 0, 156},
-    {"cuGraphDestroyNode", 10000, 0, 157},
-    {"cuGraphEventRecordNodeGetEvent", 11010, 0, 158},
-    {"cuGraphEventRecordNodeSetEvent", 11010, 0, 159},
-    {"cuGraphEventWaitNodeGetEvent", 11010, 0, 160},
-    {"cuGraphEventWaitNodeSetEvent", 11010, 0, 161},
-    {"cuGraphExecBatchMemOpNodeSetParams", 11070, 0, 162},
-    {"cuGraphExecChildGraphNodeSetParams", 11010, 0, 163},
-    {"cuGraphExecDestroy", 10000, 0, 164},
-    {"cuGraphExecEventRecordNodeSetEvent", 11010, 0, 165},
-    {"cuGraphExecEventWaitNodeSetEvent", 11010, 0, 166},
-    {"cuGraphExecExternalSemaphoresSignalNodeSetParams", 11020, 0, 167},
-    {"cuGraphExecExternalSemaphoresWaitNodeSetParams", 11020, 0, 168},
-    {"cuGraphExecGetFlags", 12000, 0, 169},
-    {"cuGraphExecHostNodeSetParams", 10020, 0, 170},
-    {"cuGraphExecKernelNodeSetParams", 10010, 0, 171},
-    {"cuGraphExecKernelNodeSetParams", 12000, 0, 172},
-    {"cuGraphExecMemcpyNodeSetParams", 10020, 0, 173},
-    {"cuGraphExecMemsetNodeSetParams", 10020, 0, 174},
-    {"cuGraphExecNodeSetParams", 12020, 0, 175},
-    {"cuGraphExecUpdate", 10020, 0, 176},
-    {"cuGraphExecUpdate", 12000, 0, 177},
-    {"cuGraphExternalSemaphoresSignalNodeGetParams", 11020, 0, 178},
-    {"cuGraphExternalSemaphoresSignalNodeSetParams", 11020, 0, 179},
-    {"cuGraphExternalSemaphoresWaitNodeGetParams", 11020, 0, 180},
-    {"cuGraphExternalSemaphoresWaitNodeSetParams", 11020, 0, 181},
-    {"cuGraphGetEdges", 10000, 0, 182},
-    {"cuGraphGetEdges", 12030, 0, 183},
-    {"cuGraphGetNodes", 10000, 0, 184},
-    {"cuGraphGetRootNodes", 10000, 0, 185},
-    {"cuGraphHostNodeGetParams", 10000, 0, 186},
-    {"cuGraphHostNodeSetParams", 10000, 0, 187},
-    {"cuGraphInstantiate", 10000, 0, 188},
-    {"cuGraphInstantiate", 11000, 0, 192},
-    {"cuGraphInstantiate", 12000, 0, 189},
-    {"cuGraphInstantiateWithFlags", 11040, 0, 189},
-    {"cuGraphInstantiateWithParams", 12000, 0, 190},
-    {"cuGraphInstantiateWithParams", 12000, 1, 191},
-    {"cuGraphKernelNodeCopyAttributes", 11000, 0, 193},
-    {"cuGraphKernelNodeGetAttribute", 11000, 0, 194},
-    {"cuGraphKernelNodeGetParams", 10000, 0, 195},
-    {"cuGraphKernelNodeGetParams", 12000, 0, 196},
-    {"cuGraphKernelNodeSetAttribute", 11000, 0, 197},
-    {"cuGraphKernelNodeSetParams", 10000, 0, 198},
-    {"cuGraphKernelNodeSetParams", 12000, 0, 199},
-    {"cuGraphLaunch", 10000, 0, 200},
-    {"cuGraphLaunch", 10000, 1, 201},
-    {"cuGraphMemAllocNodeGetParams", 11040, 0, 202},
-    {"cuGraphMemFreeNodeGetParams", 11040, 0, 203},
-    {"cuGraphMemcpyNodeGetParams", 10000, 0, 204},
-    {"cuGraphMemcpyNodeSetParams", 10000, 0, 205},
-    {"cuGraphMemsetNodeGetParams", 10000, 0, 206},
-    {"cuGraphMemsetNodeSetParams", 10000, 0, 207},
-    {"cuGraphNodeFindInClone", 10000, 0, 208},
-    {"cuGraphNodeGetDependencies", 10000, 0, 209},
-    {"cuGraphNodeGetDependencies", 12030, 0, 210},
-    {"cuGraphNodeGetDependentNodes", 10000, 0, 211},
-    {"cuGraphNodeGetDependentNodes", 12030, 0, 212},
-    {"cuGraphNodeGetEnabled", 11060, 0, 213},
-    {"cuGraphNodeGetType", 10000, 0, 214},
-    {"cuGraphNodeSetEnabled", 11060, 0, 215},
-    {"cuGraphNodeSetParams", 12020, 0, 216},
-    {"cuGraphReleaseUserObject", 11030, 0, 217},
-    {"cuGraphRemoveDependencies", 10000, 0, 218},
-    {"cuGraphRemoveDependencies", 12030, 0, 219},
-    {"cuGraphRetainUserObject", 11030, 0, 220},
-    {"cuGraphUpload", 11010, 0, 221},
-    {"cuGraphUpload", 11010, 1, 222},
-    {"cuGraphicsMapResources", 3000, 0, 223},
-    {"cuGraphicsMapResources", 7000, 1, 224},
-    {"cuGraphicsResourceGetMappedMipmappedArray", 5000, 0, 225},
-    {"cuGraphicsResourceGetMappedPointer", 3000, 0, 226},
-    {"cuGraphicsResourceGetMappedPointer", 3020, 0, 227},
-    {"cuGraphicsResourceSetMapFlags", 3000, 0, 228},
-    {"cuGraphicsResourceSetMapFlags", 6050, 0, 229},
-    {"cuGraphicsSubResourceGetMappedArray", 3000, 0, 230},
-    {"cuGraphicsUnmapResources", 3000, 0, 231},
-    {"cuGraphicsUnmapResources", 7000, 1, 232},
-    {"cuGraphicsUnregisterResource", 3000, 0, 233},
-    {"cuGreenCtxCreate", 12040, 0, 234},
-    {"cuGreenCtxDestroy", 12040, 0, 235},
-    {"cuGreenCtxGetDevResource", 12040, 0, 236},
-    {"cuGreenCtxGetId", 12090, 0, 237},
-    {"cuGreenCtxRecordEvent", 12040, 0, 238},
-    {"cuGreenCtxStreamCreate", 12050, 0, 239},
-    {"cuGreenCtxWaitEvent", 12040, 0, 240},
-    {"cuImportExternalMemory", 10000, 0, 241},
-    {"cuImportExternalSemaphore", 10000, 0, 242},
-    {"cuInit", 2000, 0, 243},
-    {"cuIpcCloseMemHandle", 4010, 0, 244},
-    {"cuIpcGetEventHandle", 4010, 0, 245},
-    {"cuIpcGetMemHandle", 4010, 0, 246},
-    {"cuIpcOpenEventHandle", 4010, 0, 247},
-    {"cuIpcOpenMemHandle", 4010, 0, 248},
-    {"cuIpcOpenMemHandle", 11000, 0, 249},
-    {"cuKernelGetAttribute", 12000, 0, 250},
-    {"cuKernelGetFunction", 12000, 0, 251},
-    {"cuKernelGetLibrary", 12050, 0, 252},
-    {"cuKernelGetName", 12030, 0, 253},
-    {"cuKernelGetParamInfo", 12040, 0, 254},
-    {"cuKernelSetAttribute", 12000, 0, 255},
-    {"cuKernelSetCacheConfig", 12000, 0, 256},
-    {"cuLaunch", 2000, 0, 257},
-    {"cuLaunchCooperativeKernel", 9000, 0, 258},
-    {"cuLaunchCooperativeKernel", 9000, 1, 260},
-    {"cuLaunchCooperativeKernelMultiDevice", 9000, 0, 259},
-    {"cuLaunchGrid", 2000, 0, 261},
-    {"cuLaunchGridAsync", 2000, 0, 262},
-    {"cuLaunchHostFunc", 10000, 0, 263},
-    {"cuLaunchHostFunc", 10000, 1, 264},
-    {"cuLaunchKernel", 4000, 0, 265},
-    {"cuLaunchKernel", 7000, 1, 268},
-    {"cuLaunchKernelEx", 11060, 0, 266},
-    {"cuLaunchKernelEx", 11060, 1, 267},
-    {"cuLibraryEnumerateKernels", 12040, 0, 269},
-    {"cuLibraryGetGlobal", 12000, 0, 270},
-    {"cuLibraryGetKernel", 12000, 0, 271},
-    {"cuLibraryGetKernelCount", 12040, 0, 272},
-    {"cuLibraryGetManaged", 12000, 0, 273},
-    {"cuLibraryGetModule", 12000, 0, 274},
-    {"cuLibraryGetUnifiedFunction", 12000, 0, 275},
-    {"cuLibraryLoadData", 12000, 0, 276},
-    {"cuLibraryLoadFromFile", 12000, 0, 277},
-    {"cuLibraryUnload", 12000, 0, 278},
-    {"cuLinkAddData", 5050, 0, 279},
-    {"cuLinkAddData", 6050, 0, 280},
-    {"cuLinkAddFile", 5050, 0, 281},
-    {"cuLinkAddFile", 6050, 0, 282},
-    {"cuLinkComplete", 5050, 0, 283},
-    {"cuLinkCreate", 5050, 0, 284},
-    {"cuLinkCreate", 6050, 0, 285},
-    {"cuLinkDestroy", 5050, 0, 286},
-    {"cuLogsCurrent", 12090, 0, 287},
-    {"cuLogsDumpToFile", 12090, 0, 288},
-    {"cuLogsDumpToMemory", 12090, 0, 289},
-    {"cuLogsRegisterCallback", 12090, 0, 290},
-    {"cuLogsUnregisterCallback", 12090, 0, 291},
-    {"cuMemAddressFree", 10020, 0, 292},
-    {"cuMemAddressReserve", 10020, 0, 293},
-    {"cuMemAdvise", 8000, 0, 294},
-    {"cuMemAdvise", 12020, 0, 295},
-    {"cuMemAlloc", 2000, 0, 296},
-    {"cuMemAlloc", 3020, 0, 306},
-    {"cuMemAllocAsync", 11020, 0, 297},
-    {"cuMemAllocAsync", 11020, 1, 298},
-    {"cuMemAllocFromPoolAsync", 11020, 0, 299},
-    {"cuMemAllocFromPoolAsync", 11020, 1, 300},
-    {"cuMemAllocHost", 2000, 0, 301},
-    {"cuMemAllocHost", 3020, 0, 302},
-    {"cuMemAllocManaged", 6000, 0, 303},
-    {"cuMemAllocPitch", 2000, 0, 304},
-    {"cuMemAllocPitch", 3020, 0, 305},
-    {"cuMemBatchDecompressAsync", 12060, 0, 307},
-    {"cuMemBatchDecompressAsync", 12060, 1, 308},
-    {"cuMemCreate", 10020, 0, 309},
-    {"cuMemDiscardAndPrefetchBatchAsync", 13000, 0, 310},
-    {"cuMemDiscardAndPrefetchBatchAsync", 13000, 1, 311},
-    {"cuMemDiscardBatchAsync", 13000, 0, 312},
-    {"cuMemDiscardBatchAsync", 13000, 1, 313},
-    {"cuMemExportToShareableHandle", 10020, 0, 314},
-    {"cuMemFree", 2000, 0, 315},
-    {"cuMemFree", 3020, 0, 319},
-    {"cuMemFreeAsync", 11020, 0, 316},
-    {"cuMemFreeAsync", 11020, 1, 317},
-    {"cuMemFreeHost", 2000, 0, 318},
-    {"cuMemGetAccess", 10020, 0, 320},
-    {"cuMemGetAddressRange", 2000, 0, 321},
-    {"cuMemGetAddressRange", 3020, 0, 322},
-    {"cuMemGetAllocationGranularity", 10020, 0, 323},
-    {"cuMemGetAllocationPropertiesFromHandle", 10020, 0, 324},
-    {"cuMemGetDefaultMemPool", 13000, 0, 325},
-    {"cuMemGetHandleForAddressRange", 11070, 0, 326},
-    {"cuMemGetInfo", 2000, 0, 327},
-    {"cuMemGetInfo", 3020, 0, 328},
-    {"cuMemGetMemPool", 13000, 0, 329},
-    {"cuMemHostAlloc", 2020, 0, 330},
-    {"cuMemHostGetDevicePointer", 2020, 0, 331},
-    {"cuMemHostGetDevicePointer", 3020, 0, 332},
-    {"cuMemHostGetFlags", 2030, 0, 333},
-    {"cuMemHostRegister", 4000, 0, 334},
-    {"cuMemHostRegister", 6050, 0, 335},
-    {"cuMemHostUnregister", 4000, 0, 336},
-    {"cuMemImportFromShareableHandle", 10020, 0, 337},
-    {"cuMemMap", 10020, 0, 338},
-    {"cuMemMapArrayAsync", 11010, 0, 339},
-    {"cuMemMapArrayAsync", 11010, 1, 340},
-    {"cuMemPoolCreate", 11020, 0, 341},
-    {"cuMemPoolDestroy", 11020, 0, 342},
-    {"cuMemPoolExportPointer", 11020, 0, 343},
-    {"cuMemPoolExportToShareableHandle", 11020, 0, 344},
-    {"cuMemPoolGetAccess", 11020, 0, 345},
-    {"cuMemPoolGetAttribute", 11020, 0, 346},
-    {"cuMemPoolImportFromShareableHandle", 11020, 0, 347},
-    {"cuMemPoolImportPointer", 11020, 0, 348},
-    {"cuMemPoolSetAccess", 11020, 0, 349},
-    {"cuMemPoolSetAttribute", 11020, 0, 350},
-    {"cuMemPoolTrimTo", 11020, 0, 351},
-    {"cuMemPrefetchAsync", 8000, 0, 352},
-    {"cuMemPrefetchAsync", 8000, 1, 353},
-    {"cuMemPrefetchAsync", 12020, 0, 354},
-    {"cuMemPrefetchAsync", 12020, 1, 355},
-    {"cuMemPrefetchBatchAsync", 13000, 0, 356},
-    {"cuMemPrefetchBatchAsync", 13000, 1, 357},
-    {"cuMemRangeGetAttribute", 8000, 0, 358},
-    {"cuMemRangeGetAttributes", 8000, 0, 359},
-    {"cuMemRelease", 10020, 0, 360},
-    {"cuMemRetainAllocationHandle", 11000, 0, 361},
-    {"cuMemSetAccess", 10020, 0, 362},
-    {"cuMemSetMemPool", 13000, 0, 363},
-    {"cuMemUnmap", 10020, 0, 364},
-    {"cuMemcpy", 4000, 0, 365},
-    {"cuMemcpy", 7000, 1, 438},
-    {"cuMemcpy2D", 2000, 0, 366},
-    {"cuMemcpy2D", 3020, 0, 373},
-    {"cuMemcpy2D", 7000, 1, 374},
-    {"cuMemcpy2DAsync", 2000, 0, 367},
-    {"cuMemcpy2DAsync", 3020, 0, 368},
-    {"cuMemcpy2DAsync", 7000, 1, 369},
-    {"cuMemcpy2DUnaligned", 2000, 0, 370},
-    {"cuMemcpy2DUnaligned", 3020, 0, 371},
-    {"cuMemcpy2DUnaligned", 7000, 1, 372},
-    {"cuMemcpy3D", 2000, 0, 375},
-    {"cuMemcpy3D", 3020, 0, 387},
-    {"cuMemcpy3D", 7000, 1, 388},
-    {"cuMemcpy3DAsync", 2000, 0, 376},
-    {"cuMemcpy3DAsync", 3020, 0, 377},
-    {"cuMemcpy3DAsync", 7000, 1, 378},
-    {"cuMemcpy3DBatchAsync", 12080, 0, 379},
-    {"cuMemcpy3DBatchAsync", 12080, 1, 380},
-    {"cuMemcpy3DBatchAsync", 13000, 0, 381},
-    {"cuMemcpy3DBatchAsync", 13000, 1, 382},
-    {"cuMemcpy3DPeer", 4000, 0, 383},
-    {"cuMemcpy3DPeer", 7000, 1, 386},
-    {"cuMemcpy3DPeerAsync", 4000, 0, 384},
-    {"cuMemcpy3DPeerAsync", 7000, 1, 385},
-    {"cuMemcpyAsync", 4000, 0, 389},
-    {"cuMemcpyAsync", 7000, 1, 390},
-    {"cuMemcpyAtoA", 2000, 0, 391},
-    {"cuMemcpyAtoA", 3020, 0, 392},
-    {"cuMemcpyAtoA", 7000, 1, 393},
-    {"cuMemcpyAtoD", 2000, 0, 394},
-    {"cuMemcpyAtoD", 3020, 0, 395},
-    {"cuMemcpyAtoD", 7000, 1, 396},
-    {"cuMemcpyAtoH", 2000, 0, 397},
-    {"cuMemcpyAtoH", 3020, 0, 401},
-    {"cuMemcpyAtoH", 7000, 1, 402},
-    {"cuMemcpyAtoHAsync", 2000, 0, 398},
-    {"cuMemcpyAtoHAsync", 3020, 0, 399},
-    {"cuMemcpyAtoHAsync", 7000, 1, 400},
-    {"cuMemcpyBatchAsync", 12080, 0, 403},
-    {"cuMemcpyBatchAsync", 12080, 1, 404},
-    {"cuMemcpyBatchAsync", 13000, 0, 405},
-    {"cuMemcpyBatchAsync", 13000, 1, 406},
-    {"cuMemcpyDtoA", 2000, 0, 407},
-    {"cuMemcpyDtoA", 3020, 0, 408},
-    {"cuMemcpyDtoA", 7000, 1, 409},
-    {"cuMemcpyDtoD", 2000, 0, 410},
-    {"cuMemcpyDtoD", 3020, 0, 414},
-    {"cuMemcpyDtoD", 7000, 1, 415},
-    {"cuMemcpyDtoDAsync", 3000, 0, 411},
-    {"cuMemcpyDtoDAsync", 3020, 0, 412},
-    {"cuMemcpyDtoDAsync", 7000, 1, 413},
-    {"cuMemcpyDtoH", 2000, 0, 416},
-    {"cuMemcpyDtoH", 3020, 0, 420},
-    {"cuMemcpyDtoH", 7000, 1, 421},
-    {"cuMemcpyDtoHAsync", 2000, 0, 417},
-    {"cuMemcpyDtoHAsync", 3020, 0, 418},
-    {"cuMemcpyDtoHAsync", 7000, 1, 419},
-    {"cuMemcpyHtoA", 2000, 0, 422},
-    {"cuMemcpyHtoA", 3020, 0, 426},
-    {"cuMemcpyHtoA", 7000, 1, 427},
-    {"cuMemcpyHtoAAsync", 2000, 0, 423},
-    {"cuMemcpyHtoAAsync", 3020, 0, 424},
-    {"cuMemcpyHtoAAsync", 7000, 1, 425},
-    {"cuMemcpyHtoD", 2000, 0, 428},
-    {"cuMemcpyHtoD", 3020, 0, 432},
-    {"cuMemcpyHtoD", 7000, 1, 433},
-    {"cuMemcpyHtoDAsync", 2000, 0, 429},
-    {"cuMemcpyHtoDAsync", 3020, 0, 430},
-    {"cuMemcpyHtoDAsync", 7000, 1, 431},
-    {"cuMemcpyPeer", 4000, 0, 434},
-    {"cuMemcpyPeer", 7000, 1, 437},
-    {"cuMemcpyPeerAsync", 4000, 0, 435},
-    {"cuMemcpyPeerAsync", 7000, 1, 436},
-    {"cuMemsetD16", 2000, 0, 439},
-    {"cuMemsetD16", 3020, 0, 442},
-    {"cuMemsetD16", 7000, 1, 443},
-    {"cuMemsetD16Async", 3020, 0, 440},
-    {"cuMemsetD16Async", 7000, 1, 441},
-    {"cuMemsetD2D16", 2000, 0, 444},
-    {"cuMemsetD2D16", 3020, 0, 447},
-    {"cuMemsetD2D16", 7000, 1, 448},
-    {"cuMemsetD2D16Async", 3020, 0, 445},
-    {"cuMemsetD2D16Async", 7000, 1, 446},
-    {"cuMemsetD2D32", 2000, 0, 449},
-    {"cuMemsetD2D32", 3020, 0, 452},
-    {"cuMemsetD2D32", 7000, 1, 453},
-    {"cuMemsetD2D32Async", 3020, 0, 450},
-    {"cuMemsetD2D32Async", 7000, 1, 451},
-    {"cuMemsetD2D8", 2000, 0, 454},
-    {"cuMemsetD2D8", 3020, 0, 457},
-    {"cuMemsetD2D8", 7000, 1, 458},
-    {"cuMemsetD2D8Async", 3020, 0, 455},
-    {"cuMemsetD2D8Async", 7000, 1, 456},
-    {"cuMemsetD32", 2000, 0, 459},
-    {"cuMemsetD32", 3020, 0, 462},
-    {"cuMemsetD32", 7000, 1, 463},
-    {"cuMemsetD32Async", 3020, 0, 460},
-    {"cuMemsetD32Async", 7000, 1, 461},
-    {"cuMemsetD8", 2000, 0, 464},
-    {"cuMemsetD8", 3020, 0, 467},
-    {"cuMemsetD8", 7000, 1, 468},
-    {"cuMemsetD8Async", 3020, 0, 465},
-    {"cuMemsetD8Async", 7000, 1, 466},
-    {"cuMipmappedArrayCreate", 5000, 0, 469},
-    {"cuMipmappedArrayDestroy", 5000, 0, 470},
-    {"cuMipmappedArrayGetLevel", 5000, 0, 471},
-    {"cuMipmappedArrayGetMemoryRequirements", 11060, 0, 472},
-    {"cuMipmappedArrayGetSparseProperties", 11010, 0, 473},
-    {"cuModuleEnumerateFunctions", 12040, 0, 474},
-    {"cuModuleGetFunction", 2000, 0, 475},
-    {"cuModuleGetFunctionCount", 12040, 0, 476},
-    {"cuModuleGetGlobal", 2000, 0, 477},
-    {"cuModuleGetGlobal", 3020, 0, 478},
-    {"cuModuleGetLoadingMode", 11070, 0, 479},
-    {"cuModuleGetSurfRef", 3000, 0, 480},
-    {"cuModuleGetTexRef", 2000, 0, 481},
-    {"cuModuleLoad", 2000, 0, 482},
-    {"cuModuleLoadData", 2000, 0, 483},
-    {"cuModuleLoadDataEx", 2010, 0, 484},
-    {"cuModuleLoadFatBinary", 2000, 0, 485},
-    {"cuModuleUnload", 2000, 0, 486},
-    {"cuMulticastAddDevice", 12010, 0, 487},
-    {"cuMulticastBindAddr", 12010, 0, 488},
-    {"cuMulticastBindMem", 12010, 0, 489},
-    {"cuMulticastCreate", 12010, 0, 490},
-    {"cuMulticastGetGranularity", 12010, 0, 491},
-    {"cuMulticastUnbind", 12010, 0, 492},
-    {"cuOccupancyAvailableDynamicSMemPerBlock", 10020, 0, 493},
-    {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, 0, 494},
-    {"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, 0, 495},
-    {"cuOccupancyMaxActiveClusters", 11070, 0, 496},
-    {"cuOccupancyMaxPotentialBlockSize", 6050, 0, 497},
-    {"cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, 0, 498},
-    {"cuOccupancyMaxPotentialClusterSize", 11070, 0, 499},
-    {"cuParamSetSize", 2000, 0, 500},
-    {"cuParamSetTexRef", 2000, 0, 501},
-    {"cuParamSetf", 2000, 0, 502},
-    {"cuParamSeti", 2000, 0, 503},
-    {"cuParamSetv", 2000, 0, 504},
-    {"cuPointerGetAttribute", 4000, 0, 505},
-    {"cuPointerGetAttributes", 7000, 0, 506},
-    {"cuPointerSetAttribute", 6000, 0, 507},
-    {"cuProfilerInitialize", 4000, 0, 508},
-    {"cuProfilerStart", 4000, 0, 509},
-    {"cuProfilerStop", 4000, 0, 510},
-    {"cuSignalExternalSemaphoresAsync", 10000, 0, 511},
-    {"cuSignalExternalSemaphoresAsync", 10000, 1, 512},
-    {"cuStreamAddCallback", 5000, 0, 513},
-    {"cuStreamAddCallback", 7000, 1, 514},
-    {"cuStreamAttachMemAsync", 6000, 0, 515},
-    {"cuStreamAttachMemAsync", 7000, 1, 516},
-    {"cuStreamBatchMemOp", 8000, 0, 517},
-    {"cuStreamBatchMemOp", 8000, 1, 518},
-    {"cuStreamBatchMemOp", 11070, 0, 519},
-    {"cuStreamBatchMemOp", 11070, 1, 520},
-    {"cuStreamBeginCapture", 10000, 0, 521},
-    {"cuStreamBeginCapture", 10000, 1, 524},
-    {"cuStreamBeginCapture", 10010, 0, 525},
-    {"cuStreamBeginCapture", 10010, 1, 526},
-    {"cuStreamBeginCaptureToGraph", 12030, 0, 522},
-    {"cuStreamBeginCaptureToGraph", 12030, 1, 523},
-    {"cuStreamCopyAttributes", 11000, 0, 527},
-    {"cuStreamCopyAttributes", 11000, 1, 528},
-    {"cuStreamCreate", 2000, 0, 529},
-    {"cuStreamCreateWithPriority", 5050, 0, 530},
-    {"cuStreamDestroy", 2000, 0, 531},
-    {"cuStreamDestroy", 4000, 0, 532},
-    {"cuStreamEndCapture", 10000, 0, 533},
-    {"cuStreamEndCapture", 10000, 1, 534},
-    {"cuStreamGetAttribute", 11000, 0, 535},
-    {"cuStreamGetAttribute", 11000, 1, 536},
-    {"cuStreamGetCaptureInfo", 10010, 0, 537},
-    {"cuStreamGetCaptureInfo", 10010, 1, 538},
-    {"cuStreamGetCaptureInfo", 11030, 0, 539},
-    {"cuStreamGetCaptureInfo", 11030, 1, 540},
-    {"cuStreamGetCaptureInfo", 12030, 0, 541},
-    {"cuStreamGetCaptureInfo", 12030, 1, 542},
-    {"cuStreamGetCtx", 9020, 0, 543},
-    {"cuStreamGetCtx", 9020, 1, 544},
-    {"cuStreamGetCtx", 12050, 0, 545},
-    {"cuStreamGetCtx", 12050, 1, 546},
-    {"cuStreamGetDevice", 12080, 0, 547},
-    {"cuStreamGetDevice", 12080, 1, 548},
-    {"cuStreamGetFlags", 5050, 0, 549},
-    {"cuStreamGetFlags", 7000, 1, 550},
-    {"cuStreamGetGreenCtx", 12040, 0, 551},
-    {"cuStreamGetId", 12000, 0, 552},
-    {"cuStreamGetId", 12000, 1, 553},
-    {"cuStreamGetPriority", 5050, 0, 554},
-    {"cuStreamGetPriority", 7000, 1, 555},
-    {"cuStreamIsCapturing", 10000, 0, 556},
-    {"cuStreamIsCapturing", 10000, 1, 557},
-    {"cuStreamQuery", 2000, 0, 558},
-    {"cuStreamQuery", 7000, 1, 559},
-    {"cuStreamSetAttribute", 11000, 0, 560},
-    {"cuStreamSetAttribute", 11000, 1, 561},
-    {"cuStreamSynchronize", 2000, 0, 562},
-    {"cuStreamSynchronize", 7000, 1, 563},
-    {"cuStreamUpdateCaptureDependencies", 11030, 0, 564},
-    {"cuStreamUpdateCaptureDependencies", 11030, 1, 565},
-    {"cuStreamUpdateCaptureDependencies", 12030, 0, 566},
-    {"cuStreamUpdateCaptureDependencies", 12030, 1, 567},
-    {"cuStreamWaitEvent", 3020, 0, 568},
-    {"cuStreamWaitEvent", 7000, 1, 569},
-    {"cuStreamWaitValue32", 8000, 0, 570},
-    {"cuStreamWaitValue32", 8000, 1, 571},
-    {"cuStreamWaitValue32", 11070, 0, 572},
-    {"cuStreamWaitValue32", 11070, 1, 573},
-    {"cuStreamWaitValue64", 9000, 0, 574},
-    {"cuStreamWaitValue64", 9000, 1, 575},
-    {"cuStreamWaitValue64", 11070, 0, 576},
-    {"cuStreamWaitValue64", 11070, 1, 577},
-    {"cuStreamWriteValue32", 8000, 0, 578},
-    {"cuStreamWriteValue32", 8000, 1, 579},
-    {"cuStreamWriteValue32", 11070, 0, 580},
-    {"cuStreamWriteValue32", 11070, 1, 581},
-    {"cuStreamWriteValue64", 9000, 0, 582},
-    {"cuStreamWriteValue64", 9000, 1, 583},
-    {"cuStreamWriteValue64", 11070, 0, 584},
-    {"cuStreamWriteValue64", 11070, 1, 585},
-    {"cuSurfObjectCreate", 5000, 0, 586},
-    {"cuSurfObjectDestroy", 5000, 0, 587},
-    {"cuSurfObjectGetResourceDesc", 5000, 0, 588},
-    {"cuSurfRefGetArray", 3000, 0, 589},
-    {"cuSurfRefSetArray", 3000, 0, 590},
-    {"cuTensorMapEncodeIm2col", 12000, 0, 591},
-    {"cuTensorMapEncodeIm2colWide", 12080, 0, 592},
-    {"cuTensorMapEncodeTiled", 12000, 0, 593},
-    {"cuTensorMapReplaceAddress", 12000, 0, 594},
-    {"cuTexObjectCreate", 5000, 0, 595},
-    {"cuTexObjectDestroy", 5000, 0, 596},
-    {"cuTexObjectGetResourceDesc", 5000, 0, 597},
-    {"cuTexObjectGetResourceViewDesc", 5000, 0, 598},
-    {"cuTexObjectGetTextureDesc", 5000, 0, 599},
-    {"cuTexRefCreate", 2000, 0, 600},
-    {"cuTexRefDestroy", 2000, 0, 601},
-    {"cuTexRefGetAddress", 2000, 0, 602},
-    {"cuTexRefGetAddress", 3020, 0, 604},
-    {"cuTexRefGetAddressMode", 2000, 0, 603},
-    {"cuTexRefGetArray", 2000, 0, 605},
-    {"cuTexRefGetBorderColor", 8000, 0, 606},
-    {"cuTexRefGetFilterMode", 2000, 0, 607},
-    {"cuTexRefGetFlags", 2000, 0, 608},
-    {"cuTexRefGetFormat", 2000, 0, 609},
-    {"cuTexRefGetMaxAnisotropy", 5000, 0, 610},
-    {"cuTexRefGetMipmapFilterMode", 5000, 0, 611},
-    {"cuTexRefGetMipmapLevelBias", 5000, 0, 612},
-    {"cuTexRefGetMipmapLevelClamp", 5000, 0, 613},
-    {"cuTexRefGetMipmappedArray", 5000, 0, 614},
-    {"cuTexRefSetAddress", 2000, 0, 615},
-    {"cuTexRefSetAddress", 3020, 0, 620},
-    {"cuTexRefSetAddress2D", 2020, 0, 616},
-    {"cuTexRefSetAddress2D", 3020, 0, 617},
-    {"cuTexRefSetAddress2D", 4010, 0, 618},
-    {"cuTexRefSetAddressMode", 2000, 0, 619},
-    {"cuTexRefSetArray", 2000, 0, 621},
-    {"cuTexRefSetBorderColor", 8000, 0, 622},
-    {"cuTexRefSetFilterMode", 2000, 0, 623},
-    {"cuTexRefSetFlags", 2000, 0, 624},
-    {"cuTexRefSetFormat", 2000, 0, 625},
-    {"cuTexRefSetMaxAnisotropy", 5000, 0, 626},
-    {"cuTexRefSetMipmapFilterMode", 5000, 0, 627},
-    {"cuTexRefSetMipmapLevelBias", 5000, 0, 628},
-    {"cuTexRefSetMipmapLevelClamp", 5000, 0, 629},
-    {"cuTexRefSetMipmappedArray", 5000, 0, 630},
-    {"cuThreadExchangeStreamCaptureMode", 10010, 0, 631},
-    {"cuUserObjectCreate", 11030, 0, 632},
-    {"cuUserObjectRelease", 11030, 0, 633},
-    {"cuUserObjectRetain", 11030, 0, 634},
-    {"cuWaitExternalSemaphoresAsync", 10000, 0, 635},
-    {"cuWaitExternalSemaphoresAsync", 10000, 1, 636},
+    {"cuCheckpointOperationComplete", 13040, 0, 12},
+    {"cuCheckpointProcessCheckpoint", 12080, 0, 13},
+    {"cuCheckpointProcessGetRestoreThreadId", 12080, 0, 14},
+    {"cuCheckpointProcessGetState", 12080, 0, 15},
+    {"cuCheckpointProcessLock", 12080, 0, 16},
+    {"cuCheckpointProcessRestore", 12080, 0, 17},
+    {"cuCheckpointProcessUnlock", 12080, 0, 18},
+    {"cuCoredumpDeregisterCompleteCallback", 13020, 0, 19},
+    {"cuCoredumpDeregisterStartCallback", 13020, 0, 20},
+    {"cuCoredumpGetAttribute", 12010, 0, 21},
+    {"cuCoredumpGetAttributeGlobal", 12010, 0, 22},
+    {"cuCoredumpRegisterCompleteCallback", 13020, 0, 23},
+    {"cuCoredumpRegisterStartCallback", 13020, 0, 24},
+    {"cuCoredumpSetAttribute", 12010, 0, 25},
+    {"cuCoredumpSetAttributeGlobal", 12010, 0, 26},
+    {"cuCtxAttach", 2000, 0, 27},
+    {"cuCtxCreate", 2000, 0, 28},
+    {"cuCtxCreate", 3020, 0, 29},
+    {"cuCtxCreate", 11040, 0, 30},
+    {"cuCtxCreate", 12050, 0, 31},
+    {"cuCtxDestroy", 2000, 0, 32},
+    {"cuCtxDestroy", 4000, 0, 33},
+    {"cuCtxDetach", 2000, 0, 34},
+    {"cuCtxDisablePeerAccess", 4000, 0, 35},
+    {"cuCtxEnablePeerAccess", 4000, 0, 36},
+    {"cuCtxFromGreenCtx", 12040, 0, 37},
+    {"cuCtxGetApiVersion", 3020, 0, 38},
+    {"cuCtxGetCacheConfig", 3020, 0, 39},
+    {"cuCtxGetCurrent", 4000, 0, 40},
+    {"cuCtxGetDevResource", 12040, 0, 41},
+    {"cuCtxGetDevice", 2000, 0, 42},
+    {"cuCtxGetDevice", 13000, 0, 43},
+    {"cuCtxGetExecAffinity", 11040, 0, 44},
+    {"cuCtxGetFlags", 7000, 0, 45},
+    {"cuCtxGetId", 12000, 0, 46},
+    {"cuCtxGetLimit", 3010, 0, 47},
+    {"cuCtxGetSharedMemConfig", 4020, 0, 48},
+    {"cuCtxGetStreamPriorityRange", 5050, 0, 49},
+    {"cuCtxPopCurrent", 2000, 0, 50},
+    {"cuCtxPopCurrent", 4000, 0, 51},
+    {"cuCtxPushCurrent", 2000, 0, 52},
+    {"cuCtxPushCurrent", 4000, 0, 53},
+    {"cuCtxRecordEvent", 12050, 0, 54},
+    {"cuCtxResetPersistingL2Cache", 11000, 0, 55},
+    {"cuCtxSetCacheConfig", 3020, 0, 56},
+    {"cuCtxSetCurrent", 4000, 0, 57},
+    {"cuCtxSetFlags", 12010, 0, 58},
+    {"cuCtxSetLimit", 3010, 0, 59},
+    {"cuCtxSetSharedMemConfig", 4020, 0, 60},
+    {"cuCtxSynchronize", 2000, 0, 61},
+    {"cuCtxSynchronize", 13000, 0, 62},
+    {"cuCtxWaitEvent", 12050, 0, 63},
+    {"cuDestroyExternalMemory", 10000, 0, 64},
+    {"cuDestroyExternalSemaphore", 10000, 0, 65},
+    {"cuDevResourceGenerateDesc", 12040, 0, 66},
+    {"cuDevSmResourceSplit", 13010, 0, 67},
+    {"cuDevSmResourceSplitByCount", 12040, 0, 68},
+    {"cuDeviceCanAccessPeer", 4000, 0, 69},
+    {"cuDeviceComputeCapability", 2000, 0, 70},
+    {"cuDeviceGet", 2000, 0, 71},
+    {"cuDeviceGetAttribute", 2000, 0, 72},
+    {"cuDeviceGetByPCIBusId", 4010, 0, 73},
+    {"cuDeviceGetCliqueCount", 13040, 0, 74},
+    {"cuDeviceGetCliqueInfo", 13040, 0, 75},
+    {"cuDeviceGetCount", 2000, 0, 76},
+    {"cuDeviceGetDefaultMemPool", 11020, 0, 77},
+    {"cuDeviceGetDevResource", 12040, 0, 78},
+    {"cuDeviceGetExecAffinitySupport", 11040, 0, 79},
+    {"cuDeviceGetFabricClusterUuid", 13040, 0, 80},
+    {"cuDeviceGetGraphMemAttribute", 11040, 0, 81},
+    {"cuDeviceGetHostAtomicCapabilities", 13000, 0, 82},
+    {"cuDeviceGetLuid", 10000, 0, 83},
+    {"cuDeviceGetMemPool", 11020, 0, 84},
+    {"cuDeviceGetName", 2000, 0, 85},
+    {"cuDeviceGetNvSciSyncAttributes", 10020, 0, 86},
+    {"cuDeviceGetP2PAtomicCapabilities", 13000, 0, 87},
+    {"cuDeviceGetP2PAttribute", 8000, 0, 88},
+    {"cuDeviceGetPCIBusId", 4010, 0, 89},
+    {"cuDeviceGetProperties", 2000, 0, 90},
+    {"cuDeviceGetTexture1DLinearMaxWidth", 11010, 0, 91},
+    {"cuDeviceGetUuid", 9020, 0, 92},
+    {"cuDeviceGetUuid", 11040, 0, 93},
+    {"cuDeviceGraphMemTrim", 11040, 0, 94},
+    {"cuDevicePrimaryCtxGetState", 7000, 0, 95},
+    {"cuDevicePrimaryCtxRelease", 7000, 0, 96},
+    {"cuDevicePrimaryCtxRelease", 11000, 0, 97},
+    {"cuDevicePrimaryCtxReset", 7000, 0, 98},
+    {"cuDevicePrimaryCtxReset", 11000, 0, 99},
+    {"cuDevicePrimaryCtxRetain", 7000, 0, 100},
+    {"cuDevicePrimaryCtxSetFlags", 7000, 0, 101},
+    {"cuDevicePrimaryCtxSetFlags", 11000, 0, 102},
+    {"cuDeviceRegisterAsyncNotification", 12040, 0, 103},
+    {"cuDeviceSetGraphMemAttribute", 11040, 0, 104},
+    {"cuDeviceSetMemPool", 11020, 0, 105},
+    {"cuDeviceTotalMem", 2000, 0, 106},
+    {"cuDeviceTotalMem", 3020, 0, 107},
+    {"cuDeviceUnregisterAsyncNotification", 12040, 0, 108},
+    {"cuDriverGetVersion", 2020, 0, 109},
+    {"cuEventCreate", 2000, 0, 110},
+    {"cuEventDestroy", 2000, 0, 111},
+    {"cuEventDestroy", 4000, 0, 112},
+    {"cuEventElapsedTime", 2000, 0, 113},
+    {"cuEventElapsedTime", 12080, 0, 114},
+    {"cuEventQuery", 2000, 0, 115},
+    {"cuEventRecord", 2000, 0, 116},
+    {"cuEventRecord", 7000, 1, 119},
+    {"cuEventRecordWithFlags", 11010, 0, 117},
+    {"cuEventRecordWithFlags", 11010, 1, 118},
+    {"cuEventSynchronize", 2000, 0, 120},
+    {"cuExternalMemoryGetMappedBuffer", 10000, 0, 121},
+    {"cuExternalMemoryGetMappedMipmappedArray", 10000, 0, 122},
+    {"cuFabricCpyBatchAsync", 13050, 0, 123},
+    {"cuFabricCpyBatchAsync", 13050, 1, 124},
+    {"cuFlushGPUDirectRDMAWrites", 11030, 0, 125},
+    {"cuFuncGetAttribute", 2020, 0, 126},
+    {"cuFuncGetModule", 11000, 0, 127},
+    {"cuFuncGetName", 12030, 0, 128},
+    {"cuFuncGetParamCount", 13020, 0, 129},
+    {"cuFuncGetParamInfo", 12040, 0, 130},
+    {"cuFuncIsLoaded", 12040, 0, 131},
+    {"cuFuncLoad", 12040, 0, 132},
+    {"cuFuncSetAttribute", 9000, 0, 133},
+    {"cuFuncSetBlockShape", 2000, 0, 134},
+    {"cuFuncSetCacheConfig", 3000, 0, 135},
+    {"cuFuncSetSharedMemConfig", 4020, 0, 136},
+    {"cuFuncSetSharedSize", 2000, 0, 137},
+    {"cuGetErrorName", 6000, 0, 138},
+    {"cuGetErrorString", 6000, 0, 139},
+    {"cuGetExportTable", 3000, 0, 140},
+    {"cuGetProcAddress", 11030, 0, 141},
+    {"cuGetProcAddress", 12000, 0, 142},
+    {"cuGraphAddBatchMemOpNode", 11070, 0, 143},
+    {"cuGraphAddChildGraphNode", 10000, 0, 144},
+    {"cuGraphAddDependencies", 10000, 0, 145},
+    {"cuGraphAddDependencies", 12030, 0, 146},
+    {"cuGraphAddEmptyNode", 10000, 0, 147},
+    {"cuGraphAddEventRecordNode", 11010, 0, 148},
+    {"cuGraphAddEventWaitNode", 11010, 0, 149},
+    {"cuGraphAddExternalSemaphoresSignalNode", 11020, 0, 150},
+    {"cuGraphAddExternalSemaphoresWaitNode", 11020, 0, 151},
+    {"cuGraphAddHostNode", 10000, 0, 152},
+    {"cuGraphAddKernelNode", 10000, 0, 153},
+    {"cuGraphAddKernelNode", 12000, 0, 154},
+    {"cuGraphAddMemAllocNode", 11040, 0, 155},
+    {"cuGraphAddMemFreeNode", 11040, 0, 156},
+    {"cuGraphAddMemcpyNode", 10000, 0, 157},
+    {"cuGraphAddMemsetNode", 10000, 0, 158},
+    {"cuGraphAddNode", 12020, 0, 159},
+    {"cuGraphAddNode", 12030, 0, 160},
+    {"cuGraphAddNode", 13040, 0, 161},
+    {"cuGraphBatchMemOpNodeGetParams", 11070, 0, 162},
+    {"cuGraphBatchMemOpNodeSetParams", 11070, 0, 163},
+    {"cuGraphChildGraphNodeGetGraph", 10000, 0, 164},
+    {"cuGraphClone", 10000, 0, 165},
+    {"cuGraphConditionalHandleCreate", 12030, 0, 166},
+    {"cuGraphCreate", 10000, 0, 167},
+    {"cuGraphDebugDotPrint", 11030, 0, 168},
+    {"cuGraphDestroy", 10000, 0, 169},
+    {"cuGraphDestroyNode", 10000, 0, 170},
+    {"cuGraphEventRecordNodeGetEvent", 11010, 0, 171},
+    {"cuGraphEventRecordNodeSetEvent", 11010, 0, 172},
+    {"cuGraphEventWaitNodeGetEvent", 11010, 0, 173},
+    {"cuGraphEventWaitNodeSetEvent", 11010, 0, 174},
+    {"cuGraphExecBatchMemOpNodeSetParams", 11070, 0, 175},
+    {"cuGraphExecChildGraphNodeSetParams", 11010, 0, 176},
+    {"cuGraphExecDestroy", 10000, 0, 177},
+    {"cuGraphExecEventRecordNodeSetEvent", 11010, 0, 178},
+    {"cuGraphExecEventWaitNodeSetEvent", 11010, 0, 179},
+    {"cuGraphExecExternalSemaphoresSignalNodeSetParams", 11020, 0, 180},
+    {"cuGraphExecExternalSemaphoresWaitNodeSetParams", 11020, 0, 181},
+    {"cuGraphExecGetFlags", 12000, 0, 182},
+    {"cuGraphExecGetId", 13010, 0, 183},
+    {"cuGraphExecHostNodeSetParams", 10020, 0, 184},
+    {"cuGraphExecKernelNodeSetParams", 10010, 0, 185},
+    {"cuGraphExecKernelNodeSetParams", 12000, 0, 186},
+    {"cuGraphExecMemcpyNodeSetParams", 10020, 0, 187},
+    {"cuGraphExecMemsetNodeSetParams", 10020, 0, 188},
+    {"cuGraphExecNodeSetParams", 12020, 0, 189},
+    {"cuGraphExecUpdate", 10020, 0, 190},
+    {"cuGraphExecUpdate", 12000, 0, 191},
+    {"cuGraphExternalSemaphoresSignalNodeGetParams", 11020, 0, 192},
+    {"cuGraphExternalSemaphoresSignalNodeSetParams", 11020, 0, 193},
+    {"cuGraphExternalSemaphoresWaitNodeGetParams", 11020, 0, 194},
+    {"cuGraphExternalSemaphoresWaitNodeSetParams", 11020, 0, 195},
+    {"cuGraphGetEdges", 10000, 0, 196},
+    {"cuGraphGetEdges", 12030, 0, 197},
+    {"cuGraphGetId", 13010, 0, 198},
+    {"cuGraphGetNodes", 10000, 0, 199},
+    {"cuGraphGetRootNodes", 10000, 0, 200},
+    {"cuGraphHostNodeGetParams", 10000, 0, 201},
+    {"cuGraphHostNodeSetParams", 10000, 0, 202},
+    {"cuGraphInstantiate", 10000, 0, 203},
+    {"cuGraphInstantiate", 11000, 0, 207},
+    {"cuGraphInstantiate", 12000, 0, 204},
+    {"cuGraphInstantiateWithFlags", 11040, 0, 204},
+    {"cuGraphInstantiateWithParams", 12000, 0, 205},
+    {"cuGraphInstantiateWithParams", 12000, 1, 206},
+    {"cuGraphKernelNodeCopyAttributes", 11000, 0, 208},
+    {"cuGraphKernelNodeGetAttribute", 11000, 0, 209},
+    {"cuGraphKernelNodeGetParams", 10000, 0, 210},
+    {"cuGraphKernelNodeGetParams", 12000, 0, 211},
+    {"cuGraphKernelNodeSetAttribute", 11000, 0, 212},
+    {"cuGraphKernelNodeSetParams", 10000, 0, 213},
+    {"cuGraphKernelNodeSetParams", 12000, 0, 214},
+    {"cuGraphLaunch", 10000, 0, 215},
+    {"cuGraphLaunch", 10000, 1, 216},
+    {"cuGraphMemAllocNodeGetParams", 11040, 0, 217},
+    {"cuGraphMemFreeNodeGetParams", 11040, 0, 218},
+    {"cuGraphMemcpyNodeGetParams", 10000, 0, 219},
+    {"cuGraphMemcpyNodeSetParams", 10000, 0, 220},
+    {"cuGraphMemsetNodeGetParams", 10000, 0, 221},
+    {"cuGraphMemsetNodeSetParams", 10000, 0, 222},
+    {"cuGraphNodeFindInClone", 10000, 0, 223},
+    {"cuGraphNodeGetContainingGraph", 13010, 0, 224},
+    {"cuGraphNodeGetDependencies", 10000, 0, 225},
+    {"cuGraphNodeGetDependencies", 12030, 0, 226},
+    {"cuGraphNodeGetDependentNodes", 10000, 0, 227},
+    {"cuGraphNodeGetDependentNodes", 12030, 0, 228},
+    {"cuGraphNodeGetEnabled", 11060, 0, 229},
+    {"cuGraphNodeGetLocalId", 13010, 0, 230},
+    {"cuGraphNodeGetParams", 13020, 0, 231},
+    {"cuGraphNodeGetToolsId", 13010, 0, 232},
+    {"cuGraphNodeGetType", 10000, 0, 233},
+    {"cuGraphNodeSetEnabled", 11060, 0, 234},
+    {"cuGraphNodeSetParams", 12020, 0, 235},
+    {"cuGraphNodeSetParams", 13040, 0, 236},
+    {"cuGraphReleaseUserObject", 11030, 0, 237},
+    {"cuGraphRemoveDependencies", 10000, 0, 238},
+    {"cuGraphRemoveDependencies", 12030, 0, 239},
+    {"cuGraphRetainUserObject", 11030, 0, 240},
+    {"cuGraphUpload", 11010, 0, 241},
+    {"cuGraphUpload", 11010, 1, 242},
+    {"cuGraphicsMapResources", 3000, 0, 243},
+    {"cuGraphicsMapResources", 7000, 1, 244},
+    {"cuGraphicsResourceGetMappedMipmappedArray", 5000, 0, 245},
+    {"cuGraphicsResourceGetMappedPointer", 3000, 0, 246},
+    {"cuGraphicsResourceGetMappedPointer", 3020, 0, 247},
+    {"cuGraphicsResourceSetMapFlags", 3000, 0, 248},
+    {"cuGraphicsResourceSetMapFlags", 6050, 0, 249},
+    {"cuGraphicsSubResourceGetMappedArray", 3000, 0, 250},
+    {"cuGraphicsUnmapResources", 3000, 0, 251},
+    {"cuGraphicsUnmapResources", 7000, 1, 252},
+    {"cuGraphicsUnregisterResource", 3000, 0, 253},
+    {"cuGreenCtxCreate", 12040, 0, 254},
+    {"cuGreenCtxDestroy", 12040, 0, 255},
+    {"cuGreenCtxGetDevResource", 12040, 0, 256},
+    {"cuGreenCtxGetId", 12090, 0, 257},
+    {"cuGreenCtxRecordEvent", 12040, 0, 258},
+    {"cuGreenCtxStreamCreate", 12050, 0, 259},
+    {"cuGreenCtxWaitEvent", 12040, 0, 260},
+    {"cuImportExternalMemory", 10000, 0, 261},
+    {"cuImportExternalSemaphore", 10000, 0, 262},
+    {"cuInit", 2000, 0, 263},
+    {"cuIpcCloseMemHandle", 4010, 0, 264},
+    {"cuIpcGetEventHandle", 4010, 0, 265},
+    {"cuIpcGetMemHandle", 4010, 0, 266},
+    {"cuIpcOpenEventHandle", 4010, 0, 267},
+    {"cuIpcOpenMemHandle", 4010, 0, 268},
+    {"cuIpcOpenMemHandle", 11000, 0, 269},
+    {"cuKernelGetAttribute", 12000, 0, 270},
+    {"cuKernelGetFunction", 12000, 0, 271},
+    {"cuKernelGetLibrary", 12050, 0, 272},
+    {"cuKernelGetName", 12030, 0, 273},
+    {"cuKernelGetParamCount", 13020, 0, 274},
+    {"cuKernelGetParamInfo", 12040, 0, 275},
+    {"cuKernelSetAttribute", 12000, 0, 276},
+    {"cuKernelSetCacheConfig", 12000, 0, 277},
+    {"cuLaunch", 2000, 0, 278},
+    {"cuLaunchCooperativeKernel", 9000, 0, 279},
+    {"cuLaunchCooperativeKernel", 9000, 1, 281},
+    {"cuLaunchCooperativeKernelMultiDevice", 9000, 0, 280},
+    {"cuLaunchGrid", 2000, 0, 282},
+    {"cuLaunchGridAsync", 2000, 0, 283},
+    {"cuLaunchHostFunc", 10000, 0, 284},
+    {"cuLaunchHostFunc", 10000, 1, 285},
+    {"cuLaunchHostFunc", 13010, 0, 286},
+    {"cuLaunchHostFunc", 13010, 1, 287},
+    {"cuLaunchKernel", 4000, 0, 288},
+    {"cuLaunchKernel", 7000, 1, 291},
+    {"cuLaunchKernelEx", 11060, 0, 289},
+    {"cuLaunchKernelEx", 11060, 1, 290},
+    {"cuLibraryEnumerateKernels", 12040, 0, 292},
+    {"cuLibraryGetGlobal", 12000, 0, 293},
+    {"cuLibraryGetKernel", 12000, 0, 294},
+    {"cuLibraryGetKernelCount", 12040, 0, 295},
+    {"cuLibraryGetManaged", 12000, 0, 296},
+    {"cuLibraryGetModule", 12000, 0, 297},
+    {"cuLibraryGetUnifiedFunction", 12000, 0, 298},
+    {"cuLibraryLoadData", 12000, 0, 299},
+    {"cuLibraryLoadFromFile", 12000, 0, 300},
+    {"cuLibraryUnload", 12000, 0, 301},
+    {"cuLinkAddData", 5050, 0, 302},
+    {"cuLinkAddData", 6050, 0, 303},
+    {"cuLinkAddFile", 5050, 0, 304},
+    {"cuLinkAddFile", 6050, 0, 305},
+    {"cuLinkComplete", 5050, 0, 306},
+    {"cuLinkCreate", 5050, 0, 307},
+    {"cuLinkCreate", 6050, 0, 308},
+    {"cuLinkDestroy", 5050, 0, 309},
+    {"cuLogicalEndpointAddDevice", 13030, 0, 310},
+    {"cuLogicalEndpointBindAddr", 13030, 0, 311},
+    {"cuLogicalEndpointBindMem", 13030, 0, 312},
+    {"cuLogicalEndpointCreate", 13030, 0, 313},
+    {"cuLogicalEndpointDestroy", 13030, 0, 314},
+    {"cuLogicalEndpointExport", 13030, 0, 315},
+    {"cuLogicalEndpointGetLimits", 13030, 0, 316},
+    {"cuLogicalEndpointIdRelease", 13030, 0, 317},
+    {"cuLogicalEndpointIdReserve", 13030, 0, 318},
+    {"cuLogicalEndpointImport", 13030, 0, 319},
+    {"cuLogicalEndpointQuery", 13030, 0, 320},
+    {"cuLogicalEndpointUnbind", 13030, 0, 321},
+    {"cuLogsCurrent", 12090, 0, 322},
+    {"cuLogsDumpToFile", 12090, 0, 323},
+    {"cuLogsDumpToMemory", 12090, 0, 324},
+    {"cuLogsRegisterCallback", 12090, 0, 325},
+    {"cuLogsUnregisterCallback", 12090, 0, 326},
+    {"cuMemAddressFree", 10020, 0, 327},
+    {"cuMemAddressReserve", 10020, 0, 328},
+    {"cuMemAdvise", 8000, 0, 329},
+    {"cuMemAdvise", 12020, 0, 330},
+    {"cuMemAlloc", 2000, 0, 331},
+    {"cuMemAlloc", 3020, 0, 341},
+    {"cuMemAllocAsync", 11020, 0, 332},
+    {"cuMemAllocAsync", 11020, 1, 333},
+    {"cuMemAllocFromPoolAsync", 11020, 0, 334},
+    {"cuMemAllocFromPoolAsync", 11020, 1, 335},
+    {"cuMemAllocHost", 2000, 0, 336},
+    {"cuMemAllocHost", 3020, 0, 337},
+    {"cuMemAllocManaged", 6000, 0, 338},
+    {"cuMemAllocPitch", 2000, 0, 339},
+    {"cuMemAllocPitch", 3020, 0, 340},
+    {"cuMemBatchDecompressAsync", 12060, 0, 342},
+    {"cuMemBatchDecompressAsync", 12060, 1, 343},
+    {"cuMemCreate", 10020, 0, 344},
+    {"cuMemDiscardAndPrefetchBatchAsync", 13000, 0, 345},
+    {"cuMemDiscardAndPrefetchBatchAsync", 13000, 1, 346},
+    {"cuMemDiscardBatchAsync", 13000, 0, 347},
+    {"cuMemDiscardBatchAsync", 13000, 1, 348},
+    {"cuMemExportToShareableHandle", 10020, 0, 349},
+    {"cuMemFree", 2000, 0, 350},
+    {"cuMemFree", 3020, 0, 354},
+    {"cuMemFreeAsync", 11020, 0, 351},
+    {"cuMemFreeAsync", 11020, 1, 352},
+    {"cuMemFreeHost", 2000, 0, 353},
+    {"cuMemGetAccess", 10020, 0, 355},
+    {"cuMemGetAddressRange", 2000, 0, 356},
+    {"cuMemGetAddressRange", 3020, 0, 357},
+    {"cuMemGetAllocationGranularity", 10020, 0, 358},
+    {"cuMemGetAllocationPropertiesFromHandle", 10020, 0, 359},
+    {"cuMemGetDefaultMemPool", 13000, 0, 360},
+    {"cuMemGetHandleForAddressRange", 11070, 0, 361},
+    {"cuMemGetInfo", 2000, 0, 362},
+    {"cuMemGetInfo", 3020, 0, 363},
+    {"cuMemGetLocationInfo", 13040, 0, 364},
+    {"cuMemGetMemPool", 13000, 0, 365},
+    {"cuMemHostAlloc", 2020, 0, 366},
+    {"cuMemHostGetDevicePointer", 2020, 0, 367},
+    {"cuMemHostGetDevicePointer", 3020, 0, 368},
+    {"cuMemHostGetFlags", 2030, 0, 369},
+    {"cuMemHostRegister", 4000, 0, 370},
+    {"cuMemHostRegister", 6050, 0, 371},
+    {"cuMemHostUnregister", 4000, 0, 372},
+    {"cuMemImportFromShareableHandle", 10020, 0, 373},
+    {"cuMemMap", 10020, 0, 374},
+    {"cuMemMapArrayAsync", 11010, 0, 375},
+    {"cuMemMapArrayAsync", 11010, 1, 376},
+    {"cuMemPoolCreate", 11020, 0, 377},
+    {"cuMemPoolDestroy", 11020, 0, 378},
+    {"cuMemPoolExportPointer", 11020, 0, 379},
+    {"cuMemPoolExportToShareableHandle", 11020, 0, 380},
+    {"cuMemPoolGetAccess", 11020, 0, 381},
+    {"cuMemPoolGetAttribute", 11020, 0, 382},
+    {"cuMemPoolImportFromShareableHandle", 11020, 0, 383},
+    {"cuMemPoolImportPointer", 11020, 0, 384},
+    {"cuMemPoolSetAccess", 11020, 0, 385},
+    {"cuMemPoolSetAttribute", 11020, 0, 386},
+    {"cuMemPoolTrimTo", 11020, 0, 387},
+    {"cuMemPrefetchAsync", 8000, 0, 388},
+    {"cuMemPrefetchAsync", 8000, 1, 389},
+    {"cuMemPrefetchAsync", 12020, 0, 390},
+    {"cuMemPrefetchAsync", 12020, 1, 391},
+    {"cuMemPrefetchBatchAsync", 13000, 0, 392},
+    {"cuMemPrefetchBatchAsync", 13000, 1, 393},
+    {"cuMemRangeGetAttribute", 8000, 0, 394},
+    {"cuMemRangeGetAttributes", 8000, 0, 395},
+    {"cuMemRelease", 10020, 0, 396},
+    {"cuMemRetainAllocationHandle", 11000, 0, 397},
+    {"cuMemSetAccess", 10020, 0, 398},
+    {"cuMemSetMemPool", 13000, 0, 399},
+    {"cuMemUnmap", 10020, 0, 400},
+    {"cuMemcpy", 4000, 0, 401},
+    {"cuMemcpy", 7000, 1, 478},
+    {"cuMemcpy2D", 2000, 0, 402},
+    {"cuMemcpy2D", 3020, 0, 409},
+    {"cuMemcpy2D", 7000, 1, 410},
+    {"cuMemcpy2DAsync", 2000, 0, 403},
+    {"cuMemcpy2DAsync", 3020, 0, 404},
+    {"cuMemcpy2DAsync", 7000, 1, 405},
+    {"cuMemcpy2DUnaligned", 2000, 0, 406},
+    {"cuMemcpy2DUnaligned", 3020, 0, 407},
+    {"cuMemcpy2DUnaligned", 7000, 1, 408},
+    {"cuMemcpy3D", 2000, 0, 411},
+    {"cuMemcpy3D", 3020, 0, 425},
+    {"cuMemcpy3D", 7000, 1, 426},
+    {"cuMemcpy3DAsync", 2000, 0, 412},
+    {"cuMemcpy3DAsync", 3020, 0, 413},
+    {"cuMemcpy3DAsync", 7000, 1, 414},
+    {"cuMemcpy3DBatchAsync", 12080, 0, 415},
+    {"cuMemcpy3DBatchAsync", 12080, 1, 416},
+    {"cuMemcpy3DBatchAsync", 13000, 0, 417},
+    {"cuMemcpy3DBatchAsync", 13000, 1, 418},
+    {"cuMemcpy3DPeer", 4000, 0, 419},
+    {"cuMemcpy3DPeer", 7000, 1, 422},
+    {"cuMemcpy3DPeerAsync", 4000, 0, 420},
+    {"cuMemcpy3DPeerAsync", 7000, 1, 421},
+    {"cuMemcpy3DWithAttributesAsync", 13020, 0, 423},
+    {"cuMemcpy3DWithAttributesAsync", 13020, 1, 424},
+    {"cuMemcpyAsync", 4000, 0, 427},
+    {"cuMemcpyAsync", 7000, 1, 428},
+    {"cuMemcpyAtoA", 2000, 0, 429},
+    {"cuMemcpyAtoA", 3020, 0, 430},
+    {"cuMemcpyAtoA", 7000, 1, 431},
+    {"cuMemcpyAtoD", 2000, 0, 432},
+    {"cuMemcpyAtoD", 3020, 0, 433},
+    {"cuMemcpyAtoD", 7000, 1, 434},
+    {"cuMemcpyAtoH", 2000, 0, 435},
+    {"cuMemcpyAtoH", 3020, 0, 439},
+    {"cuMemcpyAtoH", 7000, 1, 440},
+    {"cuMemcpyAtoHAsync", 2000, 0, 436},
+    {"cuMemcpyAtoHAsync", 3020, 0, 437},
+    {"cuMemcpyAtoHAsync", 7000, 1, 438},
+    {"cuMemcpyBatchAsync", 12080, 0, 441},
+    {"cuMemcpyBatchAsync", 12080, 1, 442},
+    {"cuMemcpyBatchAsync", 13000, 0, 443},
+    {"cuMemcpyBatchAsync", 13000, 1, 444},
+    {"cuMemcpyDtoA", 2000, 0, 445},
+    {"cuMemcpyDtoA", 3020, 0, 446},
+    {"cuMemcpyDtoA", 7000, 1, 447},
+    {"cuMemcpyDtoD", 2000, 0, 448},
+    {"cuMemcpyDtoD", 3020, 0, 452},
+    {"cuMemcpyDtoD", 7000, 1, 453},
+    {"cuMemcpyDtoDAsync", 3000, 0, 449},
+    {"cuMemcpyDtoDAsync", 3020, 0, 450},
+    {"cuMemcpyDtoDAsync", 7000, 1, 451},
+    {"cuMemcpyDtoH", 2000, 0, 454},
+    {"cuMemcpyDtoH", 3020, 0, 458},
+    {"cuMemcpyDtoH", 7000, 1, 459},
+    {"cuMemcpyDtoHAsync", 2000, 0, 455},
+    {"cuMemcpyDtoHAsync", 3020, 0, 456},
+    {"cuMemcpyDtoHAsync", 7000, 1, 457},
+    {"cuMemcpyHtoA", 2000, 0, 460},
+    {"cuMemcpyHtoA", 3020, 0, 464},
+    {"cuMemcpyHtoA", 7000, 1, 465},
+    {"cuMemcpyHtoAAsync", 2000, 0, 461},
+    {"cuMemcpyHtoAAsync", 3020, 0, 462},
+    {"cuMemcpyHtoAAsync", 7000, 1, 463},
+    {"cuMemcpyHtoD", 2000, 0, 466},
+    {"cuMemcpyHtoD", 3020, 0, 470},
+    {"cuMemcpyHtoD", 7000, 1, 471},
+    {"cuMemcpyHtoDAsync", 2000, 0, 467},
+    {"cuMemcpyHtoDAsync", 3020, 0, 468},
+    {"cuMemcpyHtoDAsync", 7000, 1, 469},
+    {"cuMemcpyPeer", 4000, 0, 472},
+    {"cuMemcpyPeer", 7000, 1, 475},
+    {"cuMemcpyPeerAsync", 4000, 0, 473},
+    {"cuMemcpyPeerAsync", 7000, 1, 474},
+    {"cuMemcpyWithAttributesAsync", 13020, 0, 476},
+    {"cuMemcpyWithAttributesAsync", 13020, 1, 477},
+    {"cuMemsetD16", 2000, 0, 479},
+    {"cuMemsetD16", 3020, 0, 482},
+    {"cuMemsetD16", 7000, 1, 483},
+    {"cuMemsetD16Async", 3020, 0, 480},
+    {"cuMemsetD16Async", 7000, 1, 481},
+    {"cuMemsetD2D16", 2000, 0, 484},
+    {"cuMemsetD2D16", 3020, 0, 487},
+    {"cuMemsetD2D16", 7000, 1, 488},
+    {"cuMemsetD2D16Async", 3020, 0, 485},
+    {"cuMemsetD2D16Async", 7000, 1, 486},
+    {"cuMemsetD2D32", 2000, 0, 489},
+    {"cuMemsetD2D32", 3020, 0, 492},
+    {"cuMemsetD2D32", 7000, 1, 493},
+    {"cuMemsetD2D32Async", 3020, 0, 490},
+    {"cuMemsetD2D32Async", 7000, 1, 491},
+    {"cuMemsetD2D8", 2000, 0, 494},
+    {"cuMemsetD2D8", 3020, 0, 497},
+    {"cuMemsetD2D8", 7000, 1, 498},
+    {"cuMemsetD2D8Async", 3020, 0, 495},
+    {"cuMemsetD2D8Async", 7000, 1, 496},
+    {"cuMemsetD32", 2000, 0, 499},
+    {"cuMemsetD32", 3020, 0, 502},
+    {"cuMemsetD32", 7000, 1, 503},
+    {"cuMemsetD32Async", 3020, 0, 500},
+    {"cuMemsetD32Async", 7000, 1, 501},
+    {"cuMemsetD8", 2000, 0, 504},
+    {"cuMemsetD8", 3020, 0, 507},
+    {"cuMemsetD8", 7000, 1, 508},
+    {"cuMemsetD8Async", 3020, 0, 505},
+    {"cuMemsetD8Async", 7000, 1, 506},
+    {"cuMipmappedArrayCreate", 5000, 0, 509},
+    {"cuMipmappedArrayDestroy", 5000, 0, 510},
+    {"cuMipmappedArrayGetLevel", 5000, 0, 511},
+    {"cuMipmappedArrayGetMemoryRequirements", 11060, 0, 512},
+    {"cuMipmappedArrayGetSparseProperties", 11010, 0, 513},
+    {"cuModuleEnumerateFunctions", 12040, 0, 514},
+    {"cuModuleGetFunction", 2000, 0, 515},
+    {"cuModuleGetFunctionCount", 12040, 0, 516},
+    {"cuModuleGetGlobal", 2000, 0, 517},
+    {"cuModuleGetGlobal", 3020, 0, 518},
+    {"cuModuleGetLoadingMode", 11070, 0, 519},
+    {"cuModuleGetSurfRef", 3000, 0, 520},
+    {"cuModuleGetTexRef", 2000, 0, 521},
+    {"cuModuleLoad", 2000, 0, 522},
+    {"cuModuleLoadData", 2000, 0, 523},
+    {"cuModuleLoadDataEx", 2010, 0, 524},
+    {"cuModuleLoadFatBinary", 2000, 0, 525},
+    {"cuModuleUnload", 2000, 0, 526},
+    {"cuMulticastAddDevice", 12010, 0, 527},
+    {"cuMulticastBindAddr", 12010, 0, 528},
+    {"cuMulticastBindAddr", 13010, 0, 529},
+    {"cuMulticastBindMem", 12010, 0, 530},
+    {"cuMulticastBindMem", 13010, 0, 531},
+    {"cuMulticastCreate", 12010, 0, 532},
+    {"cuMulticastGetGranularity", 12010, 0, 533},
+    {"cuMulticastUnbind", 12010, 0, 534},
+    {"cuOccupancyAvailableDynamicSMemPerBlock", 10020, 0, 535},
+    {"cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, 0, 536},
+    {"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, 0, 537},
+    {"cuOccupancyMaxActiveClusters", 11070, 0, 538},
+    {"cuOccupancyMaxPotentialBlockSize", 6050, 0, 539},
+    {"cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, 0, 540},
+    {"cuOccupancyMaxPotentialClusterSize", 11070, 0, 541},
+    {"cuParamSetSize", 2000, 0, 542},
+    {"cuParamSetTexRef", 2000, 0, 543},
+    {"cuParamSetf", 2000, 0, 544},
+    {"cuParamSeti", 2000, 0, 545},
+    {"cuParamSetv", 2000, 0, 546},
+    {"cuPointerGetAttribute", 4000, 0, 547},
+    {"cuPointerGetAttributes", 7000, 0, 548},
+    {"cuPointerSetAttribute", 6000, 0, 549},
+    {"cuProfilerInitialize", 4000, 0, 550},
+    {"cuProfilerStart", 4000, 0, 551},
+    {"cuProfilerStop", 4000, 0, 552},
+    {"cuSignalExternalSemaphoresAsync", 10000, 0, 553},
+    {"cuSignalExternalSemaphoresAsync", 10000, 1, 554},
+    {"cuStreamAddCallback", 5000, 0, 555},
+    {"cuStreamAddCallback", 7000, 1, 556},
+    {"cuStreamAttachMemAsync", 6000, 0, 557},
+    {"cuStreamAttachMemAsync", 7000, 1, 558},
+    {"cuStreamBatchMemOp", 8000, 0, 559},
+    {"cuStreamBatchMemOp", 8000, 1, 560},
+    {"cuStreamBatchMemOp", 11070, 0, 561},
+    {"cuStreamBatchMemOp", 11070, 1, 562},
+    {"cuStreamBeginCapture", 10000, 0, 563},
+    {"cuStreamBeginCapture", 10000, 1, 568},
+    {"cuStreamBeginCapture", 10010, 0, 569},
+    {"cuStreamBeginCapture", 10010, 1, 570},
+    {"cuStreamBeginCaptureToCig", 13010, 0, 564},
+    {"cuStreamBeginCaptureToCig", 13010, 1, 565},
+    {"cuStreamBeginCaptureToGraph", 12030, 0, 566},
+    {"cuStreamBeginCaptureToGraph", 12030, 1, 567},
+    {"cuStreamBeginRecaptureToGraph", 13030, 0, 571},
+    {"cuStreamBeginRecaptureToGraph", 13030, 1, 572},
+    {"cuStreamCopyAttributes", 11000, 0, 573},
+    {"cuStreamCopyAttributes", 11000, 1, 574},
+    {"cuStreamCreate", 2000, 0, 575},
+    {"cuStreamCreateWithPriority", 5050, 0, 576},
+    {"cuStreamDestroy", 2000, 0, 577},
+    {"cuStreamDestroy", 4000, 0, 578},
+    {"cuStreamEndCapture", 10000, 0, 579},
+    {"cuStreamEndCapture", 10000, 1, 582},
+    {"cuStreamEndCaptureToCig", 13010, 0, 580},
+    {"cuStreamEndCaptureToCig", 13010, 1, 581},
+    {"cuStreamGetAttribute", 11000, 0, 583},
+    {"cuStreamGetAttribute", 11000, 1, 584},
+    {"cuStreamGetCaptureInfo", 10010, 0, 585},
+    {"cuStreamGetCaptureInfo", 10010, 1, 586},
+    {"cuStreamGetCaptureInfo", 11030, 0, 587},
+    {"cuStreamGetCaptureInfo", 11030, 1, 588},
+    {"cuStreamGetCaptureInfo", 12030, 0, 589},
+    {"cuStreamGetCaptureInfo", 12030, 1, 590},
+    {"cuStreamGetCtx", 9020, 0, 591},
+    {"cuStreamGetCtx", 9020, 1, 592},
+    {"cuStreamGetCtx", 12050, 0, 593},
+    {"cuStreamGetCtx", 12050, 1, 594},
+    {"cuStreamGetDevResource", 13010, 0, 595},
+    {"cuStreamGetDevResource", 13010, 1, 596},
+    {"cuStreamGetDevice", 12080, 0, 597},
+    {"cuStreamGetDevice", 12080, 1, 598},
+    {"cuStreamGetFlags", 5050, 0, 599},
+    {"cuStreamGetFlags", 7000, 1, 600},
+    {"cuStreamGetGreenCtx", 12040, 0, 601},
+    {"cuStreamGetId", 12000, 0, 602},
+    {"cuStreamGetId", 12000, 1, 603},
+    {"cuStreamGetPriority", 5050, 0, 604},
+    {"cuStreamGetPriority", 7000, 1, 605},
+    {"cuStreamIsCapturing", 10000, 0, 606},
+    {"cuStreamIsCapturing", 10000, 1, 607},
+    {"cuStreamQuery", 2000, 0, 608},
+    {"cuStreamQuery", 7000, 1, 609},
+    {"cuStreamSetAttribute", 11000, 0, 610},
+    {"cuStreamSetAttribute", 11000, 1, 611},
+    {"cuStreamSynchronize", 2000, 0, 612},
+    {"cuStreamSynchronize", 7000, 1, 613},
+    {"cuStreamUpdateCaptureDependencies", 11030, 0, 614},
+    {"cuStreamUpdateCaptureDependencies", 11030, 1, 615},
+    {"cuStreamUpdateCaptureDependencies", 12030, 0, 616},
+    {"cuStreamUpdateCaptureDependencies", 12030, 1, 617},
+    {"cuStreamWaitEvent", 3020, 0, 618},
+    {"cuStreamWaitEvent", 7000, 1, 619},
+    {"cuStreamWaitValue32", 8000, 0, 620},
+    {"cuStreamWaitValue32", 8000, 1, 621},
+    {"cuStreamWaitValue32", 11070, 0, 622},
+    {"cuStreamWaitValue32", 11070, 1, 623},
+    {"cuStreamWaitValue64", 9000, 0, 624},
+    {"cuStreamWaitValue64", 9000, 1, 625},
+    {"cuStreamWaitValue64", 11070, 0, 626},
+    {"cuStreamWaitValue64", 11070, 1, 627},
+    {"cuStreamWriteValue32", 8000, 0, 628},
+    {"cuStreamWriteValue32", 8000, 1, 629},
+    {"cuStreamWriteValue32", 11070, 0, 630},
+    {"cuStreamWriteValue32", 11070, 1, 631},
+    {"cuStreamWriteValue64", 9000, 0, 632},
+    {"cuStreamWriteValue64", 9000, 1, 633},
+    {"cuStreamWriteValue64", 11070, 0, 634},
+    {"cuStreamWriteValue64", 11070, 1, 635},
+    {"cuSurfObjectCreate", 5000, 0, 636},
+    {"cuSurfObjectDestroy", 5000, 0, 637},
+    {"cuSurfObjectGetResourceDesc", 5000, 0, 638},
+    {"cuSurfRefGetArray", 3000, 0, 639},
+    {"cuSurfRefSetArray", 3000, 0, 640},
+    {"cuTensorMapEncodeIm2col", 12000, 0, 641},
+    {"cuTensorMapEncodeIm2colWide", 12080, 0, 642},
+    {"cuTensorMapEncodeTiled", 12000, 0, 643},
+    {"cuTensorMapReplaceAddress", 12000, 0, 644},
+    {"cuTensorMapSetAllocationClass", 13050, 0, 645},
+    {"cuTexObjectCreate", 5000, 0, 646},
+    {"cuTexObjectDestroy", 5000, 0, 647},
+    {"cuTexObjectGetResourceDesc", 5000, 0, 648},
+    {"cuTexObjectGetResourceViewDesc", 5000, 0, 649},
+    {"cuTexObjectGetTextureDesc", 5000, 0, 650},
+    {"cuTexRefCreate", 2000, 0, 651},
+    {"cuTexRefDestroy", 2000, 0, 652},
+    {"cuTexRefGetAddress", 2000, 0, 653},
+    {"cuTexRefGetAddress", 3020, 0, 655},
+    {"cuTexRefGetAddressMode", 2000, 0, 654},
+    {"cuTexRefGetArray", 2000, 0, 656},
+    {"cuTexRefGetBorderColor", 8000, 0, 657},
+    {"cuTexRefGetFilterMode", 2000, 0, 658},
+    {"cuTexRefGetFlags", 2000, 0, 659},
+    {"cuTexRefGetFormat", 2000, 0, 660},
+    {"cuTexRefGetMaxAnisotropy", 5000, 0, 661},
+    {"cuTexRefGetMipmapFilterMode", 5000, 0, 662},
+    {"cuTexRefGetMipmapLevelBias", 5000, 0, 663},
+    {"cuTexRefGetMipmapLevelClamp", 5000, 0, 664},
+    {"cuTexRefGetMipmappedArray", 5000, 0, 665},
+    {"cuTexRefSetAddress", 2000, 0, 666},
+    {"cuTexRefSetAddress", 3020, 0, 671},
+    {"cuTexRefSetAddress2D", 2020, 0, 667},
+    {"cuTexRefSetAddress2D", 3020, 0, 668},
+    {"cuTexRefSetAddress2D", 4010, 0, 669},
+    {"cuTexRefSetAddressMode", 2000, 0, 670},
+    {"cuTexRefSetArray", 2000, 0, 672},
+    {"cuTexRefSetBorderColor", 8000, 0, 673},
+    {"cuTexRefSetFilterMode", 2000, 0, 674},
+    {"cuTexRefSetFlags", 2000, 0, 675},
+    {"cuTexRefSetFormat", 2000, 0, 676},
+    {"cuTexRefSetMaxAnisotropy", 5000, 0, 677},
+    {"cuTexRefSetMipmapFilterMode", 5000, 0, 678},
+    {"cuTexRefSetMipmapLevelBias", 5000, 0, 679},
+    {"cuTexRefSetMipmapLevelClamp", 5000, 0, 680},
+    {"cuTexRefSetMipmappedArray", 5000, 0, 681},
+    {"cuThreadExchangeStreamCaptureMode", 10010, 0, 682},
+    {"cuUserObjectCreate", 11030, 0, 683},
+    {"cuUserObjectRelease", 11030, 0, 684},
+    {"cuUserObjectRetain", 11030, 0, 685},
+    {"cuWaitExternalSemaphoresAsync", 10000, 0, 686},
+    {"cuWaitExternalSemaphoresAsync", 10000, 1, 687},
 };
-const int xpu_variant_count = 638;
+const int xpu_variant_count = 689;

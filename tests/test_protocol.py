@@ -14,7 +14,7 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from conftest import ROOT, shim_env
+from conftest import BACKEND, ROOT, shim_env
 
 from xpuremote.protocol import calls, cuda_api, errors, wire
 from xpuremote.protocol.calls import BY_OPCODE, CALLS, CLASSES, SPEC, SYMBOLS, TableError, family_of
@@ -485,3 +485,23 @@ def test_a_refused_table_is_said_once_naming_the_library(probe: Any) -> None:
         level, library = asked[uuid]
         assert level == ("INFO" if uuid.startswith("f8cff951") else "WARNING"), (uuid, level)
         assert library.endswith(".so") or ".so." in library, library  # ctypes' libffi made the call
+
+
+# Added in CUDA 13.1 to 13.5: a client built against those headers looks them up.
+NEWER_THAN_13_0 = ("cuStreamGetDevResource", "cuGraphGetId", "cuGraphExecGetId", "cuGraphNodeGetLocalId",
+                   "cuGraphNodeGetToolsId", "cuGraphNodeGetContainingGraph", "cuDevSmResourceSplit")
+
+
+def test_the_call_table_covers_the_newest_headers_and_the_sim_reports_their_version(shim: Path, run_on) -> None:
+    """The table comes from the pinned newest 12.x and 13.x runtime headers; the sim says it is that driver."""
+    from xpuremote.server.backends.sim import SIM_DRIVER_VERSION
+
+    assert cuda_api.HEADER_VERSIONS[0] >= 13050 and cuda_api.HEADER_VERSIONS[0] == SIM_DRIVER_VERSION
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(shim)], capture_output=True, text=True,
+                              check=True).stdout.split()
+    assert [name for name in NEWER_THAN_13_0 if name not in exported] == []
+    program = ("import ctypes; cuda = ctypes.CDLL('libcuda.so.1'); v = ctypes.c_int(); "
+               "print(cuda.cuInit(0), cuda.cuDriverGetVersion(ctypes.byref(v)), v.value)")
+    result = run_on([sys.executable, "-c", program], timeout=60)
+    if BACKEND == "sim":
+        assert result.stdout.split() == ["0", "0", str(SIM_DRIVER_VERSION)], result.stderr[-2000:]

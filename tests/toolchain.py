@@ -12,12 +12,13 @@ from pathlib import Path
 
 # NVIDIA's runtime wheels by CUDA major: (package, folder), libcudart being nvidia/FOLDER/lib/libcudart.so.MAJOR
 RUNTIME_WHEELS = {12: ("nvidia-cuda-runtime-cu12", "cuda_runtime"), 13: ("nvidia-cuda-runtime", "cu13")}
-# Runtimes tested besides the two the test extra pins (12.9.79, the newest 12.x on the index, and 13.0.96, the
-# oldest 13.x): one venv holds one version of a wheel, so these are fetched with pip into a cache directory
-# (fetch_cudart()). bench/runtimes.py runs every release from 12.4 on.
+# Runtimes tested besides the two the test extra pins (the newest 12.x and 13.x on the index, 12.9.79 and
+# 13.5.37, whose headers the call table is generated from): the oldest of each major. One venv holds one
+# version of a wheel, so these are fetched with pip into a cache directory (fetch_cudart()).
+# bench/runtimes.py runs every release from 12.4 on.
 OLDEST_CUDART12 = "12.4.99"
-NEWEST_CUDART = "13.5.37"
-FETCHED_CUDARTS = (OLDEST_CUDART12, NEWEST_CUDART)
+OLDEST_CUDART13 = "13.0.48"
+FETCHED_CUDARTS = (OLDEST_CUDART12, OLDEST_CUDART13)
 
 
 def nvcc_path() -> str | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from xpuremote.protocol import errors, fatbin, mathlibs
-from xpuremote.protocol.cuda_api import ENUMS
+from xpuremote.protocol.cuda_api import ENUMS, HEADER_VERSIONS
 from xpuremote.protocol.errors import CudaError
 
 from . import sim_kernels
@@ -28,7 +28,7 @@ from .base import Backend, DeviceInfo, Inventory, check_module_image
 from .sim_board import Board
 
 log = logging.getLogger("xpuremote.server")
-SIM_DRIVER_VERSION = 13020  # what a CUDA 13.2 driver reports: runtimes up to 13.2 (PyTorch cu132) accept it
+SIM_DRIVER_VERSION = HEADER_VERSIONS[0]  # the newest headers the call table covers: their runtimes accept it
 SIM_SM = 90
 SIM_TEMPERATURE_C, SIM_POWER_MW = 35, 60_000  # an idle device's sensors
 # Each session's addresses start at a random 64 KiB step of [BASE_LOW, BASE_HIGH): 64 TiB, 30 bits,
