@@ -70,8 +70,8 @@ class Context:
     torch_python: str
     bundle: Path
     log: TextIO
-    suite_limit: float = 540
-    bench_limit: float = 540
+    suite_limit: float
+    bench_limit: float
     env: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -294,20 +294,20 @@ def stage_suite(ctx: Context) -> dict[str, Any]:
     # one process: tests compare the GPU's device-wide free memory, which parallel workers would move;
     # -v names each test's outcome as it ends, so a run cut short at its limit still says what passed
     step = ctx.run("pytest", [ctx.python, *select, "-v", "-rfE", f"--junitxml={junit}"], ctx.suite_limit, env)
-    counts = _pytest_counts(step["output"]) if step["rc"] is not None else _pytest_verdicts(step["output"])
+    verdicts = re.findall(_VERDICT, step["output"], re.M)
+    counts = _pytest_counts(step["output"]) if step["rc"] is not None else _tally(verdicts)
     failures = _junit_failures(junit) or [{"test": test, "message": "(cut short: see the log)"}
-                                          for test, verdict in re.findall(_VERDICT, step["output"], re.M)
-                                          if verdict in ("FAILED", "ERROR")]
+                                          for test, verdict in verdicts if verdict in ("FAILED", "ERROR")]
     return {"ok": step["rc"] == 0, "counts": counts, "failures": failures, "steps": [_brief(step, 60)]}
 
 
 _VERDICT = r"^(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)"
 
 
-def _pytest_verdicts(output: str) -> dict[str, int]:
-    """Counts from the per-test lines of a run killed before its tally (-v)."""
+def _tally(verdicts: list[tuple[str, str]]) -> dict[str, int]:
+    """Counts from the per-test lines (-v) of a run killed before its own tally."""
     counts: dict[str, int] = {"cut short": 1}
-    for _, verdict in re.findall(_VERDICT, output, re.M):
+    for _, verdict in verdicts:
         counts[verdict.lower()] = counts.get(verdict.lower(), 0) + 1
     return counts
 

@@ -46,21 +46,27 @@ def served(d: Driver, lib: mathlibs.Library) -> tuple[int, int, int] | None:
     return _served[lib.name]
 
 
+def declared(lib: mathlibs.Library) -> tuple[int, int, int]:
+    """The version of the headers the replacement library's calls are declared from."""
+    return tuple(mathlibs.api(lib).VERSION)
+
+
 def version_of(d: Driver, lib: mathlibs.Library) -> tuple[int, int, int]:
     """What the application is told: the version that runs its calls, the server's. The headers'
     when the server has none or cannot be asked (its first handle then fails, saying why): the
     version calls return a number, not a status."""
     try:
-        return served(d, lib) or tuple(mathlibs.api(lib).VERSION)
+        have = served(d, lib)
     except errors.CudaError:
-        return tuple(mathlibs.api(lib).VERSION)
+        have = None
+    return have or declared(lib)
 
 
 def check_version(d: Driver, lib: mathlibs.Library) -> None:
     """Before a library's first handle: the server's copy must share the major version of the
     headers the calls are declared from (the ABI is stable within one). An older minor serves all
     but the calls it lacks, which answer NOT_SUPPORTED on their own."""
-    have, ours = served(d, lib), tuple(mathlibs.api(lib).VERSION)
+    have, ours = served(d, lib), declared(lib)
     if have is not None and have[0] == ours[0]:
         return
     message = (f"the server cannot serve {lib.name} {ours[0]}.x, the major version this program's calls are made "

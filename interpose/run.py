@@ -58,9 +58,11 @@ def start_local_server(backend: str, cpus: Collection[int] | None = None) -> tup
 def forward_stderr(proc: subprocess.Popen) -> None:
     import threading
 
+    verbose = os.environ.get("XPU_LOG", "WARNING").upper() in ("CALLS", "DEBUG", "INFO")
+
     def pump() -> None:
         for line in proc.stderr:
-            if os.environ.get("XPU_LOG", "WARNING").upper() in ("CALLS", "DEBUG", "INFO") or "ERROR" in line:
+            if verbose or "ERROR" in line:
                 sys.stderr.write(line)
 
     threading.Thread(target=pump, daemon=True).start()

@@ -54,11 +54,11 @@ print(list(one))
 
 @pytest.mark.parametrize("where", ["server", pytest.param("cuda backend", marks=pytest.mark.sim_only(
     reason="the cuda backend on stand-in libraries chained to a sim server"))])
-def test_get_attribute_writes_only_the_elements_the_descriptor_holds(run_on, chained, where: str) -> None:
+def test_get_attribute_writes_only_the_elements_the_descriptor_holds(run_on, request, where: str) -> None:
     """A GPU check found the stock PyTorch sizing an array by a first call's count, then asking
     again with a larger request: every element requested was written back, past its end (the
     cuda backend's buffer is the request's size; the sim's answer was the held elements only)."""
-    address = chained[0].address if where == "cuda backend" else None
+    address = request.getfixturevalue("chained")[0].address if where == "cuda backend" else None
     result = run_on([sys.executable, "-c", PROGRAM], timeout=60, address=address)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["4 [2, 3, 4, 5, -7, -7, -7, -7, -7]", "[7, -7]"], result.stdout
