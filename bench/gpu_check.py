@@ -378,7 +378,11 @@ def programs(ctx: Context) -> list[Program]:
                 progs.append(Program(f"cudart{major} {sub}", [ctx.python, f"{tests}/cudart_check.py", lib, sub],
                                      _exit_ok))
     progs.append(Program("cuda-python", [ctx.python, f"{tests}/cuda_python_check.py"], _exit_ok))
-    vector_add = _build_vector_add(ctx)
+    kernels = _nvcc(ctx, "graph_kernels.fatbin", ["--fatbin", "-DKERNELS_ONLY", "-x", "cu", f"{tests}/driver_api.cu"])
+    if kernels:
+        progs.append(Program("cuda-python: capture and graphs", [ctx.python, f"{tests}/graph_check.py", kernels],
+                             _exit_ok))
+    vector_add = _nvcc(ctx, "vector_add", [str(ROOT / "examples" / "vector_add.cu")], link=True)
     if vector_add:
         progs.append(Program("vector_add (nvcc)", [vector_add], _exit_ok))
     progs.append(Program("torch: memory, copies, streams", [ctx.torch_python, f"{tests}/torch_check.py"], _exit_ok))
@@ -394,14 +398,14 @@ def _toolchain(ctx: Context, *calls: str) -> list[str]:
     return _query(ctx.python, code, ctx.env).splitlines()
 
 
-def _build_vector_add(ctx: Context) -> str | None:
+def _nvcc(ctx: Context, name: str, args: list[str], link: bool = False) -> str | None:
+    """nvcc's output for this device (a program linked against NVIDIA's cudart, or a module image), or None."""
     nvcc, lib = (_toolchain(ctx, "nvcc_path()", "nvcc_lib_dir()") + ["None", "None"])[:2]
     if nvcc == "None":
         return None
-    out = WORK / "vector_add"
-    arch = f"sm_{_compute_capability(ctx)}"
-    step = ctx.run("nvcc vector_add", [nvcc, f"-arch={arch}", *([f"-L{lib}"] if lib != "None" else []), "-o",
-                                       str(out), str(ROOT / "examples" / "vector_add.cu")], 300)
+    out = WORK / name
+    libs = [f"-L{lib}"] if link and lib != "None" else []
+    step = ctx.run(f"nvcc {name}", [nvcc, f"-arch=sm_{_compute_capability(ctx)}", *libs, "-o", str(out), *args], 300)
     return str(out) if step["rc"] == 0 else None
 
 

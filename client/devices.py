@@ -124,14 +124,17 @@ def cu_device_total_mem(d: Driver, call: Call, args: list[Any]) -> None:
     out(call, "bytes", address, d.device(dev).total_mem)
 
 
-# Features xpuremote does not forward (docs/design.md, Status: managed memory, memory pools, VMM,
-# IPC, external semaphores, sparse arrays): the server's GPU may have them, but an application that
-# believes the device would fail later, so the device says it has none.
+# Features xpuremote does not forward (docs/design.md, Status: managed memory, exportable memory and
+# IPC, host-located pools and VMM, external semaphores, sparse arrays): the server's GPU may have them,
+# but an application that believes the device would fail later, so the device says it has none.
+# (Memory pools and VMM of device memory are forwarded: client/pools.py, client/vmm.py.)
 NOT_FORWARDED = frozenset(ENUMS[f"CU_DEVICE_ATTRIBUTE_{name}"] for name in (
     "MANAGED_MEMORY", "CONCURRENT_MANAGED_ACCESS", "PAGEABLE_MEMORY_ACCESS",
     "PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES", "DIRECT_MANAGED_MEM_ACCESS_FROM_HOST",
-    "CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM", "HOST_NATIVE_ATOMIC_SUPPORTED", "MEMORY_POOLS_SUPPORTED",
-    "MEMPOOL_SUPPORTED_HANDLE_TYPES", "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", "GENERIC_COMPRESSION_SUPPORTED",
+    "CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM", "HOST_NATIVE_ATOMIC_SUPPORTED",
+    "MEMPOOL_SUPPORTED_HANDLE_TYPES", "HOST_MEMORY_POOLS_SUPPORTED", "HOST_NUMA_MEMORY_POOLS_SUPPORTED",
+    "HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", "HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED",
+    "GENERIC_COMPRESSION_SUPPORTED",
     "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED", "HANDLE_TYPE_WIN32_HANDLE_SUPPORTED",
     "HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED", "HANDLE_TYPE_FABRIC_SUPPORTED", "IPC_EVENT_SUPPORTED",
     "GPU_DIRECT_RDMA_SUPPORTED", "GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED", "TIMELINE_SEMAPHORE_INTEROP_SUPPORTED",

@@ -243,6 +243,8 @@ class Driver:
 
     def forward(self, call: Call, args: list[Any]) -> None:
         """The generic path: pack by the table, send, write outputs back."""
+        if self.state.get("captures"):  # a capture is on: the call's work may be refused
+            CAPTURE_CHECK[0](self, call, args)
         wire_args, size = marshal.pack(call, self.translate(call, args), self.new_handle, call.cls != "sync")
         if call.cls == "sync":
             marshal.unpack(call, args, self.call(call, wire_args))
@@ -274,6 +276,8 @@ def _library_of(symbol: str) -> str:
     return call.library if call is not None else "cuda"
 
 
+# Set by client/streams.py: while a capture is on, refuses work it forbids before it is sent.
+CAPTURE_CHECK: list[Callable[[Driver, Call, list[Any]], None]] = []
 # Hooks that make a lazily created object exist on the server before a call uses it.
 ENSURE: dict[str, Callable[[Driver, int], None]] = {}
 _TRANSLATED: dict[str, bool] = {}  # symbol -> has a parameter that Driver.translate() may change
@@ -359,6 +363,6 @@ def handler(call: Call) -> Callable[[Any], int]:
 
 def handlers() -> list[Callable[[Any], int]]:
     """One handler per shim op number (the sorted exported symbols)."""
-    from . import devices, memory, modules, streams  # noqa: F401  (they register implementations)
+    from . import devices, graphs, memory, modules, pools, streams, vmm  # noqa: F401  (they register implementations)
 
     return [handler(CALLS[s]) for s in SYMBOLS]

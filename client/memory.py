@@ -1,16 +1,20 @@
 """Memory: device allocations mapped client-side (for pointer attributes and unified copies),
-pinned host memory as plain client memory, and the copies that need splitting by direction."""
+pinned host memory as plain client memory, and the copies that need splitting by direction.
+
+The device map holds every range of device memory the application may name: cuMemAlloc's, memory
+pools' (client/pools.py) and mapped VMM ranges (client/vmm.py)."""
 
 from __future__ import annotations
 
 import bisect
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import cffi
 
-from xpuremote.protocol import errors
+from xpuremote.protocol import errors, memprops
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
@@ -18,6 +22,7 @@ from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
 
 from . import marshal
 from .driver import Driver, implements
+from .streams import refuse_in_capture, stream_of
 
 _libc_ffi = cffi.FFI()
 _libc_ffi.cdef("int posix_memalign(void **memptr, size_t alignment, size_t size); void free(void *ptr);")
@@ -36,6 +41,9 @@ class Range:
     flags: int = 0
     ident: int = 0
     owned: bool = False  # host memory we allocated (vs registered)
+    pool: int | None = None  # the memory pool it came from (stream-ordered allocation)
+    handle: int | None = None  # of a VMM mapping: the physical allocation it shows (the server's value)
+    access: int = ENUMS["CU_MEM_ACCESS_FLAGS_PROT_READWRITE"]  # a mapping's: none until cuMemSetAccess
 
 
 @dataclass
@@ -71,9 +79,46 @@ def maps(d: Driver) -> tuple[RangeMap, RangeMap]:
     return d.state["memory"]
 
 
-def record_device(d: Driver, base: int, size: int) -> None:
+def record_device(d: Driver, base: int, size: int, device: int | None = None, **kind: Any) -> Range:
+    """A new range of device memory, of the current context's device unless told (`kind`: Range's pool,
+    handle...)."""
     ctx = d.current_ctx()
-    maps(d)[0].add(Range(base, size, ctx, d.ctxs[ctx].device, ident=d.new_handle()))
+    r = Range(base, size, ctx, d.ctxs[ctx].device if device is None else device, ident=d.new_handle(), **kind)
+    maps(d)[0].add(r)
+    return r
+
+
+def forward_with(d: Driver, call: Call, args: list[Any], index: int, data: bytes) -> None:
+    """Forward `call` with its argument `index` pointing at `data` instead: a struct of the application's
+    rewritten for the server (device ordinals), or a value widened to what the table carries."""
+    buffer = marshal.ffi.new("char[]", data)
+    d.forward(call, [*args[:index], int(marshal.ffi.cast("uintptr_t", buffer)), *args[index + 1 :]])
+
+
+# ---- device ordinals inside structs (CUmemLocation): the application's are not the server's ----------
+def to_server(d: Driver, layout: struct.Struct, data: bytes, at: int) -> bytes:
+    """`data` (one `layout` struct) with the device ordinal at field `at` the server's, where the field
+    before it says the location is a device."""
+    return _relocate(layout, data, at, lambda ordinal: d.device(ordinal).server_index)
+
+
+def to_client(d: Driver, layout: struct.Struct, data: bytes, at: int) -> bytes:
+    """The other way: the server's device index as the application's ordinal (CUDA_VISIBLE_DEVICES)."""
+    return _relocate(layout, data, at, lambda index: client_device(d, index))
+
+
+def client_device(d: Driver, server_index: int) -> int:
+    return next((i for i, dev in enumerate(d.devices) if dev.server_index == server_index), server_index)
+
+
+def _relocate(layout: struct.Struct, data: bytes, at: int, move: Callable[[int], int]) -> bytes:
+    out = bytearray()
+    for fields in layout.iter_unpack(bytes(data)):
+        fields = list(fields)
+        if fields[at - 1] == memprops.ON_DEVICE:
+            fields[at] = move(fields[at])
+        out += layout.pack(*fields)
+    return bytes(out)
 
 
 # ---- allocation -----------------------------------------------------------------------------
@@ -103,9 +148,17 @@ def cu_mem_free(d: Driver, call: Call, args: list[Any]) -> None:
     (base,) = args
     if base == 0:
         return
-    if maps(d)[0].remove(base) is None:
-        raise CudaError(errors.INVALID_VALUE, f"{base:#x} is not a device allocation")
+    forget_device(d, base)
     d.post(call, [base])
+
+
+def forget_device(d: Driver, base: int) -> Range:
+    """An allocation (cuMemAlloc's or a pool's) is freed: out of the map, or INVALID_VALUE."""
+    r = maps(d)[0].ranges.get(base)
+    if r is None or r.handle is not None:
+        what = "mapped VMM memory (cuMemUnmap it)" if r else "a device allocation"
+        raise CudaError(errors.INVALID_VALUE, f"{base:#x} is {'' if r else 'not '}{what}")
+    return maps(d)[0].remove(base)
 
 
 @implements("cuMemGetAddressRange")
@@ -215,8 +268,8 @@ def pointer_attribute(d: Driver, attribute: int, address: int) -> tuple[int, int
     values = {"CONTEXT": r.ctx, "MEMORY_TYPE": kind, "DEVICE_POINTER": address if kind == DEVICE else 0,
               "HOST_POINTER": address if kind == HOST else 0, "SYNC_MEMOPS": 1, "BUFFER_ID": r.ident,
               "DEVICE_ORDINAL": r.device, "RANGE_START_ADDR": r.base, "RANGE_SIZE": r.size, "MAPPED": 1,
-              "ACCESS_FLAGS": 3 if kind == DEVICE else 1, "MAPPING_SIZE": r.size, "MAPPING_BASE_ADDR": r.base,
-              "MEMORY_BLOCK_ID": r.ident}
+              "ACCESS_FLAGS": r.access if kind == DEVICE else 1, "MAPPING_SIZE": r.size, "MAPPING_BASE_ADDR": r.base,
+              "MEMORY_BLOCK_ID": r.ident, "MEMPOOL_HANDLE": r.pool or 0}
     return values.get(name, 0), size
 
 
@@ -249,6 +302,7 @@ def cu_memcpy_dtoh_async(d: Driver, call: Call, args: list[Any]) -> None:
     """Into page-locked memory: sent at once, not waited for; the bytes land in the application's
     buffer when the answer is read, which happens before any later synchronisation can report
     completion. Into pageable memory the driver returns only once the copy is done, so wait."""
+    refuse_in_capture(d, stream_of(call, args[3]), HOST_COPY)
     wire_args, _ = marshal.pack(call, d.translate(call, args), d.new_handle, snapshot=False)
     dst, size = args[0], args[2]
     pinned = maps(d)[1].find(dst)
@@ -258,11 +312,16 @@ def cu_memcpy_dtoh_async(d: Driver, call: Call, args: list[Any]) -> None:
     d.session().call_later(call, wire_args, d.wire_ctx(), lambda status, outs: marshal.unpack(call, args, outs))
 
 
+HOST_COPY = "a copy between host memory and the GPU"
+
+
 # ---- host-to-device copies, in pieces that the server takes ------------------------------------------
 @implements("cuMemcpyHtoD", "cuMemcpyHtoDAsync")
 def cu_memcpy_htod(d: Driver, call: Call, args: list[Any]) -> None:
     """As the table says, in pieces of what one request may carry under the server's size limit."""
     dst, src, size, *tail = args
+    if tail:
+        refuse_in_capture(d, stream_of(call, tail[0]), HOST_COPY)
     budget = d.session().request_budget
     if not budget or size <= budget:
         d.forward(call, args)
@@ -283,6 +342,8 @@ def copy(d: Driver, dst: int, src: int, size: int, stream: int | None) -> None:
     if not dst or not src:
         raise CudaError(errors.INVALID_VALUE, "cuMemcpy with a NULL pointer")
     dst_dev, src_dev = is_device(d, dst), is_device(d, src)
+    if stream is not None and dst_dev != src_dev:
+        refuse_in_capture(d, stream, HOST_COPY)
     suffix = "" if stream is None else "Async"
     tail = [] if stream is None else [stream]
     if dst_dev and src_dev:
@@ -323,6 +384,8 @@ def rect_copy(d: Driver, src: tuple[bool, int, int], dst: tuple[bool, int, int],
               stream: int, wait: bool) -> None:
     """Copy `height` rows of `width` bytes, each side with its own pitch."""
     (src_host, s, spitch), (dst_host, t, dpitch) = src, dst
+    if src_host != dst_host:
+        refuse_in_capture(d, stream, HOST_COPY)
     if src_host and dst_host:
         for row in range(height):
             marshal.write(t + row * dpitch, marshal.read(s + row * spitch, width))

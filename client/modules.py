@@ -18,7 +18,7 @@ from xpuremote.protocol import errors, fatbin
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
-from xpuremote.protocol.layouts import LAUNCH_CONFIG
+from xpuremote.protocol.layouts import LAUNCH_ATTRIBUTE, LAUNCH_CONFIG
 
 from . import marshal
 from .devices import c_string
@@ -329,12 +329,28 @@ def extra_buffer(extra: int) -> bytes:
 
 
 def launch(d: Driver, call: Call, handle: int, grid: tuple, block: tuple, shared: int, stream: int,
-           kernel_params: int, extra: int) -> None:
+           kernel_params: int, extra: int, attributes: bytes = b"") -> None:
     fn = ensure_function(d, handle)
     params = pack_params(fn, kernel_params, extra)
     if call.per_thread and not stream:
         stream = 2
+    if attributes:  # cluster dimensions, priorities, programmatic events...: cuLaunchKernelEx's
+        count = len(attributes) // LAUNCH_ATTRIBUTE.size
+        d.post(CALLS["xpuLaunchKernelEx"], [fn.handle, *grid, *block, shared, stream, params, len(params),
+                                            attributes, count], len(params) + len(attributes))
+        return
     d.post(CALLS["xpuLaunchKernel"], [fn.handle, *grid, *block, shared, stream, params, len(params), 0], len(params))
+
+
+def launch_config(config: int) -> tuple[tuple, tuple, int, int, bytes]:
+    """A CUlaunchConfig: grid, block, shared memory bytes, stream and its attributes' bytes."""
+    if not config:
+        raise CudaError(errors.INVALID_VALUE, "the launch config is NULL")
+    raw = marshal.read(config, LAUNCH_CONFIG.size)
+    gx, gy, gz, bx, by, bz, shared, stream, attrs, count = LAUNCH_CONFIG.unpack(raw)
+    if count and not attrs:
+        raise CudaError(errors.INVALID_VALUE, f"{count} launch attributes at NULL")
+    return (gx, gy, gz), (bx, by, bz), shared, stream, marshal.read(attrs, count * LAUNCH_ATTRIBUTE.size)
 
 
 @implements("cuLaunchKernel")
@@ -352,11 +368,21 @@ def cu_launch_cooperative_kernel(d: Driver, call: Call, args: list[Any]) -> None
 @implements("cuLaunchKernelEx")
 def cu_launch_kernel_ex(d: Driver, call: Call, args: list[Any]) -> None:
     config, f, kernel_params, extra = args
-    if not config:
-        raise CudaError(errors.INVALID_VALUE)
-    gx, gy, gz, bx, by, bz, shared, stream, _attrs, _count = LAUNCH_CONFIG.unpack(
-        marshal.read(config, LAUNCH_CONFIG.size))
-    launch(d, call, f, (gx, gy, gz), (bx, by, bz), shared, stream, kernel_params, extra)
+    grid, block, shared, stream, attributes = launch_config(config)
+    launch(d, call, f, grid, block, shared, stream, kernel_params, extra, attributes)
+
+
+@implements("cuOccupancyMaxActiveClusters")
+def cu_occupancy_max_active_clusters(d: Driver, call: Call, args: list[Any]) -> None:
+    clusters, f, config = args
+    if not clusters:
+        raise CudaError(errors.INVALID_VALUE, "numClusters is NULL")
+    grid, block, shared, _stream, attributes = launch_config(config)
+    fn = ensure_function(d, f)
+    count = len(attributes) // LAUNCH_ATTRIBUTE.size
+    (found,) = d.call(CALLS["xpuOccupancyMaxActiveClusters"], [4, fn.handle, *grid, *block, shared,
+                                                               attributes or None, count])
+    marshal.write(clusters, found)
 
 
 # ---- occupancy: the search the driver does, over the server's per-block answers -------------------

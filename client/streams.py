@@ -3,15 +3,16 @@ their flags, priorities and contexts are remembered here so that queries are loc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from xpuremote.protocol import errors
 from xpuremote.protocol.calls import CALLS, DEFAULT_STREAMS, Call
+from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
 
 from . import marshal
-from .driver import Driver, implements
+from .driver import CAPTURE_CHECK, Driver, implements
 
 
 @dataclass
@@ -88,19 +89,73 @@ def cu_stream_get_device(d: Driver, call: Call, args: list[Any]) -> None:
     marshal.put(call.params[1], args[1], d.context(stream(d, args[0]).ctx).device)
 
 
-@implements("cuStreamIsCapturing")
-def cu_stream_is_capturing(d: Driver, call: Call, args: list[Any]) -> None:
-    stream(d, args[0])
-    marshal.put(call.params[1], args[1], 0)  # CU_STREAM_CAPTURE_STATUS_NONE: capture is not forwarded yet
+# ---- capture state (client/graphs.py begins and ends captures) ----------------------------------
+LEGACY = (0, 1)  # the NULL stream and CU_STREAM_LEGACY
+NON_BLOCKING = ENUMS["CU_STREAM_NON_BLOCKING"]
 
 
-@implements("cuStreamGetCaptureInfo")
-def cu_stream_get_capture_info(d: Driver, call: Call, args: list[Any]) -> None:
-    """Not capturing (PyTorch asks before drawing random numbers); the graph outputs are NULL/0."""
-    stream(d, args[0])
-    for p, address in zip(call.params[1:], args[1:]):
-        if address:
-            marshal.write(address, bytes(4 if p.name == "captureStatus_out" else 8))
+@dataclass
+class Capture:
+    ident: int
+    origin: int  # the stream it began on, where it must end
+    graph: int  # the client's handle of the graph being captured
+    mode: int
+    thread: int  # the thread that began it: a capture not RELAXED must end there
+    invalid: str = ""  # why the capture is invalidated, once something illegal was done in it
+    arrays: dict[int, Any] = field(default_factory=dict)  # stream -> the node array last reported for it
+
+
+def captures(d: Driver) -> dict[int, Capture]:
+    """Stream handle -> the capture it is part of."""
+    return d.state.setdefault("captures", {})
+
+
+def capture_events(d: Driver) -> dict[int, Capture]:
+    """Event handle -> the capture it was last recorded in (a stream that waits for it joins)."""
+    return d.state.setdefault("capture_events", {})
+
+
+def stream_of(call: Call, handle: int) -> int:
+    return 2 if call.per_thread and not handle else handle
+
+
+def capture_of(d: Driver, handle: int) -> Capture | None:
+    """The capture `handle` is part of; work on the legacy stream while a blocking stream captures
+    is an implicit dependency on captured work, which the driver refuses (and so does this)."""
+    active = captures(d)
+    if handle in LEGACY and active:
+        blocking = [c for s, c in active.items() if s not in DEFAULT_STREAMS and not streams(d)[s].flags & NON_BLOCKING]
+        if blocking:
+            invalidate(blocking[0], "the legacy stream was used while a blocking stream was capturing")
+            raise CudaError(errors.CAPTURE_IMPLICIT, "the legacy stream synchronises with a capturing stream")
+    return active.get(handle)
+
+
+def check_work(d: Driver, call: Call, args: list[Any]) -> None:
+    """Stream work on the legacy stream while a blocking stream captures is refused (capture_of);
+    the driver's copies and memsets without a stream are the legacy stream's."""
+    for p, a in zip(call.params, args):
+        if p.ctype == "CUstream":
+            capture_of(d, stream_of(call, a))
+            return
+    if call.family.startswith(("cuMemcpy", "cuMemset")) and not call.per_thread:
+        capture_of(d, 0)
+
+
+CAPTURE_CHECK.append(check_work)
+
+
+def invalidate(capture: Capture, why: str) -> None:
+    capture.invalid = capture.invalid or why
+
+
+def refuse_in_capture(d: Driver, handle: int, what: str) -> None:
+    """Work that cannot be part of a graph over the network: refused, and the capture invalidated."""
+    capture = captures(d).get(handle)
+    if capture is not None:
+        invalidate(capture, what)
+        raise CudaError(errors.NOT_SUPPORTED, f"{what} cannot be captured into a graph: a replay on the server "
+                        "cannot reach the application's host memory")
 
 
 # ---- host functions: a reverse call --------------------------------------------------------------
@@ -121,7 +176,8 @@ def cu_launch_host_func(d: Driver, call: Call, args: list[Any]) -> None:
         raise CudaError(errors.INVALID_VALUE)
     stream(d, handle)
     host_fn = marshal.ffi.cast("void (*)(void *)", fn)
-    handle = 2 if call.per_thread and not handle else handle
+    handle = stream_of(call, handle)
+    refuse_in_capture(d, handle, "a host function")
     enqueue_host_function(d, handle, lambda: host_fn(marshal.ffi.cast("void *", user_data)))
 
 
@@ -131,6 +187,7 @@ def cu_stream_add_callback(d: Driver, call: Call, args: list[Any]) -> None:
     if not fn:
         raise CudaError(errors.INVALID_VALUE)
     stream(d, handle)
+    refuse_in_capture(d, stream_of(call, handle), "a stream callback")
     callback = marshal.ffi.cast("void (*)(void *, int, void *)", fn)
     enqueue_host_function(d, handle, lambda: callback(marshal.ffi.cast("void *", handle), 0,
                                                       marshal.ffi.cast("void *", user_data)))

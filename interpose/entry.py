@@ -117,6 +117,8 @@ def install(ffi: Any, lib: Any) -> None:
     d.state["requested_version"] = lib.xpu_requested_version
 
     def at_exit() -> None:
+        for handle, ctx in d.ctxs.items():  # what the C side answers a teardown's cuCtxGetDevice with
+            lib.xpu_remember_ctx_device(handle, ctx.device)
         lib.xpu_set_finalized()
         if d.conn is not None:
             d.conn.close()

@@ -111,6 +111,9 @@ def child_env(shim_dir: str, server: str, key: str | None = None, server_key: st
     preload = [os.path.join(shim_dir, name) for name in ("libcuda.so.1", NVML_NAME, *LIBRARY_NAMES)]
     env["LD_PRELOAD"] = " ".join(filter(None, [*preload, env.get("LD_PRELOAD")]))
     env["LD_LIBRARY_PATH"] = ":".join(filter(None, [shim_dir, env.get("LD_LIBRARY_PATH")]))
+    # Triton links its kernel launchers against the libcuda it finds (ldconfig first, which on a
+    # machine with a GPU driver would be NVIDIA's): pointed at this one
+    env.setdefault("TRITON_LIBCUDA_PATH", shim_dir)
     env["XPU_SERVER"] = server
     return env
 

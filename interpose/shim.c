@@ -71,10 +71,12 @@ static int xpu_start(int op, uint64_t *slots) {
     return CUDA_ERROR_NOT_INITIALIZED;
 }
 
+static int xpu_after_session(int op, uint64_t *slots);
+
 static int xpu_enter(int op, uint64_t *slots) {
     /* before the first call Python may not be running yet: cffi starts it on demand */
     if (xpu_finalized || (xpu_python_ready && !Py_IsInitialized()))
-        return CUDA_ERROR_DEINITIALIZED;
+        return xpu_after_session(op, slots);
     if (!xpu_python_ready) return xpu_start(op, slots);
     return xpu_dispatch(op, slots);
 }
@@ -135,6 +137,70 @@ static int xpu_ctx_push(uint64_t ctx) {
     return 0;
 }
 static uint64_t xpu_ctx_pop(void) { return ctx_depth ? ctx_stack[--ctx_depth] : 0; }
+
+/* ---- after the session -----------------------------------------------------------
+ * The session ends at the application's exit (Python's atexit, or C's exit()), and the server
+ * then releases everything it held. A program may still be tearing down: PyTorch frees tensors
+ * while Python unloads its modules, and under cudaMallocAsync each free is a driver call. Those
+ * calls get the truth: a release succeeds (there is nothing left to release), no primary context
+ * is active, the context stack is this side's own, and a context's device is what the client told
+ * this side at exit. Every other call answers CUDA_ERROR_DEINITIALIZED. */
+#define XPU_EXIT_CONTEXTS 256
+static uint64_t xpu_exit_ctx[XPU_EXIT_CONTEXTS];
+static int xpu_exit_device[XPU_EXIT_CONTEXTS], xpu_exit_contexts;
+
+static void xpu_remember_ctx_device(uint64_t ctx, int device) {
+    if (xpu_exit_contexts < XPU_EXIT_CONTEXTS) {
+        xpu_exit_ctx[xpu_exit_contexts] = ctx;
+        xpu_exit_device[xpu_exit_contexts++] = device;
+    }
+}
+
+/* `name` is `family` or a version/per-thread variant of it (cuMemFreeAsync_ptsz, cuCtxDestroy_v2). */
+static int xpu_family_is(const char *name, const char *family) {
+    size_t n = strlen(family);
+    return strncmp(name, family, n) == 0 && (name[n] == '\0' || name[n] == '_');
+}
+
+static const char *const xpu_releases[] = {
+    "cuMemFree", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister", "cuMemRelease", "cuMemUnmap",
+    "cuMemAddressFree", "cuMemPoolDestroy", "cuStreamDestroy", "cuEventDestroy", "cuModuleUnload",
+    "cuLibraryUnload", "cuDevicePrimaryCtxRelease", "cuCtxDestroy", "cuGraphDestroy", "cuGraphExecDestroy", NULL};
+
+static int xpu_after_session(int op, uint64_t *slots) {
+    if (op >= xpu_symbol_count) return CUDA_ERROR_DEINITIALIZED;
+    const char *name = xpu_symbol_names[op];
+    for (int i = 0; xpu_releases[i]; i++)
+        if (xpu_family_is(name, xpu_releases[i])) return CUDA_SUCCESS;
+    uint64_t *out = (uint64_t *)(uintptr_t)slots[0];
+    if (xpu_family_is(name, "cuCtxGetCurrent")) {
+        if (!out) return CUDA_ERROR_INVALID_VALUE;
+        *out = xpu_ctx_current();
+    } else if (xpu_family_is(name, "cuCtxSetCurrent")) {
+        xpu_ctx_set_current(slots[0]);
+    } else if (xpu_family_is(name, "cuCtxPushCurrent")) {
+        if (xpu_ctx_push(slots[0])) return CUDA_ERROR_INVALID_VALUE;
+    } else if (xpu_family_is(name, "cuCtxPopCurrent")) {
+        uint64_t ctx = xpu_ctx_pop();
+        if (out) *out = ctx;
+    } else if (xpu_family_is(name, "cuDevicePrimaryCtxGetState")) {  /* gone with the session */
+        unsigned *flags = (unsigned *)(uintptr_t)slots[1];
+        int *active = (int *)(uintptr_t)slots[2];
+        if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+        *flags = 0;
+        *active = 0;
+    } else if (xpu_family_is(name, "cuCtxGetDevice")) {  /* _v2 names the context; 0 is the current one */
+        uint64_t ctx = strcmp(name, "cuCtxGetDevice") && slots[1] ? slots[1] : xpu_ctx_current();
+        int i = 0;
+        while (i < xpu_exit_contexts && xpu_exit_ctx[i] != ctx) i++;
+        if (!out) return CUDA_ERROR_INVALID_VALUE;
+        if (i == xpu_exit_contexts) return CUDA_ERROR_INVALID_CONTEXT;
+        *(int *)out = xpu_exit_device[i];
+    } else {
+        return CUDA_ERROR_DEINITIALIZED;
+    }
+    return CUDA_SUCCESS;
+}
 
 /* ---- cuGetProcAddress ------------------------------------------------------------- */
 static int variant_cmp(const void *key, const void *elem) {

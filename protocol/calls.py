@@ -130,6 +130,37 @@ cuMemsetD2D32               async   dstDevice=device:dstPitch,Width*4,Height
 cuMemsetD2D8Async           async   dstDevice=device:dstPitch,Width,Height
 cuMemsetD2D16Async          async   dstDevice=device:dstPitch,Width*2,Height
 cuMemsetD2D32Async          async   dstDevice=device:dstPitch,Width*4,Height
+# stream-ordered allocation (memory pools): an address is the server's answer, so allocating waits;
+# the client keeps each device's default and current pool, so cuDeviceGetMemPool is local. A pool
+# attribute's value travels as 8 bytes (the client widens and narrows it: memprops.POOL_ATTRIBUTE_SIZES)
+cuMemAllocAsync             sync
+cuMemAllocFromPoolAsync     sync
+cuMemFreeAsync              async
+cuDeviceGetMemPool          local
+cuDeviceSetMemPool          async
+cuMemGetDefaultMemPool      local   location=in   # CUDA 13's forms by location: as the device's (sent as
+cuMemGetMemPool             local   location=in   # cuDeviceSetMemPool), for device locations only
+cuMemSetMemPool             local   location=in
+cuMemPoolCreate             sync
+cuMemPoolDestroy            async
+cuMemPoolSetAttribute       async   value=in:8
+cuMemPoolGetAttribute       sync    value=out:8
+cuMemPoolTrimTo             async
+cuMemPoolSetAccess          async   map=in:count*each
+cuMemPoolGetAccess          sync    location=in
+# virtual memory management: reserving addresses and creating physical memory wait for their answer;
+# mapping, access, unmapping and releasing are queued (the client checks them against its answers)
+cuMemAddressReserve         sync
+cuMemAddressFree            async
+cuMemCreate                 sync
+cuMemRelease                async
+cuMemMap                    async
+cuMemUnmap                  async   ptr=device:size
+cuMemSetAccess              async   ptr=device:size desc=in:count*each
+cuMemGetAccess              sync    location=in
+cuMemGetAllocationGranularity sync
+cuMemGetAllocationPropertiesFromHandle sync
+cuMemRetainAllocationHandle sync    addr=in:device
 # modules and libraries: images are uploaded lazily, one entry for the server's GPU
 cuModuleLoad                local   fname=str
 cuModuleLoadData            local
@@ -179,8 +210,6 @@ cuStreamGetCtx              local
 cuStreamGetId               local
 cuStreamGetDevice           local
 cuStreamAddCallback         async   callback=in:0 userData=in:0
-cuStreamIsCapturing         local
-cuStreamGetCaptureInfo      local
 cuEventCreate               shadow
 cuEventRecord               async
 cuEventRecordWithFlags      async
@@ -188,6 +217,30 @@ cuEventQuery                sync
 cuEventSynchronize          sync
 cuEventDestroy              async
 cuEventElapsedTime          sync
+# stream capture and graphs: a capture happens on the server's driver; the client keeps each stream's
+# capture state (client/graphs.py), so that the questions about it are local
+cuStreamBeginCapture        async
+cuStreamEndCapture          sync
+cuStreamIsCapturing         local
+cuStreamGetCaptureInfo      local
+cuThreadExchangeStreamCaptureMode local
+cuStreamUpdateCaptureDependencies async dependencies=in:numDependencies*each dependencyData=in?:numDependencies*each
+cuGraphCreate               shadow
+cuGraphDestroy              async
+cuGraphAddEmptyNode         shadow  dependencies=in?:numDependencies*each
+cuGraphAddKernelNode        shadow
+cuGraphAddMemsetNode        shadow
+cuGraphAddMemcpyNode        shadow
+cuGraphAddDependencies      async   from=in:numDependencies*each to=in:numDependencies*each \
+                                    edgeData=in?:numDependencies*each
+cuGraphGetNodes             sync
+cuGraphGetRootNodes         sync
+cuGraphInstantiate          sync
+cuGraphInstantiateWithFlags sync
+cuGraphInstantiateWithParams sync
+cuGraphUpload               async
+cuGraphLaunch               async
+cuGraphExecDestroy          async
 # profiling of the server's GPU
 cuProfilerStart             sync
 cuProfilerStop              sync
@@ -197,6 +250,7 @@ cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags sync
 cuOccupancyMaxPotentialBlockSize                     local
 cuOccupancyMaxPotentialBlockSizeWithFlags            local
 cuOccupancyAvailableDynamicSMemPerBlock              sync
+cuOccupancyMaxActiveClusters                         sync
 """
 
 # The client's own requests, for what it answers locally but must still tell the server:
@@ -209,6 +263,14 @@ xpuFuncGetParams(CUfunction func, void *layout)                                 
 xpuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, \
   unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, \
   CUstream hStream, const void *params, size_t paramBytes, unsigned int flags)       async  params=in:paramBytes
+xpuLaunchKernelEx(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, \
+  unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, \
+  CUstream hStream, const void *params, size_t paramBytes, const void *attrs, unsigned int numAttrs) \
+                                                                                     async \
+  params=in:paramBytes attrs=in:numAttrs*72
+xpuOccupancyMaxActiveClusters(int *numClusters, CUfunction f, unsigned int gridDimX, unsigned int gridDimY, \
+  unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, \
+  unsigned int sharedMemBytes, const void *attrs, unsigned int numAttrs)              sync   attrs=in?:numAttrs*72
 xpuHostFunc(CUstream hStream, unsigned long long token)                             async
 xpuMemcpy2DDevice(CUdeviceptr dst, size_t dstPitch, CUdeviceptr src, size_t srcPitch, size_t width, \
   size_t height, CUstream hStream)                                                   async  \
@@ -220,6 +282,23 @@ xpuMemcpy2DToHost(void *dst, CUdeviceptr src, size_t srcPitch, size_t width, siz
 xpuMemcpy2DFromHost(CUdeviceptr dst, size_t dstPitch, const void *src, size_t width, size_t height, \
   CUstream hStream)                                                                  async  src=in:width*height \
                                                                                      dst=device:dstPitch,width,height
+xpuStreamBeginCapture(CUgraph *graph, CUstream hStream, unsigned int mode)         shadow
+xpuStreamEndCapture(CUstream hStream, unsigned long long graph)                     sync
+xpuGraphCountNodes(CUgraph graph, unsigned int roots, size_t *count)                sync
+xpuStreamGetCaptureDependencies(CUstream hStream, void *nodes)                      sync   nodes=out:*
+xpuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const void *dependencies, size_t numDependencies, \
+  CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, \
+  unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, const void *params, \
+  size_t paramBytes)                                                                 shadow \
+  dependencies=in?:numDependencies*8 params=in:paramBytes
+xpuGraphAddMemsetNode(CUgraphNode *node, CUgraph graph, const void *dependencies, size_t numDependencies, \
+  CUdeviceptr dst, size_t pitch, unsigned int value, unsigned int elementSize, size_t width, size_t height) \
+                                                                                     shadow \
+  dependencies=in?:numDependencies*8 dst=device:pitch,width*elementSize,height
+xpuGraphAddMemcpyNode(CUgraphNode *node, CUgraph graph, const void *dependencies, size_t numDependencies, \
+  CUdeviceptr dst, size_t dstPitch, CUdeviceptr src, size_t srcPitch, size_t width, size_t height) \
+                                                                                     shadow \
+  dependencies=in?:numDependencies*8 dst=device:dstPitch,width,height src=device:srcPitch,width,height
 xpuDeviceStatus(unsigned int index, void *status)                                   sync   status=out:*
 xpuLibraryVersion(const char *library, void *version)                               sync   library=str version=out:*
 xpuCudnnGetDescriptors(unsigned long long descriptor, unsigned int attributeName, size_t requested, \
@@ -232,8 +311,12 @@ DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
 
 # What the client library (client/) sends instead of a call it implements with others: family -> the
 # one symbol of it that it does send, None for none. Unified copies go as HtoD/DtoH/DtoD, 2D/3D copies
-# as the xpuMemcpy2D* halves (their structs hold host pointers), launches as xpuLaunchKernel, host
-# functions as xpuHostFunc, global lookups as cuModuleGetGlobal_v2; the older CTC loss forms read host
+# as the xpuMemcpy2D* halves (their structs hold host pointers), launches as xpuLaunchKernel (with launch
+# attributes: xpuLaunchKernelEx), cluster occupancy as xpuOccupancyMaxActiveClusters, host
+# functions as xpuHostFunc, global lookups as cuModuleGetGlobal_v2, captures' ends and beginnings as
+# xpuStream*Capture, every graph instantiation as cuGraphInstantiateWithFlags, node counts as
+# xpuGraphCountNodes, kernel, memset and memcpy nodes as xpuGraphAdd*Node (their structs hold host
+# pointers or a kernel's argument pointers); the older CTC loss forms read host
 # arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
 SENT_INSTEAD: dict[str, str | None] = {
     "cuMemcpy": None, "cuMemcpyAsync": None, "cuMemcpy2D": None, "cuMemcpy2DUnaligned": None,
@@ -241,6 +324,9 @@ SENT_INSTEAD: dict[str, str | None] = {
     "cuLaunchKernel": None, "cuLaunchKernelEx": None, "cuLaunchCooperativeKernel": None,
     "cuLaunchHostFunc": None, "cuStreamAddCallback": None, "cuDevicePrimaryCtxRelease": None,
     "cuModuleGetGlobal": "cuModuleGetGlobal_v2", "cuLibraryGetGlobal": None, "cuCtxCreate": "cuCtxCreate_v2",
+    "cuStreamBeginCapture": None, "cuStreamEndCapture": None, "cuGraphGetNodes": None, "cuGraphGetRootNodes": None,
+    "cuGraphInstantiate": None, "cuGraphInstantiateWithParams": None, "cuGraphAddKernelNode": None,
+    "cuGraphAddMemsetNode": None, "cuGraphAddMemcpyNode": None, "cuOccupancyMaxActiveClusters": None,
     "cudnnCTCLoss": "cudnnCTCLoss_v8", "cudnnGetCTCLossWorkspaceSize": "cudnnGetCTCLossWorkspaceSize_v8",
 }
 SENT_LOCAL = ("cuCtxSetCurrent", "cuModuleUnload")  # answered locally, and still told to the server
@@ -457,7 +543,7 @@ def _build(spec: str, functions: dict[str, tuple] | None = None, types: dict[str
             if n not in names:
                 raise TableError(f"SPEC: {family} has no parameter {n!r} (has {sorted(names)})")
             for ref in re.findall(r"[A-Za-z_]\w*", count or ""):
-                if ref not in ("str", "scalar", "each") and ref not in names:
+                if ref not in ("str", "scalar", "each", "device") and ref not in names:
                     raise TableError(f"SPEC: {family}.{n} counts by {ref!r}, not a parameter of {symbol}")
     families = {c.family for c in table.values()}
     for family in rows:

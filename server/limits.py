@@ -5,12 +5,16 @@ may hold, and which addresses it may name.
 device memory the client holds (cuMemAlloc, cuMemAllocPitch at the driver's granularity, and the
 variables of the modules it loads; host memory does not count), refuses an allocation beyond the
 quota with CUDA_ERROR_OUT_OF_MEMORY (for this client only: every client has its own worker), and
-keeps the peak for the session's log line and metrics. `--max-handles` bounds the live handles of
-each kind (allocations here, streams, events, modules and descriptors in the worker's session).
+keeps the peak for the session's log line and metrics. Memory pools' allocations count as cuMemAlloc's
+do, and VMM's physical allocations (cuMemCreate) in whole granules of 2 MiB until released and
+unmapped. `--max-handles` bounds the live handles of each kind (allocations, physical allocations and
+reserved ranges here, streams, events, modules, pools and descriptors in the worker's session).
 Every device address a call names (a CUdeviceptr, a math library's data pointer or device-mode
 scalar, the pointers inside cuBLASLt and cuDNN attributes) must lie, with the bytes the call
-touches, inside the client's own allocations or module variables: a hand-made client cannot make
-the real driver read or write the worker's own memory, nor reach around the quota. (Calls the
+touches, inside the client's own allocations, module variables or mapped VMM ranges (an address that
+is only reserved is not memory); a VMM call's handle must be one the client holds, and its range one
+the client reserved: a hand-made client cannot make the real driver read or write the worker's own
+memory, nor reach around the quota. (Calls the
 client library never sends, such as copies whose structs hold host pointers, the worker refuses
 before decoding them: `Call.sent`.)
 """
@@ -24,11 +28,11 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from xpuremote.protocol import errors, fatbin, mathlibs, wire
+from xpuremote.protocol import errors, fatbin, mathlibs, memprops, wire
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
 
-from .backends.base import Backend, Inventory
+from .backends.base import Backend, Inventory, Namer
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 GRANULE = 512  # what the driver aligns each allocation to: a 1-byte allocation costs this much
@@ -40,6 +44,11 @@ _DNN, _LT = mathlibs.api(mathlibs.CUDNN).ENUMS, mathlibs.api(mathlibs.CUBLASLT).
 DNN_VOID_PTR, DNN_DATA_POINTERS = _DNN["CUDNN_TYPE_VOID_PTR"], _DNN["CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"]
 LT_POINTER_ATTRIBUTES = frozenset(v for k, v in _LT.items()
                                   if k.startswith("CUBLASLT_MATMUL_DESC_") and k.endswith("_POINTER"))
+ALLOCATIONS = ("cuMemAlloc", "cuMemAllocPitch", "cuMemAllocAsync", "cuMemAllocFromPoolAsync")
+FREES = ("cuMemFree", "cuMemFreeAsync")  # either takes either kind of allocation, as the driver's do
+# VMM addresses that need not be memory: a wanted address, a reservation to free, a range to map. The
+# session's reserved ranges are their check, not its memory.
+RESERVED_ADDRESSES = {("cuMemAddressReserve", "addr"), ("cuMemAddressFree", "ptr"), ("cuMemMap", "ptr")}
 
 
 def parse_size(text: str) -> int:
@@ -98,8 +107,34 @@ class Regions:
             self.bases.remove(base)
 
     def holds(self, address: int, size: int) -> bool:
+        """[address, address+size) lies in regions that follow each other without a gap (adjacent VMM
+        mappings are one range of memory, as on a GPU)."""
+        i = bisect.bisect_right(self.bases, address) - 1
+        if i < 0:
+            return False
+        reach = self.bases[i] + self.sizes[self.bases[i]]
+        while reach < address + size and i + 1 < len(self.bases) and self.bases[i + 1] <= reach:
+            i += 1
+            reach = max(reach, self.bases[i] + self.sizes[self.bases[i]])
+        return address < reach and address + size <= reach
+
+    def within_one(self, address: int, size: int) -> bool:
+        """[address, address+size) lies inside a single region."""
         i = bisect.bisect_right(self.bases, address) - 1
         return i >= 0 and address + size <= self.bases[i] + self.sizes[self.bases[i]]
+
+
+@dataclass
+class Physical:
+    """A VMM physical allocation (cuMemCreate) the client holds, by the backend's handle value."""
+
+    charge: int  # bytes counted against the quota, in whole granules
+    refs: int = 1  # the client's handles to it: cuMemCreate's, and each cuMemRetainAllocationHandle's
+    mappings: int = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.refs > 0 or self.mappings > 0
 
 
 @dataclass
@@ -120,6 +155,9 @@ class Accounted(Backend):
         self.sizes: dict[int, int] = {}  # address -> bytes charged, of this client's allocations
         self.regions = Regions()  # where this client's device addresses may point
         self.images: dict[int, LoadedImage] = {}  # by the backend's module object (_ident)
+        self.physical: dict[int, Physical] = {}  # VMM: the backend's handle value -> what the client holds
+        self.reserved = Regions()  # VMM: address ranges the client reserved (not memory until mapped)
+        self.mapped: dict[int, tuple[int, int]] = {}  # VMM: mapping address -> (size, handle)
         self.used = 0
         self.peak = 0
 
@@ -129,27 +167,34 @@ class Accounted(Backend):
     def inventory(self) -> Inventory:
         return self.inner.inventory()
 
-    def bind(self, handles: dict[int, tuple[str, Any]]) -> None:
-        self.inner.bind(handles)
+    def bind(self, handles: dict[int, tuple[str, Any]], name: Namer | None = None) -> None:
+        self.inner.bind(handles, name)
 
     def close(self) -> None:
         self.inner.close()
         self.sizes.clear()
         self.images.clear()
+        self.physical.clear()
+        self.reserved = Regions()
+        self.mapped.clear()
         self.used = 0
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
         self.check_addresses(call, args)
-        if call.family in ("cuMemAlloc", "cuMemAllocPitch"):
+        if call.family in ALLOCATIONS:
             return self.allocate(call, args)
+        if call.family in VMM_CALLS:
+            return VMM_CALLS[call.family](self, call, args)
         if call.family == "xpuModuleLoad":
             return self.load_module(call, args)
         if call.family == "cuModuleUnload":
             return self.unload_module(call, args)
-        if call.family == "cuMemFree" and args[0] not in self.sizes:
+        if call.family == "cuMemPoolCreate":
+            memprops.check_pool_props(args[1])
+        if call.family in FREES and args[0] not in self.sizes:
             raise CudaError(errors.INVALID_VALUE, f"{args[0]:#x} is not one of this client's allocations")
         outs = self.inner.execute(call, args)
-        if call.family == "cuMemFree":
+        if call.family in FREES:
             self.charge(-self.sizes.pop(args[0]))
             self.regions.remove(args[0])
         elif call.family == "cuModuleGetGlobal":
@@ -161,6 +206,8 @@ class Accounted(Backend):
         """Every device address the call names lies, with the bytes it touches, in this client's memory."""
         values = {p.name: a for p, a in zip(call.params, args) if p.kind in ("int", "float")}
         for p, value in zip(call.params, args):
+            if (call.family, p.name) in RESERVED_ADDRESSES:
+                continue
             if (p.is_device or p.is_scalar) and isinstance(value, int) and value:
                 try:
                     extent = p.device_extent(values)
@@ -188,6 +235,7 @@ class Accounted(Backend):
 
     # ---- allocations ---------------------------------------------------------------------------
     def allocate(self, call: Call, args: list[Any]) -> list[Any]:
+        """cuMemAlloc, cuMemAllocPitch, and a memory pool's allocations (cuMemAllocAsync...)."""
         ins = [a for p, a in zip(call.params, args) if p.direction != "out"]
         wanted = ins[0] * (ins[1] if call.family == "cuMemAllocPitch" else 1)
         self.limits.check_count(len(self.sizes), "allocations")
@@ -201,10 +249,14 @@ class Accounted(Backend):
         except CudaError:
             self.inner.execute(CALLS["cuMemFree_v2"], [address])  # the pitch rounded it over the quota
             raise
+        self.record(address, size)
+        return outs
+
+    def record(self, address: int, size: int) -> None:
+        """An allocation of the client's: charged, and an address range it may name."""
         self.sizes[address] = _granules(size)
         self.regions.add(address, size)
         self.charge(_granules(size))
-        return outs
 
     def charge(self, size: int) -> None:
         self.used += size
@@ -215,6 +267,106 @@ class Accounted(Backend):
         if quota and self.used + size > quota:
             raise CudaError(errors.OUT_OF_MEMORY, f"{size} bytes requested; this client holds {self.used} "
                             f"of its quota of {quota} bytes")
+
+    # ---- virtual memory management: physical allocations, reserved ranges, mappings -------------------
+    def create_physical(self, call: Call, args: list[Any]) -> list[Any]:
+        """cuMemCreate(handle, size, prop, flags): charged in whole granules until released and unmapped."""
+        _, size, prop, _ = args
+        memprops.check_allocation_prop(prop)
+        charge = -(-size // memprops.GRANULARITY) * memprops.GRANULARITY
+        self.limits.check_count(len(self.physical), "physical allocations")
+        self.check_quota(charge)
+        outs = self.inner.execute(call, args)
+        self.physical[_integer(outs[0])] = Physical(charge)
+        self.charge(charge)
+        return outs
+
+    def held(self, call: Call, handle: int) -> Physical:
+        physical = self.physical.get(handle)
+        if physical is None or physical.refs == 0:
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {handle:#x} is not an allocation handle this "
+                            "client holds")
+        return physical
+
+    def release_physical(self, call: Call, args: list[Any]) -> list[Any]:
+        physical = self.held(call, args[0])
+        outs = self.inner.execute(call, args)
+        physical.refs -= 1
+        self.end_if_unused(args[0])
+        return outs
+
+    def retain_physical(self, call: Call, args: list[Any]) -> list[Any]:
+        """cuMemRetainAllocationHandle(handle, addr): addr is mapped memory of the client's (checked as an
+        address), so the handle is of a physical allocation the client made."""
+        outs = self.inner.execute(call, args)
+        physical = self.physical.get(_integer(outs[0]))
+        if physical is None:
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: the server answered a handle this client never made")
+        physical.refs += 1
+        return outs
+
+    def physical_properties(self, call: Call, args: list[Any]) -> list[Any]:
+        self.held(call, args[1])
+        return self.inner.execute(call, args)
+
+    def granularity(self, call: Call, args: list[Any]) -> list[Any]:
+        memprops.check_allocation_prop(args[1])
+        return self.inner.execute(call, args)
+
+    def end_if_unused(self, handle: int) -> None:
+        physical = self.physical[handle]
+        if not physical.alive:
+            del self.physical[handle]
+            self.charge(-physical.charge)
+
+    def reserve(self, call: Call, args: list[Any]) -> list[Any]:
+        """cuMemAddressReserve(ptr, size, alignment, addr, flags): addresses, not memory; bounded in number."""
+        self.limits.check_count(len(self.reserved.sizes), "reserved address ranges")
+        outs = self.inner.execute(call, args)
+        self.reserved.add(_integer(outs[0]), args[1])
+        return outs
+
+    def free_reserved(self, call: Call, args: list[Any]) -> list[Any]:
+        ptr, size = args
+        if self.reserved.sizes.get(ptr) != size:
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: [{ptr:#x}, +{size}) is not a range this client "
+                            "reserved")
+        if any(ptr <= base < ptr + size for base in self.mapped):
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: [{ptr:#x}, +{size}) still has mappings")
+        outs = self.inner.execute(call, args)
+        self.reserved.remove(ptr)
+        return outs
+
+    def map(self, call: Call, args: list[Any]) -> list[Any]:
+        """cuMemMap(ptr, size, offset, handle, flags): into a range the client reserved, over no mapping; the
+        range is then memory the client may name."""
+        ptr, size, _, handle, _ = args
+        physical = self.held(call, handle)
+        if not self.reserved.within_one(ptr, max(size, 1)):
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: [{ptr:#x}, +{size}) is not inside one address "
+                            "range this client reserved")
+        if any(base < ptr + size and ptr < base + length for base, (length, _) in self.mapped.items()):
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: [{ptr:#x}, +{size}) is mapped already")
+        outs = self.inner.execute(call, args)
+        self.mapped[ptr] = (size, handle)
+        physical.mappings += 1
+        self.regions.add(ptr, size)
+        return outs
+
+    def unmap(self, call: Call, args: list[Any]) -> list[Any]:
+        """cuMemUnmap(ptr, size) of whole mappings (the range is mapped memory: checked as an address)."""
+        ptr, size = args
+        inside = [base for base in self.mapped if ptr <= base < ptr + size]
+        if ptr not in self.mapped or any(base + self.mapped[base][0] > ptr + size for base in inside):
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: [{ptr:#x}, +{size}) is not a range of whole "
+                            "mappings")
+        outs = self.inner.execute(call, args)
+        for base in inside:
+            _, handle = self.mapped.pop(base)
+            self.regions.remove(base)
+            self.physical[handle].mappings -= 1
+            self.end_if_unused(handle)
+        return outs
 
     # ---- modules: their variables are device memory too ----------------------------------------
     def load_module(self, call: Call, args: list[Any]) -> list[Any]:
@@ -252,6 +404,13 @@ class Accounted(Backend):
         if loaded is not None and address:
             loaded.variables += ((address, size),)
             self.regions.add(address, size)
+
+
+VMM_CALLS = {"cuMemCreate": Accounted.create_physical, "cuMemRelease": Accounted.release_physical,
+             "cuMemRetainAllocationHandle": Accounted.retain_physical,
+             "cuMemGetAllocationPropertiesFromHandle": Accounted.physical_properties,
+             "cuMemGetAllocationGranularity": Accounted.granularity, "cuMemAddressReserve": Accounted.reserve,
+             "cuMemAddressFree": Accounted.free_reserved, "cuMemMap": Accounted.map, "cuMemUnmap": Accounted.unmap}
 
 
 def _granules(size: int) -> int:

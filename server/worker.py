@@ -75,7 +75,9 @@ class Session:
         self.peers: set[int] = set()  # connections (fds) that have sent messages with the key: the client's own
         self.refused: set[str] = set()  # sources of messages without the key, logged once each
         self.limits = Limits()
-        backend.bind(self.handles)
+        self.named: dict[tuple[str, Any], int] = {}  # (type, object) -> its handle, of objects the backend made
+        self.owned: dict[Any, list[int]] = {}  # owner object -> handles named for objects it holds
+        backend.bind(self.handles, self.name_handle)
 
     def start(self, header: dict[str, Any]) -> dict[str, Any]:
         """The `init` request: the client's link and trace settings; answered with the inventory."""
@@ -111,10 +113,23 @@ class Session:
         self.held[_handle_family(ctype)] += 1
         return handle
 
+    def name_handle(self, ctype: str, obj: Any, owner: Any) -> int:
+        """The one handle of an object the backend made on its own (the nodes a capture made), the same
+        each time it is named; it goes when its owner's handle is destroyed."""
+        handle = self.named.get((ctype, obj))
+        if handle is None:
+            handle = self.named[(ctype, obj)] = self.register(ctype, obj)
+            self.owned.setdefault(owner, []).append(handle)
+        return handle
+
     def forget(self, call: Call, args: list[Any]) -> None:
-        """Destroy calls drop the handle they destroyed."""
+        """Destroy calls drop the handle they destroyed, and the handles named for what it held."""
         if call.destroys and args and isinstance(args[0], int) and (entry := self.handles.pop(args[0], None)):
             self.held[entry[0]] -= 1
+            for handle in self.owned.pop(entry[1], ()) if entry[0] == "CUgraph" else ():
+                if (named := self.handles.pop(handle, None)) is not None:
+                    self.held[named[0]] -= 1
+                    self.named.pop(named, None)
 
     def check_handles(self, call: Call) -> None:
         """The handles a call would make stay within the session's limit of each kind."""

@@ -218,11 +218,13 @@ print(*got, buf.raw == bytes([7]) * 64, roundtrip(ptr), flush=True)
 
 
 def test_the_device_claims_no_feature_that_is_not_forwarded(run_on) -> None:
-    """The sim (like an H100) has managed memory and memory pools; xpuremote does not forward them,
-    so the device must not claim them: an application that believed it would fail later."""
+    """The sim (like an H100) has managed memory; xpuremote does not forward it, nor exportable memory,
+    so the device must not claim them: an application that believed it would fail later. Memory pools
+    and VMM are forwarded: the device says so."""
     assert sim.DEVICE_ATTRIBUTES["MANAGED_MEMORY"] == sim.DEVICE_ATTRIBUTES["MEMORY_POOLS_SUPPORTED"] == 1
-    names = ("MANAGED_MEMORY", "CONCURRENT_MANAGED_ACCESS", "MEMORY_POOLS_SUPPORTED",
-             "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", "IPC_EVENT_SUPPORTED", "WARP_SIZE")
+    names = ("MANAGED_MEMORY", "CONCURRENT_MANAGED_ACCESS", "IPC_EVENT_SUPPORTED", "MEMPOOL_SUPPORTED_HANDLE_TYPES",
+             "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED", "MEMORY_POOLS_SUPPORTED",
+             "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED", "WARP_SIZE")
     codes = [ENUMS[f"CU_DEVICE_ATTRIBUTE_{name}"] for name in names]
     body = f"""
 check(cu.cuInit(0), "cuInit")
@@ -235,7 +237,7 @@ print(*values)
 """
     proc = run_on(program(body), timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.split() == ["0"] * 5 + ["32"], proc.stdout  # what is forwarded still tells its value
+    assert proc.stdout.split() == ["0"] * 5 + ["1", "1", "32"], proc.stdout  # what is forwarded tells its value
 
 
 # ---- (a) nobody listening ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 from conftest import Server, start_server
 from pyclient import PyClient, rss, sessions
 
-from xpuremote.protocol import errors, mathlibs
+from xpuremote.protocol import errors, mathlibs, memprops
 from xpuremote.protocol.calls import CALLS, SENT_INSTEAD
 from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
 from xpuremote.server.backends import sim
@@ -41,6 +41,23 @@ def load(client: PyClient) -> None:
     assert client.status_of("cuCtxSynchronize") == errors.SUCCESS
 
 
+def pool_alloc(client: PyClient, size: int) -> int:
+    """An allocation of the device's default memory pool (cuMemAllocAsync)."""
+    return int.from_bytes(client.call("cuMemAllocAsync", 8, size, 0)[0], "little")
+
+
+def vmm_alloc(client: PyClient, granules: int = 1) -> int:
+    """Physical memory (cuMemCreate) mapped, with access, into a range of its own (VMM); its address."""
+    size = granules * memprops.GRANULARITY
+    prop = memprops.ALLOCATION_PROP.pack(memprops.PINNED, 0, memprops.ON_DEVICE, 0, 0, 0, 0, 0)
+    address = int.from_bytes(client.call("cuMemAddressReserve", 8, size, 0, 0, 0)[0], "little")
+    handle = int.from_bytes(client.call("cuMemCreate", 8, size, prop, 0)[0], "little")
+    client.post("cuMemMap", address, size, 0, handle, 0)
+    client.post("cuMemSetAccess", address, size, memprops.ACCESS_DESC.pack(memprops.ON_DEVICE, 0,
+                                                                          memprops.ACCESS_READWRITE), 1)
+    return address
+
+
 def saxpy(client: PyClient, x: int, y: int, n: int) -> int:
     """Launch saxpy(2.0, x, y, n); the status of the launch (reported by the next sync call)."""
     params = struct.pack("<f4xQQi", 2.0, x, y, n)
@@ -57,7 +74,7 @@ def test_foreign_pointers_fail_and_the_owner_data_stays(server: Server) -> None:
     intruder = PyClient(server.address)
     try:
         secret = bytes(range(256)) * (SIZE // 256)
-        theirs = [owner.alloc(SIZE) for _ in range(3)]
+        theirs = [owner.alloc(SIZE), pool_alloc(owner, SIZE), vmm_alloc(owner)]  # each kind of device memory
         for ptr in theirs:
             owner.write(ptr, secret)
         mine = intruder.alloc(SIZE)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,6 +157,11 @@ def test_nvml_queries_of_torch_cuda(result: dict[str, Any], inventory: dict[str,
     assert "GPU:0" in n["processes"] and "process" in n["processes"], n["processes"]
 
 
+def test_cuda_graph_capture_and_replay(result: dict[str, Any]) -> None:
+    """torch.cuda.CUDAGraph: the capture happens on the server, runs nothing, and replays with new inputs."""
+    assert result["cuda_graph"] == {"capturing_inside": True, "capturing_after": False,
+                                    "untouched_by_capture": True, "replays": [True, True]}
+
 
 VISIBLE = """
 import json, torch
@@ -207,3 +213,32 @@ def test_random_numbers_with_kernels_skipped(tmp_path: Path) -> None:
         assert "skipping kernel" in srv.log() and "normal" in srv.log()
     else:  # a mean 6 standard errors from 0, a deviation 20% from 1: not 1,000 draws of N(0, 1)
         assert abs(float(mean)) < 0.2 and abs(float(std) - 1) < 0.2, proc.stdout
+
+
+COMPILE = """
+import torch
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda().eval()
+compiled = torch.compile(model, mode="reduce-overhead")  # Triton's kernels, replayed as a CUDA graph
+x = torch.randn(32, 64, device="cuda")
+with torch.inference_mode():
+    for _ in range(4):
+        y = compiled(x)
+torch.cuda.synchronize()
+print(tuple(y.shape))
+"""
+
+
+@pytest.mark.sim_only(reason="the sim skips the kernels (XPU_SIM_SKIP_KERNELS); on a GPU gpu-check's e2e runs them")
+def test_torch_compile_loads_tritons_kernels_and_replays_a_graph(tmp_path: Path) -> None:
+    """Triton finds the shim's libcuda, its launcher links against it, its modules load through the
+    lazy upload, and reduce-overhead mode captures the step once and replays it."""
+    srv = start_server(tmp_path, env={"XPU_SIM_SKIP_KERNELS": "1"})
+    try:
+        proc = run_torch(srv, ["-c", COMPILE], XPU_LOG="CALLS", TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    finally:
+        srv.stop()
+    assert proc.returncode == 0 and proc.stdout.split() == ["(32,", "10)"], proc.stderr[-3000:]
+    calls = [line.split()[2].split("(")[0] for line in proc.stderr.splitlines() if line.startswith("xpuremote: CALLS")]
+    assert "cuStreamBeginCapture_v2" in calls and calls.count("cuGraphLaunch") >= 2, sorted(set(calls))
+    assert re.search(r"skipping kernel triton_", srv.log()), srv.log()[-2000:]
+    assert "not supported by xpuremote" not in proc.stderr

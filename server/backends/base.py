@@ -3,12 +3,36 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from xpuremote.protocol import errors, fatbin
 from xpuremote.protocol.calls import Call
 from xpuremote.protocol.errors import CudaError
+from xpuremote.protocol.layouts import CLUSTER_DIMENSION, LAUNCH_ATTRIBUTE
+
+Namer = Callable[[str, Any, Any], int]  # (handle type, object, owner) -> the object's handle for the client
+
+# work whose data is the client's host memory: a graph replayed on the server could not reach it, so it
+# is refused on a capturing stream (the client refuses it first)
+HOST_DATA_CALLS = ("cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "xpuMemcpy2DFromHost", "xpuMemcpy2DToHost",
+                   "xpuHostFunc")
+
+
+def launch_attributes(data: bytes | None, count: int) -> list[tuple[int, bytes]]:
+    """cuLaunchKernelEx's attributes as (id, 64 bytes of value)."""
+    raw = bytes(data or b"")
+    return [LAUNCH_ATTRIBUTE.unpack_from(raw, i * LAUNCH_ATTRIBUTE.size) for i in range(count)]
+
+
+def cluster_size(attributes: list[tuple[int, bytes]]) -> int:
+    """Blocks per cluster that the launch asks for (1 without CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)."""
+    for ident, value in attributes:
+        if ident == CLUSTER_DIMENSION:
+            x, y, z = struct.unpack_from("<3I", value)
+            return x * y * z
+    return 1
 
 
 def check_module_image(image: bytes, sm: int) -> str:
@@ -61,6 +85,10 @@ class Backend:
     name = "base"
     handles: dict[int, tuple[str, Any]] = {}
 
+    def name_handle(self, ctype: str, obj: Any, owner: Any) -> int:
+        """Replaced by the session's (bind)."""
+        raise CudaError(errors.NOT_SUPPORTED, "no session names this backend's objects")
+
     def inventory(self) -> Inventory:
         raise NotImplementedError
 
@@ -77,10 +105,14 @@ class Backend:
         """What serves the math library `name` (its families as methods), or None."""
         return None
 
-    def bind(self, handles: dict[int, tuple[str, Any]]) -> None:
+    def bind(self, handles: dict[int, tuple[str, Any]], name: Namer | None = None) -> None:
         """The session's handle table (client handle -> (type, object)), for libraries whose
-        arguments hold handles inside arrays (cuDNN's descriptor attributes)."""
+        arguments hold handles inside arrays (cuDNN's descriptor attributes), and `name(type, object,
+        owner)`: the one handle of an object the backend made on its own (the nodes of a capture),
+        forgotten with its owner's."""
         self.handles = handles
+        if name is not None:
+            self.name_handle = name
 
     def close(self) -> None:
         """Release everything this session holds."""

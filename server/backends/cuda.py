@@ -21,15 +21,24 @@ from typing import Any
 
 import cffi
 
-from xpuremote.protocol import errors, mathlibs
+from xpuremote.protocol import errors, mathlibs, memprops
 from xpuremote.protocol.calls import CALLS, Call, Param
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
-from xpuremote.protocol.layouts import MEMCPY2D
+from xpuremote.protocol.layouts import (
+    EVENT_ATTRIBUTES,
+    KERNEL_NODE_V2,
+    LAUNCH_ATTRIBUTE,
+    LAUNCH_CONFIG,
+    MEMCPY2D,
+    MEMCPY3D,
+    MEMSET_NODE,
+)
 
-from .base import Backend, DeviceInfo, Inventory, check_module_image
+from .base import HOST_DATA_CALLS, Backend, DeviceInfo, Inventory, check_module_image, launch_attributes
 from .nvml_status import NvmlStatus
 
+RELAXED = ENUMS["CU_STREAM_CAPTURE_MODE_RELAXED"]
 C_INT = {(1, 0): "uint8_t", (1, 1): "int8_t", (2, 0): "uint16_t", (2, 1): "int16_t",
          (4, 0): "uint32_t", (4, 1): "int32_t", (8, 0): "uint64_t", (8, 1): "int64_t"}
 HOST, DEVICE = ENUMS["CU_MEMORYTYPE_HOST"], ENUMS["CU_MEMORYTYPE_DEVICE"]
@@ -149,6 +158,22 @@ class CudaBackend(Backend):
             return [*args[:4], struct.pack(f"<{args[3]}Q", *self.real_descriptors(bytes(args[4])))]
         return args
 
+    def handle_arrays(self, call: Call, args: list[Any]) -> list[Any]:
+        """A driver call's input arrays of handles (graph nodes) hold client handles: the real ones go."""
+        if call.library != "cuda":
+            return args
+        return [self.real_handles(a) if p.pointee == "handle" and p.direction == "in" and p.count and a else a
+                for p, a in zip(call.params, args)]
+
+    def real_handles(self, data: bytes) -> bytes:
+        real = []
+        for (handle,) in struct.iter_unpack("<Q", bytes(data)):
+            found = self.handles.get(handle)
+            if found is None:
+                raise CudaError(errors.INVALID_VALUE, f"{handle:#x} is not a live handle")
+            real.append(int(found[1]))
+        return struct.pack(f"<{len(real)}Q", *real)
+
     def out(self, ctype: str, what: str, fn: Any, *args: Any) -> Any:
         value = self.ffi.new(ctype)
         self.check(fn(value, *args), what)
@@ -188,6 +213,8 @@ class CudaBackend(Backend):
 
     # ---- the generic path ----------------------------------------------------------------------
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
+        if call.family in HOST_DATA_CALLS:
+            self.refuse_if_capturing(call, args)
         own = getattr(self, call.family, None) if call.family.startswith("xpu") or call.family in OWN else None
         if own is not None:
             return Backend.execute(self, call, args)
@@ -195,7 +222,7 @@ class CudaBackend(Backend):
         if not hasattr(lib, call.symbol):
             raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not in the server's {call.library}")
         c_args, outs = [], []
-        for p, a in zip(call.params, self.library_arguments(call, args)):
+        for p, a in zip(call.params, self.handle_arrays(call, self.library_arguments(call, args))):
             value, buffer = self.argument(p, a)
             c_args.append(value)
             if p.direction != "in":
@@ -204,6 +231,10 @@ class CudaBackend(Backend):
         results = [self.result(p, b) for p, b in zip(call.outputs, outs)]
         if call.family in ("cuMemAlloc", "cuMemAllocPitch"):
             self.clear(call, args, results)
+        elif call.family in ("cuMemAllocAsync", "cuMemAllocFromPoolAsync"):
+            self.clear_in_order(args, results)
+        elif call.family == "cuMemCreate":
+            self.clear_physical(args, results)
         return results
 
     def clear(self, call: Call, args: list[Any], results: list[Any]) -> None:
@@ -215,10 +246,58 @@ class CudaBackend(Backend):
             size = args[1]
         else:  # pitch * height
             size = int.from_bytes(results[1], "little") * args[3] if results[1] is not None else args[2] * args[3]
-        status = self.lib.cuMemsetD8_v2(address, 0, size)
+        status = self.zero(address, size)
         if status:
             self.lib.cuMemFree_v2(address)
             self.check(status, "clearing a new allocation (cuMemsetD8)")
+
+    def clear_in_order(self, args: list[Any], results: list[Any]) -> None:
+        """A pool's allocation is zeroed on its own stream, before anything the client queues there (its
+        memory is the allocation's from that point of the stream on): the pool may have grown with memory
+        the driver had given another process."""
+        address, size, stream = int.from_bytes(results[0], "little"), args[1], self.ffi.cast("void *", args[-1] or 0)
+        status = self.lib.cuMemsetD8Async(address, 0, size, stream)
+        if status:
+            self.lib.cuMemFreeAsync(address, stream)
+            self.check(status, "clearing a new pool allocation (cuMemsetD8Async)")
+
+    def clear_physical(self, args: list[Any], results: list[Any]) -> None:
+        """VMM memory (cuMemCreate) has no address until it is mapped: it is zeroed now, through a mapping of
+        the worker's own made and undone here, so that any mapping of it shows zeros or the client's bytes."""
+        handle, size = int.from_bytes(results[0], "little"), args[1]
+        device = memprops.ALLOCATION_PROP.unpack(bytes(args[2]))[3]
+        status = self.zero_physical(handle, size, device)
+        if status:
+            self.lib.cuMemRelease(handle)
+            self.check(status, "clearing new physical memory")
+
+    def zero_physical(self, handle: int, size: int, device: int) -> int:
+        lib, address = self.lib, self.ffi.new("uint64_t *")
+        status = lib.cuMemAddressReserve(address, size, 0, 0, 0)
+        if status:
+            return status
+        try:
+            status = lib.cuMemMap(address[0], size, 0, handle, 0)
+            if status:
+                return status
+            access = self.ffi.from_buffer(memprops.ACCESS_DESC.pack(memprops.ON_DEVICE, device,
+                                                                    memprops.ACCESS_READWRITE))
+            status = lib.cuMemSetAccess(address[0], size, access, 1) or self.zero(address[0], size)
+            unmapped = lib.cuMemUnmap(address[0], size)
+            return status or unmapped
+        finally:
+            lib.cuMemAddressFree(address[0], size)
+
+    def zero(self, address: int, size: int) -> int:
+        """Zero device memory and wait, on a stream made for it that does not synchronise with the
+        legacy stream: a blocking stream of the client's may be capturing, and work on the legacy
+        stream would break its capture. (Made each time: a kept one would outlive its context.)"""
+        stream = self.ffi.new("void **")
+        status = self.lib.cuStreamCreate(stream, ENUMS["CU_STREAM_NON_BLOCKING"])
+        if not status:
+            status = self.lib.cuMemsetD8Async(address, 0, size, stream[0]) or self.lib.cuStreamSynchronize(stream[0])
+            self.lib.cuStreamDestroy_v2(stream[0])
+        return status
 
     def argument(self, p: Param, value: Any) -> tuple[Any, Any]:
         """(C argument, output buffer or None) for one parameter."""
@@ -306,6 +385,32 @@ class CudaBackend(Backend):
         self.check(self.lib.cuLaunchKernel(ffi.cast("void *", func), gx, gy, gz, bx, by, bz, shared,
                                            ffi.cast("void *", stream or 0), ffi.NULL, extra), "cuLaunchKernel")
 
+    def launch_config(self, grid: tuple, block: tuple, shared: int, stream: Any, attrs: bytes | None,
+                      count: int) -> tuple[Any, Any]:
+        """A CUlaunchConfig and the attributes it points to, with their events the real ones."""
+        ffi = self.ffi
+        real = b"".join(LAUNCH_ATTRIBUTE.pack(ident, self.real_handles(value[:8]) + value[8:]
+                                              if ident in EVENT_ATTRIBUTES else value)
+                        for ident, value in launch_attributes(attrs, count))
+        array = ffi.from_buffer(real) if real else ffi.NULL
+        stream_value = int(ffi.cast("uintptr_t", ffi.cast("void *", stream or 0)))
+        config = LAUNCH_CONFIG.pack(*grid, *block, shared, stream_value, int(ffi.cast("uintptr_t", array)), count)
+        return ffi.from_buffer(config), array  # the caller keeps the attributes alive with the config
+
+    def xpuLaunchKernelEx(self, func: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int,
+                          stream: Any, params: bytes, param_bytes: int, attrs: bytes, count: int) -> None:
+        ffi = self.ffi
+        buf, size = ffi.from_buffer(bytes(params)), ffi.new("size_t *", len(params))
+        extra = ffi.new("void *[5]", [ffi.cast("void *", 1), buf, ffi.cast("void *", 2), size, ffi.NULL])
+        config, _kept = self.launch_config((gx, gy, gz), (bx, by, bz), shared, stream, attrs, count)
+        self.check(self.lib.cuLaunchKernelEx(config, ffi.cast("void *", func), ffi.NULL, extra), "cuLaunchKernelEx")
+
+    def xpuOccupancyMaxActiveClusters(self, func: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
+                                      shared: int, attrs: bytes | None, count: int) -> tuple[int]:
+        config, _kept = self.launch_config((gx, gy, gz), (bx, by, bz), shared, None, attrs, count)
+        return (self.out("int *", "cuOccupancyMaxActiveClusters", self.lib.cuOccupancyMaxActiveClusters,
+                         self.ffi.cast("void *", func), config),)
+
     def xpuHostFunc(self, stream: Any, token: int) -> None:
         """Answer once the stream's earlier work is done; the worker then waits for the client."""
         self.check(self.lib.cuStreamSynchronize(self.ffi.cast("void *", stream or 0)), "cuStreamSynchronize")
@@ -318,7 +423,8 @@ class CudaBackend(Backend):
 
         desc = self.ffi.from_buffer(MEMCPY2D.pack(*side(*src), *side(*dst), width, height))
         self.check(self.lib.cuMemcpy2DAsync_v2(desc, self.ffi.cast("void *", stream or 0)), "cuMemcpy2DAsync")
-        self.check(self.lib.cuStreamSynchronize(self.ffi.cast("void *", stream or 0)), "cuStreamSynchronize")
+        if HOST in (src[0], dst[0]):  # the host side is this message's buffer, gone once it is answered
+            self.check(self.lib.cuStreamSynchronize(self.ffi.cast("void *", stream or 0)), "cuStreamSynchronize")
 
     def xpuMemcpy2DDevice(self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int,
                           stream: Any) -> None:
@@ -335,3 +441,73 @@ class CudaBackend(Backend):
         host = self.ffi.from_buffer(bytes(src))
         address = int(self.ffi.cast("uintptr_t", host))
         self.memcpy_2d((DEVICE, dst, dpitch), (HOST, address, width), width, height, stream)
+
+    # ---- stream capture and graphs: the capture is the driver's. Every capture is RELAXED here: this one
+    # thread serves all of the client's threads, whose modes the client keeps (client/graphs.py).
+    def refuse_if_capturing(self, call: Call, args: list[Any]) -> None:
+        stream = next((a for p, a in zip(call.params, args) if p.ctype == "CUstream"), None)
+        status = self.ffi.new("int *")
+        self.check(self.lib.cuStreamIsCapturing(self.ffi.cast("void *", stream or 0), status), "cuStreamIsCapturing")
+        if status[0]:
+            raise CudaError(errors.NOT_SUPPORTED, f"{call.family} of a capturing stream: a replay on the server "
+                            "cannot reach the client's host memory")
+
+    def xpuStreamBeginCapture(self, stream: Any, mode: int) -> tuple[int]:
+        handle = self.ffi.cast("void *", stream or 0)
+        self.check(self.lib.cuStreamBeginCapture_v2(handle, RELAXED), "cuStreamBeginCapture")
+        status, graph, null = self.ffi.new("int *"), self.ffi.new("void **"), self.ffi.NULL
+        self.check(self.lib.cuStreamGetCaptureInfo_v3(handle, status, null, graph, null, null, null),
+                   "cuStreamGetCaptureInfo")
+        return (int(self.ffi.cast("uintptr_t", graph[0])),)
+
+    def xpuStreamEndCapture(self, stream: Any, graph_handle: int) -> None:
+        graph = self.ffi.new("void **")
+        status = self.lib.cuStreamEndCapture(self.ffi.cast("void *", stream or 0), graph)
+        if status and self.handles.get(graph_handle, ("",))[0] == "CUgraph":
+            del self.handles[graph_handle]  # the driver destroyed the graph of the failed capture
+        self.check(status, "cuStreamEndCapture")
+
+    def xpuStreamGetCaptureDependencies(self, stream: Any) -> tuple[list[int]]:
+        ffi = self.ffi
+        status, graph, count = ffi.new("int *"), ffi.new("void **"), ffi.new("size_t *")
+        nodes, edges = ffi.new("void **"), ffi.new("void **")
+        self.check(self.lib.cuStreamGetCaptureInfo_v3(ffi.cast("void *", stream or 0), status, ffi.NULL, graph, nodes,
+                                                      edges, count), "cuStreamGetCaptureInfo")
+        if status[0] != ENUMS["CU_STREAM_CAPTURE_STATUS_ACTIVE"]:
+            raise CudaError(errors.ILLEGAL_STATE, "the stream is not capturing")
+        owner, found = int(ffi.cast("uintptr_t", graph[0])), ffi.cast("uint64_t *", nodes[0])
+        return ([self.name_handle("CUgraphNode", int(found[i]), owner) for i in range(count[0])],)
+
+    def xpuGraphCountNodes(self, graph: int, roots: int) -> tuple[int]:
+        count = self.ffi.new("size_t *")
+        fn = self.lib.cuGraphGetRootNodes if roots else self.lib.cuGraphGetNodes
+        self.check(fn(self.ffi.cast("void *", graph), self.ffi.NULL, count), "cuGraphGetNodes")
+        return (count[0],)
+
+    def add_node(self, fn: Any, graph: int, deps: bytes | None, count: int, *params: Any) -> tuple[int]:
+        node = self.ffi.new("void **")
+        real = self.ffi.from_buffer(self.real_handles(deps)) if count else self.ffi.NULL
+        self.check(fn(node, self.ffi.cast("void *", graph), real, count, *params), "adding a graph node")
+        return (int(self.ffi.cast("uintptr_t", node[0])),)
+
+    def xpuGraphAddKernelNode(self, graph: int, deps: bytes | None, count: int, func: int, gx: int, gy: int,
+                              gz: int, bx: int, by: int, bz: int, shared: int, params: bytes,
+                              param_bytes: int) -> tuple[int]:
+        ffi = self.ffi
+        buf, size = ffi.from_buffer(bytes(params)), ffi.new("size_t *", len(params))
+        extra = ffi.new("void *[5]", [ffi.cast("void *", 1), buf, ffi.cast("void *", 2), size, ffi.NULL])
+        node = KERNEL_NODE_V2.pack(func, gx, gy, gz, bx, by, bz, shared, 0, int(ffi.cast("uintptr_t", extra)), 0, 0)
+        return self.add_node(self.lib.cuGraphAddKernelNode_v2, graph, deps, count, ffi.from_buffer(node))
+
+    def xpuGraphAddMemsetNode(self, graph: int, deps: bytes | None, count: int, dst: int, pitch: int, value: int,
+                              element: int, width: int, height: int) -> tuple[int]:
+        ctx = self.out("void **", "cuCtxGetCurrent", self.lib.cuCtxGetCurrent)
+        params = self.ffi.from_buffer(MEMSET_NODE.pack(dst, pitch, value, element, width, height))
+        return self.add_node(self.lib.cuGraphAddMemsetNode, graph, deps, count, params, ctx)
+
+    def xpuGraphAddMemcpyNode(self, graph: int, deps: bytes | None, count: int, dst: int, dst_pitch: int,
+                              src: int, src_pitch: int, width: int, height: int) -> tuple[int]:
+        ctx = self.out("void **", "cuCtxGetCurrent", self.lib.cuCtxGetCurrent)
+        copy = MEMCPY3D.pack(0, 0, 0, 0, DEVICE, 0, src, 0, src_pitch, height,
+                             0, 0, 0, 0, DEVICE, 0, dst, 0, dst_pitch, height, width, height, 1)
+        return self.add_node(self.lib.cuGraphAddMemcpyNode, graph, deps, count, self.ffi.from_buffer(copy), ctx)

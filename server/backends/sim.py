@@ -22,10 +22,14 @@ from typing import Any
 from xpuremote.protocol import errors, fatbin, mathlibs
 from xpuremote.protocol.cuda_api import ENUMS, HEADER_VERSIONS
 from xpuremote.protocol.errors import CudaError
+from xpuremote.protocol.layouts import EVENT_ATTRIBUTES
 
 from . import sim_kernels
-from .base import Backend, DeviceInfo, Inventory, check_module_image
+from .base import DeviceInfo, Inventory, check_module_image, cluster_size, launch_attributes
 from .sim_board import Board
+from .sim_graphs import SimGraphs
+from .sim_pools import Pool, Pools
+from .sim_vmm import VirtualMemory
 
 log = logging.getLogger("xpuremote.server")
 SIM_DRIVER_VERSION = HEADER_VERSIONS[0]  # the newest headers the call table covers: their runtimes accept it
@@ -35,21 +39,27 @@ SIM_TEMPERATURE_C, SIM_POWER_MW = 35, 60_000  # an idle device's sensors
 # below where Linux puts a process's heap and libraries, with a TiB above for what it allocates.
 BASE_LOW, BASE_HIGH = 0x1000_0000_0000, 0x5000_0000_0000 - (1 << 40)
 BASE_STEP = 64 << 10
+ADDRESS_ROOM = 1 << 40  # the addresses a session may hand out from its start: the TiB BASE_HIGH leaves above
 ALIGN = 512
+MAX_CLUSTER = 8  # blocks per cluster that a portable launch may ask for
 
 
-@dataclass
+@dataclass(eq=False)
 class Allocation:
     base: int
-    data: bytearray
+    data: bytearray | memoryview  # its own bytes, or a mapping's window on a physical allocation's pages
     device: int = 0
+    pool: Any = None  # the sim_pools.Pool it came from (stream-ordered allocation), else None
+    mapping: Any = None  # for a VMM mapping (sim_vmm.Mapping): whose bytes these are, and their access
 
 
 class Memory:
     """Device memory: allocations kept sorted by address, every access bounds-checked.
 
     One address space for all devices of the session (as with unified addressing), with a
-    capacity per device; `on_change(device, bytes)` hears each device's new total."""
+    capacity per device; `on_change(device, bytes)` hears each device's new total. Besides
+    cuMemAlloc's own buffers, its allocations are memory pools' (sim_pools) and VMM mappings
+    (sim_vmm), which it finds by address like any other."""
 
     def __init__(self, capacity: int, on_change: Callable[[int, int], None] | None = None) -> None:
         self.capacity = capacity  # per device
@@ -60,28 +70,66 @@ class Memory:
         # sessions are separate address spaces, as processes on a GPU are; a random start makes
         # another session's pointer point at nothing here rather than at this session's own memory
         self.next = BASE_LOW + secrets.randbelow((BASE_HIGH - BASE_LOW) // BASE_STEP) * BASE_STEP
+        self.end = self.next + ADDRESS_ROOM
         self.on_change = on_change
 
-    def alloc(self, size: int, device: int = 0) -> int:
-        if size <= 0:
-            raise CudaError(errors.INVALID_VALUE, "allocation of 0 bytes")
-        held = self.by_device.get(device, 0)
-        if held + size > self.capacity:
-            raise CudaError(errors.OUT_OF_MEMORY, f"{size} bytes requested, {self.capacity - held} free")
-        base = self.next
-        self.next += (size + ALIGN - 1) // ALIGN * ALIGN + ALIGN  # a guard gap between allocations
-        bisect.insort(self.bases, base)
-        # a fresh buffer is zero-filled: no allocation ever shows the bytes of an earlier one
-        self.allocs[base] = Allocation(base, bytearray(size), device)
-        self._count(device, size)
+    def take(self, size: int, alignment: int = ALIGN) -> int:
+        """Addresses for `size` bytes at `alignment` (a power of two), never handed out before."""
+        base = -(-self.next // alignment) * alignment
+        if base + size > self.end:
+            raise CudaError(errors.OUT_OF_MEMORY, f"{size} bytes of addresses requested: the session's "
+                            f"{ADDRESS_ROOM >> 40} TiB of device addresses are spent")
+        self.next = base + (size + ALIGN - 1) // ALIGN * ALIGN + ALIGN  # a guard gap between allocations
         return base
 
-    def free(self, base: int) -> None:
-        alloc = self.allocs.pop(base, None)
-        if alloc is None:
-            raise CudaError(errors.INVALID_VALUE, f"{base:#x} is not the start of an allocation")
+    def alloc(self, size: int, device: int = 0, pool: Any = None) -> int:
+        if size <= 0:
+            raise CudaError(errors.INVALID_VALUE, "allocation of 0 bytes")
+        self.charge(device, size)
+        try:
+            base = self.take(size)
+        except CudaError:
+            self.discharge(device, size)
+            raise
+        # a fresh buffer is zero-filled: no allocation ever shows the bytes of an earlier one
+        self._insert(Allocation(base, bytearray(size), device, pool))
+        return base
+
+    def free(self, base: int) -> Allocation:
+        alloc = self.allocs.get(base)
+        if alloc is None or alloc.mapping is not None:
+            what = "mapped memory (cuMemUnmap it)" if alloc else "the start of an allocation"
+            raise CudaError(errors.INVALID_VALUE, f"{base:#x} is not {what}")
+        self._remove(base)
+        self.discharge(alloc.device, len(alloc.data))
+        return alloc
+
+    def add_mapping(self, mapping: Any, data: memoryview) -> None:
+        """A VMM mapping's addresses now reach `data`; its bytes are counted with its physical allocation."""
+        self._insert(Allocation(mapping.base, data, mapping.physical.device, mapping=mapping))
+
+    def remove_mapping(self, base: int) -> None:
+        self._remove(base)
+
+    def _insert(self, alloc: Allocation) -> None:
+        bisect.insort(self.bases, alloc.base)
+        self.allocs[alloc.base] = alloc
+
+    def _remove(self, base: int) -> None:
+        del self.allocs[base]
         self.bases.remove(base)
-        self._count(alloc.device, -len(alloc.data))
+
+    # ---- device memory in use, per device -------------------------------------------------------
+    def charge(self, device: int, size: int, checked: bool = True) -> None:
+        """`size` more bytes of `device` in use; beyond its capacity OUT_OF_MEMORY, unless they are bytes
+        that were in use already (a pool keeping what was freed to it)."""
+        held = self.by_device.get(device, 0)
+        if checked and held + size > self.capacity:
+            raise CudaError(errors.OUT_OF_MEMORY, f"{size} bytes requested, {self.capacity - held} free")
+        self._count(device, size)
+
+    def discharge(self, device: int, size: int) -> None:
+        self._count(device, -size)
 
     def _count(self, device: int, delta: int) -> None:
         self.used += delta
@@ -89,19 +137,54 @@ class Memory:
         if self.on_change is not None:
             self.on_change(device, self.by_device[device])
 
-    def find(self, address: int, size: int = 1) -> tuple[Allocation, int]:
-        """The allocation holding [address, address+size) and the offset into it."""
+    # ---- finding bytes by address ------------------------------------------------------------------
+    def allocation_at(self, address: int) -> Allocation | None:
+        """The allocation (or mapping) holding `address`."""
         i = bisect.bisect_right(self.bases, address) - 1
         if i >= 0:
             alloc = self.allocs[self.bases[i]]
-            offset = address - alloc.base
-            if offset + size <= len(alloc.data):
-                return alloc, offset
+            if address < alloc.base + len(alloc.data):
+                return alloc
+        return None
+
+    def find(self, address: int, size: int = 1) -> tuple[Allocation, int]:
+        """The allocation holding [address, address+size) and the offset into it."""
+        alloc = self.allocation_at(address)
+        if alloc is not None and address - alloc.base + size <= len(alloc.data):
+            self._check_access(alloc)
+            return alloc, address - alloc.base
         raise CudaError(errors.INVALID_VALUE, f"[{address:#x}, +{size}) is not inside one device allocation")
 
+    def _locate(self, address: int, size: int) -> tuple[bytearray | memoryview, int]:
+        """Bytes holding [address, address+size) and the offset into them: one allocation's, or a reservation's
+        where the range runs over adjacent mappings (contiguous there, as on a GPU)."""
+        alloc = self.allocation_at(address)
+        if alloc is not None and alloc.mapping is not None and address - alloc.base + size > len(alloc.data):
+            return self._across_mappings(alloc, address, size), 0
+        alloc, offset = self.find(address, size)
+        return alloc.data, offset
+
+    def _across_mappings(self, first: Allocation, address: int, size: int) -> memoryview:
+        reservation, alloc = first.mapping.reservation, first
+        while True:
+            self._check_access(alloc)
+            end = alloc.base + len(alloc.data)
+            if end >= address + size:
+                return reservation.view(address, size)
+            alloc = self.allocation_at(end)
+            if alloc is None or alloc.mapping is None or alloc.mapping.reservation is not reservation:
+                raise CudaError(errors.INVALID_VALUE, f"[{address:#x}, +{size}) runs past the mapped memory at "
+                                f"{end:#x}")
+
+    @staticmethod
+    def _check_access(alloc: Allocation) -> None:
+        if alloc.mapping is not None and not alloc.mapping.accessible:
+            raise CudaError(errors.INVALID_VALUE, f"{alloc.base:#x} is mapped but no device may access it yet "
+                            "(cuMemSetAccess)")
+
     def view(self, address: int, size: int) -> memoryview:
-        alloc, offset = self.find(address, max(size, 1))
-        return memoryview(alloc.data)[offset : offset + size]
+        data, offset = self._locate(address, max(size, 1))
+        return memoryview(data)[offset : offset + size]
 
     def read(self, address: int, size: int) -> bytes:
         return bytes(self.view(address, size))
@@ -120,7 +203,7 @@ class Memory:
             return False
         if height > 1 and pitch < width:
             raise CudaError(errors.INVALID_VALUE, f"pitch {pitch} is less than the row width {width}")
-        self.find(address, pitch * (height - 1) + width)
+        self._locate(address, pitch * (height - 1) + width)
         return True
 
     def release_all(self) -> None:
@@ -182,7 +265,8 @@ DEVICE_ATTRIBUTES = {  # an H100-like device (sm_90): what runtimes and framewor
     "COOPERATIVE_LAUNCH": 1, "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 232448, "MAX_BLOCKS_PER_MULTIPROCESSOR": 32,
     "MAX_PERSISTING_L2_CACHE_SIZE": 32 * 2**20, "MAX_ACCESS_POLICY_WINDOW_SIZE": 2**27,
     "RESERVED_SHARED_MEMORY_PER_BLOCK": 1024, "MEMORY_POOLS_SUPPORTED": 1, "GENERIC_COMPRESSION_SUPPORTED": 0,
-    "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED": 0, "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED": 0,
+    "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED": 1, "MEMPOOL_SUPPORTED_HANDLE_TYPES": 0,
+    "HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED": 0,
     "CLUSTER_LAUNCH": 1, "DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED": 0, "IPC_EVENT_SUPPORTED": 0,
     "MEM_SYNC_DOMAIN_COUNT": 4, "HOST_NATIVE_ATOMIC_SUPPORTED": 0, "DMA_BUF_SUPPORTED": 0,
     "MAXIMUM_TEXTURE1D_WIDTH": 131072, "MAXIMUM_TEXTURE2D_WIDTH": 131072, "MAXIMUM_TEXTURE2D_HEIGHT": 65536,
@@ -201,13 +285,16 @@ def _attribute_ids() -> dict[int, int]:
     return out
 
 
-class SimBackend(Backend):
+class SimBackend(SimGraphs):
     name = "sim"
 
     def __init__(self, device_count: int = 1, memory_bytes: int = 16 * 2**30) -> None:
+        super().__init__()
         self.device_count = device_count
         self.board = Board()
         self.memory = Memory(memory_bytes, self.board.publish)
+        self.pools = Pools(self.memory, self._device)
+        self.vmm = VirtualMemory(self.memory, self._device)
         self.memory_bytes = memory_bytes
         self.current: Context | None = None  # the context the client's calls run in
         # kernels without a host implementation do nothing: their results are garbage, but an
@@ -233,6 +320,7 @@ class SimBackend(Backend):
         return Inventory(SIM_DRIVER_VERSION, devices, self.name)
 
     def close(self) -> None:
+        self.vmm.close()
         self.memory.release_all()
         self.modules.clear()
         self.board.close()
@@ -301,7 +389,78 @@ class SimBackend(Backend):
         return self.memory.alloc(pitch * height, self._current_device()), pitch
 
     def cuMemFree(self, dptr: int) -> None:
-        self.memory.free(dptr)
+        self.pools.free(dptr)  # a pool's allocation too, as the driver allows
+
+    # ---- memory pools: stream-ordered allocation (sim_pools); the work is done when queued ----------
+    def cuDeviceGetDefaultMemPool(self, dev: int) -> tuple[Pool]:
+        return (self.pools.default(self._device(dev)),)
+
+    def cuDeviceSetMemPool(self, dev: int, pool: Pool) -> None:
+        self.pools.set_current(self._device(dev), pool)
+
+    def cuMemAllocAsync(self, bytesize: int, stream: Any) -> tuple[int]:
+        return (self.pools.allocate(self.pools.current_of(self._current_device()), bytesize),)
+
+    def cuMemAllocFromPoolAsync(self, bytesize: int, pool: Pool, stream: Any) -> tuple[int]:
+        return (self.pools.allocate(pool, bytesize),)
+
+    def cuMemFreeAsync(self, dptr: int, stream: Any) -> None:
+        self.pools.free(dptr)
+
+    def cuMemPoolCreate(self, props: bytes) -> tuple[Pool]:
+        return (self.pools.create(props),)
+
+    def cuMemPoolDestroy(self, pool: Pool) -> None:
+        self.pools.destroy(pool)
+
+    def cuMemPoolSetAttribute(self, pool: Pool, attr: int, value: bytes) -> None:
+        self.pools.set_attribute(pool, attr, value)
+
+    def cuMemPoolGetAttribute(self, pool: Pool, attr: int) -> tuple[bytes]:
+        return (self.pools.get_attribute(pool, attr),)
+
+    def cuMemPoolTrimTo(self, pool: Pool, keep: int) -> None:
+        self.pools.trim(pool, keep)
+
+    def cuMemPoolSetAccess(self, pool: Pool, descs: bytes, count: int) -> None:
+        self.pools.set_access(pool, descs, count)
+
+    def cuMemPoolGetAccess(self, pool: Pool, location: bytes) -> tuple[int]:
+        return (self.pools.get_access(pool, location),)
+
+    # ---- virtual memory management (sim_vmm) ------------------------------------------------------
+    def cuMemGetAllocationGranularity(self, prop: bytes, option: int) -> tuple[int]:
+        return (self.vmm.granularity(prop),)
+
+    def cuMemCreate(self, size: int, prop: bytes, flags: int) -> tuple[int]:
+        return (self.vmm.create(size, prop, flags),)
+
+    def cuMemRelease(self, handle: int) -> None:
+        self.vmm.release(handle)
+
+    def cuMemRetainAllocationHandle(self, address: int) -> tuple[int]:
+        return (self.vmm.retain(address),)
+
+    def cuMemGetAllocationPropertiesFromHandle(self, handle: int) -> tuple[bytes]:
+        return (self.vmm.physical(handle).prop,)
+
+    def cuMemAddressReserve(self, size: int, alignment: int, hint: int, flags: int) -> tuple[int]:
+        return (self.vmm.reserve(size, alignment, hint, flags),)
+
+    def cuMemAddressFree(self, ptr: int, size: int) -> None:
+        self.vmm.free(ptr, size)
+
+    def cuMemMap(self, ptr: int, size: int, offset: int, handle: int, flags: int) -> None:
+        self.vmm.map(ptr, size, offset, handle, flags)
+
+    def cuMemUnmap(self, ptr: int, size: int) -> None:
+        self.vmm.unmap(ptr, size)
+
+    def cuMemSetAccess(self, ptr: int, size: int, descs: bytes, count: int) -> None:
+        self.vmm.set_access(ptr, size, descs, count)
+
+    def cuMemGetAccess(self, location: bytes, ptr: int) -> tuple[int]:
+        return (self.vmm.get_access(location, ptr),)
 
     def cuMemGetInfo(self) -> tuple[int, int]:
         """Device-wide, as a real driver answers: every session's allocations count."""
@@ -575,6 +734,33 @@ class SimBackend(Backend):
         if min(gx, gy, gz, bx, by, bz) < 1 or bx * by * bz > 1024:
             raise CudaError(errors.INVALID_VALUE, f"launch of grid {gx}x{gy}x{gz}, block {bx}x{by}x{bz}")
         self.launch(func, (gx, gy, gz), (bx, by, bz), shared, bytes(params))
+
+    def xpuLaunchKernelEx(self, func: Function, gx: int, gy: int, gz: int, bx: int, by: int, bz: int, shared: int,
+                          stream: Any, params: bytes, param_bytes: int, attrs: bytes, count: int) -> None:
+        """Clusters change nothing here; a launch-completion or programmatic event is recorded at once."""
+        attributes = launch_attributes(attrs, count)
+        cluster = cluster_size(attributes)
+        if cluster > MAX_CLUSTER or (gx * gy * gz) % cluster:
+            raise CudaError(errors.INVALID_CLUSTER_SIZE, f"clusters of {cluster} blocks in a grid of {gx}x{gy}x{gz}")
+        events = [self.event_of(value) for ident, value in attributes if ident in EVENT_ATTRIBUTES]
+        self.xpuLaunchKernel(func, gx, gy, gz, bx, by, bz, shared, stream, params, param_bytes, 0)
+        for event in events:
+            event.recorded_at = time.perf_counter()
+
+    def event_of(self, value: bytes) -> Event:
+        entry = self.handles.get(int.from_bytes(value[:8], "little"))
+        if entry is None or entry[0] != "CUevent":
+            raise CudaError(errors.INVALID_HANDLE, "a launch attribute names no live event")
+        return entry[1]
+
+    def xpuOccupancyMaxActiveClusters(self, func: Function, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
+                                      shared: int, attrs: bytes | None, count: int) -> tuple[int]:
+        """As many clusters as the SMs hold blocks of this size (an H100's GPCs would hold somewhat fewer)."""
+        cluster = cluster_size(launch_attributes(attrs, count))
+        if cluster > MAX_CLUSTER:
+            raise CudaError(errors.INVALID_CLUSTER_SIZE, f"clusters of {cluster} blocks (at most {MAX_CLUSTER})")
+        (per_sm,) = self.cuOccupancyMaxActiveBlocksPerMultiprocessor(func, bx * by * bz, shared)
+        return (DEVICE_ATTRIBUTES["MULTIPROCESSOR_COUNT"] * per_sm // cluster,)
 
     def xpuHostFunc(self, stream: Any, token: int) -> None:
         """The stream's earlier work is done (all work is, here): the client may run the function."""

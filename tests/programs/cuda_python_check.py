@@ -27,7 +27,7 @@ def check(cond: bool, what: str, why: str = "") -> None:
 
 # Some answers are xpuremote's own. It refuses stale and made-up handles, where NVIDIA's driver may
 # crash (it dereferences a bogus CUstream); its pinned memory is not mapped into the device, where
-# the driver's is (UVA: CU_MEMHOSTALLOC_DEVICEMAP always set); it has no graphs yet.
+# the driver's is (UVA: CU_MEMHOSTALLOC_DEVICEMAP always set); it forwards no graphics interop.
 XPUREMOTE = "XPU_SERVER" in os.environ
 DEVICEMAP = 0 if XPUREMOTE else cu.CU_MEMHOSTALLOC_DEVICEMAP
 
@@ -420,11 +420,11 @@ def error_strings() -> None:
 def unsupported() -> None:
     if not XPUREMOTE:
         return
-    err, _ = cu.cuGraphCreate(0)
-    check(err == cu.CUresult.CUDA_ERROR_NOT_SUPPORTED and int(err) == 801, "cuGraphCreate is NOT_SUPPORTED",
-          repr(err))
-    err, _ = cu.cuGraphCreate(0)  # said once in the log, answered every time
-    check(err == cu.CUresult.CUDA_ERROR_NOT_SUPPORTED, "cuGraphCreate again", repr(err))
+    (err,) = cu.cuGraphicsUnregisterResource(cu.CUgraphicsResource(0))  # graphics interop: never forwarded
+    check(err == cu.CUresult.CUDA_ERROR_NOT_SUPPORTED and int(err) == 801,
+          "cuGraphicsUnregisterResource is NOT_SUPPORTED", repr(err))
+    (err,) = cu.cuGraphicsUnregisterResource(cu.CUgraphicsResource(0))  # said once in the log, answered every time
+    check(err == cu.CUresult.CUDA_ERROR_NOT_SUPPORTED, "cuGraphicsUnregisterResource again", repr(err))
 
 
 @section

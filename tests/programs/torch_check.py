@@ -3,7 +3,7 @@
 The sim device executes no GPU code, so this keeps to what needs no kernel (device queries,
 allocation, copies, pinned memory, streams, events, memory statistics, the NVML-based queries
 of torch.cuda) plus fills, whose ATen kernel has a host implementation in
-tests/torch_sim_kernels.py.
+tests/torch_sim_kernels.py, and a CUDA graph of copies and fills.
 """
 
 from __future__ import annotations
@@ -149,13 +149,40 @@ def nvml() -> dict[str, Any]:
     return out
 
 
+def cuda_graph() -> dict[str, Any]:
+    """torch.cuda.CUDAGraph: copies, fills and an allocation from the graph's private pool, captured
+    once (nothing runs then) and replayed after the input changes."""
+    n = 4096
+    static_in = torch.full((n,), 1.0, device="cuda")
+    static_out = torch.full((n,), 7.0, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        capturing = torch.cuda.is_current_stream_capturing()
+        static_out.copy_(static_in)
+        scratch = torch.empty(n // 4, device="cuda")  # from the graph's private memory pool
+        scratch.fill_(-3.0)
+        static_out[: n // 4].copy_(scratch)
+    untouched = same_bits(static_out.cpu(), torch.full((n,), 7.0))
+    results = []
+    for value in (2.0, 5.0):
+        static_in.fill_(value)
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = torch.full((n,), value)
+        expected[: n // 4] = -3.0
+        results.append(same_bits(static_out.cpu(), expected))
+    graph.reset()
+    return {"capturing_inside": capturing, "capturing_after": torch.cuda.is_current_stream_capturing(),
+            "untouched_by_capture": untouched, "replays": results}
+
+
 def main() -> int:
     result: dict[str, Any] = {"ok": True, "torch": torch.__version__, "cuda": torch.version.cuda}
     result["available"] = torch.cuda.is_available()
     result["count"] = torch.cuda.device_count()
     checks = [("properties", properties), ("round_trips", round_trips), ("copy", empty_and_copy), ("fills", fills),
               ("pinned", pinned), ("streams", streams_and_events), ("threads", threads), ("memory", memory),
-              ("nvml", nvml)]
+              ("nvml", nvml), ("cuda_graph", cuda_graph)]
     for name, check in checks:
         try:
             result[name] = check()

@@ -1,0 +1,301 @@
+"""Stream capture and CUDA graphs. The capture itself happens on the server's driver, which
+records the stream's work into a graph instead of running it; the client keeps each stream's
+capture state, so that what PyTorch asks before every allocation and event (is this stream
+capturing, in which capture) is answered without a message.
+
+A capture begins on one stream (its origin) and other streams join it by waiting for an event
+recorded in it; it ends at the origin, for every stream that joined. A graph's handle is made
+by the client when the capture begins (`xpuStreamBeginCapture`), so that the graph being
+captured has a handle to report before the capture ends.
+
+What cannot be captured over a network is refused, and invalidates the capture as the driver
+does for illegal work: copies between host memory and the GPU and host functions (a replay would
+read or write the application's memory, which is on the client, at the time of the replay).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+from xpuremote.protocol import errors
+from xpuremote.protocol.calls import CALLS, DEFAULT_STREAMS, Call
+from xpuremote.protocol.cuda_api import ENUMS
+from xpuremote.protocol.errors import CudaError
+from xpuremote.protocol.layouts import INSTANTIATE_PARAMS, KERNEL_NODE, KERNEL_NODE_V2, MEMCPY3D, MEMSET_NODE
+
+from . import marshal, modules
+from .driver import Driver, implements
+from .memory import DEVICE, UNIFIED, is_device
+from .streams import LEGACY, Capture, capture_events, capture_of, captures, invalidate, stream, stream_of
+
+NONE, ACTIVE, INVALIDATED = (ENUMS[f"CU_STREAM_CAPTURE_STATUS_{s}"] for s in ("NONE", "ACTIVE", "INVALIDATED"))
+GLOBAL, RELAXED = ENUMS["CU_STREAM_CAPTURE_MODE_GLOBAL"], ENUMS["CU_STREAM_CAPTURE_MODE_RELAXED"]
+_ids = itertools.count(1)  # capture ids are unique over the process's life
+_mode = threading.local()  # each thread's capture mode (cuThreadExchangeStreamCaptureMode)
+
+
+# ---- beginning and ending ------------------------------------------------------------------------------
+@implements("cuStreamBeginCapture")
+def cu_stream_begin_capture(d: Driver, call: Call, args: list[Any]) -> None:
+    handle = stream_of(call, args[0])
+    mode = args[1] if len(args) > 1 else GLOBAL
+    if handle in LEGACY:
+        raise CudaError(errors.CAPTURE_UNSUPPORTED, "the legacy stream cannot be captured")
+    stream(d, handle)
+    if mode not in (0, 1, 2):
+        raise CudaError(errors.INVALID_VALUE, f"capture mode {mode}")
+    if handle in captures(d):
+        raise CudaError(errors.ILLEGAL_STATE, f"stream {handle:#x} is already capturing")
+    graph = d.new_handle()
+    d.post(CALLS["xpuStreamBeginCapture"], [graph, handle, mode])
+    captures(d)[handle] = Capture(next(_ids), handle, graph, mode, threading.get_ident())
+
+
+@implements("cuStreamEndCapture")
+def cu_stream_end_capture(d: Driver, call: Call, args: list[Any]) -> None:
+    handle, graph_out = stream_of(call, args[0]), args[1]
+    stream(d, handle)
+    capture = captures(d).get(handle)
+    if capture is None:
+        raise CudaError(errors.ILLEGAL_STATE, f"stream {handle:#x} is not capturing")
+    if capture.origin != handle:
+        raise CudaError(errors.CAPTURE_UNMATCHED, "a capture ends on the stream where it began")
+    if capture.mode != RELAXED and capture.thread != threading.get_ident():
+        raise CudaError(errors.CAPTURE_WRONG_THREAD, "the capture began in another thread")
+    if graph_out:
+        marshal.put_u64(graph_out, 0)
+    for s in [s for s, c in captures(d).items() if c is capture]:
+        del captures(d)[s]
+    for e in [e for e, c in capture_events(d).items() if c is capture]:
+        del capture_events(d)[e]
+    d.call(CALLS["xpuStreamEndCapture"], [handle, capture.graph])  # the server drops a graph it invalidated
+    if capture.invalid:  # what this end refused: the server's graph is complete, and of no use
+        d.post(CALLS["cuGraphDestroy"], [capture.graph])
+        raise CudaError(errors.CAPTURE_INVALIDATED, capture.invalid)
+    if graph_out:
+        marshal.put_u64(graph_out, capture.graph)
+
+
+@implements("cuThreadExchangeStreamCaptureMode")
+def cu_thread_exchange_stream_capture_mode(d: Driver, call: Call, args: list[Any]) -> None:
+    """Kept per thread. The server's captures are all RELAXED (its worker thread serves every
+    application thread), so the prohibitions of the stricter modes are not enforced."""
+    (address,) = args
+    if not address:
+        raise CudaError(errors.INVALID_VALUE)
+    mode = marshal.get(call.params[0], address)
+    if mode not in (0, 1, 2):
+        raise CudaError(errors.INVALID_VALUE, f"capture mode {mode}")
+    marshal.put(call.params[0], address, getattr(_mode, "value", GLOBAL))
+    _mode.value = mode
+
+
+# ---- questions: answered here ---------------------------------------------------------------------------
+def _status(capture: Capture | None) -> int:
+    return NONE if capture is None else INVALIDATED if capture.invalid else ACTIVE
+
+
+@implements("cuStreamIsCapturing")
+def cu_stream_is_capturing(d: Driver, call: Call, args: list[Any]) -> None:
+    handle = stream_of(call, args[0])
+    stream(d, handle)
+    marshal.put(call.params[1], args[1], _status(capture_of(d, handle)))
+
+
+@implements("cuStreamGetCaptureInfo")
+def cu_stream_get_capture_info(d: Driver, call: Call, args: list[Any]) -> None:
+    """Status, id and graph are known here; the nodes the stream's next work will depend on are the
+    server's, asked for only when the caller wants them."""
+    handle = stream_of(call, args[0])
+    stream(d, handle)
+    capture = capture_of(d, handle)
+    outs = dict(zip(call.names[1:], args[1:]))
+    if not outs["captureStatus_out"] or (outs.get("edgeData_out") and not outs.get("dependencies_out")):
+        raise CudaError(errors.INVALID_VALUE, "captureStatus_out is required, and edgeData_out needs dependencies_out")
+    marshal.put(call.params[1], outs["captureStatus_out"], _status(capture))
+    if capture is None:
+        return
+    if outs.get("id_out"):
+        marshal.put_u64(outs["id_out"], capture.ident)
+    if outs.get("graph_out"):
+        marshal.put_u64(outs["graph_out"], capture.graph)
+    if outs.get("dependencies_out") or outs.get("numDependencies_out"):
+        nodes = _dependencies(d, capture, handle)
+        for name, value in (("dependencies_out", _address(nodes[0])), ("edgeData_out", _address(nodes[1])),
+                            ("numDependencies_out", len(nodes[0]))):
+            if outs.get(name):
+                marshal.put_u64(outs[name], value)
+
+
+def _dependencies(d: Driver, capture: Capture, handle: int) -> tuple[Any, Any]:
+    """The server's answer, kept in arrays that live until the next question about the stream, as the
+    driver's do; the edges are plain (all zero)."""
+    (found,) = d.call(CALLS["xpuStreamGetCaptureDependencies"], [handle, 1])
+    arrays = (marshal.ffi.new("uint64_t[]", found), marshal.ffi.new("uint64_t[]", len(found)))
+    capture.arrays[handle] = arrays
+    return arrays
+
+
+def _address(array: Any) -> int:
+    return int(marshal.ffi.cast("uintptr_t", array)) if len(array) else 0
+
+
+# ---- work that joins a capture or breaks it ---------------------------------------------------------------
+@implements("cuEventRecord", "cuEventRecordWithFlags")
+def cu_event_record(d: Driver, call: Call, args: list[Any]) -> None:
+    capture = capture_of(d, stream_of(call, args[1]))
+    if capture is not None:
+        capture_events(d)[args[0]] = capture
+    else:
+        capture_events(d).pop(args[0], None)
+    d.forward(call, args)
+
+
+@implements("cuStreamWaitEvent")
+def cu_stream_wait_event(d: Driver, call: Call, args: list[Any]) -> None:
+    """A stream that waits for an event recorded in a capture joins that capture."""
+    handle = stream_of(call, args[0])
+    joined = capture_events(d).get(args[1])
+    mine = capture_of(d, handle)
+    if joined is not None and mine is not None and mine is not joined:
+        invalidate(mine, "a capture waited for an event of another capture")
+        invalidate(joined, "a capture waited for an event of another capture")
+    elif joined is not None and mine is None:
+        if handle in DEFAULT_STREAMS:
+            raise CudaError(errors.CAPTURE_IMPLICIT, "a default stream cannot join a capture")
+        captures(d)[handle] = joined
+    d.forward(call, args)
+
+
+@implements("cuStreamSynchronize", "cuStreamQuery")
+def cu_stream_wait(d: Driver, call: Call, args: list[Any]) -> None:
+    handle = stream_of(call, args[0])
+    capture = capture_of(d, handle)
+    if capture is not None:
+        invalidate(capture, f"{call.family} of a capturing stream")
+        raise CudaError(errors.CAPTURE_UNSUPPORTED, f"{call.family} of a stream that is capturing")
+    d.forward(call, args)
+
+
+# ---- instantiation and node counts -----------------------------------------------------------------------
+INSTANTIATE = CALLS["cuGraphInstantiateWithFlags"]
+
+
+def instantiate(d: Driver, exec_out: int, graph: int, flags: int) -> None:
+    if not exec_out:
+        raise CudaError(errors.INVALID_VALUE, "phGraphExec is NULL")
+    (handle,) = d.call(INSTANTIATE, [8, graph, flags])
+    marshal.write(exec_out, handle)
+
+
+@implements("cuGraphInstantiate")
+def cu_graph_instantiate(d: Driver, call: Call, args: list[Any]) -> None:
+    """The older form: an error node and a log, which a server's error is not mapped to."""
+    exec_out, graph, error_node, log_buffer, log_size = args
+    if error_node:
+        marshal.put_u64(error_node, 0)
+    if log_buffer and log_size:
+        marshal.write(log_buffer, b"\0")
+    instantiate(d, exec_out, graph, 0)
+
+
+@implements("cuGraphInstantiateWithParams")
+def cu_graph_instantiate_with_params(d: Driver, call: Call, args: list[Any]) -> None:
+    exec_out, graph, params = args
+    if not params:
+        raise CudaError(errors.INVALID_VALUE, "instantiateParams is NULL")
+    flags, upload, _error_node, _result = INSTANTIATE_PARAMS.unpack(marshal.read(params, INSTANTIATE_PARAMS.size))
+    result = 1  # CUDA_GRAPH_INSTANTIATE_ERROR, until it is known to have worked
+    try:
+        instantiate(d, exec_out, graph, flags & ~ENUMS["CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD"])
+        result = 0
+    finally:
+        marshal.write(params + 16, bytes(8) + result.to_bytes(4, "little"))
+    if flags & ENUMS["CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD"]:
+        exec_handle = int.from_bytes(marshal.read(exec_out, 8), "little")
+        d.post(CALLS["cuGraphUpload"], [exec_handle, stream_of(call, upload)])
+
+
+@implements("cuGraphGetNodes", "cuGraphGetRootNodes")
+def cu_graph_get_nodes(d: Driver, call: Call, args: list[Any]) -> None:
+    """The number of nodes. Their handles are not listed: nodes a capture made exist only on the server."""
+    graph, nodes, count = args
+    if not count:
+        raise CudaError(errors.INVALID_VALUE, "the count pointer is NULL")
+    if nodes and marshal.get(call.params[2], count):
+        raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} lists node handles, which xpuremote does not "
+                        "forward yet (pass NULL to learn the count)")
+    (n,) = d.call(CALLS["xpuGraphCountNodes"], [graph, int(call.family == "cuGraphGetRootNodes"), 8])
+    marshal.write(count, n)
+
+
+# ---- graphs built node by node -----------------------------------------------------------------------------
+def _node(d: Driver, call: Call, node_out: int, graph: int, deps: int, count: int) -> tuple[int, bytes | None]:
+    """A new node's client handle (written for the application) and its dependencies' handles."""
+    if not node_out or not graph or (count and not deps):
+        raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: a required pointer is NULL")
+    node = d.new_handle()
+    marshal.put_u64(node_out, node)
+    return node, marshal.read(deps, 8 * count) if count else None
+
+
+@implements("cuGraphAddKernelNode")
+def cu_graph_add_kernel_node(d: Driver, call: Call, args: list[Any]) -> None:
+    node_out, graph, deps, count, params = args
+    if not params:
+        raise CudaError(errors.INVALID_VALUE, "nodeParams is NULL")
+    if call.symbol.endswith("_v2"):
+        func, gx, gy, gz, bx, by, bz, shared, kernel_params, extra, kern, _ctx = KERNEL_NODE_V2.unpack(
+            marshal.read(params, KERNEL_NODE_V2.size))
+        func = func or kern
+    else:
+        func, gx, gy, gz, bx, by, bz, shared, kernel_params, extra = KERNEL_NODE.unpack(
+            marshal.read(params, KERNEL_NODE.size))
+    fn = modules.ensure_function(d, func)
+    packed = modules.pack_params(fn, kernel_params, extra)
+    node, dependencies = _node(d, call, node_out, graph, deps, count)
+    d.post(CALLS["xpuGraphAddKernelNode"], [node, graph, dependencies, count, fn.handle, gx, gy, gz, bx, by, bz,
+                                            shared, packed, len(packed)], len(packed))
+
+
+@implements("cuGraphAddMemsetNode")
+def cu_graph_add_memset_node(d: Driver, call: Call, args: list[Any]) -> None:
+    node_out, graph, deps, count, params, _ctx = args
+    if not params:
+        raise CudaError(errors.INVALID_VALUE, "memsetParams is NULL")
+    dst, pitch, value, element, width, height = MEMSET_NODE.unpack(marshal.read(params, MEMSET_NODE.size))
+    if element not in (1, 2, 4):
+        raise CudaError(errors.INVALID_VALUE, f"memset element size {element}")
+    node, dependencies = _node(d, call, node_out, graph, deps, count)
+    d.post(CALLS["xpuGraphAddMemsetNode"], [node, graph, dependencies, count, dst, pitch, value, element, width,
+                                            height])
+
+
+@implements("cuGraphAddMemcpyNode")
+def cu_graph_add_memcpy_node(d: Driver, call: Call, args: list[Any]) -> None:
+    """Device to device only: a copy with a host side would be made at each replay, on the server."""
+    node_out, graph, deps, count, params, _ctx = args
+    if not params:
+        raise CudaError(errors.INVALID_VALUE, "copyParams is NULL")
+    (sx, sy, sz, _slod, stype, shost, sdev, sarr, spitch, sheight,
+     dx, dy, dz, _dlod, dtype, dhost, ddev, darr, dpitch, dheight,
+     width, height, depth) = MEMCPY3D.unpack(marshal.read(params, MEMCPY3D.size))
+    src = _device_side(d, stype, shost, sdev, sarr)
+    dst = _device_side(d, dtype, dhost, ddev, darr)
+    if depth > 1 and (sheight != height or dheight != height):  # slices one after another: one rectangle
+        raise CudaError(errors.NOT_SUPPORTED, "a 3D copy node with different slice layouts is not forwarded yet")
+    rows = height * max(depth, 1)
+    node, dependencies = _node(d, call, node_out, graph, deps, count)
+    d.post(CALLS["xpuGraphAddMemcpyNode"], [node, graph, dependencies, count,
+                                            dst + dx + (dy + dz * dheight) * dpitch, dpitch,
+                                            src + sx + (sy + sz * sheight) * spitch, spitch, width, rows])
+
+
+def _device_side(d: Driver, kind: int, host: int, device: int, array: int) -> int:
+    address = host if kind == UNIFIED else device
+    if kind not in (DEVICE, UNIFIED) or array or not is_device(d, address):
+        raise CudaError(errors.NOT_SUPPORTED, "a graph's copy node must copy device memory to device memory: "
+                        "a host side would be read or written at each replay, on the server")
+    return address

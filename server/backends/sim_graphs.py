@@ -1,0 +1,302 @@
+"""Stream capture and CUDA graphs on the sim device.
+
+While a stream captures, its work is recorded as nodes of a graph instead of being done; a
+node depends on the work its stream had captured before it, and a stream that waits for an
+event recorded in a capture joins that capture. Launching an instantiated graph does its nodes
+in an order that respects every edge. The rules the driver enforces are enforced here too, with
+its errors: a capture ends on the stream it began on, with every joined stream joined back; a
+capturing stream cannot be synchronised; legacy-stream work while a blocking stream captures
+is refused (an implicit dependency on captured work); each of these invalidates the capture.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from xpuremote.protocol import errors
+from xpuremote.protocol.calls import CALLS, Call
+from xpuremote.protocol.cuda_api import ENUMS
+from xpuremote.protocol.errors import CudaError
+
+from ..gpu_timer import is_gpu_work
+from .base import HOST_DATA_CALLS, Backend
+
+LEGACY = (0, 1)
+NON_BLOCKING = ENUMS["CU_STREAM_NON_BLOCKING"]
+EXTERNAL = ENUMS["CU_EVENT_RECORD_EXTERNAL"]
+SET_DEPENDENCIES = ENUMS["CU_STREAM_SET_CAPTURE_DEPENDENCIES"]
+WAITS = ("cuStreamSynchronize", "cuStreamQuery")
+RECORDS = ("cuEventRecord", "cuEventRecordWithFlags")
+STREAM_CONTROL = (*WAITS, *RECORDS, "cuStreamWaitEvent", "xpuHostFunc")  # looked at while a capture is on
+
+
+@dataclass(eq=False)
+class Node:
+    call: Call | None  # None: an empty node, only an ordering point
+    args: list[Any]
+    deps: list[Node] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Graph:
+    nodes: list[Node] = field(default_factory=list)
+
+    def add(self, call: Call | None, args: list[Any], deps: list[Node]) -> Node:
+        node = Node(call, args, list(deps))
+        self.nodes.append(node)
+        return node
+
+
+@dataclass(eq=False)
+class Exec:
+    order: list[Node]  # the graph's nodes, each after everything it depends on
+
+
+@dataclass(eq=False)
+class Capture:
+    graph: Graph
+    origin: Any  # the key of the stream it began on
+    tails: dict[Any, list[Node]]  # stream key -> the nodes that stream's next work depends on
+    blocking: bool  # the origin synchronises with the legacy stream
+    invalid: str = ""
+
+
+def key(stream: Any) -> Any:
+    """Streams are the backend's objects, or 0/1/2 for the default streams."""
+    return stream if isinstance(stream, int) or stream is None else id(stream)
+
+
+def stream_of(call: Call, args: list[Any]) -> Any:
+    """The stream a call's work goes to: its stream argument, a math library handle's stream, or the
+    legacy stream for the driver's synchronous copies and memsets; None for work on no stream."""
+    for p, a in zip(call.params, args):
+        if p.ctype in ("CUstream", "cudaStream_t"):
+            return a or 0
+    if call.library != "cuda":
+        handle = args[0] if args else None
+        return (handle.get("stream") if isinstance(handle, dict) else getattr(handle, "stream", None)) or 0
+    if is_gpu_work(call):
+        return 2 if call.per_thread else 0
+    return None
+
+
+def is_stream_work(call: Call) -> bool:
+    """Work a capture records: GPU work of the driver, graph launches, and the math libraries'
+    calls on device data (a cuDNN plan's execution names its data inside a variant pack)."""
+    if call.library == "cuda":
+        return is_gpu_work(call) or call.family == "cuGraphLaunch"
+    return any(p.is_address for p in call.params) or call.family.endswith("Execute")
+
+
+def unjoined(capture: Capture) -> bool:
+    """Whether a stream that joined the capture was not joined back: its last nodes must precede the origin's."""
+    before: set[int] = set()
+    todo = list(capture.tails[capture.origin])
+    while todo:
+        node = todo.pop()
+        if id(node) not in before:
+            before.add(id(node))
+            todo += node.deps
+    return any(id(n) not in before for k, tails in capture.tails.items() if k != capture.origin for n in tails)
+
+
+def topological(graph: Graph) -> list[Node]:
+    waiting = {id(n): len(n.deps) for n in graph.nodes}
+    users: dict[int, list[Node]] = {}
+    for n in graph.nodes:
+        for dep in n.deps:
+            users.setdefault(id(dep), []).append(n)
+    ready = [n for n in graph.nodes if not n.deps]
+    order: list[Node] = []
+    while ready:
+        node = ready.pop(0)
+        order.append(node)
+        for user in users.get(id(node), ()):
+            waiting[id(user)] -= 1
+            if not waiting[id(user)]:
+                ready.append(user)
+    if len(order) != len(graph.nodes):
+        raise CudaError(errors.INVALID_VALUE, "the graph's dependencies form a cycle")
+    return order
+
+
+class SimGraphs(Backend):
+    """The sim backend's captures and graphs (a part of SimBackend)."""
+
+    def __init__(self) -> None:
+        self.captures: dict[Any, Capture] = {}  # stream key -> its capture
+        self.capture_events: dict[int, tuple[Capture, list[Node]]] = {}  # id(event) -> capture, nodes
+
+    def execute(self, call: Call, args: list[Any]) -> list[Any]:
+        if not self.captures or not (is_stream_work(call) or call.family in STREAM_CONTROL):
+            return super().execute(call, args)
+        stream = stream_of(call, args)
+        capture = self.capture_of(stream)
+        if call.family in RECORDS:
+            if capture is not None:
+                self.record_event(capture, stream, args)
+                return []
+            self.capture_events.pop(id(args[0]), None)  # recorded outside any capture now
+        elif call.family == "cuStreamWaitEvent":
+            self.wait_event(capture, stream, args[1])
+        if capture is None or call.family in RECORDS or call.family == "cuStreamWaitEvent":
+            return super().execute(call, args)
+        if call.family in WAITS or call.family in HOST_DATA_CALLS:
+            self.invalidate(capture, f"{call.family} in a capture")
+            raise CudaError(errors.CAPTURE_UNSUPPORTED if call.family in WAITS else errors.NOT_SUPPORTED,
+                            f"{call.family} of a capturing stream")
+        self.capture_work(capture, stream, call, args)
+        return []
+
+    # ---- what a capture records ------------------------------------------------------------------
+    def capture_of(self, stream: Any) -> Capture | None:
+        if stream in LEGACY:
+            blocking = [c for c in self.captures.values() if c.blocking and not c.invalid]
+            if blocking:
+                for c in blocking:
+                    self.invalidate(c, "legacy-stream work while a blocking stream captured")
+                raise CudaError(errors.CAPTURE_IMPLICIT, "the legacy stream synchronises with a capturing stream")
+        return self.captures.get(key(stream))
+
+    def capture_work(self, capture: Capture, stream: Any, call: Call, args: list[Any]) -> None:
+        node = capture.graph.add(call, list(args), capture.tails[key(stream)])
+        capture.tails[key(stream)] = [node]
+
+    def record_event(self, capture: Capture, stream: Any, args: list[Any]) -> None:
+        event, flags = args[0], args[2] if len(args) > 2 else 0
+        if flags & EXTERNAL:
+            self.capture_work(capture, stream, CALLS["cuEventRecordWithFlags"], [event, stream, 0])
+        self.capture_events[id(event)] = (capture, list(capture.tails[key(stream)]))
+
+    def wait_event(self, capture: Capture | None, stream: Any, event: Any) -> None:
+        """Waiting for an event of a capture joins the stream to it, after the event's nodes."""
+        joined, nodes = self.capture_events.get(id(event), (None, []))
+        if joined is None:
+            return
+        if capture is None:
+            if stream in (0, 1, 2):
+                raise CudaError(errors.CAPTURE_IMPLICIT, "a default stream cannot join a capture")
+            self.captures[key(stream)] = joined
+            joined.tails[key(stream)] = list(nodes)
+        elif capture is joined:
+            tails = joined.tails[key(stream)]
+            tails += [n for n in nodes if n not in tails]
+        else:
+            self.invalidate(capture, "waited for an event of another capture")
+            self.invalidate(joined, "another capture waited for its event")
+            raise CudaError(errors.CAPTURE_ISOLATION, "an event of another capture")
+
+    def invalidate(self, capture: Capture, why: str) -> None:
+        capture.invalid = capture.invalid or why
+
+    # ---- beginning and ending ---------------------------------------------------------------------
+    def xpuStreamBeginCapture(self, stream: Any, mode: int) -> tuple[Graph]:
+        if stream in LEGACY or stream is None:
+            raise CudaError(errors.CAPTURE_UNSUPPORTED, "the legacy stream cannot be captured")
+        if key(stream) in self.captures:
+            raise CudaError(errors.ILLEGAL_STATE, "the stream is already capturing")
+        blocking = stream != 2 and not getattr(stream, "flags", 0) & NON_BLOCKING
+        graph = Graph()
+        self.captures[key(stream)] = Capture(graph, key(stream), {key(stream): []}, blocking)
+        return (graph,)
+
+    def xpuStreamEndCapture(self, stream: Any, graph_handle: int) -> None:
+        capture = self.captures.get(key(stream))
+        if capture is None:
+            raise CudaError(errors.ILLEGAL_STATE, "the stream is not capturing")
+        if capture.origin != key(stream):
+            raise CudaError(errors.CAPTURE_UNMATCHED, "a capture ends on the stream where it began")
+        if self.handles.get(graph_handle, (None, None))[1] is not capture.graph:
+            raise CudaError(errors.INVALID_VALUE, f"{graph_handle:#x} is not the graph of this capture")
+        for k in [k for k, c in self.captures.items() if c is capture]:
+            del self.captures[k]
+        for e in [e for e, (c, _) in self.capture_events.items() if c is capture]:
+            del self.capture_events[e]
+        status = errors.CAPTURE_INVALIDATED if capture.invalid else errors.CAPTURE_UNJOINED if unjoined(capture) else 0
+        if status:
+            self.handles.pop(graph_handle, None)  # the driver destroys the graph of a failed capture
+            raise CudaError(status, capture.invalid or "a stream that joined the capture was not joined back")
+
+    def xpuStreamGetCaptureDependencies(self, stream: Any) -> tuple[list[int]]:
+        """The nodes the stream's next captured work will depend on, as handles for the client."""
+        capture = self.captures.get(key(stream))
+        if capture is None:
+            raise CudaError(errors.ILLEGAL_STATE, "the stream is not capturing")
+        return ([self.name_handle("CUgraphNode", n, capture.graph) for n in capture.tails[key(stream)]],)
+
+    def cuStreamUpdateCaptureDependencies(self, stream: Any, deps: bytes, *rest: Any) -> None:
+        """rest: the edges' data (_v2), the count, and whether the nodes replace the stream's or join them."""
+        count, flags = rest[-2], rest[-1]
+        capture = self.captures.get(key(stream))
+        if capture is None:
+            raise CudaError(errors.ILLEGAL_STATE, "the stream is not capturing")
+        nodes = self.nodes(deps, count)
+        if any(n not in capture.graph.nodes for n in nodes):
+            raise CudaError(errors.INVALID_VALUE, "a node of another graph")
+        tails = capture.tails[key(stream)]
+        capture.tails[key(stream)] = nodes if flags & SET_DEPENDENCIES else tails + [n for n in nodes if n not in tails]
+
+    # ---- graphs ----------------------------------------------------------------------------------------
+    def nodes(self, raw: bytes | None, count: int) -> list[Node]:
+        """Nodes named by client handles in an array."""
+        found = []
+        for i in range(count):
+            handle = int.from_bytes(bytes(raw or b"")[8 * i : 8 * i + 8], "little")
+            entry = self.handles.get(handle)
+            if entry is None or entry[0] != "CUgraphNode":
+                raise CudaError(errors.INVALID_VALUE, f"{handle:#x} is not a graph node")
+            found.append(entry[1])
+        return found
+
+    def cuGraphCreate(self, flags: int) -> tuple[Graph]:
+        return (Graph(),)
+
+    def cuGraphDestroy(self, graph: Graph) -> None:
+        """The worker forgets the handle; nodes and instantiations keep what they need."""
+
+    def cuGraphAddEmptyNode(self, graph: Graph, deps: bytes | None, count: int) -> tuple[Node]:
+        return (graph.add(None, [], self.nodes(deps, count)),)
+
+    def cuGraphAddDependencies(self, graph: Graph, sources: bytes, targets: bytes, *rest: Any) -> None:
+        """rest: the edges' data (_v2; the sim's edges are all plain), then their count."""
+        count = rest[-1]
+        for source, target in zip(self.nodes(sources, count), self.nodes(targets, count)):
+            if source not in graph.nodes or target not in graph.nodes:
+                raise CudaError(errors.INVALID_VALUE, "a dependency between nodes of another graph")
+            if source not in target.deps:
+                target.deps.append(source)
+
+    def xpuGraphAddKernelNode(self, graph: Graph, deps: bytes | None, count: int, func: Any, gx: int, gy: int,
+                              gz: int, bx: int, by: int, bz: int, shared: int, params: bytes,
+                              param_bytes: int) -> tuple[Node]:
+        args = [func, gx, gy, gz, bx, by, bz, shared, None, bytes(params), param_bytes, 0]
+        return (graph.add(CALLS["xpuLaunchKernel"], args, self.nodes(deps, count)),)
+
+    def xpuGraphAddMemsetNode(self, graph: Graph, deps: bytes | None, count: int, dst: int, pitch: int, value: int,
+                              element: int, width: int, height: int) -> tuple[Node]:
+        call = CALLS[f"cuMemsetD2D{8 * element}Async"]
+        return (graph.add(call, [dst, pitch, value, width, height, None], self.nodes(deps, count)),)
+
+    def xpuGraphAddMemcpyNode(self, graph: Graph, deps: bytes | None, count: int, dst: int, dst_pitch: int,
+                              src: int, src_pitch: int, width: int, height: int) -> tuple[Node]:
+        args = [dst, dst_pitch, src, src_pitch, width, height, None]
+        return (graph.add(CALLS["xpuMemcpy2DDevice"], args, self.nodes(deps, count)),)
+
+    def xpuGraphCountNodes(self, graph: Graph, roots: int) -> tuple[int]:
+        return (sum(1 for n in graph.nodes if not roots or not n.deps),)
+
+    def cuGraphInstantiateWithFlags(self, graph: Graph, flags: int) -> tuple[Exec]:
+        return (Exec(topological(graph)),)
+
+    def cuGraphUpload(self, graph_exec: Exec, stream: Any) -> None:
+        """Nothing to upload to the sim device."""
+
+    def cuGraphLaunch(self, graph_exec: Exec, stream: Any) -> None:
+        """The nodes' work, each as its call would have done it (never captured again)."""
+        for node in graph_exec.order:
+            if node.call is not None:
+                Backend.execute(self, node.call, node.args)
+
+    def cuGraphExecDestroy(self, graph_exec: Exec) -> None:
+        """The worker forgets the handle."""

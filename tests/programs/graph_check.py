@@ -1,0 +1,261 @@
+"""Stream capture, CUDA graphs and launches with attributes through cuda-python's driver bindings (run
+under the shim, or natively on a GPU): `python graph_check.py KERNELS.fatbin` with the kernels of
+tests/programs/driver_api.cu.
+
+Every check prints `ok <what>` or `FAIL <what>: <why>`; the program ends with `ALL OK` and exit 0
+only if nothing failed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import sys
+import traceback
+
+from cuda.bindings import driver as cu
+
+FAILURES: list[str] = []
+R = cu.CUresult
+XPUREMOTE = "XPU_SERVER" in os.environ  # what only xpuremote refuses: host memory in a graph
+N = 1024
+ACTIVE = cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
+NONE = cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+GLOBAL = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
+RELAXED = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+
+
+def check(cond: bool, what: str, why: str = "") -> None:
+    print(f"ok {what}" if cond else f"FAIL {what}: {why}", flush=True)
+    if not cond:
+        FAILURES.append(what)
+
+
+def ok(result: tuple, what: str) -> object:
+    err, *values = result
+    check(err == R.CUDA_SUCCESS, what, f"returned {err!r}")
+    return None if not values else values[0] if len(values) == 1 else tuple(values)
+
+
+def fails(result: object, want: R, what: str) -> None:
+    err = result[0] if isinstance(result, tuple) else result
+    check(err == want, what, f"returned {err!r}, expected {want!r}")
+
+
+def section(fn):
+    try:
+        fn()
+    except Exception:
+        FAILURES.append(fn.__name__)
+        print(f"FAIL {fn.__name__}: exception\n{traceback.format_exc()}", flush=True)
+    return fn
+
+
+def floats(values: list[float]) -> bytes:
+    return struct.pack(f"<{len(values)}f", *values)
+
+
+def upload(ptr: object, data: bytes) -> None:
+    ok(cu.cuMemcpyHtoD(ptr, data, len(data)), "cuMemcpyHtoD")
+
+
+def download(ptr: object, n: int = N) -> list[float]:
+    buf = ctypes.create_string_buffer(4 * n)
+    ok(cu.cuMemcpyDtoH(buf, ptr, 4 * n), "cuMemcpyDtoH")
+    return list(struct.unpack(f"<{n}f", buf.raw))
+
+
+def saxpy_args(a: float, x: object, y: object) -> tuple:
+    return ((a, x, y, N), (ctypes.c_float, None, None, ctypes.c_int))
+
+
+ok(cu.cuInit(0), "cuInit")
+dev = ok(cu.cuDeviceGet(0), "cuDeviceGet")
+ctx = ok(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+ok(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+with open(sys.argv[1], "rb") as f:
+    image = f.read()
+module = ok(cu.cuModuleLoadData(image), "cuModuleLoadData")
+saxpy = ok(cu.cuModuleGetFunction(module, b"saxpy"), "saxpy")
+x, y, z, w = (ok(cu.cuMemAlloc(4 * N), "cuMemAlloc") for _ in range(4))
+xs = [float(i % 97) for i in range(N)]
+upload(x, floats(xs))
+stream = ok(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate non-blocking")
+side = ok(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate side")
+
+
+def launch(grid_stream: object, a: float, src: object, dst: object) -> None:
+    ok(cu.cuLaunchKernel(saxpy, N // 256, 1, 1, 256, 1, 1, 0, grid_stream, saxpy_args(a, src, dst), 0),
+       "cuLaunchKernel saxpy")
+
+
+def instantiate_and_run(graph: object, what: str) -> object:
+    graph_exec = ok(cu.cuGraphInstantiate(graph, 0), f"cuGraphInstantiate {what}")
+    ok(cu.cuGraphLaunch(graph_exec, stream), f"cuGraphLaunch {what}")
+    ok(cu.cuStreamSynchronize(stream), f"synchronize after {what}")
+    return graph_exec
+
+
+@section
+def capture_and_replay() -> None:
+    """y = 0; y = 2x + y; z = y: captured, checked not to have run, then replayed with new x."""
+    upload(y, floats([-1.0] * N))
+    ok(cu.cuStreamBeginCapture(stream, GLOBAL), "cuStreamBeginCapture")
+    status = ok(cu.cuStreamIsCapturing(stream), "cuStreamIsCapturing")
+    check(status == ACTIVE, "the stream is capturing", repr(status))
+    info = ok(cu.cuStreamGetCaptureInfo(stream), "cuStreamGetCaptureInfo")
+    check(info[0] == ACTIVE and int(info[1]) > 0 and int(info[2]) != 0, "capture info: active, an id, a graph",
+          repr(info))
+    ok(cu.cuMemsetD32Async(y, 0, N, stream), "cuMemsetD32Async in capture")
+    launch(stream, 2.0, x, y)
+    now = ok(cu.cuStreamGetCaptureInfo(stream), "cuStreamGetCaptureInfo with dependencies")
+    check(now[5] == 1 and len(now[3]) == 1, "the next work depends on one node: the launch", repr(now))
+    memset = cu.CUDA_MEMSET_NODE_PARAMS()  # a node added by hand to the graph being captured: w = 2.0
+    memset.dst, memset.value, memset.elementSize, memset.width, memset.height = w, 0x40000000, 4, N, 1
+    node = ok(cu.cuGraphAddMemsetNode(info[2], now[3], 1, memset, ctx), "cuGraphAddMemsetNode in a capture")
+    ok(cu.cuStreamUpdateCaptureDependencies(stream, [node], None, 1,
+                                            cu.CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES),
+       "cuStreamUpdateCaptureDependencies")
+    ok(cu.cuMemcpyDtoDAsync(z, y, 4 * N, stream), "cuMemcpyDtoDAsync in capture")
+    check(download(y) == [-1.0] * N, "captured work did not run")
+    graph = ok(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+    check(int(graph) == int(info[2]), "the graph ended is the graph captured into", f"{graph} vs {info[2]}")
+    check(ok(cu.cuStreamIsCapturing(stream), "cuStreamIsCapturing after") == NONE, "capture over")
+    count = ok(cu.cuGraphGetNodes(graph), "cuGraphGetNodes count")
+    check((count[1] if isinstance(count, tuple) else count) == 4, "four nodes", repr(count))
+    upload(w, floats([0.0] * N))
+    graph_exec = instantiate_and_run(graph, "capture")
+    check(download(z) == [2 * v for v in xs], "replay: z = 2x")
+    check(download(w) == [2.0] * N, "replay ran the node added by hand")
+    upload(x, floats([1.5] * N))
+    for _ in range(2):  # y is cleared first: replays do not accumulate
+        ok(cu.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch again")
+    ok(cu.cuStreamSynchronize(stream), "synchronize")
+    check(download(z) == [3.0] * N, "replay reads the new x")
+    upload(x, floats(xs))
+    ok(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+    ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+
+
+@section
+def fork_and_join() -> None:
+    """A side stream joins the capture through an event, does its part, and is joined back."""
+    fork, join = ok(cu.cuEventCreate(0), "cuEventCreate"), ok(cu.cuEventCreate(0), "cuEventCreate")
+    ok(cu.cuStreamBeginCapture(stream, RELAXED), "cuStreamBeginCapture relaxed")
+    ok(cu.cuEventRecord(fork, stream), "cuEventRecord in capture")
+    ok(cu.cuStreamWaitEvent(side, fork, 0), "side waits for the capture's event")
+    info = ok(cu.cuStreamGetCaptureInfo(side), "capture info of the side stream")
+    main = ok(cu.cuStreamGetCaptureInfo(stream), "capture info of the origin")
+    check(info[0] == ACTIVE and int(info[1]) == int(main[1]), "the side stream joined the same capture",
+          f"{info} {main}")
+    ok(cu.cuMemsetD32Async(w, 0x40400000, N, side), "memset 3.0 on the side stream")  # 3.0f
+    ok(cu.cuMemsetD32Async(y, 0x3F800000, N, stream), "memset 1.0 on the origin")  # 1.0f
+    ok(cu.cuEventRecord(join, side), "cuEventRecord on the side")
+    ok(cu.cuStreamWaitEvent(stream, join, 0), "the origin waits for the side")
+    launch(stream, 1.0, w, y)  # y = w + y = 4
+    graph = ok(cu.cuStreamEndCapture(stream), "cuStreamEndCapture after the join")
+    check(ok(cu.cuStreamIsCapturing(side), "side stream after the end") == NONE, "the side stream's capture ended")
+    graph_exec = instantiate_and_run(graph, "fork/join")
+    check(download(y) == [4.0] * N, "fork/join replay: y = 3 + 1")
+    ok(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+    ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+    # a side stream that is not joined back
+    ok(cu.cuStreamBeginCapture(stream, RELAXED), "cuStreamBeginCapture")
+    ok(cu.cuEventRecord(fork, stream), "cuEventRecord")
+    ok(cu.cuStreamWaitEvent(side, fork, 0), "side joins")
+    ok(cu.cuMemsetD32Async(w, 0, N, side), "memset on the side")
+    fails(cu.cuStreamEndCapture(stream), R.CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "a side stream not joined back")
+    check(ok(cu.cuStreamIsCapturing(side), "side stream after a failed end") == NONE, "no capture left on the side")
+
+
+@section
+def illegal_work() -> None:
+    """What a capture forbids fails with the driver's errors and invalidates the capture."""
+    fails(cu.cuStreamBeginCapture(cu.CUstream(cu.CU_STREAM_LEGACY), GLOBAL), R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+          "the legacy stream cannot capture")
+    fails(cu.cuStreamEndCapture(stream), R.CUDA_ERROR_ILLEGAL_STATE, "ending a capture never begun")
+    ok(cu.cuStreamBeginCapture(stream, GLOBAL), "cuStreamBeginCapture")
+    fails(cu.cuStreamSynchronize(stream), R.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "synchronizing a capturing stream")
+    status = ok(cu.cuStreamIsCapturing(stream), "cuStreamIsCapturing after")
+    check(status == cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_INVALIDATED, "the capture is invalidated",
+          repr(status))
+    fails(cu.cuStreamEndCapture(stream), R.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "ending an invalidated capture")
+    blocking = ok(cu.cuStreamCreate(0), "a blocking stream")
+    ok(cu.cuStreamBeginCapture(blocking, RELAXED), "capture on a blocking stream")
+    fails(cu.cuMemsetD32Async(w, 0, N, cu.CUstream(cu.CU_STREAM_LEGACY)), R.CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+          "legacy-stream work while a blocking stream captures")
+    fails(cu.cuStreamEndCapture(blocking), R.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "that capture is invalidated")
+    ok(cu.cuStreamDestroy(blocking), "cuStreamDestroy")
+    old = ok(cu.cuThreadExchangeStreamCaptureMode(RELAXED), "cuThreadExchangeStreamCaptureMode")
+    check(old == GLOBAL, "a thread's capture mode is GLOBAL at first", repr(old))
+    back = ok(cu.cuThreadExchangeStreamCaptureMode(old), "cuThreadExchangeStreamCaptureMode back")
+    check(back == RELAXED, "the mode set is the mode returned", repr(back))
+    if XPUREMOTE:  # the driver would read the host buffer at each replay; the server cannot
+        ok(cu.cuStreamBeginCapture(stream, GLOBAL), "cuStreamBeginCapture")
+        host = ctypes.create_string_buffer(4 * N)
+        fails(cu.cuMemcpyHtoDAsync(y, host, 4 * N, stream), R.CUDA_ERROR_NOT_SUPPORTED, "a host copy in a capture")
+        fails(cu.cuStreamEndCapture(stream), R.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "its capture is invalidated")
+
+
+@section
+def node_api() -> None:
+    """memset -> kernel -> copy, built node by node, with an empty node ahead of the memset."""
+    graph = ok(cu.cuGraphCreate(0), "cuGraphCreate")
+    empty = ok(cu.cuGraphAddEmptyNode(graph, None, 0), "cuGraphAddEmptyNode")
+    memset = cu.CUDA_MEMSET_NODE_PARAMS()
+    memset.dst, memset.value, memset.elementSize, memset.width, memset.height = y, 0x3F800000, 4, N, 1
+    memset.pitch = 0
+    set_node = ok(cu.cuGraphAddMemsetNode(graph, None, 0, memset, ctx), "cuGraphAddMemsetNode")
+    ok(cu.cuGraphAddDependencies(graph, [empty], [set_node], None, 1), "cuGraphAddDependencies")
+    kernel = cu.CUDA_KERNEL_NODE_PARAMS()
+    kernel.func, kernel.gridDimX, kernel.gridDimY, kernel.gridDimZ = saxpy, N // 256, 1, 1
+    kernel.blockDimX, kernel.blockDimY, kernel.blockDimZ, kernel.sharedMemBytes = 256, 1, 1, 0
+    kernel.kernelParams = saxpy_args(2.0, x, y)
+    run_node = ok(cu.cuGraphAddKernelNode(graph, [set_node], 1, kernel), "cuGraphAddKernelNode")
+    copy = cu.CUDA_MEMCPY3D()
+    copy.srcMemoryType = copy.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    copy.srcDevice, copy.dstDevice, copy.WidthInBytes, copy.Height, copy.Depth = y, z, 4 * N, 1, 1
+    ok(cu.cuGraphAddMemcpyNode(graph, [run_node], 1, copy, ctx), "cuGraphAddMemcpyNode")
+    roots = ok(cu.cuGraphGetRootNodes(graph), "cuGraphGetRootNodes count")
+    check((roots[1] if isinstance(roots, tuple) else roots) == 1, "one root (the empty node)", repr(roots))
+    upload(z, floats([0.0] * N))
+    graph_exec = instantiate_and_run(graph, "nodes")
+    check(download(z) == [2 * v + 1 for v in xs], "node graph: z = 2x + 1")
+    ok(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+    ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+
+
+@section
+def launch_attributes() -> None:
+    """cuLaunchKernelEx with clusters of two blocks and a launch-completion event; cluster occupancy."""
+    LA = cu.CUlaunchAttributeID
+    cluster, done = cu.CUlaunchAttribute(), cu.CUlaunchAttribute()
+    cluster.id = LA.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    cluster.value.clusterDim.x, cluster.value.clusterDim.y, cluster.value.clusterDim.z = 2, 1, 1
+    event = ok(cu.cuEventCreate(0), "cuEventCreate")
+    done.id = LA.CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT
+    done.value.launchCompletionEvent.event = event
+    config = cu.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = N // 256, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = 256, 1, 1
+    config.sharedMemBytes, config.hStream = 0, stream
+    config.attrs, config.numAttrs = [cluster, done], 2
+    upload(y, floats([1.0] * N))
+    ok(cu.cuLaunchKernelEx(config, saxpy, saxpy_args(3.0, x, y), 0), "cuLaunchKernelEx with clusters and an event")
+    ok(cu.cuEventSynchronize(event), "the launch-completion event")
+    ok(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+    check(download(y) == [3 * v + 1 for v in xs], "the clustered launch: y = 3x + 1")
+    config.attrs, config.numAttrs = [cluster], 1
+    clusters = ok(cu.cuOccupancyMaxActiveClusters(saxpy, config), "cuOccupancyMaxActiveClusters")
+    check(isinstance(clusters, int) and clusters > 0, "clusters of two fit", repr(clusters))
+    ok(cu.cuEventDestroy(event), "cuEventDestroy")
+
+
+for ptr in (x, y, z, w):
+    ok(cu.cuMemFree(ptr), "cuMemFree")
+sys.stdout.flush()
+if FAILURES:
+    print(f"{len(FAILURES)} FAILED: {', '.join(FAILURES)}")
+    os._exit(1)
+print("ALL OK")

@@ -1,0 +1,213 @@
+"""Memory pools (stream-ordered allocation) and virtual memory management (VMM).
+
+cuda-python's driver bindings, unmodified, through the shim on the session's server and through the
+cuda backend's generic replay (a stand-in libcuda chained to a sim server); the stock PyTorch wheel's
+two allocators that use them, `backend:cudaMallocAsync` and `expandable_segments:True`; and what a
+session's limits make of pool and VMM memory (quota, handles, reserved but unmapped addresses).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import BACKEND, ROOT, TORCH_SIM_KERNELS, Server, start_server
+from pyclient import PyClient
+
+from xpuremote.protocol import errors, memprops
+
+PROGRAM = ROOT / "tests" / "programs" / "memory_pools_check.py"
+TORCH_PROGRAM = ROOT / "tests" / "programs" / "torch_allocators_check.py"
+MIB = 1 << 20
+GRANULE = memprops.GRANULARITY
+PROP = memprops.ALLOCATION_PROP.pack(memprops.PINNED, 0, memprops.ON_DEVICE, 0, 0, 0, 0, 0)
+ACCESS = memprops.ACCESS_DESC.pack(memprops.ON_DEVICE, 0, memprops.ACCESS_READWRITE)
+
+
+def check_program(result: subprocess.CompletedProcess) -> None:
+    failures = [line for line in result.stdout.splitlines() if line.startswith("FAIL")]
+    assert result.returncode == 0 and not failures and "ALL OK" in result.stdout, (
+        "\n".join(failures) or result.stdout[-4000:]) + "\n--- stderr ---\n" + result.stderr[-4000:]
+    assert sum(line.startswith("ok ") for line in result.stdout.splitlines()) > 150
+    assert not re.search(r"Traceback|internal error|not supported by xpuremote", result.stderr), result.stderr
+
+
+@pytest.mark.parametrize("where", ["server", pytest.param("cuda backend", marks=pytest.mark.sim_only(
+    reason="the cuda backend on a stand-in libcuda chained to a sim server"))])
+def test_pools_and_vmm_through_cuda_python(run_on, request, where: str) -> None:
+    """Default and created pools (allocation, attributes, trim, access, destroy), VMM (reserve, create,
+    map, access, copies, memsets and a kernel across adjacent mappings, an alias of one physical
+    allocation, retain, unmap, release, free), pointer attributes, and the refusals: unmapped
+    addresses, exportable memory, a host pointer in the properties."""
+    pytest.importorskip("cuda.bindings.driver", reason="cuda-python (cuda-bindings) is not installed")
+    address = request.getfixturevalue("chained")[0].address if where == "cuda backend" else None
+    check_program(run_on([sys.executable, str(PROGRAM)], timeout=180, address=address))
+
+
+# ---- the stock PyTorch wheel's allocators ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("torch-allocators"), env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS})
+    yield srv
+    srv.stop()
+
+
+def run_allocator(server: Server, conf: str) -> tuple[dict[str, Any], str]:
+    from test_torch import run_torch
+
+    proc = run_torch(server, [str(TORCH_PROGRAM)], PYTORCH_CUDA_ALLOC_CONF=conf)
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"no output (exit {proc.returncode})\nstderr:\n{proc.stderr[-4000:]}"
+    found = json.loads(lines[-1])
+    # tensors left alive are freed at exit, after the session has ended: that must not fail the program
+    assert proc.returncode == 0, f"{json.dumps(found, indent=1)}\nstderr:\n{proc.stderr[-4000:]}"
+    return found, proc.stderr
+
+
+@pytest.mark.parametrize("conf", ["backend:cudaMallocAsync", "expandable_segments:True"])
+def test_torch_allocators(torch_server: Server, conf: str) -> None:
+    found, stderr = run_allocator(torch_server, conf)
+    assert found["backend"] == ("cudaMallocAsync" if "cudaMallocAsync" in conf else "native")
+    assert found["round_trips"] == dict.fromkeys(["1", "1000", str(MIB + 5), str(50 * MIB // 4), "fill", "zeros"],
+                                                 True), found["round_trips"]
+    grown = found["growth"]
+    assert "error" not in grown, grown
+    assert grown["values_kept"] and grown["reserved_grew"], grown
+    assert grown["allocated"] == grown["expected"] and grown["allocated_after_free"] == 0, grown
+    if BACKEND == "sim":  # the device is this session's alone: its free memory moves with the session's
+        assert grown["expected"] <= grown["device_memory_taken"] == grown["device_memory_given_back"], grown
+    if "expandable" in conf:  # one segment that grew page by page (20 MiB each) to hold all six tensors
+        assert grown["segments"] == 1 and grown["largest_segment"] >= 3 * 20 * MIB, grown
+    unanswered = [line for line in stderr.splitlines() if "not supported by xpuremote" in line
+                  and "cuDeviceGetGraphMemAttribute" not in line]  # graph memory: torch goes on without it
+    assert not unanswered and "Traceback" not in stderr, stderr[-4000:]
+
+
+# ---- a session's limits ---------------------------------------------------------------------------------------
+def vmm_mapping(client: PyClient, granules: int = 1) -> tuple[int, int]:
+    """(address, handle) of `granules` granules of physical memory mapped, with access, into a new range."""
+    size = granules * GRANULE
+    (reserved,) = client.call("cuMemAddressReserve", 8, size, 0, 0, 0)
+    (handle,) = client.call("cuMemCreate", 8, size, PROP, 0)
+    address, handle = int.from_bytes(reserved, "little"), int.from_bytes(handle, "little")
+    client.post("cuMemMap", address, size, 0, handle, 0)
+    client.post("cuMemSetAccess", address, size, ACCESS, 1)
+    return address, handle
+
+
+def test_reserved_addresses_are_not_memory_until_mapped(server: Server) -> None:
+    client = PyClient(server.address)
+    try:
+        (reserved,) = client.call("cuMemAddressReserve", 8, 4 * GRANULE, 0, 0, 0)
+        base = int.from_bytes(reserved, "little")
+        assert client.status_of("cuMemcpyHtoD_v2", base, b"x" * 64, 64) == errors.INVALID_VALUE
+        (handle,) = client.call("cuMemCreate", 8, GRANULE, PROP, 0)
+        client.post("cuMemMap", base + GRANULE, GRANULE, 0, int.from_bytes(handle, "little"), 0)
+        client.post("cuMemSetAccess", base + GRANULE, GRANULE, ACCESS, 1)
+        client.write(base + GRANULE, b"mapped" * 10)
+        assert client.read(base + GRANULE, 60) == b"mapped" * 10
+        for outside in (base, base + 2 * GRANULE, base + 2 * GRANULE - 8):  # before, after, running past it
+            assert client.status_of("cuMemcpyDtoH_v2", 16, outside, 16) == errors.INVALID_VALUE, hex(outside)
+        assert "is not inside one of this client's allocations" in server.log()
+    finally:
+        client.close()
+
+
+def test_pool_and_vmm_memory_count_against_the_quota(tmp_path) -> None:
+    srv = start_server(tmp_path, args=("--mem-quota", "5M"))
+    client = PyClient(srv.address)
+    try:
+        (first,) = client.call("cuMemCreate", 8, GRANULE, PROP, 0)
+        client.call("cuMemCreate", 8, GRANULE, PROP, 0)
+        assert client.status_of("cuMemCreate", 8, GRANULE, PROP, 0) == errors.OUT_OF_MEMORY  # 6 MiB > 5 MiB
+        assert client.status_of("cuMemAllocAsync", 8, MIB + 1, 0) == errors.OUT_OF_MEMORY
+        (pooled,) = client.call("cuMemAllocAsync", 8, MIB, 0)
+        client.post("cuMemFreeAsync", int.from_bytes(pooled, "little"), 0)
+        client.post("cuMemRelease", int.from_bytes(first, "little"))  # unmapped: its memory goes back
+        client.call("cuMemCreate", 8, GRANULE, PROP, 0)
+    finally:
+        client.close()
+        srv.stop()
+
+
+@pytest.mark.sim_only(reason="the sim's random per-session address bases: two GPU processes may share addresses")
+def test_another_sessions_pool_and_vmm_memory_is_out_of_reach(server: Server) -> None:
+    """Its pool allocations, mappings, reserved ranges and allocation handles: every call naming them fails,
+    and the owner's bytes stay as they were."""
+    owner, intruder = PyClient(server.address), PyClient(server.address)
+    try:
+        (pooled,) = owner.call("cuMemAllocAsync", 8, 64 << 10, 0)
+        pooled = int.from_bytes(pooled, "little")
+        mapped, handle = vmm_mapping(owner)
+        secret = bytes(range(256)) * 256
+        for address in (pooled, mapped):
+            owner.write(address, secret)
+        mine, my_handle = vmm_mapping(intruder)
+        attempts: dict[str, int] = {}
+        for name, address in (("pool", pooled), ("mapping", mapped)):
+            attempts |= {f"read {name}": intruder.status_of("cuMemcpyDtoH_v2", 64, address + 64, 64),
+                         f"write {name}": intruder.status_of("cuMemcpyHtoD_v2", address, b"\xee" * 64, 64),
+                         f"retain {name}": intruder.status_of("cuMemRetainAllocationHandle", 8, address)}
+        queued = {"free the pool's": ("cuMemFreeAsync", pooled, 0), "unmap": ("cuMemUnmap", mapped, GRANULE),
+                  "map into its range": ("cuMemMap", mapped, GRANULE, 0, my_handle, 0),
+                  "access": ("cuMemSetAccess", mapped, GRANULE, ACCESS, 1), "release": ("cuMemRelease", handle),
+                  "free its range": ("cuMemAddressFree", mapped, GRANULE)}
+        for name, call in queued.items():
+            intruder.post(*call)
+            attempts[name] = intruder.status_of("cuCtxSynchronize")
+        attempts["properties"] = intruder.status_of("cuMemGetAllocationPropertiesFromHandle", 32, handle)
+        succeeded = [what for what, status in attempts.items() if status == errors.SUCCESS]
+        assert not succeeded, f"calls with another client's pool or VMM memory succeeded: {succeeded}"
+        for address in (pooled, mapped):
+            assert owner.read(address, len(secret)) == secret, "the owner's data changed"
+        intruder.write(mine, b"mine" * 16)  # the intruder's session goes on
+        assert intruder.read(mine, 64) == b"mine" * 16
+    finally:
+        owner.close()
+        intruder.close()
+
+
+VISIBLE = """
+from cuda.bindings import driver as cu
+import json
+assert cu.cuInit(0)[0] == 0
+_, ctx = cu.cuDevicePrimaryCtxRetain(0)
+cu.cuCtxSetCurrent(ctx)
+location = cu.CUmemLocation()
+location.type, location.id = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE, 0
+prop = cu.CUmemAllocationProp()
+prop.type, prop.location = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED, location
+free_before = cu.cuMemGetInfo()[1]
+err, handle = cu.cuMemCreate(2 << 20, prop, 0)
+_, got = cu.cuMemGetAllocationPropertiesFromHandle(handle)
+_, pool = cu.cuDeviceGetDefaultMemPool(0)
+_, location_id = cu.cuMemPoolGetAttribute(pool, cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_LOCATION_ID)
+props = cu.CUmemPoolProps()
+props.allocType, props.location = prop.type, location
+_, created = cu.cuMemPoolCreate(props)
+_, created_id = cu.cuMemPoolGetAttribute(created, cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_LOCATION_ID)
+print(json.dumps({"create": int(err), "property_id": got.location.id, "pool_location": int(location_id),
+                  "created_location": int(created_id), "taken": free_before - cu.cuMemGetInfo()[1]}))
+"""
+
+
+@pytest.mark.sim_only(reason="two sim devices (XPU_SIM_DEVICES)")
+def test_device_ordinals_inside_structs_are_the_applications(run_on, tmp_path) -> None:
+    """Under CUDA_VISIBLE_DEVICES=1 the application's device 0 is the server's device 1: the ordinals in
+    allocation properties, pool properties and a pool's LOCATION_ID are translated both ways, and the
+    memory is made on the server's device 1."""
+    pytest.importorskip("cuda.bindings.driver", reason="cuda-python (cuda-bindings) is not installed")
+    srv = start_server(tmp_path, env={"XPU_SIM_DEVICES": "2"})
+    try:
+        result = run_on([sys.executable, "-c", VISIBLE], address=srv.address, CUDA_VISIBLE_DEVICES="1")
+        assert result.returncode == 0, result.stderr
+        found = json.loads(result.stdout.strip().splitlines()[-1])
+        assert found == {"create": 0, "property_id": 0, "pool_location": 0, "created_location": 0,
+                         "taken": 2 << 20}, found
+    finally:
+        srv.stop()
