@@ -241,6 +241,9 @@ cuGraphInstantiateWithParams sync
 cuGraphUpload               async
 cuGraphLaunch               async
 cuGraphExecDestroy          async
+cuDeviceGetGraphMemAttribute sync   value=out:8
+cuDeviceSetGraphMemAttribute async  value=in:8
+cuDeviceGraphMemTrim        async
 # profiling of the server's GPU
 cuProfilerStart             sync
 cuProfilerStop              sync

@@ -26,6 +26,9 @@ LEGACY = (0, 1)
 NON_BLOCKING = ENUMS["CU_STREAM_NON_BLOCKING"]
 EXTERNAL = ENUMS["CU_EVENT_RECORD_EXTERNAL"]
 SET_DEPENDENCIES = ENUMS["CU_STREAM_SET_CAPTURE_DEPENDENCIES"]
+# CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, _USED_MEM_HIGH, _RESERVED_MEM_CURRENT, _RESERVED_MEM_HIGH: cuda.h gives
+# them no explicit values, and the generated ENUMS hold explicit ones only
+GRAPH_MEM_ATTRIBUTES = (0, 1, 2, 3)
 WAITS = ("cuStreamSynchronize", "cuStreamQuery")
 RECORDS = ("cuEventRecord", "cuEventRecordWithFlags")
 STREAM_CONTROL = (*WAITS, *RECORDS, "cuStreamWaitEvent", "xpuHostFunc")  # looked at while a capture is on
@@ -300,3 +303,17 @@ class SimGraphs(Backend):
 
     def cuGraphExecDestroy(self, graph_exec: Exec) -> None:
         """The worker forgets the handle."""
+
+    # ---- graph memory: allocation nodes are not forwarded (refused in a capture), so none is held --------
+    def cuDeviceGetGraphMemAttribute(self, device: int, attr: int) -> tuple[bytes]:
+        if attr not in GRAPH_MEM_ATTRIBUTES:
+            raise CudaError(errors.INVALID_VALUE, f"graph memory attribute {attr}")
+        return (bytes(8),)
+
+    def cuDeviceSetGraphMemAttribute(self, device: int, attr: int, value: bytes) -> None:
+        """Only the high watermarks may be reset, to 0: they are 0."""
+        if attr not in GRAPH_MEM_ATTRIBUTES[1::2] or any(value):
+            raise CudaError(errors.INVALID_VALUE, f"graph memory attribute {attr} cannot be set so")
+
+    def cuDeviceGraphMemTrim(self, device: int) -> None:
+        """Nothing is cached for graphs."""

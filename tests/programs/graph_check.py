@@ -252,6 +252,19 @@ def launch_attributes() -> None:
     ok(cu.cuEventDestroy(event), "cuEventDestroy")
 
 
+@section
+def graph_memory() -> None:
+    """No graph here allocates memory (allocation nodes): the device's graph memory is all zero."""
+    A = cu.CUgraphMem_attribute
+    for attr in (A.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, A.CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+                 A.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, A.CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH):
+        value = ok(cu.cuDeviceGetGraphMemAttribute(dev, attr), f"cuDeviceGetGraphMemAttribute {attr.name}")
+        check(int(value) == 0, f"{attr.name} is 0", repr(value))
+    ok(cu.cuDeviceSetGraphMemAttribute(dev, A.CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, cu.cuuint64_t(0)),
+       "cuDeviceSetGraphMemAttribute resets a high watermark")
+    ok(cu.cuDeviceGraphMemTrim(dev), "cuDeviceGraphMemTrim")
+
+
 for ptr in (x, y, z, w):
     ok(cu.cuMemFree(ptr), "cuMemFree")
 sys.stdout.flush()
