@@ -231,6 +231,16 @@ def cu_graph_get_nodes(d: Driver, call: Call, args: list[Any]) -> None:
     marshal.write(count, n)
 
 
+@implements("cuGraphNodeGetContainingGraph")
+def cu_graph_node_get_containing_graph(d: Driver, call: Call, args: list[Any]) -> None:
+    """The client's own handle of the node's graph, which the server looks up."""
+    node, graph_out = args
+    if not graph_out:
+        raise CudaError(errors.INVALID_VALUE, "phGraph is NULL")
+    (graph,) = d.call(CALLS["xpuGraphNodeGetContainingGraph"], [node, 8])
+    marshal.write(graph_out, graph)
+
+
 # ---- graphs built node by node -----------------------------------------------------------------------------
 def _node(d: Driver, call: Call, node_out: int, graph: int, deps: int, count: int) -> tuple[int, bytes | None]:
     """A new node's client handle (written for the application) and its dependencies' handles."""

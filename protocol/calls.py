@@ -241,6 +241,11 @@ cuGraphInstantiateWithParams sync
 cuGraphUpload               async
 cuGraphLaunch               async
 cuGraphExecDestroy          async
+cuGraphGetId                sync
+cuGraphExecGetId            sync
+cuGraphNodeGetLocalId       sync
+cuGraphNodeGetToolsId       sync
+cuGraphNodeGetContainingGraph sync
 cuDeviceGetGraphMemAttribute sync   value=out:8
 cuDeviceSetGraphMemAttribute async  value=in:8
 cuDeviceGraphMemTrim        async
@@ -289,6 +294,7 @@ xpuStreamBeginCapture(CUgraph *graph, CUstream hStream, unsigned int mode)      
 xpuStreamEndCapture(CUstream hStream, unsigned long long graph)                     sync
 xpuGraphCountNodes(CUgraph graph, unsigned int roots, size_t *count)                sync
 xpuStreamGetCaptureDependencies(CUstream hStream, void *nodes)                      sync   nodes=out:*
+xpuGraphNodeGetContainingGraph(CUgraphNode node, unsigned long long *graph)         sync
 xpuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const void *dependencies, size_t numDependencies, \
   CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, \
   unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, const void *params, \
@@ -318,7 +324,8 @@ DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
 # attributes: xpuLaunchKernelEx), cluster occupancy as xpuOccupancyMaxActiveClusters, host
 # functions as xpuHostFunc, global lookups as cuModuleGetGlobal_v2, captures' ends and beginnings as
 # xpuStream*Capture, every graph instantiation as cuGraphInstantiateWithFlags, node counts as
-# xpuGraphCountNodes, kernel, memset and memcpy nodes as xpuGraphAdd*Node (their structs hold host
+# xpuGraphCountNodes, a node's graph as xpuGraphNodeGetContainingGraph (the client's handle of it),
+# kernel, memset and memcpy nodes as xpuGraphAdd*Node (their structs hold host
 # pointers or a kernel's argument pointers); the older CTC loss forms read host
 # arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
 SENT_INSTEAD: dict[str, str | None] = {
@@ -330,6 +337,7 @@ SENT_INSTEAD: dict[str, str | None] = {
     "cuStreamBeginCapture": None, "cuStreamEndCapture": None, "cuGraphGetNodes": None, "cuGraphGetRootNodes": None,
     "cuGraphInstantiate": None, "cuGraphInstantiateWithParams": None, "cuGraphAddKernelNode": None,
     "cuGraphAddMemsetNode": None, "cuGraphAddMemcpyNode": None, "cuOccupancyMaxActiveClusters": None,
+    "cuGraphNodeGetContainingGraph": None,
     "cudnnCTCLoss": "cudnnCTCLoss_v8", "cudnnGetCTCLossWorkspaceSize": "cudnnGetCTCLossWorkspaceSize_v8",
 }
 SENT_LOCAL = ("cuCtxSetCurrent", "cuModuleUnload")  # answered locally, and still told to the server

@@ -484,6 +484,12 @@ class CudaBackend(Backend):
         self.check(fn(self.ffi.cast("void *", graph), self.ffi.NULL, count), "cuGraphGetNodes")
         return (count[0],)
 
+    def xpuGraphNodeGetContainingGraph(self, node: int) -> tuple[int]:
+        graph = self.ffi.new("void **")
+        self.check(self.lib.cuGraphNodeGetContainingGraph(self.ffi.cast("void *", node), graph),
+                   "cuGraphNodeGetContainingGraph")
+        return (self.handle_of("CUgraph", int(self.ffi.cast("uintptr_t", graph[0]))),)
+
     def add_node(self, fn: Any, graph: int, deps: bytes | None, count: int, *params: Any) -> tuple[int]:
         node = self.ffi.new("void **")
         real = self.ffi.from_buffer(self.real_handles(deps)) if count else self.ffi.NULL

@@ -11,6 +11,7 @@ is refused (an implicit dependency on captured work); each of these invalidates 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,19 +35,25 @@ RECORDS = ("cuEventRecord", "cuEventRecordWithFlags")
 STREAM_CONTROL = (*WAITS, *RECORDS, "cuStreamWaitEvent", "xpuHostFunc")  # looked at while a capture is on
 
 
+_idents = itertools.count(1)  # graphs' and instantiations' ids, unique in the session
+
+
 @dataclass(eq=False)
 class Node:
     call: Call | None  # None: an empty node, only an ordering point
     args: list[Any]
+    graph: Graph
+    local: int  # its id within its graph
     deps: list[Node] = field(default_factory=list)
 
 
 @dataclass(eq=False)
 class Graph:
     nodes: list[Node] = field(default_factory=list)
+    ident: int = field(default_factory=lambda: next(_idents))
 
     def add(self, call: Call | None, args: list[Any], deps: list[Node]) -> Node:
-        node = Node(call, args, list(deps))
+        node = Node(call, args, self, len(self.nodes), list(deps))
         self.nodes.append(node)
         return node
 
@@ -54,6 +61,7 @@ class Graph:
 @dataclass(eq=False)
 class Exec:
     order: list[Node]  # the graph's nodes, each after everything it depends on
+    ident: int = field(default_factory=lambda: next(_idents))
 
 
 @dataclass(eq=False)
@@ -303,6 +311,22 @@ class SimGraphs(Backend):
 
     def cuGraphExecDestroy(self, graph_exec: Exec) -> None:
         """The worker forgets the handle."""
+
+    # ---- ids (CUDA 13.1) ----------------------------------------------------------------------------------
+    def cuGraphGetId(self, graph: Graph) -> tuple[int]:
+        return (graph.ident,)
+
+    def cuGraphExecGetId(self, graph_exec: Exec) -> tuple[int]:
+        return (graph_exec.ident,)
+
+    def cuGraphNodeGetLocalId(self, node: Node) -> tuple[int]:
+        return (node.local,)
+
+    def cuGraphNodeGetToolsId(self, node: Node) -> tuple[int]:
+        return (node.graph.ident << 32 | node.local,)
+
+    def xpuGraphNodeGetContainingGraph(self, node: Node) -> tuple[int]:
+        return (self.handle_of("CUgraph", node.graph),)
 
     # ---- graph memory: allocation nodes are not forwarded (refused in a capture), so none is held --------
     def cuDeviceGetGraphMemAttribute(self, device: int, attr: int) -> tuple[bytes]:

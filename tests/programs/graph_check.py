@@ -72,6 +72,7 @@ def saxpy_args(a: float, x: object, y: object) -> tuple:
 
 ok(cu.cuInit(0), "cuInit")
 dev = ok(cu.cuDeviceGet(0), "cuDeviceGet")
+DRIVER = ok(cu.cuDriverGetVersion(), "cuDriverGetVersion")
 ctx = ok(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
 ok(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 with open(sys.argv[1], "rb") as f:
@@ -198,6 +199,20 @@ def illegal_work() -> None:
         fails(cu.cuStreamEndCapture(stream), R.CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "its capture is invalidated")
 
 
+def ids(graph: object, nodes: tuple) -> None:
+    """CUDA 13.1's ids of graphs and nodes, and a node's graph."""
+    for what, node in zip(("empty", "memset", "kernel"), nodes):
+        found = ok(cu.cuGraphNodeGetContainingGraph(node), f"cuGraphNodeGetContainingGraph {what}")
+        check(int(found) == int(graph), f"the {what} node's graph", f"{found} vs {graph}")
+    locals_ = [ok(cu.cuGraphNodeGetLocalId(n), "cuGraphNodeGetLocalId") for n in nodes]
+    tools = [ok(cu.cuGraphNodeGetToolsId(n), "cuGraphNodeGetToolsId") for n in nodes]
+    check(len(set(locals_)) == 3 and len(set(tools)) == 3, "nodes' ids differ", f"{locals_} {tools}")
+    other = ok(cu.cuGraphCreate(0), "cuGraphCreate another")
+    graph_ids = [ok(cu.cuGraphGetId(g), "cuGraphGetId") for g in (graph, other)]
+    check(graph_ids[0] != graph_ids[1] and min(graph_ids) > 0, "graphs' ids differ", repr(graph_ids))
+    ok(cu.cuGraphDestroy(other), "cuGraphDestroy another")
+
+
 @section
 def node_api() -> None:
     """memset -> kernel -> copy, built node by node, with an empty node ahead of the memset."""
@@ -217,11 +232,16 @@ def node_api() -> None:
     copy.srcMemoryType = copy.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
     copy.srcDevice, copy.dstDevice, copy.WidthInBytes, copy.Height, copy.Depth = y, z, 4 * N, 1, 1
     ok(cu.cuGraphAddMemcpyNode(graph, [run_node], 1, copy, ctx), "cuGraphAddMemcpyNode")
+    if DRIVER >= 13010:  # the ids are CUDA 13.1's
+        ids(graph, (empty, set_node, run_node))
     roots = ok(cu.cuGraphGetRootNodes(graph), "cuGraphGetRootNodes count")
     check((roots[1] if isinstance(roots, tuple) else roots) == 1, "one root (the empty node)", repr(roots))
     upload(z, floats([0.0] * N))
     graph_exec = instantiate_and_run(graph, "nodes")
     check(download(z) == [2 * v + 1 for v in xs], "node graph: z = 2x + 1")
+    if DRIVER >= 13010:
+        exec_id = ok(cu.cuGraphExecGetId(graph_exec), "cuGraphExecGetId")
+        check(exec_id > 0, "an instantiation's id", repr(exec_id))
     ok(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
     ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
 
