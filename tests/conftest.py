@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -168,3 +169,16 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
         return done[name]
 
     return compile_
+
+
+def assert_all_ok(result: subprocess.CompletedProcess, at_least: int, all_forwarded: bool = True) -> None:
+    """A check program (tests/programs/checks.py) passed every check, ran at least `at_least` of them, and
+    left no traceback or internal error on stderr (nor, if `all_forwarded`, a call xpuremote said it does
+    not forward)."""
+    failures = [line for line in result.stdout.splitlines() if line.startswith("FAIL")]
+    assert result.returncode == 0 and not failures and "ALL OK" in result.stdout, (
+        "\n".join(failures) or result.stdout[-4000:]) + "\n--- stderr ---\n" + result.stderr[-4000:]
+    checks = sum(line.startswith("ok ") for line in result.stdout.splitlines())
+    assert checks >= at_least, f"only {checks} checks ran"
+    unwanted = "Traceback|internal error" + ("|not supported by xpuremote" if all_forwarded else "")
+    assert not re.search(unwanted, result.stderr), result.stderr[-4000:]

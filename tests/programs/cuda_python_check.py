@@ -1,53 +1,20 @@
 """cuda-python's `cuda.bindings.driver` on xpuremote's libcuda.so.1 (run under the shim).
 
-Every check prints `ok <what>` or `FAIL <what>: <why>`; the program ends with `ALL OK` and exit 0
-only if nothing failed. Sections are independent: a failure in one does not hide the others.
+Checks and sections as tests/programs/checks.py says.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
-import sys
-import traceback
 
+from checks import SUCCESS, XPUREMOTE, check, finish, ok, section
 from cuda.bindings import driver as cu
-
-FAILURES: list[str] = []
-SUCCESS = cu.CUresult.CUDA_SUCCESS
-
-
-def check(cond: bool, what: str, why: str = "") -> None:
-    if cond:
-        print(f"ok {what}")
-    else:
-        FAILURES.append(what)
-        print(f"FAIL {what}: {why}", flush=True)
-
 
 # Some answers are xpuremote's own. It refuses stale and made-up handles, where NVIDIA's driver may
 # crash (it dereferences a bogus CUstream); its pinned memory is not mapped into the device, where
 # the driver's is (UVA: CU_MEMHOSTALLOC_DEVICEMAP always set); it forwards no graphics interop.
-XPUREMOTE = "XPU_SERVER" in os.environ
 DEVICEMAP = 0 if XPUREMOTE else cu.CU_MEMHOSTALLOC_DEVICEMAP
-
-
-def ok(result: tuple, what: str) -> object:
-    """Check a cuda-python result tuple's CUresult; return its value(s)."""
-    err, *values = result
-    check(err == SUCCESS, what, f"returned {err!r}")
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
-
-
-def section(fn):
-    try:
-        fn()
-    except Exception:
-        FAILURES.append(fn.__name__)
-        print(f"FAIL {fn.__name__}: exception\n{traceback.format_exc()}", flush=True)
-    return fn
 
 
 def addr(buf: ctypes.Array) -> int:
@@ -456,8 +423,4 @@ check(int(cur) == 0, "no context after destroying the last", repr(cur))
 err, _ = cu.cuMemAlloc(16)
 check(err == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT, "cuMemAlloc without a context", repr(err))
 
-sys.stdout.flush()
-if FAILURES:
-    print(f"{len(FAILURES)} FAILED: {', '.join(FAILURES)}")
-    os._exit(1)
-print("ALL OK")
+finish()

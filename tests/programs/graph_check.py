@@ -2,54 +2,24 @@
 under the shim, or natively on a GPU): `python graph_check.py KERNELS.fatbin` with the kernels of
 tests/programs/driver_api.cu.
 
-Every check prints `ok <what>` or `FAIL <what>: <why>`; the program ends with `ALL OK` and exit 0
-only if nothing failed.
+Checks and sections as tests/programs/checks.py says.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import struct
 import sys
-import traceback
 
+from checks import XPUREMOTE, check, fails, finish, ok, section
 from cuda.bindings import driver as cu
 
-FAILURES: list[str] = []
 R = cu.CUresult
-XPUREMOTE = "XPU_SERVER" in os.environ  # what only xpuremote refuses: host memory in a graph
 N = 1024
 ACTIVE = cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
 NONE = cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 GLOBAL = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
 RELAXED = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
-
-
-def check(cond: bool, what: str, why: str = "") -> None:
-    print(f"ok {what}" if cond else f"FAIL {what}: {why}", flush=True)
-    if not cond:
-        FAILURES.append(what)
-
-
-def ok(result: tuple, what: str) -> object:
-    err, *values = result
-    check(err == R.CUDA_SUCCESS, what, f"returned {err!r}")
-    return None if not values else values[0] if len(values) == 1 else tuple(values)
-
-
-def fails(result: object, want: R, what: str) -> None:
-    err = result[0] if isinstance(result, tuple) else result
-    check(err == want, what, f"returned {err!r}, expected {want!r}")
-
-
-def section(fn):
-    try:
-        fn()
-    except Exception:
-        FAILURES.append(fn.__name__)
-        print(f"FAIL {fn.__name__}: exception\n{traceback.format_exc()}", flush=True)
-    return fn
 
 
 def floats(values: list[float]) -> bytes:
@@ -287,8 +257,4 @@ def graph_memory() -> None:
 
 for ptr in (x, y, z, w):
     ok(cu.cuMemFree(ptr), "cuMemFree")
-sys.stdout.flush()
-if FAILURES:
-    print(f"{len(FAILURES)} FAILED: {', '.join(FAILURES)}")
-    os._exit(1)
-print("ALL OK")
+finish()

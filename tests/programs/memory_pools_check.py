@@ -1,8 +1,7 @@
 """Memory pools (stream-ordered allocation) and virtual memory management through cuda-python's driver
 bindings, run under the shim (tests/test_memory_pools.py).
 
-Every check prints `ok <what>` or `FAIL <what>: <why>`; the program ends with `ALL OK` and exit 0 only
-if nothing failed. Sections are independent. Exact byte counts of a pool's reserve, the granularity, and
+Checks and sections as tests/programs/checks.py says. Exact byte counts of a pool's reserve, the granularity, and
 the kernel's results (the sim runs saxpy's host implementation; the PTX body is empty) are the sim's:
 they are checked where XPU_TEST_BACKEND is not `cuda`.
 """
@@ -12,13 +11,10 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
-import sys
-import traceback
 
+from checks import SUCCESS, check, fails, finish, ok, section
 from cuda.bindings import driver as cu
 
-FAILURES: list[str] = []
-SUCCESS = cu.CUresult.CUDA_SUCCESS
 INVALID_VALUE = cu.CUresult.CUDA_ERROR_INVALID_VALUE
 NOT_SUPPORTED = cu.CUresult.CUDA_ERROR_NOT_SUPPORTED
 SIM = os.environ.get("XPU_TEST_BACKEND", "sim") != "cuda"
@@ -35,36 +31,6 @@ PTX = b"""
     ret;
 }
 """
-
-
-def check(cond: bool, what: str, why: str = "") -> None:
-    if cond:
-        print(f"ok {what}")
-    else:
-        FAILURES.append(what)
-        print(f"FAIL {what}: {why}", flush=True)
-
-
-def ok(result: tuple, what: str) -> object:
-    err, *values = result
-    check(err == SUCCESS, what, f"returned {err!r}")
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else tuple(values)
-
-
-def fails(result: tuple, expected: cu.CUresult, what: str) -> None:
-    err = result[0]
-    check(err == expected, what, f"returned {err!r}, expected {expected!r}")
-
-
-def section(fn):
-    try:
-        fn()
-    except Exception:
-        FAILURES.append(fn.__name__)
-        print(f"FAIL {fn.__name__}: exception\n{traceback.format_exc()}", flush=True)
-    return fn
 
 
 def pattern(n: int, seed: int = 0) -> bytes:
@@ -365,7 +331,4 @@ def refusals() -> None:
 
 
 ok(cu.cuStreamDestroy(stream), "cuStreamDestroy")
-if FAILURES:
-    print(f"{len(FAILURES)} FAILED: {', '.join(FAILURES)}")
-    sys.exit(1)
-print("ALL OK")
+finish()
