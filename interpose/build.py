@@ -36,6 +36,7 @@ extern "Python" int xpu_dispatch(int op, uint64_t *slots);
 extern const int xpu_symbol_count;
 void xpu_set_finalized(void);
 void xpu_remember_ctx_device(uint64_t ctx, int device);
+void xpu_mark_release(int op);
 void xpu_set_python_ready(void);
 int xpu_requested_version(void);
 uint64_t xpu_ctx_current(void);

@@ -14,6 +14,7 @@ from typing import Any
 
 from xpuremote.client import driver, integrity, mathlibs, nvml, trace
 from xpuremote.protocol import errors, logs
+from xpuremote.protocol.calls import CALLS, SYMBOLS
 
 log = logging.getLogger("xpuremote.client")
 XPU_OP_LIBRARY = 1 << 20  # shim.c's: where the math libraries' ops start, counted after the driver's
@@ -115,6 +116,9 @@ def install(ffi: Any, lib: Any) -> None:
     d = driver.DRIVER
     d.contexts = ShimContexts(lib)
     d.state["requested_version"] = lib.xpu_requested_version
+    for op, symbol in enumerate(SYMBOLS):  # what the C side answers with success after the session
+        if CALLS[symbol].releases:
+            lib.xpu_mark_release(op)
 
     def at_exit() -> None:
         for handle, ctx in d.ctxs.items():  # what the C side answers a teardown's cuCtxGetDevice with

@@ -146,6 +146,7 @@ static uint64_t xpu_ctx_pop(void) { return ctx_depth ? ctx_stack[--ctx_depth] : 
  * is active, the context stack is this side's own, and a context's device is what the client told
  * this side at exit. Every other call answers CUDA_ERROR_DEINITIALIZED. */
 #define XPU_EXIT_CONTEXTS 256
+#define XPU_MAX_OPS 4096 /* more than the driver's symbols */
 static uint64_t xpu_exit_ctx[XPU_EXIT_CONTEXTS];
 static int xpu_exit_device[XPU_EXIT_CONTEXTS], xpu_exit_contexts;
 
@@ -162,16 +163,17 @@ static int xpu_family_is(const char *name, const char *family) {
     return strncmp(name, family, n) == 0 && (name[n] == '\0' || name[n] == '_');
 }
 
-static const char *const xpu_releases[] = {
-    "cuMemFree", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister", "cuMemRelease", "cuMemUnmap",
-    "cuMemAddressFree", "cuMemPoolDestroy", "cuStreamDestroy", "cuEventDestroy", "cuModuleUnload",
-    "cuLibraryUnload", "cuDevicePrimaryCtxRelease", "cuCtxDestroy", "cuGraphDestroy", "cuGraphExecDestroy", NULL};
+/* the ops of calls that only give something back (protocol.calls: Call.releases), marked at start-up */
+static unsigned char xpu_release_ops[XPU_MAX_OPS];
+
+static void xpu_mark_release(int op) {
+    if (op >= 0 && op < XPU_MAX_OPS) xpu_release_ops[op] = 1;
+}
 
 static int xpu_after_session(int op, uint64_t *slots) {
     if (op >= xpu_symbol_count) return CUDA_ERROR_DEINITIALIZED;
+    if (op < XPU_MAX_OPS && xpu_release_ops[op]) return CUDA_SUCCESS;
     const char *name = xpu_symbol_names[op];
-    for (int i = 0; xpu_releases[i]; i++)
-        if (xpu_family_is(name, xpu_releases[i])) return CUDA_SUCCESS;
     uint64_t *out = (uint64_t *)(uintptr_t)slots[0];
     if (xpu_family_is(name, "cuCtxGetCurrent")) {
         if (!out) return CUDA_ERROR_INVALID_VALUE;

@@ -340,6 +340,9 @@ SENT_INSTEAD: dict[str, str | None] = {
     "cuGraphNodeGetContainingGraph": None,
     "cudnnCTCLoss": "cudnnCTCLoss_v8", "cudnnGetCTCLossWorkspaceSize": "cudnnGetCTCLossWorkspaceSize_v8",
 }
+# Releases whose first argument is not a handle (see Call.releases; destroys are releases too).
+RELEASES = ("cuMemFree", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister", "cuMemRelease", "cuMemUnmap",
+            "cuMemAddressFree", "cuDevicePrimaryCtxRelease", "cuTexObjectDestroy", "cuSurfObjectDestroy")
 SENT_LOCAL = ("cuCtxSetCurrent", "cuModuleUnload")  # answered locally, and still told to the server
 
 VARIANT_SUFFIX = re.compile(r"(_v\d+)?(_ptds|_ptsz)?$")
@@ -441,6 +444,12 @@ class Call:
         """Ends the life of the handle in its first argument (cuStreamDestroy, cudnnDestroy...Descriptor)."""
         return ("Destroy" in self.family or self.family.endswith("Unload")) and bool(self.params) \
             and self.params[0].kind == "handle"
+
+    @cached_property
+    def releases(self) -> bool:
+        """Only gives something back: once the session has ended (a program's teardown at exit) the server
+        has released everything, so the shim answers it with success (interpose/shim.c)."""
+        return self.library == "cuda" and (self.destroys or self.family in RELEASES)
 
     @cached_property
     def sent(self) -> bool:
