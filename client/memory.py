@@ -20,7 +20,8 @@ from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
 
-from . import marshal
+from . import arrays, marshal
+from .arrays import ArraySide
 from .driver import Driver, implements
 from .streams import refuse_in_capture, stream_of
 
@@ -369,10 +370,12 @@ def cu_memcpy_async(d: Driver, call: Call, args: list[Any]) -> None:
 
 
 
-def side(d: Driver, kind: int, host: int, device: int, x: int, y: int, pitch: int) -> tuple[bool, int, int]:
-    """(is host memory, address of the first byte, pitch) of one side of a 2D/3D copy."""
+def side(d: Driver, kind: int, host: int, device: int, x: int, y: int, pitch: int, array: int = 0,
+         z: int = 0) -> tuple[bool, int, int] | ArraySide:
+    """(is host memory, address of the first byte, pitch) of one side of a 2D/3D copy, or an array's
+    place (`z`: an array's slice; memory's slices are in `y`)."""
     if kind == ARRAY:
-        raise CudaError(errors.NOT_SUPPORTED, "copies to or from CUDA arrays are not supported yet")
+        return ArraySide(array, x, y, z)
     if kind == UNIFIED:
         on_host = not is_device(d, host)
     else:
@@ -383,6 +386,9 @@ def side(d: Driver, kind: int, host: int, device: int, x: int, y: int, pitch: in
 def rect_copy(d: Driver, src: tuple[bool, int, int], dst: tuple[bool, int, int], width: int, height: int,
               stream: int, wait: bool) -> None:
     """Copy `height` rows of `width` bytes, each side with its own pitch."""
+    if isinstance(src, ArraySide) or isinstance(dst, ArraySide):
+        arrays.rect_copy(d, src, dst, width, height, stream, wait)
+        return
     (src_host, s, spitch), (dst_host, t, dpitch) = src, dst
     if src_host != dst_host:
         refuse_in_capture(d, stream, HOST_COPY)
@@ -395,10 +401,14 @@ def rect_copy(d: Driver, src: tuple[bool, int, int], dst: tuple[bool, int, int],
             d.call(CALLS["cuStreamSynchronize"], [stream])
     elif dst_host:
         (rows,) = d.call(CALLS["xpuMemcpy2DToHost"], [width * height, s, spitch, width, height, stream])
-        for r in range(height):
-            marshal.write(t + r * dpitch, rows[r * width : (r + 1) * width])
+        to_host_rows(rows, t, dpitch, width, height)
     else:
         d.post(CALLS["xpuMemcpy2DDevice"], [t, dpitch, s, spitch, width, height, stream])
+
+
+def to_host_rows(rows: Any, t: int, dpitch: int, width: int, height: int) -> None:
+    for r in range(height):
+        marshal.write(t + r * dpitch, rows[r * width : (r + 1) * width])
 
 
 def to_device(d: Driver, s: int, spitch: int, t: int, dpitch: int, width: int, height: int, stream: int) -> None:
@@ -429,21 +439,25 @@ def modern_struct(call: Call) -> None:
 @implements("cuMemcpy2D", "cuMemcpy2DUnaligned", "cuMemcpy2DAsync")
 def cu_memcpy_2d(d: Driver, call: Call, args: list[Any]) -> None:
     modern_struct(call)
-    (sx, sy, stype, shost, sdev, _sarr, spitch,
-     dx, dy, dtype, dhost, ddev, _darr, dpitch, width, height) = MEMCPY2D.unpack(marshal.read(args[0], MEMCPY2D.size))
-    src = side(d, stype, shost, sdev, sx, sy, spitch)
-    dst = side(d, dtype, dhost, ddev, dx, dy, dpitch)
+    (sx, sy, stype, shost, sdev, sarr, spitch,
+     dx, dy, dtype, dhost, ddev, darr, dpitch, width, height) = MEMCPY2D.unpack(marshal.read(args[0], MEMCPY2D.size))
+    src = side(d, stype, shost, sdev, sx, sy, spitch, sarr)
+    dst = side(d, dtype, dhost, ddev, dx, dy, dpitch, darr)
     rect_copy(d, src, dst, width, height, copy_stream(call, args), call.family != "cuMemcpy2DAsync")
 
 
 @implements("cuMemcpy3D", "cuMemcpy3DAsync")
 def cu_memcpy_3d(d: Driver, call: Call, args: list[Any]) -> None:
     modern_struct(call)
-    (sx, sy, sz, _slod, stype, shost, sdev, _sarr, spitch, sheight,
-     dx, dy, dz, _dlod, dtype, dhost, ddev, _darr, dpitch, dheight,
+    (sx, sy, sz, slod, stype, shost, sdev, sarr, spitch, sheight,
+     dx, dy, dz, dlod, dtype, dhost, ddev, darr, dpitch, dheight,
      width, height, depth) = MEMCPY3D.unpack(marshal.read(args[0], MEMCPY3D.size))
+    if slod or dlod:
+        raise CudaError(errors.NOT_SUPPORTED, "mipmap levels are not forwarded")
     stream = copy_stream(call, args)
     for z in range(depth):  # one rectangle per slice
-        src = side(d, stype, shost, sdev, sx, sy + (sz + z) * sheight, spitch)
-        dst = side(d, dtype, dhost, ddev, dx, dy + (dz + z) * dheight, dpitch)
+        sy_z = sy if stype == ARRAY else sy + (sz + z) * sheight  # an array's slices are its z
+        dy_z = dy if dtype == ARRAY else dy + (dz + z) * dheight
+        src = side(d, stype, shost, sdev, sx, sy_z, spitch, sarr, sz + z)
+        dst = side(d, dtype, dhost, ddev, dx, dy_z, dpitch, darr, dz + z)
         rect_copy(d, src, dst, width, height, stream, call.family != "cuMemcpy3DAsync" and z == depth - 1)

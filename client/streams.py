@@ -49,6 +49,12 @@ def cu_stream_create_with_priority(d: Driver, call: Call, args: list[Any]) -> No
 def cu_stream_destroy(d: Driver, call: Call, args: list[Any]) -> None:
     if streams(d).pop(args[0], None) is None:
         raise CudaError(errors.INVALID_HANDLE, f"{args[0]:#x} is not a stream")
+    capture = captures(d).pop(args[0], None)
+    if capture is not None:  # its capture is over if it began here, invalidated if the stream only joined it
+        invalidate(capture, "a stream of the capture was destroyed")
+        if capture.origin == args[0]:
+            for s in [s for s, c in captures(d).items() if c is capture]:
+                del captures(d)[s]
     d.forward(call, args)
 
 

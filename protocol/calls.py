@@ -118,6 +118,31 @@ cuMemcpy2DUnaligned         sync
 cuMemcpy2DAsync             sync
 cuMemcpy3D                  sync
 cuMemcpy3DAsync             sync
+# CUDA arrays (client/arrays.py): creation waits for the server's handle (arrays are device memory, so an
+# allocation's failure is the call's), the client keeps each array's descriptor (descriptors are local);
+# copies with an array side go as the xpuMemcpyArray* requests
+cuArrayCreate               sync
+cuArray3DCreate             sync
+cuArrayDestroy              async
+cuArrayGetDescriptor        local
+cuArray3DGetDescriptor      local
+cuMemcpyHtoA                sync    srcHost=in:ByteCount
+cuMemcpyHtoAAsync           async   srcHost=in:ByteCount
+cuMemcpyAtoH                sync    dstHost=out:ByteCount
+cuMemcpyAtoHAsync           sync    dstHost=out:ByteCount
+cuMemcpyAtoD                async   dstDevice=device:ByteCount
+cuMemcpyDtoA                async   srcDevice=device:ByteCount
+cuMemcpyAtoA                async
+# texture and surface objects: kernels take their value, so creation waits for the server's; the client
+# keeps the descriptors it gave (the Get*Desc questions are local)
+cuTexObjectCreate           sync
+cuTexObjectDestroy          async
+cuTexObjectGetResourceDesc  local
+cuTexObjectGetTextureDesc   local
+cuTexObjectGetResourceViewDesc local
+cuSurfObjectCreate          sync
+cuSurfObjectDestroy         async
+cuSurfObjectGetResourceDesc local
 cuMemsetD8                  async   dstDevice=device:N
 cuMemsetD16                 async   dstDevice=device:N*2
 cuMemsetD32                 async   dstDevice=device:N*4
@@ -290,6 +315,22 @@ xpuMemcpy2DToHost(void *dst, CUdeviceptr src, size_t srcPitch, size_t width, siz
 xpuMemcpy2DFromHost(CUdeviceptr dst, size_t dstPitch, const void *src, size_t width, size_t height, \
   CUstream hStream)                                                                  async  src=in:width*height \
                                                                                      dst=device:dstPitch,width,height
+xpuMemcpyArrayFromHost(CUarray dst, size_t dstX, size_t dstY, size_t dstZ, const void *src, size_t width, \
+  size_t height, CUstream hStream)                                                   async  src=in:width*height
+xpuMemcpyArrayToHost(void *dst, CUarray src, size_t srcX, size_t srcY, size_t srcZ, size_t width, size_t height, \
+  CUstream hStream)                                                                  sync   dst=out:width*height
+xpuMemcpyArrayFromDevice(CUarray dst, size_t dstX, size_t dstY, size_t dstZ, CUdeviceptr src, size_t srcPitch, \
+  size_t width, size_t height, CUstream hStream)                                     async  \
+                                                                                     src=device:srcPitch,width,height
+xpuMemcpyArrayToDevice(CUdeviceptr dst, size_t dstPitch, CUarray src, size_t srcX, size_t srcY, size_t srcZ, \
+  size_t width, size_t height, CUstream hStream)                                     async  \
+                                                                                     dst=device:dstPitch,width,height
+xpuMemcpyArrayToArray(CUarray dst, size_t dstX, size_t dstY, size_t dstZ, CUarray src, size_t srcX, size_t srcY, \
+  size_t srcZ, size_t width, size_t height, CUstream hStream)                        async
+xpuTexObjectCreate(unsigned long long *object, CUarray array, const void *resDesc, const void *texDesc, \
+  const void *viewDesc)                                                              sync   resDesc=in:144 \
+                                                                                     texDesc=in:104 viewDesc=in?:112
+xpuSurfObjectCreate(unsigned long long *object, CUarray array, const void *resDesc) sync   resDesc=in:144
 xpuStreamBeginCapture(CUgraph *graph, CUstream hStream, unsigned int mode)         shadow
 xpuStreamEndCapture(CUstream hStream, unsigned long long graph)                     sync
 xpuGraphCountNodes(CUgraph graph, unsigned int roots, size_t *count)                sync
@@ -338,6 +379,9 @@ SENT_INSTEAD: dict[str, str | None] = {
     "cuGraphInstantiate": None, "cuGraphInstantiateWithParams": None, "cuGraphAddKernelNode": None,
     "cuGraphAddMemsetNode": None, "cuGraphAddMemcpyNode": None, "cuOccupancyMaxActiveClusters": None,
     "cuGraphNodeGetContainingGraph": None,
+    "cuMemcpyHtoA": None, "cuMemcpyHtoAAsync": None, "cuMemcpyAtoH": None, "cuMemcpyAtoHAsync": None,
+    "cuMemcpyAtoD": None, "cuMemcpyDtoA": None, "cuMemcpyAtoA": None, "cuArrayCreate": "cuArrayCreate_v2",
+    "cuArray3DCreate": "cuArray3DCreate_v2", "cuTexObjectCreate": None, "cuSurfObjectCreate": None,
     "cudnnCTCLoss": "cudnnCTCLoss_v8", "cudnnGetCTCLossWorkspaceSize": "cudnnGetCTCLossWorkspaceSize_v8",
 }
 # Releases whose first argument is not a handle (see Call.releases; destroys are releases too).

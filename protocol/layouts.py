@@ -24,3 +24,17 @@ MEMSET_NODE = struct.Struct("<QQIIQQ")
 INSTANTIATE_PARAMS = struct.Struct("<QQQI4x")
 # CUdevprop: 14 ints, from maxThreadsPerBlock to textureAlign
 DEVPROP = struct.Struct("<14i")
+# CUDA_ARRAY_DESCRIPTOR: size_t Width, Height; CUarray_format Format; unsigned NumChannels
+ARRAY_DESCRIPTOR = struct.Struct("<QQII")
+# CUDA_ARRAY3D_DESCRIPTOR: size_t Width, Height, Depth; Format; NumChannels; unsigned Flags
+ARRAY3D_DESCRIPTOR = struct.Struct("<QQQIII4x")
+# bytes of one channel of each CUarray_format an array may have here (the classic ones)
+ARRAY_FORMAT_BYTES = {0x01: 1, 0x02: 2, 0x03: 4, 0x08: 1, 0x09: 2, 0x0A: 4, 0x10: 2, 0x20: 4}
+# CUDA_RESOURCE_DESC: CUresourcetype, then a 128-byte union, then unsigned flags. The union's start:
+# array / mipmapped array: the handle; linear: devPtr, format, channels, sizeInBytes; pitch2D: devPtr,
+# format, channels, width, height, pitchInBytes
+RESOURCE_DESC = struct.Struct("<I4x128sI4x")
+RESOURCE_LINEAR = struct.Struct("<QIIQ")
+RESOURCE_PITCH2D = struct.Struct("<QIIQQQ")
+RESOURCE_ARRAY, RESOURCE_MIPMAPPED, RESOURCE_LINEAR_TYPE, RESOURCE_PITCH2D_TYPE = 0, 1, 2, 3
+TEXTURE_DESC_SIZE, RESOURCE_VIEW_DESC_SIZE = 104, 112

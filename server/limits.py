@@ -23,17 +23,32 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import logging
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from xpuremote.protocol import errors, fatbin, mathlibs, memprops, wire
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
+from xpuremote.protocol.layouts import (
+    ARRAY3D_DESCRIPTOR,
+    ARRAY_DESCRIPTOR,
+    ARRAY_FORMAT_BYTES,
+    RESOURCE_ARRAY,
+    RESOURCE_DESC,
+    RESOURCE_LINEAR,
+    RESOURCE_LINEAR_TYPE,
+    RESOURCE_MIPMAPPED,
+    RESOURCE_PITCH2D,
+    RESOURCE_PITCH2D_TYPE,
+)
 
 from .backends.base import Backend, Inventory, Namer
 
+log = logging.getLogger("xpuremote.worker")
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 GRANULE = 512  # what the driver aligns each allocation to: a 1-byte allocation costs this much
 DEFAULT_MAX_HANDLES = 1 << 16  # of each kind (allocations, streams, events, modules, descriptors...)
@@ -44,6 +59,8 @@ _DNN, _LT = mathlibs.api(mathlibs.CUDNN).ENUMS, mathlibs.api(mathlibs.CUBLASLT).
 DNN_VOID_PTR, DNN_DATA_POINTERS = _DNN["CUDNN_TYPE_VOID_PTR"], _DNN["CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"]
 LT_POINTER_ATTRIBUTES = frozenset(v for k, v in _LT.items()
                                   if k.startswith("CUBLASLT_MATMUL_DESC_") and k.endswith("_POINTER"))
+LAUNCHES = ("xpuLaunchKernel", "xpuLaunchKernelEx", "xpuGraphAddKernelNode")
+MAX_KERNEL_PARAMETERS = 32764
 ALLOCATIONS = ("cuMemAlloc", "cuMemAllocPitch", "cuMemAllocAsync", "cuMemAllocFromPoolAsync")
 FREES = ("cuMemFree", "cuMemFreeAsync")  # either takes either kind of allocation, as the driver's do
 # VMM addresses that need not be memory: a wanted address, a reservation to free, a range to map. The
@@ -158,6 +175,8 @@ class Accounted(Backend):
         self.physical: dict[int, Physical] = {}  # VMM: the backend's handle value -> what the client holds
         self.reserved = Regions()  # VMM: address ranges the client reserved (not memory until mapped)
         self.mapped: dict[int, tuple[int, int]] = {}  # VMM: mapping address -> (size, handle)
+        self.arrays: dict[int, int] = {}  # CUDA arrays: the backend's array (_ident) -> bytes charged
+        self.objects: set[tuple[str, int]] = set()  # texture and surface objects: (family, value)
         self.used = 0
         self.peak = 0
 
@@ -167,8 +186,9 @@ class Accounted(Backend):
     def inventory(self) -> Inventory:
         return self.inner.inventory()
 
-    def bind(self, handles: dict[int, tuple[str, Any]], name: Namer | None = None) -> None:
-        self.inner.bind(handles, name)
+    def bind(self, handles: dict[int, tuple[str, Any]], name: Namer | None = None,
+             drop: Callable[[int], None] | None = None) -> None:
+        self.inner.bind(handles, name, drop)
 
     def close(self) -> None:
         self.inner.close()
@@ -177,6 +197,8 @@ class Accounted(Backend):
         self.physical.clear()
         self.reserved = Regions()
         self.mapped.clear()
+        self.arrays.clear()
+        self.objects.clear()
         self.used = 0
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
@@ -189,8 +211,14 @@ class Accounted(Backend):
             return self.load_module(call, args)
         if call.family == "cuModuleUnload":
             return self.unload_module(call, args)
+        if call.family in ARRAY_CALLS:
+            return ARRAY_CALLS[call.family](self, call, args)
         if call.family == "cuMemPoolCreate":
             memprops.check_pool_props(args[1])
+        if call.family == "cuMemPoolSetAttribute":
+            args = self.pool_attribute(args)
+        if call.family in LAUNCHES:
+            check_parameters(call, args)
         if call.family in FREES and args[0] not in self.sizes:
             raise CudaError(errors.INVALID_VALUE, f"{args[0]:#x} is not one of this client's allocations")
         outs = self.inner.execute(call, args)
@@ -200,6 +228,15 @@ class Accounted(Backend):
         elif call.family == "cuModuleGetGlobal":
             self.learn_variable(args[2], _integer(outs[0]), _integer(outs[1]))
         return outs
+
+    def pool_attribute(self, args: list[Any]) -> list[Any]:
+        """Under a quota a pool keeps nothing cached after frees: what a pool caches is device memory the
+        quota does not see, and every pool would cache its own (release threshold clamped to 0)."""
+        pool, attribute, value = args
+        if self.limits.mem_quota and attribute == memprops.POOL_ATTRIBUTE["RELEASE_THRESHOLD"] and any(value or b""):
+            log.info("a pool's release threshold is kept at 0 under the memory quota")
+            return [pool, attribute, bytes(8)]
+        return args
 
     # ---- addresses ---------------------------------------------------------------------------
     def check_addresses(self, call: Call, args: list[Any]) -> None:
@@ -368,6 +405,46 @@ class Accounted(Backend):
             self.end_if_unused(handle)
         return outs
 
+    # ---- CUDA arrays and texture/surface objects ----------------------------------------------------
+    def create_array(self, call: Call, args: list[Any]) -> list[Any]:
+        """cuArrayCreate/cuArray3DCreate: device memory, charged (at 512-byte granules) until destroyed."""
+        charge = _granules(_array_bytes(call.family, bytes(args[1])))
+        self.limits.check_count(len(self.arrays), "arrays")
+        self.check_quota(charge)
+        outs = self.inner.execute(call, args)
+        self.arrays[_ident(_array_object(outs[0]))] = charge
+        self.charge(charge)
+        return outs
+
+    def destroy_array(self, call: Call, args: list[Any]) -> list[Any]:
+        outs = self.inner.execute(call, args)
+        self.charge(-self.arrays.pop(_ident(args[0]), 0))
+        return outs
+
+    def create_object(self, call: Call, args: list[Any]) -> list[Any]:
+        """xpuTexObjectCreate/xpuSurfObjectCreate(object, array, resource...): memory a resource names is the
+        client's; the object is the session's from now on."""
+        kind, union, _ = RESOURCE_DESC.unpack(bytes(args[2]))
+        if kind == RESOURCE_MIPMAPPED:
+            raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol}: mipmapped arrays are not forwarded")
+        if kind == RESOURCE_ARRAY and args[1] is None:
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: the resource names no array")
+        if kind in (RESOURCE_LINEAR_TYPE, RESOURCE_PITCH2D_TYPE):
+            address, extent = _resource_extent(kind, union)
+            self.check_address(call, "the resource", address, extent)
+        self.limits.check_count(len(self.objects), "texture and surface objects")
+        outs = self.inner.execute(call, args)
+        self.objects.add((call.family, _integer(outs[0])))
+        return outs
+
+    def destroy_object(self, call: Call, args: list[Any]) -> list[Any]:
+        key = (OBJECT_FAMILIES[call.family], args[0])
+        if key not in self.objects:
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {args[0]:#x} is not an object of this client's")
+        outs = self.inner.execute(call, args)
+        self.objects.discard(key)
+        return outs
+
     # ---- modules: their variables are device memory too ----------------------------------------
     def load_module(self, call: Call, args: list[Any]) -> list[Any]:
         key, image = bytes(args[1]), args[2]
@@ -411,6 +488,46 @@ VMM_CALLS = {"cuMemCreate": Accounted.create_physical, "cuMemRelease": Accounted
              "cuMemGetAllocationPropertiesFromHandle": Accounted.physical_properties,
              "cuMemGetAllocationGranularity": Accounted.granularity, "cuMemAddressReserve": Accounted.reserve,
              "cuMemAddressFree": Accounted.free_reserved, "cuMemMap": Accounted.map, "cuMemUnmap": Accounted.unmap}
+
+
+ARRAY_CALLS = {"cuArrayCreate": Accounted.create_array, "cuArray3DCreate": Accounted.create_array,
+               "cuArrayDestroy": Accounted.destroy_array, "xpuTexObjectCreate": Accounted.create_object,
+               "xpuSurfObjectCreate": Accounted.create_object, "cuTexObjectDestroy": Accounted.destroy_object,
+               "cuSurfObjectDestroy": Accounted.destroy_object}
+OBJECT_FAMILIES = {"cuTexObjectDestroy": "xpuTexObjectCreate", "cuSurfObjectDestroy": "xpuSurfObjectCreate"}
+
+
+def _array_bytes(family: str, desc: bytes) -> int:
+    """Bytes of an array's elements, from its descriptor (a descriptor the driver refuses counts 0)."""
+    if family == "cuArrayCreate":
+        width, height, fmt, channels = ARRAY_DESCRIPTOR.unpack(desc)
+        depth = 0
+    else:
+        width, height, depth, fmt, channels, _ = ARRAY3D_DESCRIPTOR.unpack(desc)
+    return width * ARRAY_FORMAT_BYTES.get(fmt, 0) * channels * max(height, 1) * max(depth, 1)
+
+
+def _array_object(value: Any) -> Any:
+    """An array as the backends answer it: the sim's object, or the cuda backend's handle bytes."""
+    return _integer(value) if isinstance(value, (bytes, memoryview)) else value
+
+
+def _resource_extent(kind: int, union: bytes) -> tuple[int, int]:
+    """(address, bytes) of the device memory a linear or pitch2D resource names."""
+    if kind == RESOURCE_LINEAR_TYPE:
+        address, _, _, size = RESOURCE_LINEAR.unpack_from(union)
+        return address, max(size, 1)
+    address, fmt, channels, width, height, pitch = RESOURCE_PITCH2D.unpack_from(union)
+    row = width * ARRAY_FORMAT_BYTES.get(fmt, 1) * channels
+    return address, max(max(pitch, row) * (height - 1) + row if height else 1, 1)
+
+
+def check_parameters(call: Call, args: list[Any]) -> None:
+    """A kernel's parameters are at most 32,764 bytes (the driver's limit since CUDA 12.1)."""
+    size = next((len(a) for p, a in zip(call.params, args) if p.name == "params" and a is not None), 0)
+    if size > MAX_KERNEL_PARAMETERS:
+        raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {size} bytes of kernel parameters "
+                        f"(at most {MAX_KERNEL_PARAMETERS})")
 
 
 def _granules(size: int) -> int:

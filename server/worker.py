@@ -77,7 +77,7 @@ class Session:
         self.limits = Limits()
         self.named: dict[tuple[str, Any], int] = {}  # (type, object) -> its handle, of objects the backend made
         self.owned: dict[Any, list[int]] = {}  # owner object -> handles named for objects it holds
-        backend.bind(self.handles, self.name_handle)
+        backend.bind(self.handles, self.name_handle, self.drop_handle)
 
     def start(self, header: dict[str, Any]) -> dict[str, Any]:
         """The `init` request: the client's link and trace settings; answered with the inventory."""
@@ -104,39 +104,60 @@ class Session:
             raise CudaError(errors.INVALID_HANDLE, f"{param.name}={value:#x} is not a live {param.ctype}")
         return entry[1]
 
-    def register(self, ctype: str, obj: Any, handle: int | None = None) -> int:
+    def register(self, ctype: str, obj: Any, handle: int | None = None, owner: Any = None) -> int:
+        """A new handle (the client's, for a shadow call); with an owner (a graph, for its nodes), it goes
+        when the owner's handle is destroyed."""
         if handle is None:
+            while self.next_handle in self.handles:  # a client may have taken one of these values
+                self.next_handle += 16
             handle, self.next_handle = self.next_handle, self.next_handle + 16
-        elif not isinstance(handle, int) or handle <= 0 or handle in self.handles:
-            raise CudaError(errors.INVALID_VALUE, f"client handle {handle!r} is invalid or already in use")
+        else:
+            self.check_new(handle)
         self.handles[handle] = (_handle_family(ctype), obj)
         self.held[_handle_family(ctype)] += 1
+        if owner is not None:
+            self.owned.setdefault(owner, []).append(handle)
         return handle
+
+    def check_new(self, handle: Any) -> None:
+        if not isinstance(handle, int) or handle <= 0 or handle in self.handles:
+            raise CudaError(errors.INVALID_VALUE, f"client handle {handle!r} is invalid or already in use")
 
     def name_handle(self, ctype: str, obj: Any, owner: Any) -> int:
         """The one handle of an object the backend made on its own (the nodes a capture made), the same
         each time it is named; it goes when its owner's handle is destroyed."""
         handle = self.named.get((ctype, obj))
         if handle is None:
-            handle = self.named[(ctype, obj)] = self.register(ctype, obj)
-            self.owned.setdefault(owner, []).append(handle)
+            self.limits.check_count(self.held[_handle_family(ctype)], f"handles of type {ctype}")
+            handle = self.named[(ctype, obj)] = self.register(ctype, obj, owner=owner)
         return handle
 
-    def forget(self, call: Call, args: list[Any]) -> None:
-        """Destroy calls drop the handle they destroyed, and the handles named for what it held."""
-        if call.destroys and args and isinstance(args[0], int) and (entry := self.handles.pop(args[0], None)):
-            self.held[entry[0]] -= 1
-            for handle in self.owned.pop(entry[1], ()) if entry[0] == "CUgraph" else ():
-                if (named := self.handles.pop(handle, None)) is not None:
-                    self.held[named[0]] -= 1
-                    self.named.pop(named, None)
+    def drop_handle(self, handle: int) -> None:
+        """A handle whose object the backend found gone (the graph of a failed capture), and what it owned."""
+        entry = self.handles.pop(handle, None)
+        if entry is None:
+            return
+        self.held[entry[0]] -= 1
+        if entry[0] == "CUgraphNode":
+            self.named.pop(entry, None)
+        elif entry[0] == "CUgraph":
+            for owned in self.owned.pop(entry[1], ()):
+                self.drop_handle(owned)
 
-    def check_handles(self, call: Call) -> None:
-        """The handles a call would make stay within the session's limit of each kind."""
-        for p in call.outputs:
-            if p.pointee == "handle":
+    def forget(self, call: Call, args: list[Any]) -> None:
+        """Destroy calls drop the handle they destroyed, and the handles of what it held."""
+        if call.destroys and args and isinstance(args[0], int):
+            self.drop_handle(args[0])
+
+    def check_handles(self, call: Call, args: list[Any]) -> None:
+        """The handles a call would make stay within the session's limit of each kind, and a client's new
+        handle is free: checked before anything is made."""
+        for p, value in zip(call.params, args):
+            if p.direction == "out" and p.pointee == "handle":
                 family = _handle_family(p.ctype.rstrip(" *"))
                 self.limits.check_count(self.held[family], f"handles of type {family}")
+                if call.cls == "shadow":
+                    self.check_new(value)
 
     def add_timings(self, answer: dict[str, Any]) -> dict[str, Any]:
         """Give an answer the times measured since the last one, for the client's trace."""
@@ -189,7 +210,7 @@ class Session:
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol} takes {len(call.params)} arguments, got {len(args)}")
         scalars = {p.name: a for p, a in zip(call.params, args) if p.kind in ("int", "float")}
         decoded = [self.decode(p, a, scalars, call) for p, a in zip(call.params, args)]
-        self.check_handles(call)
+        self.check_handles(call, args)
         try:
             if self.gpu_timer and is_gpu_work(call):
                 begun = self.gpu_timer.start(call, decoded)
@@ -203,7 +224,8 @@ class Session:
             # a handle of the wrong kind, or a value no driver would accept
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {type(exc).__name__}: {exc}") from None
         self.forget(call, args)
-        return [self.encode(p, a, o, call) for p, a, o in zip(call.outputs, _out_args(call, args), outs)]
+        owner = _graph_of(call, decoded)  # a node belongs to its graph: its handle goes with the graph's
+        return [self.encode(p, a, o, call, owner) for p, a, o in zip(call.outputs, _out_args(call, args), outs)]
 
     def decode(self, p: Param, value: Any, scalars: dict[str, Any], call: Call) -> Any:
         if p.kind == "handle":
@@ -234,11 +256,11 @@ class Session:
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: {len(value)} bytes, expected {expected}")
         return value
 
-    def encode(self, p: Param, arg: Any, out: Any, call: Call) -> Any:
+    def encode(self, p: Param, arg: Any, out: Any, call: Call, owner: Any = None) -> Any:
         if arg is None and p.pointee != "handle":
             return None  # the application passed NULL for this output
         if p.pointee == "handle":
-            handle = self.register(p.ctype.rstrip(" *"), out, arg if call.cls == "shadow" else None)
+            handle = self.register(p.ctype.rstrip(" *"), out, arg if call.cls == "shadow" else None, owner)
             return None if call.cls == "shadow" else handle.to_bytes(8, "little")
         if isinstance(out, bytes):
             return wire.frame(out)  # a large output goes as a frame of its own, not through msgpack
@@ -247,6 +269,13 @@ class Session:
         if p.count is None and p.pointee in ("int", "float"):
             return _pack_scalar(p, out)
         return out
+
+
+def _graph_of(call: Call, decoded: list[Any]) -> Any:
+    """The graph a call adds a node to (its CUgraph argument), or None."""
+    if call.outputs and call.outputs[0].ctype == "CUgraphNode *":
+        return next((a for p, a in zip(call.params, decoded) if p.ctype == "CUgraph"), None)
+    return None
 
 
 def _handle_family(ctype: str) -> str:

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import ROOT, Build, assert_all_ok
+from conftest import ROOT, Build, assert_all_ok, start_server
+from pyclient import CTX, PyClient
+
+from xpuremote.protocol import errors
+from xpuremote.protocol.calls import CALLS
 
 pytest.importorskip("cuda.bindings.driver", reason="cuda-python (cuda-bindings) is not installed")
 
@@ -29,25 +34,74 @@ def test_capture_graphs_and_nodes(run_on, request, fatbin: Path, where: str) -> 
     assert_all_ok(run_on([sys.executable, str(PROGRAM), str(fatbin)], timeout=120, address=address), 100)
 
 
-@pytest.mark.sim_only(reason="reads the sim server's log")
-def test_a_host_copy_is_refused_on_the_server_too(server) -> None:
-    """The client refuses a host copy in a capture before it is sent; the server refuses one sent anyway
-    (a replay on the server could not reach the client's memory)."""
-    from xpuremote.client.connection import Connection
-    from xpuremote.protocol import errors
-    from xpuremote.protocol.calls import CALLS
+# ---- what a client that does not use the client library may send (the worker's own checks) -------------
+STREAM, GRAPH = 0x7C00_0000_2000, 0x7C00_0000_2010
 
-    conn = Connection(server.address)
+
+def deferred_and_status(client: PyClient, symbol: str, *args: Any) -> tuple[list[list[Any]], int]:
+    status, _, deferred = client.conn.call(CALLS[symbol], list(args), CTX)
+    return [d[:2] for d in deferred], status
+
+
+@pytest.mark.sim_only(reason="calls the sim's own requests with arguments no client library sends")
+def test_what_a_replay_could_not_do_is_refused_on_the_server_too(server) -> None:
+    """A host copy or a stream-ordered allocation in a capture (refused by the client first)."""
+    client = PyClient(server.address)
     try:
-        ctx, stream, graph = 0x7C00_0000_1000, 0x7C00_0000_1010, 0x7C00_0000_1020
-        conn.post(CALLS["cuDevicePrimaryCtxRetain"], [ctx, 0], None)
-        (address,) = conn.call(CALLS["cuMemAlloc_v2"], [8, 64], ctx)[1]
-        conn.post(CALLS["cuStreamCreate"], [stream, 1], ctx)
-        conn.post(CALLS["xpuStreamBeginCapture"], [graph, stream, 0], ctx)
-        dst = int.from_bytes(address, "little")
-        conn.post(CALLS["cuMemcpyHtoDAsync_v2"], [dst, b"x" * 64, 64, stream], ctx)
-        status, _, deferred = conn.call(CALLS["xpuStreamEndCapture"], [stream, graph], ctx)
+        dst = client.alloc(64)
+        client.post("cuStreamCreate", STREAM, 1)
+        for symbol, args in (("cuMemcpyHtoDAsync_v2", [dst, b"x" * 64, 64, STREAM]),
+                             ("cuMemFreeAsync", [dst, STREAM])):
+            client.post("xpuStreamBeginCapture", GRAPH, STREAM, 0)
+            client.post(symbol, *args)
+            deferred, status = deferred_and_status(client, "xpuStreamEndCapture", STREAM, GRAPH)
+            assert deferred == [[symbol, errors.NOT_SUPPORTED]] and status == errors.CAPTURE_INVALIDATED
+        assert client.read(dst, 4) == bytes(4)  # neither ran
     finally:
-        conn.close()
-    assert [d[:2] for d in deferred] == [["cuMemcpyHtoDAsync_v2", errors.NOT_SUPPORTED]], deferred
-    assert status == errors.CAPTURE_INVALIDATED
+        client.close()
+
+
+@pytest.mark.sim_only(reason="calls the sim's own requests with arguments no client library sends")
+def test_graph_handles_are_checked_and_go_with_their_graph(tmp_path: Path) -> None:
+    """A handle already in use is refused before anything is made; nodes' handles go with their graph
+    (so building and destroying graphs does not exhaust --max-handles); graphs launched within graphs
+    are bounded; a destroyed stream leaves its capture."""
+    srv = start_server(tmp_path, args=("--max-handles", "40"))
+    client = PyClient(srv.address)
+    try:
+        client.post("cuGraphCreate", GRAPH, 0)
+        client.post("cuGraphAddEmptyNode", GRAPH + 16, GRAPH, None, 0)
+        assert deferred_and_status(client, "cuGraphAddEmptyNode", GRAPH + 16, GRAPH, None, 0)[1] == errors.INVALID_VALUE
+        assert client.call("xpuGraphCountNodes", GRAPH, 0, 8)[0] == (1).to_bytes(8, "little")
+        client.post("cuGraphDestroy", GRAPH)
+        for round_ in range(10):  # 10 graphs of 10 nodes, one at a time, under a limit of 40 handles
+            graph = GRAPH + 0x1000 * (round_ + 1)
+            client.post("cuGraphCreate", graph, 0)
+            for i in range(10):
+                client.post("cuGraphAddEmptyNode", graph + 16 * (i + 1), graph, None, 0)
+            client.post("cuGraphDestroy", graph)
+        client.call("cuCtxSynchronize_v2", CTX)
+        client.post("cuStreamCreate", STREAM, 1)
+        inner = client.alloc(64)
+        graph, graph_exec = GRAPH + 0x20000, 0
+        for depth in range(10):
+            client.post("xpuStreamBeginCapture", graph + depth * 16, STREAM, 0)
+            if graph_exec:
+                client.post("cuGraphLaunch", graph_exec, STREAM)
+            else:
+                client.post("cuMemsetD8Async", inner, 7, 64, STREAM)
+            client.call("xpuStreamEndCapture", STREAM, graph + depth * 16)
+            status, outs, _ = client.conn.call(CALLS["cuGraphInstantiateWithFlags"], [8, graph + depth * 16, 0], CTX)
+            if status:
+                break
+            graph_exec = int.from_bytes(outs[0], "little")
+        assert status == errors.NOT_SUPPORTED and depth == 8  # eight deep at most
+        blocking = STREAM + 16
+        client.post("cuStreamCreate", blocking, 0)
+        client.post("xpuStreamBeginCapture", graph + 0x1000, blocking, 0)
+        client.post("cuStreamDestroy_v2", blocking)
+        client.call("cuMemsetD8_v2", inner, 1, 64)  # the legacy stream is free again
+    finally:
+        client.close()
+        srv.stop()
+    assert "internal error" not in srv.log()

@@ -14,10 +14,12 @@ from xpuremote.protocol.layouts import CLUSTER_DIMENSION, LAUNCH_ATTRIBUTE
 
 Namer = Callable[[str, Any, Any], int]  # (handle type, object, owner) -> the object's handle for the client
 
-# work whose data is the client's host memory: a graph replayed on the server could not reach it, so it
-# is refused on a capturing stream (the client refuses it first)
-HOST_DATA_CALLS = ("cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "xpuMemcpy2DFromHost", "xpuMemcpy2DToHost",
-                   "xpuHostFunc")
+# refused on a capturing stream (the client refuses them first): work whose data is the client's host
+# memory, which a graph replayed on the server could not reach, and stream-ordered allocation, which would
+# be a graph's memory node (not forwarded)
+CAPTURE_REFUSED = ("cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "xpuMemcpy2DFromHost", "xpuMemcpy2DToHost",
+                   "xpuMemcpyArrayFromHost", "xpuMemcpyArrayToHost", "xpuHostFunc", "cuMemAllocAsync",
+                   "cuMemAllocFromPoolAsync", "cuMemFreeAsync")
 
 
 def launch_attributes(data: bytes | None, count: int) -> list[tuple[int, bytes]]:
@@ -96,6 +98,23 @@ class Backend:
         """Replaced by the session's (bind)."""
         raise CudaError(errors.NOT_SUPPORTED, "no session names this backend's objects")
 
+    def drop_handle(self, handle: int) -> None:
+        """Replaced by the session's (bind)."""
+        self.handles.pop(handle, None)
+
+    def handle_array(self, data: bytes | None, count: int, family: str) -> list[Any]:
+        """The objects an array of client handles names, each of `family` (a CUgraphNode array, say)."""
+        raw = bytes(data or b"")
+        if len(raw) < 8 * count:
+            raise CudaError(errors.INVALID_VALUE, f"{count} handles in {len(raw)} bytes")
+        found = []
+        for (handle,) in struct.iter_unpack("<Q", raw[: 8 * count]):
+            entry = self.handles.get(handle)
+            if entry is None or entry[0] != family:
+                raise CudaError(errors.INVALID_VALUE, f"{handle:#x} is not a live {family}")
+            found.append(entry[1])
+        return found
+
     def inventory(self) -> Inventory:
         raise NotImplementedError
 
@@ -112,14 +131,17 @@ class Backend:
         """What serves the math library `name` (its families as methods), or None."""
         return None
 
-    def bind(self, handles: dict[int, tuple[str, Any]], name: Namer | None = None) -> None:
+    def bind(self, handles: dict[int, tuple[str, Any]], name: Namer | None = None,
+             drop: Callable[[int], None] | None = None) -> None:
         """The session's handle table (client handle -> (type, object)), for libraries whose
-        arguments hold handles inside arrays (cuDNN's descriptor attributes), and `name(type, object,
+        arguments hold handles inside arrays (cuDNN's descriptor attributes); `name(type, object,
         owner)`: the one handle of an object the backend made on its own (the nodes of a capture),
-        forgotten with its owner's."""
+        forgotten with its owner's; `drop(handle)`: forget a handle whose object is gone."""
         self.handles = handles
         if name is not None:
             self.name_handle = name
+        if drop is not None:
+            self.drop_handle = drop
 
     def close(self) -> None:
         """Release everything this session holds."""

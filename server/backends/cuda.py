@@ -26,6 +26,9 @@ from xpuremote.protocol.calls import CALLS, Call, Param
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import (
+    ARRAY3D_DESCRIPTOR,
+    ARRAY_DESCRIPTOR,
+    ARRAY_FORMAT_BYTES,
     EVENT_ATTRIBUTES,
     KERNEL_NODE_V2,
     LAUNCH_ATTRIBUTE,
@@ -33,15 +36,17 @@ from xpuremote.protocol.layouts import (
     MEMCPY2D,
     MEMCPY3D,
     MEMSET_NODE,
+    RESOURCE_ARRAY,
 )
 
-from .base import HOST_DATA_CALLS, Backend, DeviceInfo, Inventory, check_module_image, launch_attributes
+from .base import CAPTURE_REFUSED, Backend, DeviceInfo, Inventory, check_module_image, launch_attributes
 from .nvml_status import NvmlStatus
 
 RELAXED = ENUMS["CU_STREAM_CAPTURE_MODE_RELAXED"]
+ARRAY_CLEAR_BYTES = 16 << 20  # host zeros copied at a time into a new CUDA array
 C_INT = {(1, 0): "uint8_t", (1, 1): "int8_t", (2, 0): "uint16_t", (2, 1): "int16_t",
          (4, 0): "uint32_t", (4, 1): "int32_t", (8, 0): "uint64_t", (8, 1): "int64_t"}
-HOST, DEVICE = ENUMS["CU_MEMORYTYPE_HOST"], ENUMS["CU_MEMORYTYPE_DEVICE"]
+HOST, DEVICE, ARRAY = ENUMS["CU_MEMORYTYPE_HOST"], ENUMS["CU_MEMORYTYPE_DEVICE"], ENUMS["CU_MEMORYTYPE_ARRAY"]
 
 
 def c_type(p: Param) -> str:
@@ -162,17 +167,14 @@ class CudaBackend(Backend):
         """A driver call's input arrays of handles (graph nodes) hold client handles: the real ones go."""
         if call.library != "cuda":
             return args
-        return [self.real_handles(a) if p.pointee == "handle" and p.direction == "in" and p.count and a else a
+        return [self.real_handles(a, p.ctype.replace("const ", "").rstrip(" *"))
+                if p.pointee == "handle" and p.direction == "in" and p.count and a else a
                 for p, a in zip(call.params, args)]
 
-    def real_handles(self, data: bytes) -> bytes:
-        real = []
-        for (handle,) in struct.iter_unpack("<Q", bytes(data)):
-            found = self.handles.get(handle)
-            if found is None:
-                raise CudaError(errors.INVALID_VALUE, f"{handle:#x} is not a live handle")
-            real.append(int(found[1]))
-        return struct.pack(f"<{len(real)}Q", *real)
+    def real_handles(self, data: bytes, family: str) -> bytes:
+        """The driver's own objects for an array of client handles, each of `family`."""
+        real = self.handle_array(data, len(data) // 8, family)
+        return struct.pack(f"<{len(real)}Q", *(int(r) for r in real))
 
     def out(self, ctype: str, what: str, fn: Any, *args: Any) -> Any:
         value = self.ffi.new(ctype)
@@ -213,7 +215,7 @@ class CudaBackend(Backend):
 
     # ---- the generic path ----------------------------------------------------------------------
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
-        if call.family in HOST_DATA_CALLS:
+        if call.family in CAPTURE_REFUSED:
             self.refuse_if_capturing(call, args)
         own = getattr(self, call.family, None) if call.family.startswith("xpu") or call.family in OWN else None
         if own is not None:
@@ -235,7 +237,34 @@ class CudaBackend(Backend):
             self.clear_in_order(args, results)
         elif call.family == "cuMemCreate":
             self.clear_physical(args, results)
+        elif call.family in ("cuArrayCreate", "cuArray3DCreate"):
+            self.clear_array(call, args, results)
         return results
+
+    def clear_array(self, call: Call, args: list[Any], results: list[Any]) -> None:
+        """A new array is zeroed (a copy of zeros from the worker's memory), as new allocations are."""
+        array = results[0]  # a handle output: the generic path's int
+        if call.family == "cuArrayCreate":
+            width, height, fmt, channels = ARRAY_DESCRIPTOR.unpack(bytes(args[1]))
+            depth = 0
+        else:
+            width, height, depth, fmt, channels, _ = ARRAY3D_DESCRIPTOR.unpack(bytes(args[1]))
+        row, rows, slices = width * ARRAY_FORMAT_BYTES.get(fmt, 0) * channels, max(height, 1), max(depth, 1)
+        step = max(1, min(rows, ARRAY_CLEAR_BYTES // max(row, 1)))  # rows of zeros per copy
+        zeros = self.ffi.new("char[]", max(row * step, 1))
+        host = int(self.ffi.cast("uintptr_t", zeros))
+        stream = self.ffi.new("void **")  # not the legacy stream: a blocking stream may be capturing (zero())
+        status = self.lib.cuStreamCreate(stream, ENUMS["CU_STREAM_NON_BLOCKING"])
+        if not status:
+            for z in range(slices):
+                for first in range(0, rows, step):
+                    n = min(step, rows - first)
+                    status = status or self.memcpy_3d((HOST, host, row, n), (ARRAY, array, 0, first, z), row, n, 1,
+                                                      stream[0])
+            self.lib.cuStreamDestroy_v2(stream[0])
+        if status:
+            self.lib.cuArrayDestroy(self.ffi.cast("void *", array))
+            self.check(status, "clearing a new array (cuMemcpy3D)")
 
     def clear(self, call: Call, args: list[Any], results: list[Any]) -> None:
         """Zero a new allocation before the client sees it: the driver may hand out memory that
@@ -389,7 +418,7 @@ class CudaBackend(Backend):
                       count: int) -> tuple[Any, Any]:
         """A CUlaunchConfig and the attributes it points to, with their events the real ones."""
         ffi = self.ffi
-        real = b"".join(LAUNCH_ATTRIBUTE.pack(ident, self.real_handles(value[:8]) + value[8:]
+        real = b"".join(LAUNCH_ATTRIBUTE.pack(ident, self.real_handles(value[:8], "CUevent") + value[8:]
                                               if ident in EVENT_ATTRIBUTES else value)
                         for ident, value in launch_attributes(attrs, count))
         array = ffi.from_buffer(real) if real else ffi.NULL
@@ -442,6 +471,72 @@ class CudaBackend(Backend):
         address = int(self.ffi.cast("uintptr_t", host))
         self.memcpy_2d((DEVICE, dst, dpitch), (HOST, address, width), width, height, stream)
 
+    # ---- CUDA arrays: sides are (HOST or DEVICE, address, pitch, height) or (ARRAY, array, x, y, z) -----------
+    def memcpy_3d(self, src: tuple, dst: tuple, width: int, height: int, depth: int, stream: Any) -> int:
+        """A cuMemcpy3DAsync, waited for (a host side is this message's buffer); its status."""
+        def side(kind: int, where: int, *rest: int) -> tuple:
+            if kind == ARRAY:
+                x, y, z = rest
+                return (x, y, z, 0, ARRAY, 0, 0, where, 0, 0)
+            pitch, rows = rest
+            return (0, 0, 0, 0, kind, where if kind == HOST else 0, where if kind == DEVICE else 0, 0, pitch, rows)
+
+        desc = self.ffi.from_buffer(MEMCPY3D.pack(*side(*src), *side(*dst), width, height, depth))
+        handle = self.ffi.cast("void *", stream or 0)
+        status = self.lib.cuMemcpy3DAsync_v2(desc, handle)
+        if not status and HOST in (src[0], dst[0]):
+            status = self.lib.cuStreamSynchronize(handle)
+        return status
+
+    def xpuMemcpyArrayFromHost(self, dst: int, x: int, y: int, z: int, src: bytes, width: int, height: int,
+                               stream: Any) -> None:
+        host = self.ffi.from_buffer(bytes(src))
+        address = int(self.ffi.cast("uintptr_t", host))
+        self.check(self.memcpy_3d((HOST, address, width, height), (ARRAY, dst, x, y, z), width, height, 1, stream),
+                   "cuMemcpy3DAsync")
+
+    def xpuMemcpyArrayToHost(self, src: int, x: int, y: int, z: int, width: int, height: int,
+                             stream: Any) -> tuple[bytes]:
+        host = self.ffi.new("char[]", max(width * height, 1))
+        address = int(self.ffi.cast("uintptr_t", host))
+        self.check(self.memcpy_3d((ARRAY, src, x, y, z), (HOST, address, width, height), width, height, 1, stream),
+                   "cuMemcpy3DAsync")
+        return (bytes(self.ffi.buffer(host, width * height)),)
+
+    def xpuMemcpyArrayFromDevice(self, dst: int, x: int, y: int, z: int, src: int, pitch: int, width: int,
+                                 height: int, stream: Any) -> None:
+        self.check(self.memcpy_3d((DEVICE, src, pitch, height), (ARRAY, dst, x, y, z), width, height, 1, stream),
+                   "cuMemcpy3DAsync")
+
+    def xpuMemcpyArrayToDevice(self, dst: int, pitch: int, src: int, x: int, y: int, z: int, width: int,
+                               height: int, stream: Any) -> None:
+        self.check(self.memcpy_3d((ARRAY, src, x, y, z), (DEVICE, dst, pitch, height), width, height, 1, stream),
+                   "cuMemcpy3DAsync")
+
+    def xpuMemcpyArrayToArray(self, dst: int, dx: int, dy: int, dz: int, src: int, sx: int, sy: int, sz: int,
+                              width: int, height: int, stream: Any) -> None:
+        self.check(self.memcpy_3d((ARRAY, src, sx, sy, sz), (ARRAY, dst, dx, dy, dz), width, height, 1, stream),
+                   "cuMemcpy3DAsync")
+
+    def real_resource(self, array: int | None, desc: bytes) -> Any:
+        """The client's CUDA_RESOURCE_DESC with the server's array in it (the worker resolved the handle)."""
+        data = bytearray(bytes(desc))
+        if int.from_bytes(data[:4], "little") == RESOURCE_ARRAY:
+            data[8:16] = (array or 0).to_bytes(8, "little")
+        return self.ffi.from_buffer(bytes(data))
+
+    def xpuTexObjectCreate(self, array: int | None, res: bytes, tex: bytes, view: bytes | None) -> tuple[int]:
+        value = self.ffi.new("uint64_t *")
+        view_desc = self.ffi.from_buffer(bytes(view)) if view is not None else self.ffi.NULL
+        self.check(self.lib.cuTexObjectCreate(value, self.real_resource(array, res), self.ffi.from_buffer(bytes(tex)),
+                                              view_desc), "cuTexObjectCreate")
+        return (int(value[0]),)
+
+    def xpuSurfObjectCreate(self, array: int | None, res: bytes) -> tuple[int]:
+        value = self.ffi.new("uint64_t *")
+        self.check(self.lib.cuSurfObjectCreate(value, self.real_resource(array, res)), "cuSurfObjectCreate")
+        return (int(value[0]),)
+
     # ---- stream capture and graphs: the capture is the driver's. Every capture is RELAXED here: this one
     # thread serves all of the client's threads, whose modes the client keeps (client/graphs.py).
     def refuse_if_capturing(self, call: Call, args: list[Any]) -> None:
@@ -449,8 +544,7 @@ class CudaBackend(Backend):
         status = self.ffi.new("int *")
         self.check(self.lib.cuStreamIsCapturing(self.ffi.cast("void *", stream or 0), status), "cuStreamIsCapturing")
         if status[0]:
-            raise CudaError(errors.NOT_SUPPORTED, f"{call.family} of a capturing stream: a replay on the server "
-                            "cannot reach the client's host memory")
+            raise CudaError(errors.NOT_SUPPORTED, f"{call.family} cannot be captured into a graph over a network")
 
     def xpuStreamBeginCapture(self, stream: Any, mode: int) -> tuple[int]:
         handle = self.ffi.cast("void *", stream or 0)
@@ -492,7 +586,8 @@ class CudaBackend(Backend):
 
     def add_node(self, fn: Any, graph: int, deps: bytes | None, count: int, *params: Any) -> tuple[int]:
         node = self.ffi.new("void **")
-        real = self.ffi.from_buffer(self.real_handles(deps)) if count else self.ffi.NULL
+        real = self.ffi.from_buffer(self.real_handles(bytes(deps or b"")[: 8 * count], "CUgraphNode")) if count \
+            else self.ffi.NULL
         self.check(fn(node, self.ffi.cast("void *", graph), real, count, *params), "adding a graph node")
         return (int(self.ffi.cast("uintptr_t", node[0])),)
 

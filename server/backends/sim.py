@@ -26,6 +26,7 @@ from xpuremote.protocol.layouts import EVENT_ATTRIBUTES
 
 from . import sim_kernels
 from .base import DeviceInfo, Inventory, check_module_image, cluster_size, launch_attributes
+from .sim_arrays import SimArrays
 from .sim_board import Board
 from .sim_graphs import SimGraphs
 from .sim_pools import Pool, Pools
@@ -285,7 +286,7 @@ def _attribute_ids() -> dict[int, int]:
     return out
 
 
-class SimBackend(SimGraphs):
+class SimBackend(SimGraphs, SimArrays):
     name = "sim"
 
     def __init__(self, device_count: int = 1, memory_bytes: int = 16 * 2**30) -> None:
@@ -756,6 +757,8 @@ class SimBackend(SimGraphs):
     def xpuOccupancyMaxActiveClusters(self, func: Function, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
                                       shared: int, attrs: bytes | None, count: int) -> tuple[int]:
         """As many clusters as the SMs hold blocks of this size (an H100's GPCs would hold somewhat fewer)."""
+        if func is None:
+            raise CudaError(errors.INVALID_HANDLE, "no function")
         cluster = cluster_size(launch_attributes(attrs, count))
         if cluster > MAX_CLUSTER:
             raise CudaError(errors.INVALID_CLUSTER_SIZE, f"clusters of {cluster} blocks (at most {MAX_CLUSTER})")

@@ -21,7 +21,7 @@ from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
 
 from ..gpu_timer import is_gpu_work
-from .base import HOST_DATA_CALLS, Backend
+from .base import CAPTURE_REFUSED, Backend
 
 LEGACY = (0, 1)
 NON_BLOCKING = ENUMS["CU_STREAM_NON_BLOCKING"]
@@ -32,7 +32,12 @@ SET_DEPENDENCIES = ENUMS["CU_STREAM_SET_CAPTURE_DEPENDENCIES"]
 GRAPH_MEM_ATTRIBUTES = (0, 1, 2, 3)
 WAITS = ("cuStreamSynchronize", "cuStreamQuery")
 RECORDS = ("cuEventRecord", "cuEventRecordWithFlags")
-STREAM_CONTROL = (*WAITS, *RECORDS, "cuStreamWaitEvent", "xpuHostFunc")  # looked at while a capture is on
+STREAM_CONTROL = (*WAITS, *RECORDS, "cuStreamWaitEvent", *CAPTURE_REFUSED)  # looked at while a capture is on
+FORGETTING = ("cuStreamDestroy", "cuEventDestroy", "cuGraphDestroy")  # what a capture must hear of
+MAX_DEPTH = 8  # graphs launched inside graphs, so deep at most
+MAX_WORK = 1 << 20  # nodes one launch may run, children's included
+MAX_BYTES = 1 << 30  # what the session's graphs may hold (nodes and their kernels' parameters)
+NODE_BYTES = 256  # a node's own keep, beside its parameters
 
 
 _idents = itertools.count(1)  # graphs' and instantiations' ids, unique in the session
@@ -51,6 +56,7 @@ class Node:
 class Graph:
     nodes: list[Node] = field(default_factory=list)
     ident: int = field(default_factory=lambda: next(_idents))
+    size: int = 0  # bytes its nodes hold
 
     def add(self, call: Call | None, args: list[Any], deps: list[Node]) -> Node:
         node = Node(call, args, self, len(self.nodes), list(deps))
@@ -62,6 +68,8 @@ class Graph:
 class Exec:
     order: list[Node]  # the graph's nodes, each after everything it depends on
     ident: int = field(default_factory=lambda: next(_idents))
+    depth: int = 1  # graphs launched within graphs, this one included
+    work: int = 0  # nodes a launch runs, those of the graphs it launches included
 
 
 @dataclass(eq=False)
@@ -137,10 +145,15 @@ class SimGraphs(Backend):
 
     def __init__(self) -> None:
         self.captures: dict[Any, Capture] = {}  # stream key -> its capture
+        self.graph_bytes = 0  # what the session's graphs hold (MAX_BYTES)
         self.capture_events: dict[int, tuple[Capture, list[Node]]] = {}  # id(event) -> capture, nodes
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
-        if not self.captures or not (is_stream_work(call) or call.family in STREAM_CONTROL):
+        if not self.captures:
+            return super().execute(call, args)
+        if call.family in FORGETTING:
+            self.forget(call.family, args[0])
+        if not (is_stream_work(call) or call.family in STREAM_CONTROL):
             return super().execute(call, args)
         stream = stream_of(call, args)
         capture = self.capture_of(stream)
@@ -153,10 +166,13 @@ class SimGraphs(Backend):
             self.wait_event(capture, stream, args[1])
         if capture is None or call.family in RECORDS or call.family == "cuStreamWaitEvent":
             return super().execute(call, args)
-        if call.family in WAITS or call.family in HOST_DATA_CALLS:
+        if call.family in WAITS or call.family in CAPTURE_REFUSED:
             self.invalidate(capture, f"{call.family} in a capture")
             raise CudaError(errors.CAPTURE_UNSUPPORTED if call.family in WAITS else errors.NOT_SUPPORTED,
                             f"{call.family} of a capturing stream")
+        if len(capture.graph.nodes) >= MAX_WORK:
+            self.invalidate(capture, "the capture grew past its bound")
+            raise CudaError(errors.OUT_OF_MEMORY, f"a capture of more than {MAX_WORK} nodes")
         self.capture_work(capture, stream, call, args)
         return []
 
@@ -171,8 +187,36 @@ class SimGraphs(Backend):
         return self.captures.get(key(stream))
 
     def capture_work(self, capture: Capture, stream: Any, call: Call, args: list[Any]) -> None:
-        node = capture.graph.add(call, list(args), capture.tails[key(stream)])
+        node = self.add_node(capture.graph, call, list(args), capture.tails[key(stream)])
         capture.tails[key(stream)] = [node]
+
+    def add_node(self, graph: Graph, call: Call | None, args: list[Any], deps: list[Node]) -> Node:
+        """A node, within what the session's graphs may hold."""
+        size = NODE_BYTES + sum(len(a) for a in args if isinstance(a, (bytes, memoryview)))
+        if self.graph_bytes + size > MAX_BYTES:
+            raise CudaError(errors.OUT_OF_MEMORY, f"this session's graphs hold {self.graph_bytes} bytes already")
+        self.graph_bytes += size
+        graph.size += size
+        return graph.add(call, args, deps)
+
+    def forget(self, family: str, obj: Any) -> None:
+        """A stream or event destroyed leaves its capture; a graph being captured cannot be destroyed."""
+        if family == "cuStreamDestroy" and (capture := self.captures.get(key(obj))) is not None:
+            self.invalidate(capture, "a stream of the capture was destroyed")
+            if capture.origin == key(obj):
+                self.end(capture)
+            else:
+                del self.captures[key(obj)]
+        elif family == "cuEventDestroy":
+            self.capture_events.pop(id(obj), None)
+        elif family == "cuGraphDestroy" and any(c.graph is obj for c in self.captures.values()):
+            raise CudaError(errors.ILLEGAL_STATE, "the graph is being captured into")
+
+    def end(self, capture: Capture) -> None:
+        for k in [k for k, c in self.captures.items() if c is capture]:
+            del self.captures[k]
+        for e in [e for e, (c, _) in self.capture_events.items() if c is capture]:
+            del self.capture_events[e]
 
     def record_event(self, capture: Capture, stream: Any, args: list[Any]) -> None:
         event, flags = args[0], args[2] if len(args) > 2 else 0
@@ -220,13 +264,11 @@ class SimGraphs(Backend):
             raise CudaError(errors.CAPTURE_UNMATCHED, "a capture ends on the stream where it began")
         if self.handles.get(graph_handle, (None, None))[1] is not capture.graph:
             raise CudaError(errors.INVALID_VALUE, f"{graph_handle:#x} is not the graph of this capture")
-        for k in [k for k, c in self.captures.items() if c is capture]:
-            del self.captures[k]
-        for e in [e for e, (c, _) in self.capture_events.items() if c is capture]:
-            del self.capture_events[e]
+        self.end(capture)
         status = errors.CAPTURE_INVALIDATED if capture.invalid else errors.CAPTURE_UNJOINED if unjoined(capture) else 0
         if status:
-            self.handles.pop(graph_handle, None)  # the driver destroys the graph of a failed capture
+            self.cuGraphDestroy(capture.graph)
+            self.drop_handle(graph_handle)  # the driver destroys the graph of a failed capture
             raise CudaError(status, capture.invalid or "a stream that joined the capture was not joined back")
 
     def xpuStreamGetCaptureDependencies(self, stream: Any) -> tuple[list[int]]:
@@ -251,23 +293,18 @@ class SimGraphs(Backend):
     # ---- graphs ----------------------------------------------------------------------------------------
     def nodes(self, raw: bytes | None, count: int) -> list[Node]:
         """Nodes named by client handles in an array."""
-        found = []
-        for i in range(count):
-            handle = int.from_bytes(bytes(raw or b"")[8 * i : 8 * i + 8], "little")
-            entry = self.handles.get(handle)
-            if entry is None or entry[0] != "CUgraphNode":
-                raise CudaError(errors.INVALID_VALUE, f"{handle:#x} is not a graph node")
-            found.append(entry[1])
-        return found
+        return self.handle_array(raw, count, "CUgraphNode")
 
     def cuGraphCreate(self, flags: int) -> tuple[Graph]:
         return (Graph(),)
 
     def cuGraphDestroy(self, graph: Graph) -> None:
-        """The worker forgets the handle; nodes and instantiations keep what they need."""
+        """The worker forgets the handle (and its nodes'); instantiations keep what they need."""
+        self.graph_bytes -= graph.size
+        graph.size = 0
 
     def cuGraphAddEmptyNode(self, graph: Graph, deps: bytes | None, count: int) -> tuple[Node]:
-        return (graph.add(None, [], self.nodes(deps, count)),)
+        return (self.add_node(graph, None, [], self.nodes(deps, count)),)
 
     def cuGraphAddDependencies(self, graph: Graph, sources: bytes, targets: bytes, *rest: Any) -> None:
         """rest: the edges' data (_v2; the sim's edges are all plain), then their count."""
@@ -282,23 +319,31 @@ class SimGraphs(Backend):
                               gz: int, bx: int, by: int, bz: int, shared: int, params: bytes,
                               param_bytes: int) -> tuple[Node]:
         args = [func, gx, gy, gz, bx, by, bz, shared, None, bytes(params), param_bytes, 0]
-        return (graph.add(CALLS["xpuLaunchKernel"], args, self.nodes(deps, count)),)
+        return (self.add_node(graph, CALLS["xpuLaunchKernel"], args, self.nodes(deps, count)),)
 
     def xpuGraphAddMemsetNode(self, graph: Graph, deps: bytes | None, count: int, dst: int, pitch: int, value: int,
                               element: int, width: int, height: int) -> tuple[Node]:
         call = CALLS[f"cuMemsetD2D{8 * element}Async"]
-        return (graph.add(call, [dst, pitch, value, width, height, None], self.nodes(deps, count)),)
+        return (self.add_node(graph, call, [dst, pitch, value, width, height, None], self.nodes(deps, count)),)
 
     def xpuGraphAddMemcpyNode(self, graph: Graph, deps: bytes | None, count: int, dst: int, dst_pitch: int,
                               src: int, src_pitch: int, width: int, height: int) -> tuple[Node]:
         args = [dst, dst_pitch, src, src_pitch, width, height, None]
-        return (graph.add(CALLS["xpuMemcpy2DDevice"], args, self.nodes(deps, count)),)
+        return (self.add_node(graph, CALLS["xpuMemcpy2DDevice"], args, self.nodes(deps, count)),)
 
     def xpuGraphCountNodes(self, graph: Graph, roots: int) -> tuple[int]:
         return (sum(1 for n in graph.nodes if not roots or not n.deps),)
 
     def cuGraphInstantiateWithFlags(self, graph: Graph, flags: int) -> tuple[Exec]:
-        return (Exec(topological(graph)),)
+        """Graphs launched within graphs are bounded: so deep, so much work in one launch."""
+        order = topological(graph)
+        children = [n.args[0] for n in order if n.call is not None and n.call.family == "cuGraphLaunch"]
+        depth = 1 + max((c.depth for c in children), default=0)
+        work = len(order) + sum(c.work for c in children)
+        if depth > MAX_DEPTH or work > MAX_WORK:
+            raise CudaError(errors.NOT_SUPPORTED, f"graphs launched {depth} deep, {work} nodes in one launch "
+                            f"(the sim runs at most {MAX_DEPTH} deep, {MAX_WORK} nodes)")
+        return (Exec(order, depth=depth, work=work),)
 
     def cuGraphUpload(self, graph_exec: Exec, stream: Any) -> None:
         """Nothing to upload to the sim device."""
