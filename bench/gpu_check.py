@@ -378,6 +378,7 @@ def programs(ctx: Context) -> list[Program]:
                 progs.append(Program(f"cudart{major} {sub}", [ctx.python, f"{tests}/cudart_check.py", lib, sub],
                                      _exit_ok))
     progs.append(Program("cuda-python", [ctx.python, f"{tests}/cuda_python_check.py"], _exit_ok))
+    progs.append(Program("cuda-python: arrays and textures", [ctx.python, f"{tests}/array_check.py"], _exit_ok))
     kernels = _nvcc(ctx, "graph_kernels.fatbin", ["--fatbin", "-DKERNELS_ONLY", "-x", "cu", f"{tests}/driver_api.cu"])
     if kernels:
         progs.append(Program("cuda-python: capture and graphs", [ctx.python, f"{tests}/graph_check.py", kernels],

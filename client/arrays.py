@@ -35,13 +35,10 @@ from xpuremote.protocol.layouts import (
 
 from . import marshal
 from .driver import Driver, implements
-from .streams import refuse_in_capture
+from .streams import HOST_COPY, refuse_in_capture
 
 LAYERED, SURFACE_LDST, CUBEMAP, TEXTURE_GATHER = 0x01, 0x02, 0x04, 0x08
 KNOWN_FLAGS = LAYERED | SURFACE_LDST | CUBEMAP | TEXTURE_GATHER
-HOST_COPY = "a copy between host memory and the GPU"
-
-
 @dataclass(frozen=True)
 class ArrayInfo:
     width: int

@@ -23,7 +23,7 @@ from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
 from . import arrays, marshal
 from .arrays import ArraySide
 from .driver import Driver, implements
-from .streams import refuse_in_capture, stream_of
+from .streams import HOST_COPY, refuse_in_capture, stream_of
 
 _libc_ffi = cffi.FFI()
 _libc_ffi.cdef("int posix_memalign(void **memptr, size_t alignment, size_t size); void free(void *ptr);")
@@ -311,9 +311,6 @@ def cu_memcpy_dtoh_async(d: Driver, call: Call, args: list[Any]) -> None:
         marshal.unpack(call, args, d.call(call, wire_args))
         return
     d.session().call_later(call, wire_args, d.wire_ctx(), lambda status, outs: marshal.unpack(call, args, outs))
-
-
-HOST_COPY = "a copy between host memory and the GPU"
 
 
 # ---- host-to-device copies, in pieces that the server takes ------------------------------------------

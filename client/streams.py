@@ -155,6 +155,9 @@ def invalidate(capture: Capture, why: str) -> None:
     capture.invalid = capture.invalid or why
 
 
+HOST_COPY = "a copy between host memory and the GPU"
+
+
 def refuse_in_capture(d: Driver, handle: int, what: str) -> None:
     """Work that cannot be part of a graph over the network: refused, and the capture invalidated."""
     capture = captures(d).get(handle)

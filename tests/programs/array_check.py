@@ -1,52 +1,23 @@
 """CUDA arrays and texture/surface objects through cuda-python's driver bindings (run under the shim, or
 natively on a GPU): `python array_check.py`.
 
-Every check prints `ok <what>` or `FAIL <what>: <why>`; the program ends with `ALL OK` and exit 0 only if
-nothing failed.
+Checks and sections as tests/programs/checks.py says; XPUREMOTE guards what only xpuremote refuses
+(mipmapped arrays).
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
-import traceback
 
+from checks import XPUREMOTE, check, fails, finish, ok, section
 from cuda.bindings import driver as cu
 
-FAILURES: list[str] = []
 R = cu.CUresult
-XPUREMOTE = "XPU_SERVER" in os.environ  # what only xpuremote refuses: mipmapped arrays
 FLOAT = cu.CUarray_format.CU_AD_FORMAT_FLOAT
 U8 = cu.CUarray_format.CU_AD_FORMAT_UNSIGNED_INT8
 HOST = cu.CUmemorytype.CU_MEMORYTYPE_HOST
 DEVICE = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
 ARRAY = cu.CUmemorytype.CU_MEMORYTYPE_ARRAY
-
-
-def check(cond: bool, what: str, why: str = "") -> None:
-    print(f"ok {what}" if cond else f"FAIL {what}: {why}", flush=True)
-    if not cond:
-        FAILURES.append(what)
-
-
-def ok(result: tuple, what: str) -> object:
-    err, *values = result
-    check(err == R.CUDA_SUCCESS, what, f"returned {err!r}")
-    return None if not values else values[0] if len(values) == 1 else tuple(values)
-
-
-def fails(result: object, want: tuple, what: str) -> None:
-    err = result[0] if isinstance(result, tuple) else result
-    check(err in want, what, f"returned {err!r}, expected one of {want!r}")
-
-
-def section(fn):
-    try:
-        fn()
-    except Exception:
-        FAILURES.append(fn.__name__)
-        print(f"FAIL {fn.__name__}: exception\n{traceback.format_exc()}", flush=True)
-    return fn
 
 
 def address(buf: ctypes.Array) -> int:
@@ -378,7 +349,4 @@ def runtime_arrays() -> None:
 
 ok(cu.cuStreamDestroy(stream), "cuStreamDestroy")
 ok(cu.cuDevicePrimaryCtxRelease(dev), "cuDevicePrimaryCtxRelease")
-if FAILURES:
-    print(f"{len(FAILURES)} FAILED: {FAILURES}")
-    raise SystemExit(1)
-print("ALL OK")
+finish()
