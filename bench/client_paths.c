@@ -1,8 +1,8 @@
 /* What a driver call costs the application's thread on each path the client could take
  * (issue: a client that never needs the application's GIL). Driven by bench/client_paths.py.
  *
- *   client_paths shim N         through the shim as built today: cuCtxGetDevice (answered in the
- *                               embedded Python), cuMemsetD8Async (queued in Python), and
+ *   client_paths shim N         through the shim as built today: cuCtxGetDevice (answered in
+ *                               the client core's Python), cuMemsetD8Async (queued in Python), and
  *                               cuGetProcAddress (answered in C) for the floor of an entry point
  *   client_paths futex N        a round trip to another process over shared memory and futexes,
  *                               the peer in C: the floor of any out-of-process client

@@ -2,15 +2,15 @@
 
     python bench/client_paths.py [--out bench/results/client-paths.json] [--calls N] [--repeats R]
 
-The client runs today inside the application's Python (the GIL, the interpreter's version and
-packages are the application's). The alternatives keep the application's threads out of
-Python: a per-process helper reached through shared memory, and C entry points that encode the
-hot asynchronous calls into a shared ring the helper drains. This compares, in one run, from a
-C program (`bench/client_paths.c`, compiled here with the system's C compiler):
+The client runs in the application's process, in a Python of its own (the client core, loaded
+into a link-map namespace of its own: docs/design.md). The alternatives measured beside it: a
+per-process helper reached through shared memory, and C entry points that encode the hot
+asynchronous calls into a shared ring that Python drains. This compares, in one run, from a C
+program (`bench/client_paths.c`, compiled here with the system's C compiler):
 
   shim C entry        cuGetProcAddress through the shim: answered in C, the floor of an entry point
-  shim Python local   cuCtxGetDevice through the shim: the cffi callback into the embedded client
-  shim async          cuMemsetD8Async through the shim: queued by the embedded client
+  shim Python local   cuCtxGetDevice through the shim: the call into the client core's Python
+  shim async          cuMemsetD8Async through the shim: queued by the client core
   futex, C peer       a round trip to another process (shared page, futexes): the floor of a helper
   futex, Python peer  the same with a Python helper (ctypes futex calls): what a Python helper adds
   ring, Python peer   a 64-byte record enqueued in C, drained by Python: a C-encoded async call

@@ -58,6 +58,14 @@ RECEIVE_SLICE_MS = 100  # a wait for an answer looks at the monitor (and its dea
 SET_CONTEXT = CALLS["cuCtxSetCurrent"]
 
 
+
+def _nothing() -> None:
+    pass
+
+
+# Set by the shim: makes a thread of the client's ready to run application code (interpose/core.c).
+native_thread_init: Callable[[], None] = _nothing
+
 class ServerGone(CudaError):
     pass
 
@@ -190,6 +198,7 @@ class Connection:
         self.host_functions.put((fn, token))
 
     def _host_function_thread(self) -> None:
+        native_thread_init()  # host functions are the application's code, on the application's libc
         control = self._socket(self.endpoint, wire.routing_id(self.key, wire.DONE_CHANNEL))
         while True:
             fn, token = self.host_functions.get()

@@ -1,6 +1,7 @@
-"""Build the shim: `libcuda.so.1` (SONAME libcuda.so.1), a cffi embedding of the client, and
-beside it plain C libraries that forward to it: `libnvidia-ml.so.1` (NVML) and the math
-libraries `libcublas.so.13`, `libcublasLt.so.13`, `libcudnn.so.9`.
+"""Build the shim: `libcuda.so.1` (SONAME libcuda.so.1, plain C), the client core it loads into
+a namespace of its own (`libxpuremote-core.so`, a cffi embedding of the client in this Python), and
+beside them plain C libraries that forward to libcuda.so.1: `libnvidia-ml.so.1` (NVML) and the
+math libraries `libcublas.so.13`, `libcublasLt.so.13`, `libcudnn.so.9`.
 
     python -m xpuremote.interpose.build [--out DIR]
 
@@ -25,16 +26,18 @@ from pathlib import Path
 from xpuremote.protocol import errors, mathlibs
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("shim.c", "entry_points.c", "first_call.h", "nvml.c", "mathlib.c",
+SOURCES = ("shim.c", "entry_points.c", "front.h", "core.c", "first_call.h", "nvml.c", "mathlib.c",
            *(f"{lib.name}_entry_points.c" for lib in mathlibs.LIBRARIES))
 NAME = "libcuda.so.1"
+CORE_NAME = "libxpuremote-core.so"
 NVML_NAME = "libnvidia-ml.so.1"
 LIBRARY_NAMES = tuple(lib.soname for lib in mathlibs.LIBRARIES)
 
 CDEF = """
 extern "Python" int xpu_dispatch(int op, uint64_t *slots);
-extern const int xpu_symbol_count;
+int xpu_symbol_count(void);
 void xpu_set_finalized(void);
+void xpu_thread_init(void);
 void xpu_remember_ctx_device(uint64_t ctx, int device);
 void xpu_mark_release(int op);
 void xpu_set_python_ready(void);
@@ -46,13 +49,13 @@ uint64_t xpu_ctx_pop(void);
 void xpu_cls_release(uint64_t ctx);
 """
 
-# Runs inside the application's interpreter (or one the shim starts) on the first driver call.
+# Runs in the core's own interpreter on the first driver call.
 INIT = """
 import site, sys
 for path in {paths!r}:
     if path not in sys.path:
         site.addsitedir(path)
-from _xpuremote_shim import ffi, lib
+from _xpuremote_core import ffi, lib
 from xpuremote.interpose import entry
 entry.install(ffi, lib)
 """
@@ -77,34 +80,52 @@ def cache_key() -> str:
     return h.hexdigest()[:16]
 
 
-def libpython() -> str:
-    return sysconfig.get_config_var("INSTSONAME") or f"libpython{sysconfig.get_python_version()}.so.1.0"
+def cc() -> list[str]:
+    return shlex.split(sysconfig.get_config_var("CC") or "cc")
 
 
-def build(out_dir: Path) -> Path:
+def build_core(tmp: Path) -> Path:
+    """The client in this Python, as a cffi embedding: the core libcuda.so.1 loads with dlmopen."""
     import cffi
 
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        raise SystemExit(f"xpuremote: {sys.executable} has no shared libpython, which the CUDA client needs to "
+                         "run inside other programs; install xpuremote into a Python built with --enable-shared "
+                         "(python.org, pyenv with PYTHON_CONFIGURE_OPTS=--enable-shared, Debian's, conda's, uv's)")
     ffi = cffi.FFI()
     ffi.embedding_api("")
     ffi.cdef(CDEF)
     ffi.set_source(
-        "_xpuremote_shim",
-        "static int xpu_dispatch(int op, uint64_t *slots);\n#include \"shim.c\"\n",
+        "_xpuremote_core",
+        "static int xpu_dispatch(int op, uint64_t *slots);\n#include \"core.c\"\n",
         include_dirs=[str(HERE)],
-        define_macros=[("XPU_LIBPYTHON", f'"{libpython()}"'),
-                       ("XPU_BUILT_FOR", f'"{sys.version.split()[0]} ({sys.executable})"')],
+        define_macros=[("XPU_PYTHON", f'"{sys.executable}"')],
         extra_compile_args=["-O2", "-fvisibility=hidden", "-Wno-unused-function"],
-        extra_link_args=[f"-Wl,-soname,{NAME}", "-ldl", "-lpthread"],
+        extra_link_args=["-ldl", "-lpthread"],
     )
     ffi.embedding_init_code(INIT.format(paths=python_paths()))
+    return Path(ffi.compile(tmpdir=str(tmp), target=CORE_NAME, verbose=False))
+
+
+def build_front(tmp: Path) -> Path:
+    """libcuda.so.1 itself: C only, no Python, so any program can load it."""
+    target = tmp / NAME
+    built_for = f"{sys.version.split()[0]} ({sys.executable})"
+    subprocess.run([*cc(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-Wno-unused-function",
+                    f"-I{HERE}", f'-DXPU_CORE_NAME="{CORE_NAME}"', f'-DXPU_BUILT_FOR="{built_for}"',
+                    str(HERE / "shim.c"), "-o", str(target), f"-Wl,-soname,{NAME}", "-ldl", "-lpthread"], check=True)
+    return target
+
+
+def build(out_dir: Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        built = Path(ffi.compile(tmpdir=tmp, target=NAME, verbose=False))
+        os.replace(build_core(Path(tmp)), out_dir / CORE_NAME)
         os.replace(build_nvml(Path(tmp)), out_dir / NVML_NAME)
         for lib in mathlibs.LIBRARIES:
             os.replace(build_library(lib, Path(tmp)), out_dir / lib.soname)
         final = out_dir / NAME
-        os.replace(built, final)  # last: its presence says the directory is complete
+        os.replace(build_front(Path(tmp)), final)  # last: its presence says the directory is complete
     return final
 
 
@@ -128,8 +149,7 @@ def nvml_entry_points() -> str:
 def build_nvml(tmp: Path) -> Path:
     (tmp / "nvml_entry_points.c").write_text(nvml_entry_points())
     target = tmp / NVML_NAME
-    cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
-    subprocess.run([*cc, "-shared", "-fPIC", "-O2", "-fvisibility=hidden", f"-I{tmp}", str(HERE / "nvml.c"),
+    subprocess.run([*cc(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden", f"-I{tmp}", str(HERE / "nvml.c"),
                     "-o", str(target), f"-Wl,-soname,{NVML_NAME}", "-ldl", "-lpthread"], check=True)
     return target
 
@@ -141,8 +161,7 @@ def build_library(lib: mathlibs.Library, tmp: Path) -> Path:
     script.write_text(f"{lib.soname} {{ global: *; }};\n")
     target = tmp / lib.soname
     not_initialized = errors.status_for(errors.CudaError(errors.NOT_INITIALIZED), lib.name)
-    cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
-    subprocess.run([*cc, "-shared", "-fPIC", "-O2", "-fvisibility=hidden", f"-I{HERE}",
+    subprocess.run([*cc(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden", f"-I{HERE}",
                     f'-DXPU_ENTRY_POINTS="{lib.name}_entry_points.c"', f"-DXPU_NOT_INITIALIZED={not_initialized}",
                     str(HERE / "mathlib.c"), "-o", str(target), f"-Wl,-soname,{lib.soname}",
                     f"-Wl,--version-script={script}", "-ldl", "-lpthread"], check=True)

@@ -1,10 +1,10 @@
 """The Python side of the shim: connects the C entry points to the client's driver.
 
-Imported by the shim's embedded init code with the cffi module of the shim itself."""
+Imported by the client core's init code (interpose/core.c, in an interpreter of its own) with the
+core's cffi module."""
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import sys
@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from xpuremote.client import driver, integrity, mathlibs, nvml, trace
+from xpuremote.client import connection, driver, integrity, mathlibs, nvml, trace
 from xpuremote.protocol import errors, logs
 from xpuremote.protocol.calls import CALLS, SYMBOLS
 
@@ -110,7 +110,7 @@ def setup_logging() -> None:
 def install(ffi: Any, lib: Any) -> None:
     setup_logging()
     table = driver.handlers()
-    count = lib.xpu_symbol_count
+    count = lib.xpu_symbol_count()
     nvml_table = nvml.handlers()  # ops after the internal ones: the libnvidia-ml.so.1 forwarder's
     library_tables = mathlibs.handlers()  # ops from XPU_OP_LIBRARY on: the math libraries', 1 << 16 each
     d = driver.DRIVER
@@ -120,16 +120,13 @@ def install(ffi: Any, lib: Any) -> None:
         if CALLS[symbol].releases:
             lib.xpu_mark_release(op)
 
-    def at_exit() -> None:
+    def exiting(ffi: Any, slots: Any) -> int:  # C's exit(): the core's interpreter never finalizes
         for handle, ctx in d.ctxs.items():  # what the C side answers a teardown's cuCtxGetDevice with
             lib.xpu_remember_ctx_device(handle, ctx.device)
         lib.xpu_set_finalized()
         if d.conn is not None:
             d.conn.close()
         trace.stop()
-
-    def exiting(ffi: Any, slots: Any) -> int:  # C's exit() in a program that is not Python
-        at_exit()
         return 0
 
     internal = [primary_context, integrity_check, unknown_slot, exiting, unknown_table]
@@ -146,6 +143,6 @@ def install(ffi: Any, lib: Any) -> None:
             return library_tables[op >> 16][op & 0xFFFF](slots)
         return nvml_table[op - len(internal)](slots)
 
-    atexit.register(at_exit)
+    connection.native_thread_init = lib.xpu_thread_init
     lib.xpu_set_python_ready()
     log.debug("shim ready at %.3f", time.monotonic())

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -68,39 +66,6 @@ def forward_stderr(proc: subprocess.Popen) -> None:
     threading.Thread(target=pump, daemon=True).start()
 
 
-# What identifies an interpreter: the shim embeds the one that runs xpu-run, and a process can hold only one.
-WHICH_PYTHON = "import sys; print(sys.version.splitlines()[0]); print(sys.base_prefix)"
-THIS_PYTHON = [sys.version.splitlines()[0], sys.base_prefix]
-
-
-def interpreter(exe: str) -> list[str] | None:
-    """[version line, base prefix] of the Python `exe`, or None where it does not answer as one."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    try:
-        probe = subprocess.run([exe, "-c", WHICH_PYTHON], capture_output=True, text=True, timeout=30, env=env)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    found = probe.stdout.splitlines()
-    return found if probe.returncode == 0 and len(found) == 2 else None
-
-
-def foreign_python(command: list[str]) -> str | None:
-    """Why the command's Python cannot host xpuremote's client, said before it starts: the client
-    runs inside the application's interpreter, and the shim was built for this one."""
-    exe = shutil.which(command[0])
-    if not exe or not re.fullmatch(r"python[0-9.]*", os.path.basename(exe)):
-        return None
-    theirs = interpreter(exe)
-    if theirs is None or theirs == THIS_PYTHON:
-        return None
-    ours = THIS_PYTHON
-    return (f"xpu-run: {command[0]} is Python {theirs[0].split()[0]} from {theirs[1]}, but xpuremote is installed "
-            f"for Python {ours[0].split()[0]} from {ours[1]}; its CUDA client runs inside the application's Python, "
-            f"so every CUDA call would fail with CUDA_ERROR_NOT_INITIALIZED.\n"
-            f"xpu-run: fix: run the program with {sys.executable} (or a venv of it), or install xpuremote into "
-            f"{command[0]}'s environment and use the xpu-run there.")
-
-
 def child_env(shim_dir: str, server: str, key: str | None = None, server_key: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     for name, path in (("XPU_CLIENT_KEY", key), ("XPU_SERVER_KEY", server_key)):
@@ -131,8 +96,6 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given (xpu-run [options] -- CMD ...)")
-    if why := foreign_python(command):
-        print(why, file=sys.stderr)  # a warning: the program may still run, without CUDA
     shim = ensure_shim()
     server_proc = None
     server = args.server

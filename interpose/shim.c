@@ -1,22 +1,24 @@
-/* The C half of the shim: what must work without entering Python.
+/* The C half of the shim, libcuda.so.1: what must work without entering Python.
  *
  * - every driver entry point (entry_points.c, generated) packs its arguments and calls
- *   xpu_enter(), which refuses once the interpreter is gone and otherwise enters the
- *   client through the one Python callback xpu_dispatch();
+ *   xpu_enter(), which refuses once the session is over and otherwise enters the client
+ *   core (core.c, loaded into a namespace of its own on the first call) through its one
+ *   dispatch function;
  * - cuGetProcAddress answers from the generated variant table, with no Python at all;
  * - cuGetExportTable hands out the runtime's private tables; context-local storage and
  *   the per-thread context stack live here because the runtime touches them before
  *   almost every call.
  */
+#define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <Python.h>
-#include "first_call.h"
+#include "front.h"
 
+extern char **environ;
 #define XPU_EXPORT __attribute__((visibility("default")))
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
@@ -46,39 +48,93 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid);
 enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2, XPU_OP_EXIT = 3,
        XPU_OP_UNKNOWN_TABLE = 4, XPU_OP_NVML = 5, XPU_OP_LIBRARY = 1 << 20 };
 
-static volatile int xpu_finalized, xpu_python_ready, xpu_start_failed;
+static volatile int xpu_finalized, xpu_python_ready, xpu_start_failed, xpu_forked;
 static volatile int xpu_max_requested_version;
+static xpu_dispatch_fn xpu_core_dispatch;  /* the core's, once loaded */
+static pthread_mutex_t xpu_start_lock = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
+static struct xpu_front xpu_front_table;
 
 /* Said once, on stderr, by the first call after the client failed to start. */
-static void xpu_say_start_failed(void) {
-    const char *version = Py_IsInitialized() ? Py_GetVersion() : "(none)";
+static void xpu_say_start_failed(const char *why) {
     fprintf(stderr,
-            "xpuremote: ERROR the CUDA client could not start in this process (the Python error is above); "
-            "every CUDA call now fails with CUDA_ERROR_NOT_INITIALIZED.\n"
-            "xpuremote: the shim was built for Python %s; this process runs Python %.*s.\n"
-            "xpuremote: fix: run the program with the Python xpuremote was installed in (or install xpuremote "
-            "into the program's own environment and use its xpu-run), and keep another cffi off PYTHONPATH.\n",
-            XPU_BUILT_FOR, (int)strcspn(version, " "), version);
+            "xpuremote: ERROR the CUDA client could not start in this process: %s; every CUDA call now "
+            "fails with CUDA_ERROR_NOT_INITIALIZED.\n"
+            "xpuremote: the client runs in Python %s; fix: reinstall xpuremote there, or rebuild the shim "
+            "(python -m xpuremote.interpose.build, which xpu-run runs).\n", why, XPU_BUILT_FOR);
 }
 
-/* The first call starts the embedded client. cffi answers 0 (CUDA_SUCCESS) from every entry
- * point of a module whose initialisation failed: remember the failure and answer an error. */
+/* A child forked after the core started: the core's interpreter and sockets did not come along in a
+ * usable state (another thread may have held its GIL), and CUDA state never survives fork() anyway.
+ * The child is answered here, without entering the core; said once. */
+static void xpu_after_fork_child(void) { xpu_forked = 1; }
+
+static int xpu_refuse_forked(void) {
+    static volatile int said;
+    if (!__sync_lock_test_and_set(&said, 1))
+        fprintf(stderr, "xpuremote: ERROR CUDA was initialised before fork(); a child process cannot use its "
+                "parent's GPU session, so every CUDA call here fails with CUDA_ERROR_NOT_INITIALIZED.\n"
+                "xpuremote: fix: start CUDA work in the child itself (multiprocessing's 'spawn' start method).\n");
+    return 1;
+}
+
+/* glibc skips its locks (malloc's among them) while a process has started no thread through it: a
+ * program whose only threads are the core's (started by the core's libc) would run application code
+ * on them (host functions) with those locks skipped. One thread through this libc ends that. */
+static void *xpu_no_op(void *arg) { return arg; }
+static void xpu_mark_multithreaded(void) {
+    pthread_t t;
+    if (!pthread_create(&t, NULL, xpu_no_op, NULL)) pthread_join(t, NULL);
+}
+
+/* The core sits beside this file: libxpuremote-core.so, in a link-map namespace of its own. */
+static const char *xpu_load_core(void) {
+    static char path[4096];
+    Dl_info self;
+    if (!dladdr((void *)xpu_load_core, &self) || !self.dli_fname) return "libcuda.so.1 cannot find its own file";
+    const char *slash = strrchr(self.dli_fname, '/');
+    int dir = slash ? (int)(slash - self.dli_fname + 1) : 0;
+    snprintf(path, sizeof path, "%.*s%s", dir, self.dli_fname, XPU_CORE_NAME);
+    xpu_mark_multithreaded();
+    void *core = dlmopen(LM_ID_NEWLM, path, RTLD_NOW | RTLD_LOCAL);
+    if (!core) return dlerror();
+    int (*start)(const struct xpu_front *) = (int (*)(const struct xpu_front *))dlsym(core, "xpu_core_start");
+    xpu_dispatch_fn dispatch = (xpu_dispatch_fn)dlsym(core, "xpu_core_dispatch");
+    if (!start || !dispatch) return "the client core lacks its entry points (a broken install)";
+    xpu_front_table.environ = environ;
+    xpu_front_table.symbol_count = xpu_symbol_count;
+    if (start(&xpu_front_table)) return "its Python did not start (the error is above)";
+    pthread_atfork(NULL, NULL, xpu_after_fork_child);
+    xpu_core_dispatch = dispatch;
+    return NULL;
+}
+
+/* The first call loads the core and starts the client; one thread at a time. cffi answers 0
+ * (CUDA_SUCCESS) from a module whose initialisation failed: remember the failure, answer an error. */
 static int xpu_start(int op, uint64_t *slots) {
-    if (xpu_start_failed) return CUDA_ERROR_NOT_INITIALIZED;
-    int rc = xpu_first_call(xpu_dispatch, &xpu_python_ready, op, slots);
-    if (xpu_python_ready) return rc;
-    if (!__sync_lock_test_and_set(&xpu_start_failed, 1)) xpu_say_start_failed();
-    return CUDA_ERROR_NOT_INITIALIZED;
+    pthread_mutex_lock(&xpu_start_lock);
+    int rc = CUDA_ERROR_NOT_INITIALIZED;
+    if (!xpu_start_failed && !xpu_python_ready) {
+        const char *why = xpu_core_dispatch ? NULL : xpu_load_core();
+        if (!why) rc = xpu_core_dispatch(op, slots);
+        if (!xpu_python_ready) {
+            xpu_start_failed = 1;
+            xpu_say_start_failed(why ? why : "its Python code failed (the error is above)");
+            rc = CUDA_ERROR_NOT_INITIALIZED;
+        }
+    } else if (xpu_python_ready) {
+        rc = xpu_core_dispatch(op, slots);
+    }
+    pthread_mutex_unlock(&xpu_start_lock);
+    return rc;
 }
 
 static int xpu_after_session(int op, uint64_t *slots);
 
 static int xpu_enter(int op, uint64_t *slots) {
-    /* before the first call Python may not be running yet: cffi starts it on demand */
-    if (xpu_finalized || (xpu_python_ready && !Py_IsInitialized()))
-        return xpu_after_session(op, slots);
+    if (xpu_forked && xpu_refuse_forked()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (xpu_finalized) return xpu_after_session(op, slots);
     if (!xpu_python_ready) return xpu_start(op, slots);
-    return xpu_dispatch(op, slots);
+    return xpu_core_dispatch(op, slots);
 }
 
 static int xpu_internal(int op, uint64_t *slots) { return xpu_enter(xpu_symbol_count + op, slots); }
@@ -86,7 +142,7 @@ static int xpu_internal(int op, uint64_t *slots) { return xpu_enter(xpu_symbol_c
 /* The entry of xpuremote's libnvidia-ml.so.1, a plain C forwarder: NVML shares this embedded
  * client (one interpreter start, one connection to the server). Returns an nvmlReturn_t. */
 XPU_EXPORT int xpu_nvml_enter(int op, uint64_t *slots) {
-    if (xpu_finalized || (xpu_python_ready && !Py_IsInitialized()))
+    if (xpu_finalized || (xpu_forked && xpu_refuse_forked()))
         return 1;  /* NVML_ERROR_UNINITIALIZED */
     int rc = xpu_internal(XPU_OP_NVML + op, slots);
     return xpu_start_failed ? 1 : rc;
@@ -95,19 +151,19 @@ XPU_EXPORT int xpu_nvml_enter(int op, uint64_t *slots) {
 /* The entry of xpuremote's math libraries (interpose/mathlib.c): a status of that library, or
  * -1 when there is no client (gone, or it never started). */
 XPU_EXPORT int xpu_lib_enter(int library, int op, uint64_t *slots) {
-    if (xpu_finalized || (xpu_python_ready && !Py_IsInitialized()))
+    if (xpu_finalized || (xpu_forked && xpu_refuse_forked()))
         return -1;
     int rc = xpu_internal(XPU_OP_LIBRARY + (library << 16) + op, slots);
     return xpu_start_failed ? -1 : rc;
 }
 
-/* ---- called from Python ------------------------------------------------------------ */
+/* ---- lent to the core (front.h) ------------------------------------------------------- */
 static void xpu_set_finalized(void) { xpu_finalized = 1; }
-/* A C program never finalizes the embedded interpreter, so Python's atexit would not run: end
- * the session (goodbye to the server, the trace closed) from C's exit() instead. In a Python
- * program, Python's own exit comes first and sets xpu_finalized. */
+/* The core's interpreter is never finalized, so its atexit would never run: the session ends
+ * (goodbye to the server, the trace closed) from C's exit(), after a Python application's own
+ * interpreter has finished, so PyTorch's frees at its shutdown still reach the server. */
 static void xpu_at_exit(void) {
-    if (!xpu_finalized && Py_IsInitialized()) {
+    if (!xpu_finalized && !xpu_forked) {
         uint64_t none[1] = {0};
         xpu_internal(XPU_OP_EXIT, none);
     }
@@ -116,8 +172,16 @@ static void xpu_set_python_ready(void) {
     xpu_python_ready = 1;
     atexit(xpu_at_exit);
 }
+/* A thread the core's libc started is about to run application code (a host function). */
+extern void __ctype_init(void);
+static __thread int xpu_thread_ready;
+static void xpu_thread_init(void) {
+    if (!xpu_thread_ready) {
+        __ctype_init();
+        xpu_thread_ready = 1;
+    }
+}
 static int xpu_requested_version(void) { return xpu_max_requested_version; }
-static void *xpu_symbol_address(int op) { return xpu_symbol_addrs[op]; }
 
 /* ---- per-thread context stack ------------------------------------------------------ */
 #define XPU_CTX_DEPTH 64
@@ -434,8 +498,12 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid) {
     return CUDA_ERROR_INVALID_VALUE;
 }
 
-/* libcudart dlopens us RTLD_LOCAL; the extension modules the embedded client imports need
- * libpython's symbols in the global scope. */
-__attribute__((constructor)) static void xpu_promote_libpython(void) {
-    dlopen(XPU_LIBPYTHON, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
-}
+static struct xpu_front xpu_front_table = {
+    .version = XPU_FRONT_VERSION, .requested_version = xpu_requested_version,
+    .ctx_current = xpu_ctx_current, .ctx_set_current = xpu_ctx_set_current, .ctx_push = xpu_ctx_push,
+    .ctx_pop = xpu_ctx_pop, .cls_release = xpu_cls_release, .remember_ctx_device = xpu_remember_ctx_device,
+    .mark_release = xpu_mark_release, .set_finalized = xpu_set_finalized,
+    .set_python_ready = xpu_set_python_ready, .thread_init = xpu_thread_init,
+    .key_create = pthread_key_create, .key_delete = pthread_key_delete, .getspecific = pthread_getspecific,
+    .setspecific = pthread_setspecific,
+};

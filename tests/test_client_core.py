@@ -1,0 +1,129 @@
+"""The client core runs in an interpreter of its own (interpose/core.c): any application Python works,
+and threads that call the driver under their own locks never wait for the application's GIL.
+
+The other Pythons are whatever this machine has beside the tests' own: Debian's system python3 (a
+static build) and interpreters of other minor versions found on the PATH or under pyenv. Each runs
+NVIDIA's libcudart round trips through the shim built for the tests' Python. The threaded cases
+(tests/programs/thread_check.py) each repeat their race 200 times, bounded in time: they hung or
+deadlocked while the client shared the application's interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TORCH_SIM_KERNELS, Server, assert_all_ok, shim_env, start_server
+from test_cudart import SCRIPT as CUDART_SCRIPT
+from test_torch import torch_python
+from toolchain import cudart_path
+
+THREADS = ROOT / "tests" / "programs" / "thread_check.py"
+
+
+def version_of(exe: str) -> str | None:
+    """`major.minor (build)` of a Python, or None where it does not run as one."""
+    probe = "import sys, sysconfig; print(sys.version.split()[0], sysconfig.get_config_var('Py_ENABLE_SHARED'))"
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "PYTHONPATH")}
+    try:
+        out = subprocess.run([exe, "-c", probe], capture_output=True, text=True, timeout=30, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def other_pythons() -> dict[str, str]:
+    """Interpreters other than the tests' own, by what they are: Debian's, and one per other minor version."""
+    ours = sys.version.split()[0]
+    found: dict[str, str] = {}
+    if (v := version_of("/usr/bin/python3")) and v.split()[0] != ours:
+        found["system"] = "/usr/bin/python3"
+    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    candidates = [shutil.which(f"python3.{m}") for m in range(10, 15)]
+    candidates += sorted(str(p) for p in pyenv.glob("3.1[0-9]*/bin/python3"))
+    for exe in filter(None, candidates):
+        v = version_of(exe)
+        minor = v and ".".join(v.split()[0].split(".")[:2])
+        if minor and minor != ".".join(ours.split(".")[:2]) and minor not in found:
+            found[minor] = exe
+    return found
+
+
+PYTHONS = other_pythons()
+
+
+@pytest.fixture(scope="module")
+def two_devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("two-devices"), env={"XPU_SIM_DEVICES": "2"})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """PyTorch's kernels skipped where the sim has none: the threads' calls are what is tested."""
+    srv = start_server(tmp_path_factory.mktemp("torch-threads"),
+                       env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS, "XPU_SIM_SKIP_KERNELS": "1"})
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("which", sorted(PYTHONS) or ["none"])
+def test_cudart_round_trips_under_another_python(run_on, which: str) -> None:
+    """The application's interpreter is another build or version than xpuremote's: the client
+    still runs (in its own), and NVIDIA's runtime moves bytes correctly."""
+    if which == "none":
+        pytest.skip("this machine has no Python other than the tests' own (Debian's python3, pyenv, python3.1x)")
+    cudart = cudart_path(13)
+    if cudart is None:
+        pytest.skip("the CUDA 13 runtime wheel is not installed")
+    proc = run_on([PYTHONS[which], str(CUDART_SCRIPT), cudart, "roundtrip"], timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert '"copy_mismatch_at": null' in proc.stdout and "mismatch_at\": 0" not in proc.stdout, proc.stdout[-2000:]
+    assert "ERROR" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_path_that_shadows_cffi_does_not_reach_the_client(run_on, tmp_path: Path) -> None:
+    """What broke the client when it ran in the application's interpreter: the application's path puts
+    another cffi first. The core's interpreter ignores the application's PYTHONPATH."""
+    (tmp_path / "_cffi_backend.py").write_text('raise ImportError("not the cffi xpuremote was built with")\n')
+    cudart = cudart_path(13)
+    if cudart is None:
+        pytest.skip("the CUDA 13 runtime wheel is not installed")
+    proc = run_on([sys.executable, str(CUDART_SCRIPT), cudart, "roundtrip"], PYTHONPATH=str(tmp_path))
+    assert proc.returncode == 0 and '"copy_mismatch_at": null' in proc.stdout, proc.stderr[-3000:]
+
+
+def test_the_environment_is_read_at_the_first_call_not_at_exec(run_on, two_devices: Server) -> None:
+    """The core's libc has an environment of its own: it must be the application's as of its first CUDA
+    call, so a CUDA_VISIBLE_DEVICES set by the program itself still picks the device."""
+    body = ("import ctypes, os\nos.environ['CUDA_VISIBLE_DEVICES'] = '1'\ncu = ctypes.CDLL('libcuda.so.1')\n"
+            "n = ctypes.c_int()\nprint(cu.cuInit(0), cu.cuDeviceGetCount(ctypes.byref(n)), n.value)\n")
+    proc = run_on([sys.executable, "-c", body], address=two_devices.address)
+    assert proc.stdout.split() == ["0", "0", "1"], proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("case", ["streams_events", "spin", "mutex"])
+def test_threads_calling_the_driver(run_on, case: str) -> None:
+    assert_all_ok(run_on([sys.executable, str(THREADS), case, "200"], timeout=300), at_least=1)
+
+
+@pytest.mark.parametrize("case, rounds", [("torch_streams", 100), ("dataloader", 200), ("autograd", 200)])
+def test_threads_in_pytorch(torch_server: Server, case: str, rounds: int) -> None:
+    python = torch_python()
+    env = shim_env(torch_shim(python), torch_server.address)
+    proc = subprocess.run([str(python), str(THREADS), case, str(rounds)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert_all_ok(proc, at_least=1)
+
+
+def torch_shim(python: Path) -> Path:
+    """The shim built for the PyTorch interpreter (xpu-run's, there)."""
+    out = subprocess.run([str(python), "-m", "xpuremote.interpose.build"], capture_output=True, text=True,
+                         timeout=600, check=True)
+    return Path(out.stdout.strip().splitlines()[-1])
