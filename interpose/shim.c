@@ -112,20 +112,19 @@ static const char *xpu_load_core(void) {
  * (CUDA_SUCCESS) from a module whose initialisation failed: remember the failure, answer an error. */
 static int xpu_start(int op, uint64_t *slots) {
     pthread_mutex_lock(&xpu_start_lock);
-    int rc = CUDA_ERROR_NOT_INITIALIZED;
     if (!xpu_start_failed && !xpu_python_ready) {
         const char *why = xpu_core_dispatch ? NULL : xpu_load_core();
-        if (!why) rc = xpu_core_dispatch(op, slots);
+        int rc = why ? CUDA_ERROR_NOT_INITIALIZED : xpu_core_dispatch(op, slots);
         if (!xpu_python_ready) {
             xpu_start_failed = 1;
             xpu_say_start_failed(why ? why : "its Python code failed (the error is above)");
             rc = CUDA_ERROR_NOT_INITIALIZED;
         }
-    } else if (xpu_python_ready) {
-        rc = xpu_core_dispatch(op, slots);
+        pthread_mutex_unlock(&xpu_start_lock);
+        return rc;
     }
-    pthread_mutex_unlock(&xpu_start_lock);
-    return rc;
+    pthread_mutex_unlock(&xpu_start_lock);  /* another thread started it meanwhile, or failed to */
+    return xpu_python_ready ? xpu_core_dispatch(op, slots) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 static int xpu_after_session(int op, uint64_t *slots);
