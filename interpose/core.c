@@ -14,7 +14,8 @@
  *   pthread_key_* call in this namespace binds to the definitions below (this module is the
  *   namespace's root, first in its symbol scope) and goes to the application's libc;
  * - a thread that libc did not start has no character-class tables (isalpha() would read
- *   NULL): each thread initialises them on its first call in (xpu_core_dispatch).
+ *   NULL): each thread initialises them on its first call in (xpu_core_dispatch);
+ * - a libc that has started no thread skips its locks: both start one first (front.h).
  */
 #include <Python.h>
 #include <dlfcn.h>
@@ -28,8 +29,6 @@
 
 static const struct xpu_front *front;
 static volatile int xpu_python_ready;
-static __thread int xpu_thread_ready;
-extern void __ctype_init(void);  /* glibc: what its own thread start does */
 extern char **environ;
 
 /* ---- the application's libc's thread-specific keys ---------------------------------------- */
@@ -95,14 +94,6 @@ static int xpu_start_python(void) {
     return 0;
 }
 
-/* glibc skips its locks while a process has started no thread through it; application threads
- * may call in at once before the client starts one of its own (see shim.c's xpu_mark_multithreaded). */
-static void *xpu_no_op(void *arg) { return arg; }
-static void xpu_mark_multithreaded(void) {
-    pthread_t t;
-    if (!pthread_create(&t, NULL, xpu_no_op, NULL)) pthread_join(t, NULL);
-}
-
 /* Called once by the front, before any call in. 0: Python runs; the client itself starts on
  * the first xpu_core_dispatch (cffi's embedding init, build.py's INIT). */
 XPU_EXPORT int xpu_core_start(const struct xpu_front *lent) {
@@ -117,10 +108,7 @@ XPU_EXPORT int xpu_core_start(const struct xpu_front *lent) {
 }
 
 XPU_EXPORT int xpu_core_dispatch(int op, uint64_t *slots) {
-    if (!xpu_thread_ready) {
-        __ctype_init();
-        xpu_thread_ready = 1;
-    }
+    xpu_libc_thread_init();
     if (!xpu_python_ready) return xpu_first_call(xpu_dispatch, &xpu_python_ready, op, slots);
     return xpu_dispatch(op, slots);
 }

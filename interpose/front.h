@@ -31,4 +31,28 @@ struct xpu_front {
     int (*setspecific)(pthread_key_t key, const void *value);
 };
 
+/* What each of the two libcs in the process needs, compiled into both sides so that each call binds to
+ * its own side's libc (pthread_create and __ctype_init resolve within the caller's namespace). */
+
+/* glibc skips its locks (malloc's among them) while a process has started no thread through it: the
+ * application's code would otherwise run on the core's threads (host functions) with its malloc
+ * unlocked, and application threads call into the core before the core starts a thread of its own.
+ * One thread started and joined through each libc ends that for good. */
+static void *xpu_no_op(void *arg) { return arg; }
+static inline void xpu_mark_multithreaded(void) {
+    pthread_t t;
+    if (!pthread_create(&t, NULL, xpu_no_op, NULL)) pthread_join(t, NULL);
+}
+
+/* A thread the other libc started has no character-class tables in this one (isalpha() would read
+ * NULL): what this libc's own thread start does, once per thread. */
+extern void __ctype_init(void);
+static __thread int xpu_libc_thread_ready;
+static inline void xpu_libc_thread_init(void) {
+    if (!xpu_libc_thread_ready) {
+        __ctype_init();
+        xpu_libc_thread_ready = 1;
+    }
+}
+
 #endif

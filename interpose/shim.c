@@ -77,15 +77,6 @@ static int xpu_refuse_forked(void) {
     return 1;
 }
 
-/* glibc skips its locks (malloc's among them) while a process has started no thread through it: a
- * program whose only threads are the core's (started by the core's libc) would run application code
- * on them (host functions) with those locks skipped. One thread through this libc ends that. */
-static void *xpu_no_op(void *arg) { return arg; }
-static void xpu_mark_multithreaded(void) {
-    pthread_t t;
-    if (!pthread_create(&t, NULL, xpu_no_op, NULL)) pthread_join(t, NULL);
-}
-
 /* The core sits beside this file: libxpuremote-core.so, in a link-map namespace of its own. */
 static const char *xpu_load_core(void) {
     static char path[4096];
@@ -170,15 +161,6 @@ static void xpu_at_exit(void) {
 static void xpu_set_python_ready(void) {
     xpu_python_ready = 1;
     atexit(xpu_at_exit);
-}
-/* A thread the core's libc started is about to run application code (a host function). */
-extern void __ctype_init(void);
-static __thread int xpu_thread_ready;
-static void xpu_thread_init(void) {
-    if (!xpu_thread_ready) {
-        __ctype_init();
-        xpu_thread_ready = 1;
-    }
 }
 static int xpu_requested_version(void) { return xpu_max_requested_version; }
 
@@ -502,7 +484,7 @@ static struct xpu_front xpu_front_table = {
     .ctx_current = xpu_ctx_current, .ctx_set_current = xpu_ctx_set_current, .ctx_push = xpu_ctx_push,
     .ctx_pop = xpu_ctx_pop, .cls_release = xpu_cls_release, .remember_ctx_device = xpu_remember_ctx_device,
     .mark_release = xpu_mark_release, .set_finalized = xpu_set_finalized,
-    .set_python_ready = xpu_set_python_ready, .thread_init = xpu_thread_init,
+    .set_python_ready = xpu_set_python_ready, .thread_init = xpu_libc_thread_init,
     .key_create = pthread_key_create, .key_delete = pthread_key_delete, .getspecific = pthread_getspecific,
     .setspecific = pthread_setspecific,
 };
