@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TORCH_SIM_KERNELS, Server, assert_all_ok, shim_env, start_server
+from conftest import ROOT, TORCH_SIM_KERNELS, Server, assert_all_ok, start_server
 from test_cudart import SCRIPT as CUDART_SCRIPT
-from test_torch import torch_python
+from test_torch import run_torch
 from toolchain import cudart_path
 
 THREADS = ROOT / "tests" / "programs" / "thread_check.py"
@@ -115,15 +115,4 @@ def test_threads_calling_the_driver(run_on, case: str) -> None:
 
 @pytest.mark.parametrize("case, rounds", [("torch_streams", 100), ("dataloader", 200), ("autograd", 200)])
 def test_threads_in_pytorch(torch_server: Server, case: str, rounds: int) -> None:
-    python = torch_python()
-    env = shim_env(torch_shim(python), torch_server.address)
-    proc = subprocess.run([str(python), str(THREADS), case, str(rounds)], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert_all_ok(proc, at_least=1)
-
-
-def torch_shim(python: Path) -> Path:
-    """The shim built for the PyTorch interpreter (xpu-run's, there)."""
-    out = subprocess.run([str(python), "-m", "xpuremote.interpose.build"], capture_output=True, text=True,
-                         timeout=600, check=True)
-    return Path(out.stdout.strip().splitlines()[-1])
+    assert_all_ok(run_torch(torch_server, [str(THREADS), case, str(rounds)]), at_least=1)

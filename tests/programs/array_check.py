@@ -41,39 +41,29 @@ def array_3d(width: int, height: int, depth: int, fmt=FLOAT, channels: int = 1, 
     return ok(cu.cuArray3DCreate(desc), f"cuArray3DCreate {width}x{height}x{depth}")
 
 
-def copy_2d(src: dict, dst: dict, width: int, height: int, stream: object = None) -> object:
-    """A CUDA_MEMCPY2D from two sides given as {kind, where, x, y, pitch}."""
-    p = cu.CUDA_MEMCPY2D()
+FIELDS = {"x": "XInBytes", "y": "Y", "z": "Z", "pitch": "Pitch", "height": "Height"}
+
+
+def set_sides(p: object, src: dict, dst: dict, fields: tuple[str, ...]) -> object:
+    """Both sides of a CUDA_MEMCPY2D/3D: the memory kind, where (host, device or array) and `fields` (0 if absent)."""
     for prefix, side in (("src", src), ("dst", dst)):
         setattr(p, f"{prefix}MemoryType", side["kind"])
-        setattr(p, f"{prefix}XInBytes", side.get("x", 0))
-        setattr(p, f"{prefix}Y", side.get("y", 0))
-        if side["kind"] == HOST:
-            setattr(p, f"{prefix}Host", side["where"])
-        elif side["kind"] == DEVICE:
-            setattr(p, f"{prefix}Device", side["where"])
-        else:
-            setattr(p, f"{prefix}Array", side["where"])
-        setattr(p, f"{prefix}Pitch", side.get("pitch", 0))
+        where = "Host" if side["kind"] == HOST else "Device" if side["kind"] == DEVICE else "Array"
+        setattr(p, f"{prefix}{where}", side["where"])
+        for field in fields:
+            setattr(p, f"{prefix}{FIELDS[field]}", side.get(field, 0))
+    return p
+
+
+def copy_2d(src: dict, dst: dict, width: int, height: int, stream: object = None) -> object:
+    """A CUDA_MEMCPY2D from two sides given as {kind, where, x, y, pitch}."""
+    p = set_sides(cu.CUDA_MEMCPY2D(), src, dst, ("x", "y", "pitch"))
     p.WidthInBytes, p.Height = width, height
     return cu.cuMemcpy2D(p) if stream is None else cu.cuMemcpy2DAsync(p, stream)
 
 
 def copy_3d(src: dict, dst: dict, width: int, height: int, depth: int, stream: object = None) -> object:
-    p = cu.CUDA_MEMCPY3D()
-    for prefix, side in (("src", src), ("dst", dst)):
-        setattr(p, f"{prefix}MemoryType", side["kind"])
-        setattr(p, f"{prefix}XInBytes", side.get("x", 0))
-        setattr(p, f"{prefix}Y", side.get("y", 0))
-        setattr(p, f"{prefix}Z", side.get("z", 0))
-        if side["kind"] == HOST:
-            setattr(p, f"{prefix}Host", side["where"])
-        elif side["kind"] == DEVICE:
-            setattr(p, f"{prefix}Device", side["where"])
-        else:
-            setattr(p, f"{prefix}Array", side["where"])
-        setattr(p, f"{prefix}Pitch", side.get("pitch", 0))
-        setattr(p, f"{prefix}Height", side.get("height", 0))
+    p = set_sides(cu.CUDA_MEMCPY3D(), src, dst, ("x", "y", "z", "pitch", "height"))
     p.WidthInBytes, p.Height, p.Depth = width, height, depth
     return cu.cuMemcpy3D(p) if stream is None else cu.cuMemcpy3DAsync(p, stream)
 
