@@ -13,6 +13,9 @@ A few calls are sent at once but answered later (`call_later`: device-to-host co
 pinned memory, host functions): their answers are read by whichever sync call comes next, or
 by the flusher thread when none does, and always before any later sync call returns.
 
+With the shim, the hottest async calls are queued in C instead (client/lane.py): their records are
+taken before anything else is queued, and travel as one call of the batch.
+
 With an emulated link (protocol/link.py), messages carry their send time; this end holds each
 answer until the link delivers it, and the worker does the same for requests.
 
@@ -47,6 +50,7 @@ from xpuremote.protocol.link import NO_LINK, LinkSpec, Wire
 
 from . import auth, trace
 from .alarm import Alarm
+from .lane import LANE_CALL, Lane
 
 log = logging.getLogger("xpuremote.client")
 
@@ -80,6 +84,10 @@ class Connection:
         self.pending_bytes = 0
         self.queued = 0  # calls queued so far; the flusher holds a batch back while this grows
         self.batch_seen = 0  # `queued` when the flusher's alarm was last set for this batch
+        self.batch_open = False  # a batch is being filled (its first call set the flusher's alarm)
+        self.pending_calls = 0  # calls in `pending`, a lane's records counted one by one
+        self.lane: Lane | None = None  # the shim's C lane, when it has one
+        self.lane_seen = 0  # the lane's count of records when they were last taken
         self.batch_nap = self.batch_deadline = 0.0  # the flusher's next wait, and its last chance to wait
         self.seq = 0
         self.last_ctx: int | None = None
@@ -157,9 +165,9 @@ class Connection:
         with self.lock:
             self._check()
             self._queue(call, args, ctx, size)
-            if len(self.pending) >= MAX_BATCH_CALLS or self.pending_bytes >= MAX_BATCH_BYTES:
+            if self.pending_calls >= MAX_BATCH_CALLS or self.pending_bytes >= MAX_BATCH_BYTES:
                 self._send(reply=False)
-            elif len(self.pending) == 1:
+            elif not self.batch_open:
                 self._start_batch()
 
     def call(self, call: Call, args: list[Any], ctx: int | None) -> tuple[int, list[Any], list[list[Any]]]:
@@ -213,6 +221,7 @@ class Connection:
 
     def flush(self) -> None:
         with self.lock:
+            self._take_lane()
             if self.pending and not self.dead:
                 self._send(reply=False)
 
@@ -226,6 +235,7 @@ class Connection:
         return answer
 
     def _queue(self, call: Call, args: list[Any], ctx: int | None, size: int) -> None:
+        self._take_lane()  # what the application queued in C came first
         if self.request_budget:
             size = self._fit(call, args, size)
         if ctx != self.last_ctx and ctx is not None:
@@ -233,9 +243,29 @@ class Connection:
             self.last_ctx = ctx
         self.pending.append([call.opcode, args])
         self.pending_bytes += size
+        self.pending_calls += 1
         self.queued += 1
         if trace.RECORDER:
             trace.RECORDER.queued(self.seq + 1, len(self.pending) - 1)
+
+    def _take_lane(self) -> None:
+        """The records the shim queued in C, as one call; the server's context after them is the last one's."""
+        taken = self.lane.take() if self.lane is not None else None
+        if taken is None:
+            return
+        (records, self.last_ctx), appended = taken, self.lane.appended()
+        self.pending.append([LANE_CALL.opcode, [records, len(records)]])
+        self.pending_bytes += len(records)
+        self.pending_calls += appended - self.lane_seen
+        self.lane_seen = appended
+        self.alarm.armed = True  # the lane's first record set it
+
+    def _lane_waiting(self) -> bool:
+        return self.lane is not None and self.lane.waiting()
+
+    def _queued_total(self) -> int:
+        """Calls queued over the session, the lane's included."""
+        return self.queued + (self.lane.appended() if self.lane is not None else 0)
 
     def _fit(self, call: Call, args: list[Any], size: int) -> int:
         """Under the server's request size limit: refuse a call that no request can carry (the
@@ -256,16 +286,22 @@ class Connection:
 
     def _start_batch(self) -> None:
         """The first call of a batch: the flusher sends the batch if nothing else has in a window."""
-        self.batch_seen, self.batch_nap = self.queued, self.batch_window_s
-        self.batch_deadline = time.monotonic() + max(MAX_BATCH_DELAY_S, self.batch_window_s)
+        self._open_batch(time.monotonic(), self._queued_total())
         self.alarm.arm(self.batch_nap)
+
+    def _open_batch(self, began: float, seen: int) -> None:
+        self.batch_open, self.batch_seen, self.batch_nap = True, seen, self.batch_window_s
+        self.batch_deadline = began + max(MAX_BATCH_DELAY_S, self.batch_window_s)
 
     def _send(self, reply: bool, kind: str = "sync") -> int:
         if not self.later:  # nothing for the flusher to send or read
             self.alarm.disarm()
+            if self._lane_waiting():  # a record queued in C since the lane was taken: its alarm stands
+                self.alarm.arm(self.batch_window_s)
         self.seq += 1
         header = {"op": "calls", "seq": self.seq, "calls": self.pending, "reply": reply}
-        calls, self.pending, self.pending_bytes = len(self.pending), [], 0
+        calls, self.pending, self.pending_bytes = self.pending_calls, [], 0
+        self.pending_calls, self.batch_open = 0, False
         try:
             frames = wire.encode(self._stamped(header))
         except Exception as exc:  # a value the wire cannot carry: these calls are lost, say so at the next wait
@@ -350,6 +386,8 @@ class Connection:
 
     def _die(self, why: str) -> None:
         self.dead = why
+        if self.lane is not None:
+            self.lane.close()  # every later call goes through the client, which says the session is gone
         log.error("%s", why)
         raise ServerGone(errors.DEINITIALIZED, why)
 
@@ -378,10 +416,13 @@ class Connection:
         instead of a few full ones. Each look waits twice as long as the last, until
         MAX_BATCH_DELAY_S. Without the lock, which the application's thread holds while it
         queues: a stale read costs a look more, or a flush of nothing; a batch is never left."""
-        left = self.batch_deadline - time.monotonic()
-        if not self.pending or self.queued == self.batch_seen or left <= 0:
+        now, queued = time.monotonic(), self._queued_total()
+        if not self.batch_open and self._lane_waiting():  # a batch the lane began a window ago, with one record
+            self._open_batch(now - self.batch_window_s, self.queued + self.lane_seen + 1)
+        left = self.batch_deadline - now
+        if not (self.pending or self._lane_waiting()) or queued == self.batch_seen or left <= 0:
             return False
-        self.batch_seen, self.batch_nap = self.queued, self.batch_nap * 2
+        self.batch_seen, self.batch_nap = queued, self.batch_nap * 2
         self.alarm.arm(min(self.batch_nap, left))
         return True
 

@@ -305,6 +305,8 @@ def cu_ctx_destroy(d: Driver, call: Call, args: list[Any]) -> None:
     ctx = d.ctxs.get(handle)
     if ctx is None or ctx.primary:
         raise CudaError(errors.INVALID_CONTEXT, f"{handle:#x} is not a context made by cuCtxCreate")
+    if d.lane is not None:
+        d.lane.context(handle, ready=False)
     d.contexts.release(handle)
     if d.contexts.current() == handle:
         d.contexts.pop()

@@ -29,6 +29,7 @@ from xpuremote.protocol.logs import EVERY_CALL
 
 from . import marshal, trace
 from .connection import Connection
+from .lane import Lane
 from .wake import probe as probe_wake
 
 log = logging.getLogger("xpuremote.client")
@@ -114,6 +115,7 @@ class Primary:
 class Driver:
     contexts: ContextStack = field(default_factory=ContextStack)
     conn: Connection | None = None
+    lane: Lane | None = None  # the shim's C lane (client/lane.py); None without the shim
     devices: list[Device] = field(default_factory=list)
     driver_version: int = 0
     ctxs: dict[int, Context] = field(default_factory=dict)
@@ -154,6 +156,10 @@ class Driver:
         for i, p in enumerate(self.primaries):
             self.ctxs[p.handle] = Context(i, primary=True, ident=i + 1)
         self.conn = conn
+        if self.lane is not None and not trace.requested() and not conn.link.active \
+                and not log.isEnabledFor(EVERY_CALL) and os.environ.get("XPU_LANE", "1") != "0":
+            conn.lane = self.lane
+            self.lane_gate()
         if trace.wanted():
             # the wake-up probe measures this machine and the server's, not an emulated link's delays
             wake = None if conn.link.delays else probe_wake(conn)
@@ -169,6 +175,17 @@ class Driver:
         if self.conn.pid != os.getpid():
             return self.connect()  # raises the fork error
         return self.conn
+
+    def lane_gate(self) -> None:
+        """Open the lane where nothing the client does for a call is needed: no capture under way (the client
+        refuses and tracks work in a capture) and no event recorded in one."""
+        conn = self.conn
+        if conn is None or conn.lane is None:
+            return
+        if conn.dead or self.state.get("captures") or self.state.get("capture_events"):
+            conn.lane.close()
+        elif not conn.lane.is_open:
+            conn.lane.open(conn.alarm.fd, conn.batch_window_s)
 
     def new_handle(self) -> int:
         return next(self._ids)
@@ -211,6 +228,8 @@ class Driver:
         info = self.ctxs.get(ctx)
         if info is not None and info.primary:
             self.ensure_primary(info.device)
+        if info is not None and self.lane is not None:
+            self.lane.context(ctx)  # on the server (or queued to be) before any record names it
         return ctx
 
     # ---- talking to the server ----------------------------------------------------------------

@@ -49,8 +49,14 @@ def cu_stream_begin_capture(d: Driver, call: Call, args: list[Any]) -> None:
     if handle in captures(d):
         raise CudaError(errors.ILLEGAL_STATE, f"stream {handle:#x} is already capturing")
     graph = d.new_handle()
-    d.post(CALLS["xpuStreamBeginCapture"], [graph, handle, mode])
     captures(d)[handle] = Capture(next(_ids), handle, graph, mode, threading.get_ident())
+    d.lane_gate()  # closed: the work of a capture goes through the client
+    try:
+        d.post(CALLS["xpuStreamBeginCapture"], [graph, handle, mode])
+    except CudaError:
+        del captures(d)[handle]
+        d.lane_gate()
+        raise
 
 
 @implements("cuStreamEndCapture")
@@ -70,7 +76,10 @@ def cu_stream_end_capture(d: Driver, call: Call, args: list[Any]) -> None:
         del captures(d)[s]
     for e in [e for e, c in capture_events(d).items() if c is capture]:
         del capture_events(d)[e]
-    d.call(CALLS["xpuStreamEndCapture"], [handle, capture.graph])  # the server drops a graph it invalidated
+    try:
+        d.call(CALLS["xpuStreamEndCapture"], [handle, capture.graph])  # the server drops a graph it invalidated
+    finally:
+        d.lane_gate()
     if capture.invalid:  # what this end refused: the server's graph is complete, and of no use
         d.post(CALLS["cuGraphDestroy"], [capture.graph])
         raise CudaError(errors.CAPTURE_INVALIDATED, capture.invalid)
@@ -148,8 +157,8 @@ def cu_event_record(d: Driver, call: Call, args: list[Any]) -> None:
     capture = capture_of(d, stream_of(call, args[1]))
     if capture is not None:
         capture_events(d)[args[0]] = capture
-    else:
-        capture_events(d).pop(args[0], None)
+    elif capture_events(d).pop(args[0], None) is not None:
+        d.lane_gate()  # perhaps the last event recorded in a capture
     d.forward(call, args)
 
 

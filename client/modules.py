@@ -182,6 +182,8 @@ def unload(d: Driver, table: dict[int, Module], handle: int) -> None:
         raise CudaError(errors.INVALID_HANDLE, f"{handle:#x} is not loaded")
     for fh in module.functions.values():
         registry(d)[2].pop(fh, None)
+        if d.lane is not None:
+            d.lane.forget_kernel(fh)
     if module.on_server:
         d.post(CALLS["cuModuleUnload"], [handle])
 
@@ -340,6 +342,8 @@ def launch(d: Driver, call: Call, handle: int, grid: tuple, block: tuple, shared
                                             attributes, count], len(params) + len(attributes))
         return
     d.post(CALLS["xpuLaunchKernel"], [fn.handle, *grid, *block, shared, stream, params, len(params), 0], len(params))
+    if d.lane is not None and call.lane == "launch" and kernel_params and not extra:  # the next launches take it
+        d.lane.kernel(handle, fn.handle, [(p.offset, p.size) for p in fn.kernel.params], len(params))
 
 
 def launch_config(config: int) -> tuple[tuple, tuple, int, int, bytes]:

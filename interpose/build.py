@@ -26,7 +26,7 @@ from pathlib import Path
 from xpuremote.protocol import errors, mathlibs
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("shim.c", "entry_points.c", "front.h", "core.c", "first_call.h", "nvml.c", "mathlib.c",
+SOURCES = ("shim.c", "entry_points.c", "front.h", "lane.h", "core.c", "first_call.h", "nvml.c", "mathlib.c",
            *(f"{lib.name}_entry_points.c" for lib in mathlibs.LIBRARIES))
 NAME = "libcuda.so.1"
 CORE_NAME = "libxpuremote-core.so"
@@ -47,6 +47,15 @@ void xpu_ctx_set_current(uint64_t ctx);
 int xpu_ctx_push(uint64_t ctx);
 uint64_t xpu_ctx_pop(void);
 void xpu_cls_release(uint64_t ctx);
+void xpu_lane_allow(int op, uint32_t opcode, int kind, int nargs, int stream_arg);
+void xpu_lane_set_open(int open, int alarm_fd, uint64_t window_ns);
+void xpu_lane_context(uint64_t ctx, int ready);
+void xpu_lane_kernel(uint64_t handle, uint64_t server, int count, const uint32_t *offset, const uint32_t *size,
+                     uint32_t bytes);
+size_t xpu_lane_take(unsigned char *out, uint64_t *state);
+#define XPU_LANE_BYTES ...
+uint64_t xpu_lane_waiting(void);
+uint64_t xpu_lane_appended(void);
 """
 
 # Runs in the core's own interpreter on the first driver call.

@@ -59,6 +59,18 @@ static void xpu_remember_ctx_device(uint64_t ctx, int device) { front->remember_
 static void xpu_mark_release(int op) { front->mark_release(op); }
 static void xpu_set_finalized(void) { front->set_finalized(); }
 static void xpu_thread_init(void) { front->thread_init(); }
+static void xpu_lane_allow(int op, uint32_t opcode, int kind, int nargs, int stream_arg) {
+    front->lane_allow(op, opcode, kind, nargs, stream_arg);
+}
+static void xpu_lane_set_open(int open, int alarm_fd, uint64_t window_ns) { front->lane_set_open(open, alarm_fd, window_ns); }
+static void xpu_lane_context(uint64_t ctx, int ready) { front->lane_context(ctx, ready); }
+static void xpu_lane_kernel(uint64_t handle, uint64_t server, int count, const uint32_t *offset, const uint32_t *size,
+                            uint32_t bytes) {
+    front->lane_kernel(handle, server, count, offset, size, bytes);
+}
+static size_t xpu_lane_take(unsigned char *out, uint64_t *state) { return front->lane_take(out, state); }
+static uint64_t xpu_lane_waiting(void) { return front->lane_waiting(); }
+static uint64_t xpu_lane_appended(void) { return front->lane_appended(); }
 static void xpu_set_python_ready(void) {
     xpu_python_ready = 1;
     front->set_python_ready();

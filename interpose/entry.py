@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from xpuremote.client import connection, driver, integrity, mathlibs, nvml, trace
+from xpuremote.client.lane import Lane
 from xpuremote.protocol import errors, logs
 from xpuremote.protocol.calls import CALLS, SYMBOLS
 
@@ -115,6 +116,7 @@ def install(ffi: Any, lib: Any) -> None:
     library_tables = mathlibs.handlers()  # ops from XPU_OP_LIBRARY on: the math libraries', 1 << 16 each
     d = driver.DRIVER
     d.contexts = ShimContexts(lib)
+    d.lane = Lane(ffi, lib)
     d.state["requested_version"] = lib.xpu_requested_version
     for op, symbol in enumerate(SYMBOLS):  # what the C side answers with success after the session
         if CALLS[symbol].releases:

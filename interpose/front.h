@@ -6,7 +6,8 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#define XPU_FRONT_VERSION 1
+#define XPU_FRONT_VERSION 2
+#define XPU_LANE_BYTES (48 << 10)  /* the fast lane's buffer (lane.h): full, it declines and the core sends it */
 
 typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
 
@@ -29,6 +30,15 @@ struct xpu_front {
     int (*key_delete)(pthread_key_t key);
     void *(*getspecific)(pthread_key_t key);
     int (*setspecific)(pthread_key_t key, const void *value);
+    /* the fast lane (lane.h) */
+    void (*lane_allow)(int op, uint32_t opcode, int kind, int nargs, int stream_arg);
+    void (*lane_set_open)(int open, int alarm_fd, uint64_t window_ns);
+    void (*lane_context)(uint64_t ctx, int ready);
+    void (*lane_kernel)(uint64_t handle, uint64_t server, int count, const uint32_t *offset, const uint32_t *size,
+                        uint32_t bytes);
+    size_t (*lane_take)(unsigned char *out, uint64_t *state);
+    uint64_t (*lane_waiting)(void);
+    uint64_t (*lane_appended)(void);
 };
 
 /* What each of the two libcs in the process needs, compiled into both sides so that each call binds to

@@ -4,6 +4,7 @@
  *   xpu_enter(), which refuses once the session is over and otherwise enters the client
  *   core (core.c, loaded into a namespace of its own on the first call) through its one
  *   dispatch function;
+ * - the hot asynchronous calls are queued here, in C, when the core allows (lane.h);
  * - cuGetProcAddress answers from the generated variant table, with no Python at all;
  * - cuGetExportTable hands out the runtime's private tables; context-local storage and
  *   the per-thread context stack live here because the runtime touches them before
@@ -119,11 +120,13 @@ static int xpu_start(int op, uint64_t *slots) {
 }
 
 static int xpu_after_session(int op, uint64_t *slots);
+static int xpu_lane_try(int op, const uint64_t *slots);
 
 static int xpu_enter(int op, uint64_t *slots) {
     if (xpu_forked && xpu_refuse_forked()) return CUDA_ERROR_NOT_INITIALIZED;
     if (xpu_finalized) return xpu_after_session(op, slots);
     if (!xpu_python_ready) return xpu_start(op, slots);
+    if (!xpu_lane_try(op, slots)) return CUDA_SUCCESS;  /* queued in C (lane.h) */
     return xpu_core_dispatch(op, slots);
 }
 
@@ -247,6 +250,13 @@ static int xpu_after_session(int op, uint64_t *slots) {
         return CUDA_ERROR_DEINITIALIZED;
     }
     return CUDA_SUCCESS;
+}
+
+/* ---- the fast lane --------------------------------------------------------------- */
+#include "lane.h"
+
+static int xpu_lane_try(int op, const uint64_t *slots) {
+    return op < XPU_MAX_OPS && xpu_lane_ops[op].kind ? xpu_lane_put(op, slots) : -1;
 }
 
 /* ---- cuGetProcAddress ------------------------------------------------------------- */
@@ -486,5 +496,7 @@ static struct xpu_front xpu_front_table = {
     .mark_release = xpu_mark_release, .set_finalized = xpu_set_finalized,
     .set_python_ready = xpu_set_python_ready, .thread_init = xpu_libc_thread_init,
     .key_create = pthread_key_create, .key_delete = pthread_key_delete, .getspecific = pthread_getspecific,
-    .setspecific = pthread_setspecific,
+    .setspecific = pthread_setspecific, .lane_allow = xpu_lane_allow, .lane_set_open = xpu_lane_set_open,
+    .lane_context = xpu_lane_context, .lane_kernel = xpu_lane_kernel, .lane_take = xpu_lane_take,
+    .lane_waiting = xpu_lane_waiting, .lane_appended = xpu_lane_appended,
 };

@@ -305,6 +305,7 @@ xpuOccupancyMaxActiveClusters(int *numClusters, CUfunction f, unsigned int gridD
   unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ, \
   unsigned int sharedMemBytes, const void *attrs, unsigned int numAttrs)              sync   attrs=in?:numAttrs*72
 xpuHostFunc(CUstream hStream, unsigned long long token)                             async
+xpuLane(const void *records, size_t bytes)                                          async  records=in:bytes
 xpuMemcpy2DDevice(CUdeviceptr dst, size_t dstPitch, CUdeviceptr src, size_t srcPitch, size_t width, \
   size_t height, CUstream hStream)                                                   async  \
                                                                                      dst=device:dstPitch,width,height \
@@ -388,6 +389,18 @@ SENT_INSTEAD: dict[str, str | None] = {
 RELEASES = ("cuMemFree", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister", "cuMemRelease", "cuMemUnmap",
             "cuMemAddressFree", "cuDevicePrimaryCtxRelease", "cuTexObjectDestroy", "cuSurfObjectDestroy")
 SENT_LOCAL = ("cuCtxSetCurrent", "cuModuleUnload")  # answered locally, and still told to the server
+
+# Calls the shim may queue itself, in C, without entering the client (interpose/lane.h, docs/design.md "The
+# fast lane"): family -> how. `args`: the arguments as they are; `launch`: packed as xpuLaunchKernel with the
+# kernel's argument bytes, once the client knows the kernel's layout. A batch carries them as one xpuLane call
+# of records, which the server runs as the calls they name: those with a `lane` here, and xpuLaunchKernel.
+LANE = {
+    "cuMemsetD8Async": "args", "cuMemsetD16Async": "args", "cuMemsetD32Async": "args",
+    "cuMemsetD2D8Async": "args", "cuMemsetD2D16Async": "args", "cuMemsetD2D32Async": "args",
+    "cuEventRecord": "args", "cuEventRecordWithFlags": "args", "cuStreamWaitEvent": "args",
+    "cuLaunchKernel": "launch",
+}
+LANE_LAUNCH = "xpuLaunchKernel"
 
 VARIANT_SUFFIX = re.compile(r"(_v\d+)?(_ptds|_ptsz)?$")
 
@@ -494,6 +507,16 @@ class Call:
         """Only gives something back: once the session has ended (a program's teardown at exit) the server
         has released everything, so the shim answers it with success (interpose/shim.c)."""
         return self.library == "cuda" and (self.destroys or self.family in RELEASES)
+
+    @cached_property
+    def lane(self) -> str | None:
+        """How the shim queues this call in C (LANE), or None."""
+        return LANE.get(self.family) if self.library == "cuda" and self.cls == "async" else None
+
+    @cached_property
+    def in_lane(self) -> bool:
+        """A lane record may name this call (the server runs no other from a lane)."""
+        return (self.lane == "args" and self.sent) or self.symbol == LANE_LAUNCH
 
     @cached_property
     def sent(self) -> bool:

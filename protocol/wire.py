@@ -17,7 +17,8 @@ Ops (client -> server):
   calls   {seq, calls: [[opcode, args], ...], reply: bool}    -> {seq, status, outs, deferred}
           a batch of calls executed in order; only `reply` batches are answered, by the last call;
           while measuring, answers carry `timing` [[seq, server_ns, per_call_ns], ...] and `gpu`
-          [[seq, gpu_ns], ...] for the messages finished since the last answer
+          [[seq, gpu_ns], ...] for the messages finished since the last answer; one call of a
+          batch may be `xpuLane` [records, bytes]: calls the shim queued in C (lane_records())
   probe   {busy_ns}: answer after staying awake that long (at most PROBE_BUSY_MAX_NS), for
           the wake-up probe of a trace (client/wake.py)                -> {}
   done    {token}: the host function the server stopped for has run (no answer)
@@ -34,7 +35,8 @@ Server -> client, unasked:
 from __future__ import annotations
 
 import hmac
-from collections.abc import Sequence
+import struct
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -47,6 +49,32 @@ BULK = 1  # msgpack ext type code of a reference to a bulk frame
 INLINE_MAX = 64 * 1024
 PROBE_BUSY_MAX_NS = 10_000_000
 HEADER_ALLOWANCE = 64 * 1024  # of a request's size limit, kept for what is not payload (header, opcodes)
+
+
+# A fast-lane record (interpose/lane.h): opcode, argument count, the argument its blob replaces, blob bytes,
+# zero, context; then the arguments (u64 each) and the blob, padded to 8 bytes.
+LANE_RECORD = struct.Struct("<IHHIIQ")
+LANE_NO_BLOB = 0xFFFF
+_LANE_ARGS = [struct.Struct(f"<{n}Q") for n in range(16)]
+
+
+def lane_records(data: bytes | memoryview) -> Iterator[tuple[int, int, list[Any]]]:
+    """(opcode, context, arguments) of each record; WireError at the first malformed one."""
+    view, at, end = memoryview(data), 0, len(data)
+    while at < end:
+        if at + LANE_RECORD.size > end:
+            raise WireError(f"a lane record is cut short at byte {at}")
+        opcode, count, blob_at, blob_len, _, ctx = LANE_RECORD.unpack_from(view, at)
+        at += LANE_RECORD.size
+        if count >= len(_LANE_ARGS) or at + 8 * count + blob_len > end \
+                or (blob_at != LANE_NO_BLOB and blob_at >= count):
+            raise WireError(f"a lane record at byte {at - LANE_RECORD.size} is malformed")
+        args = list(_LANE_ARGS[count].unpack_from(view, at))
+        at += 8 * count
+        if blob_at != LANE_NO_BLOB:
+            args[blob_at] = bytes(view[at : at + blob_len])
+            at += (blob_len + 7) & ~7
+        yield opcode, ctx, args
 
 
 class WireError(ValueError):

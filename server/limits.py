@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpuremote.protocol import errors, fatbin, mathlibs, memprops, wire
-from xpuremote.protocol.calls import CALLS, Call
+from xpuremote.protocol.calls import CALLS, Call, Param
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import (
     ARRAY3D_DESCRIPTOR,
@@ -241,11 +241,13 @@ class Accounted(Backend):
     # ---- addresses ---------------------------------------------------------------------------
     def check_addresses(self, call: Call, args: list[Any]) -> None:
         """Every device address the call names lies, with the bytes it touches, in this client's memory."""
+        checked = _address_params(call)
+        if not checked and call.family not in EMBEDDING:
+            return
         values = {p.name: a for p, a in zip(call.params, args) if p.kind in ("int", "float")}
-        for p, value in zip(call.params, args):
-            if (call.family, p.name) in RESERVED_ADDRESSES:
-                continue
-            if (p.is_device or p.is_scalar) and isinstance(value, int) and value:
+        for i, p in checked:
+            value = args[i]
+            if isinstance(value, int) and value:
                 try:
                     extent = p.device_extent(values)
                 except (TypeError, ValueError, KeyError):  # a size that is not a number: the decoder says so
@@ -561,6 +563,20 @@ def _ptx_variable_bytes(ptx: bytes) -> int:
             size *= int(dim)
         total += size
     return total
+
+
+EMBEDDING = ("cudnnBackendSetAttribute", "cublasLtMatmulDescSetAttribute")  # addresses inside attributes
+_ADDRESS_PARAMS: dict[str, tuple[tuple[int, Param], ...]] = {}
+
+
+def _address_params(call: Call) -> tuple[tuple[int, Param], ...]:
+    """The parameters of `call` that may name device memory: (index, parameter)."""
+    found = _ADDRESS_PARAMS.get(call.symbol)
+    if found is None:
+        found = _ADDRESS_PARAMS[call.symbol] = tuple(
+            (i, p) for i, p in enumerate(call.params)
+            if (p.is_device or p.is_scalar) and (call.family, p.name) not in RESERVED_ADDRESSES)
+    return found
 
 
 def _embedded_addresses(call: Call, args: list[Any]) -> list[int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import logging
 import os
 import secrets
@@ -43,6 +44,7 @@ log = logging.getLogger("xpuremote.worker")
 MAX_REFUSALS_LOGGED = 256  # sources whose refused messages are logged (once each)
 MAX_OUTPUT_BYTES = 1 << 34  # a single reply larger than this is an error, not an attempt
 SERVER_HANDLE_BASE = 0x5E00_0000_0000
+LANE, SET_CONTEXT = CALLS["xpuLane"], CALLS["cuCtxSetCurrent"]
 # a CUkernel works as a CUfunction; the runtime's stream and event types are the driver's; a
 # cuBLAS handle is a cuBLASLt handle too (NVIDIA documents the cast, and PyTorch makes it)
 HANDLE_FAMILIES = {"CUkernel": "CUfunction", "cudaStream_t": "CUstream", "cudaEvent_t": "CUevent",
@@ -61,6 +63,7 @@ class Session:
         self.next_handle = SERVER_HANDLE_BASE
         self.deferred: list[tuple[str, int, str]] = []  # async failures not yet reported
         self.calls = 0
+        self.lane_calls = 0  # of them, run from the shim's fast lane
         self.library_calls: collections.Counter[str] = collections.Counter()  # math library -> calls
         self.errors = 0
         self.awaiting: int | None = None  # a host function the client runs before more work is done
@@ -177,6 +180,10 @@ class Session:
             last = i == len(batch) - 1
             try:
                 call, args = _unpack(item)
+                if call is LANE:
+                    self.run_lane(args)
+                    outs, status = [], errors.SUCCESS
+                    continue
                 if self.per_call is not None:
                     began = time.monotonic_ns()
                     outs = self.execute(call, args)
@@ -200,6 +207,31 @@ class Session:
             self.deferred.clear()
         return answer
 
+    def run_lane(self, args: list[Any]) -> None:
+        """The records of the shim's fast lane, each as the call it names, in its context; each failure is
+        deferred under its own call's name. A malformed record fails the rest of the lane."""
+        if len(args) != 2 or not isinstance(args[0], (bytes, memoryview)) or args[1] != len(args[0]):
+            raise CudaError(errors.INVALID_VALUE, "xpuLane takes [records, their size]")
+        ctx = None
+        try:
+            for opcode, record_ctx, record in wire.lane_records(args[0]):
+                call = BY_OPCODE.get(opcode)
+                try:
+                    if call is None or not call.in_lane:
+                        raise CudaError(errors.NOT_SUPPORTED, f"opcode {opcode:#x} may not come in a lane")
+                    if record_ctx != ctx:  # the context the record was made in, as the client's SET_CONTEXT does
+                        self.execute(SET_CONTEXT, [record_ctx])
+                        ctx = record_ctx
+                    self.lane_calls += 1
+                    self.execute(call, record)
+                except CudaError as exc:
+                    name = call.symbol if call is not None else "a lane record"
+                    self.errors += 1
+                    self.deferred.append((name, errors.status_for(exc, "cuda"), exc.detail))
+                    log.info("%s (lane) failed: %s", name, exc)
+        except wire.WireError as exc:
+            raise CudaError(errors.INVALID_VALUE, str(exc)) from None
+
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
         self.calls += 1
         if call.library != "cuda":
@@ -208,9 +240,13 @@ class Session:
             raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not served (the client library never sends it)")
         if len(args) != len(call.params):
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol} takes {len(call.params)} arguments, got {len(args)}")
-        scalars = {p.name: a for p, a in zip(call.params, args) if p.kind in ("int", "float")}
-        decoded = [self.decode(p, a, scalars, call) for p, a in zip(call.params, args)]
-        self.check_handles(call, args)
+        plain = _plain(call)
+        if plain is not None:  # integers and handles only, nothing made or written back: the hot calls
+            decoded = self.decode_plain(call, args, plain)
+        else:
+            scalars = {p.name: a for p, a in zip(call.params, args) if p.kind in ("int", "float")}
+            decoded = [self.decode(p, a, scalars, call) for p, a in zip(call.params, args)]
+            self.check_handles(call, args)
         try:
             if self.gpu_timer and is_gpu_work(call):
                 begun = self.gpu_timer.start(call, decoded)
@@ -223,9 +259,25 @@ class Session:
         except (TypeError, AttributeError, ValueError, IndexError, KeyError, struct.error) as exc:
             # a handle of the wrong kind, or a value no driver would accept
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {type(exc).__name__}: {exc}") from None
+        if plain is not None:
+            if call.destroys:
+                self.forget(call, args)
+            return []
         self.forget(call, args)
         owner = _graph_of(call, decoded)  # a node belongs to its graph: its handle goes with the graph's
         return [self.encode(p, a, o, call, owner) for p, a, o in zip(call.outputs, _out_args(call, args), outs)]
+
+    def decode_plain(self, call: Call, args: list[Any], plain: Plain) -> list[Any]:
+        """decode() for a call of integers and handles, by its precomputed shape."""
+        for i, low, high in plain.ints:
+            value = args[i]
+            if type(value) is not int or not low <= value < high:
+                p = call.params[i]
+                raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}={value!r} is not a {p.ctype}")
+        decoded = list(args)
+        for i in plain.handles:
+            decoded[i] = self.resolve(call.params[i], args[i])
+        return decoded
 
     def decode(self, p: Param, value: Any, scalars: dict[str, Any], call: Call) -> Any:
         if p.kind == "handle":
@@ -269,6 +321,31 @@ class Session:
         if p.count is None and p.pointee in ("int", "float"):
             return _pack_scalar(p, out)
         return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Plain:
+    """A call whose parameters are all integers and handles, with no outputs: what it checks of each."""
+    ints: tuple[tuple[int, int, int], ...]  # (index, lowest, past the highest value)
+    handles: tuple[int, ...]
+
+
+_PLAIN: dict[str, Plain | None] = {}
+
+
+def _plain(call: Call) -> Plain | None:
+    try:
+        return _PLAIN[call.symbol]
+    except KeyError:
+        pass
+    plain = None
+    if not call.outputs and all(p.kind in ("int", "handle") for p in call.params):
+        bits = [8 * p.size for p in call.params]
+        ints = tuple((i, -(1 << (b - 1)), 1 << (b - 1)) if p.signed else (i, 0, 1 << b)
+                     for i, (p, b) in enumerate(zip(call.params, bits)) if p.kind == "int")
+        plain = Plain(ints, tuple(i for i, p in enumerate(call.params) if p.kind == "handle"))
+    _PLAIN[call.symbol] = plain
+    return plain
 
 
 def _graph_of(call: Call, decoded: list[Any]) -> Any:
@@ -375,8 +452,9 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
         backend.close()
         _report(session, None)
         by_library = "".join(f" {name}={n}" for name, n in sorted(session.library_calls.items()))
-        log.info("session %s ended: %d calls, %d errors, peak device memory %d bytes; library calls:%s",
-                 session_id, session.calls, session.errors, backend.peak, by_library or " none")
+        log.info("session %s ended: %d calls (%d from the fast lane), %d errors, peak device memory %d bytes; "
+                 "library calls:%s", session_id, session.calls, session.lane_calls, session.errors, backend.peak,
+                 by_library or " none")
         sock.disable_monitor()  # a watchdog still looking wakes up and sees `finished`
         sock.close()
         watchdog.join()

@@ -47,6 +47,9 @@ def check_module_image(image: bytes, sm: int) -> str:
         raise CudaError(errors.INVALID_IMAGE, f"cannot read the module image: {exc}") from None
 
 
+_OUTPUTS: dict[str, tuple[int, ...]] = {}  # a call's output parameters: not passed to the backend
+
+
 @dataclass
 class DeviceInfo:
     """What the client needs to answer device queries locally: fetched once, at connect."""
@@ -123,8 +126,10 @@ class Backend:
         method = getattr(target, call.family, None)
         if method is None:
             raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not implemented by the {self.name} backend")
-        ins = [a for p, a in zip(call.params, args) if p.direction != "out"]
-        outs = method(*ins)
+        outputs = _OUTPUTS.get(call.symbol)
+        if outputs is None:
+            outputs = _OUTPUTS[call.symbol] = tuple(i for i, p in enumerate(call.params) if p.direction == "out")
+        outs = method(*(args if not outputs else [a for i, a in enumerate(args) if i not in outputs]))
         return list(outs) if outs is not None else []
 
     def library(self, name: str) -> Any:

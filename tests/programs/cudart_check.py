@@ -3,7 +3,7 @@
     python cudart_check.py /path/to/libcudart.so.N SUBTEST
 
 Prints one JSON object (always with "ok") and exits 0 if the sub-test passed, 1 if not.
-Sub-tests: properties, roundtrip, stream, pinned, pointer_attributes, threads, errors.
+Sub-tests: properties, roundtrip, stream, pinned, pointer_attributes, threads, errors, many_async.
 """
 
 from __future__ import annotations
@@ -277,8 +277,43 @@ def errors(rt: Runtime) -> dict[str, Any]:
     }
 
 
+def many_async(rt: Runtime) -> dict[str, Any]:
+    """Thousands of small async memsets from 4 threads, each on its own stream and region, ordered by events
+    against the legacy and the per-thread stream: the calls the shim queues in C (its fast lane)."""
+    rt.lib.cudaStreamWaitEvent.argtypes = [vp, vp, ctypes.c_uint]
+    slot, slots, rounds = 256, 64, 500
+    failures: list[str] = []
+
+    def work(index: int) -> None:
+        try:
+            s, e = rt.stream(), rt.event()
+            base = rt.malloc(slot * slots)
+            expected = bytearray(slot * slots)
+            for i in range(rounds):
+                at, value = (i * 7) % slots, (index * 31 + i) & 0xFF
+                stream = (s, 0, 2)[i % 3]  # its own, the legacy one, cudaStreamPerThread
+                rt("cudaMemsetAsync", base + at * slot, value, slot, stream)
+                rt("cudaEventRecord", e, stream)
+                rt("cudaStreamWaitEvent", (0, 2, s)[i % 3], e, 0)
+                expected[at * slot:(at + 1) * slot] = bytes([value]) * slot
+            rt("cudaDeviceSynchronize")
+            found = rt.download(base, len(expected))
+            if found != expected:
+                failures.append(f"thread {index}: differs at byte {first_difference(bytes(expected), found)}")
+            rt("cudaFree", base)
+        except Exception as exc:  # reported, not raised: the main thread checks
+            failures.append(f"thread {index}: {exc}")
+
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return {"failures": failures, "calls": 4 * rounds * 3}
+
+
 SUBTESTS: dict[str, Callable[[Runtime], dict[str, Any]]] = {
-    f.__name__: f for f in (properties, roundtrip, stream, pinned, pointer_attributes, threads, errors)}
+    f.__name__: f for f in (properties, roundtrip, stream, pinned, pointer_attributes, threads, errors, many_async)}
 
 
 def problems(result: Any) -> bool:

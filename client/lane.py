@@ -1,0 +1,84 @@
+"""The fast lane, from the client's side: what the shim's C entry points may queue themselves.
+
+The hot asynchronous calls (protocol.calls.LANE) are appended in C to one buffer as records
+(interpose/lane.h), without entering Python, while the lane is open. The client takes the records
+before it queues anything of its own, so that everything reaches the server in the order the
+application made it, and sends them as one `xpuLane` call of its batch.
+
+The lane is open only where a record needs nothing the client would do: a session without a trace,
+an emulated link or per-call logging, no stream capture under way, and contexts the server already
+has. A launch takes it once the client has learnt the kernel's argument layout (its first launch
+goes the usual way). Everything else the lane declines goes through the client as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xpuremote.protocol.calls import CALLS, LANE_LAUNCH, SYMBOLS
+
+KINDS = {"args": 1, "launch": 2}  # lane.h's XPU_LANE_PLAIN, XPU_LANE_LAUNCH
+LANE_CALL = CALLS["xpuLane"]
+
+
+class Lane:
+    """The C lane of this process (the shim's), driven through the core's cffi module."""
+
+    def __init__(self, ffi: Any, lib: Any) -> None:
+        self.ffi, self.lib = ffi, lib
+        self.buf = ffi.new("unsigned char[]", lib.XPU_LANE_BYTES)
+        self.state = ffi.new("uint64_t[2]")
+        self.kernels: set[int] = set()
+        self.contexts: set[int] = set()
+        self.is_open = False
+        for op, symbol in enumerate(SYMBOLS):
+            call = CALLS[symbol]
+            if call.lane:
+                stream = next((i for i, p in enumerate(call.params) if p.ctype == "CUstream"), -1)
+                nargs = len(CALLS[LANE_LAUNCH].params) if call.lane == "launch" else len(call.params)
+                opcode = CALLS[LANE_LAUNCH].opcode if call.lane == "launch" else call.opcode
+                lib.xpu_lane_allow(op, opcode, KINDS[call.lane], nargs, stream if call.per_thread else -1)
+
+    def open(self, alarm_fd: int, window_s: float) -> None:
+        """Records may be queued; the first of a batch sets the flusher's alarm to the batch window."""
+        self.is_open = True
+        self.lib.xpu_lane_set_open(1, alarm_fd, int(window_s * 1e9))
+
+    def close(self) -> None:
+        """Every call goes through the client (records already queued are still taken)."""
+        if self.is_open:
+            self.is_open = False
+            self.lib.xpu_lane_set_open(0, -1, 0)
+
+    def take(self) -> tuple[bytes, int] | None:
+        """The records queued so far and the context of the last one, or None."""
+        n = self.lib.xpu_lane_take(self.buf, self.state)
+        return (self.ffi.buffer(self.buf, n)[:], self.state[1]) if n else None
+
+    def waiting(self) -> bool:
+        return bool(self.lib.xpu_lane_waiting())
+
+    def appended(self) -> int:
+        return self.lib.xpu_lane_appended()
+
+    def context(self, ctx: int, ready: bool = True) -> None:
+        """Whether the server has context `ctx` (a record names its context, which must exist there)."""
+        if ready and ctx not in self.contexts:
+            self.contexts.add(ctx)
+            self.lib.xpu_lane_context(ctx, 1)
+        elif not ready and ctx in self.contexts:
+            self.contexts.discard(ctx)
+            self.lib.xpu_lane_context(ctx, 0)
+
+    def kernel(self, handle: int, server: int, params: list[tuple[int, int]], size: int) -> None:
+        """Launches of `handle` may take the lane: its arguments at (offset, size), `size` bytes in all."""
+        if handle not in self.kernels:
+            self.kernels.add(handle)
+            offsets = self.ffi.new("uint32_t[]", [o for o, _ in params] or [0])
+            sizes = self.ffi.new("uint32_t[]", [s for _, s in params] or [0])
+            self.lib.xpu_lane_kernel(handle, server, len(params), offsets, sizes, size)
+
+    def forget_kernel(self, handle: int) -> None:
+        if handle in self.kernels:
+            self.kernels.discard(handle)
+            self.lib.xpu_lane_kernel(handle, 0, -1, self.ffi.NULL, self.ffi.NULL, 0)

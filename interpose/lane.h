@@ -1,0 +1,193 @@
+/* The fast lane: the hot asynchronous calls (memsets, event records, stream waits, launches of a
+ * kernel whose argument layout the client has learnt) encoded here, in C, as records appended to
+ * one buffer, without entering the client core. The core sends the buffer as one `xpuLane` call of
+ * its batch, in order with the calls it queued itself (it takes the records before it queues
+ * anything), and the server runs each record as the call it names (docs/design.md, "The fast lane").
+ *
+ * The core decides everything here: which ops may take the lane and how (xpu_lane_allow, from the
+ * call table), when the lane is open (a session without a trace, a capture or an emulated link),
+ * which contexts exist on the server, and which kernels' layouts are known. A call the lane declines
+ * (return -1) takes the usual path through the core, which sends the records first.
+ *
+ * Record, little-endian: u32 opcode, u16 argument count, u16 index of the argument that the blob
+ * replaces (0xFFFF: none), u32 blob bytes, u32 zero, u64 context; the arguments (u64 each); the
+ * blob, padded to 8 bytes. */
+#ifndef XPU_LANE_H
+#define XPU_LANE_H
+
+#include <sys/timerfd.h>
+
+#define XPU_LANE_BLOB_MAX 4096     /* kernel argument bytes a launch record may carry */
+#define XPU_LANE_ARGS_MAX 12
+#define XPU_LANE_CONTEXTS 64
+#define XPU_LANE_FUNCTIONS 8192    /* a power of two: the open-addressing table of kernels */
+#define XPU_LANE_NO_BLOB 0xFFFF
+
+enum { XPU_LANE_OFF = 0, XPU_LANE_PLAIN = 1, XPU_LANE_LAUNCH = 2 };
+
+struct xpu_lane_op { uint32_t opcode; uint8_t kind, nargs; int8_t stream_arg; };
+
+struct xpu_lane_kernel {  /* a kernel's argument layout, as the core learnt it */
+    uint64_t server;      /* the handle the server knows it by */
+    uint32_t bytes, count;
+    uint32_t offset[];    /* then size[count] */
+};
+
+struct xpu_lane_record { uint32_t opcode; uint16_t nargs, blob_at; uint32_t blob_len, zero; uint64_t ctx; };
+
+static struct {
+    pthread_mutex_t lock;
+    volatile int open;
+    int alarm_fd;
+    struct itimerspec window;
+    uint64_t appended;                        /* records over the session's life */
+    uint64_t last_ctx;                        /* the context of the last record: the server's after them */
+    size_t len;
+    _Alignas(8) unsigned char buf[XPU_LANE_BYTES];
+    uint64_t contexts[XPU_LANE_CONTEXTS];     /* on the server: the lane may name them */
+    struct { uint64_t handle; struct xpu_lane_kernel *k; } kernels[XPU_LANE_FUNCTIONS];
+} xpu_lane = {.lock = PTHREAD_MUTEX_INITIALIZER, .alarm_fd = -1};
+
+static struct xpu_lane_op xpu_lane_ops[XPU_MAX_OPS];
+
+/* ---- set by the core ------------------------------------------------------------------------ */
+static void xpu_lane_allow(int op, uint32_t opcode, int kind, int nargs, int stream_arg) {
+    if (op >= 0 && op < XPU_MAX_OPS && nargs <= XPU_LANE_ARGS_MAX)
+        xpu_lane_ops[op] = (struct xpu_lane_op){opcode, (uint8_t)kind, (uint8_t)nargs, (int8_t)stream_arg};
+}
+
+/* Open with the flusher's timer (armed when the lane's first record waits) and its window; or close. */
+static void xpu_lane_set_open(int open, int alarm_fd, uint64_t window_ns) {
+    pthread_mutex_lock(&xpu_lane.lock);
+    xpu_lane.alarm_fd = alarm_fd;
+    xpu_lane.window.it_value.tv_sec = (time_t)(window_ns / 1000000000u);
+    xpu_lane.window.it_value.tv_nsec = (long)(window_ns % 1000000000u) + (window_ns == 0);
+    xpu_lane.open = open;
+    pthread_mutex_unlock(&xpu_lane.lock);
+}
+
+static void xpu_lane_context(uint64_t ctx, int ready) {
+    pthread_mutex_lock(&xpu_lane.lock);
+    int free_at = -1;
+    for (int i = 0; i < XPU_LANE_CONTEXTS; i++) {
+        if (xpu_lane.contexts[i] == ctx) {
+            if (!ready) xpu_lane.contexts[i] = 0;
+            free_at = -2;
+            break;
+        }
+        if (!xpu_lane.contexts[i] && free_at == -1) free_at = i;
+    }
+    if (ready && free_at >= 0) xpu_lane.contexts[free_at] = ctx;  /* a 65th context takes the core's path */
+    pthread_mutex_unlock(&xpu_lane.lock);
+}
+
+static int xpu_lane_kernel_slot(uint64_t handle) {
+    unsigned i = (unsigned)(handle >> 4) & (XPU_LANE_FUNCTIONS - 1);
+    for (int n = 0; n < XPU_LANE_FUNCTIONS; n++, i = (i + 1) & (XPU_LANE_FUNCTIONS - 1))
+        if (xpu_lane.kernels[i].handle == handle || !xpu_lane.kernels[i].handle) return (int)i;
+    return -1;
+}
+
+/* Learn a kernel's layout (count arguments at offset[i], size[i]), or forget it (count < 0): a
+ * module unloaded. A layout is read only under the lock, so it is freed after it. */
+static void xpu_lane_kernel(uint64_t handle, uint64_t server, int count, const uint32_t *offset,
+                            const uint32_t *size, uint32_t bytes) {
+    struct xpu_lane_kernel *k = NULL;
+    if (count >= 0 && bytes <= XPU_LANE_BLOB_MAX) {
+        k = malloc(sizeof *k + 2 * (size_t)count * sizeof(uint32_t));
+        if (!k) return;
+        *k = (struct xpu_lane_kernel){server, bytes, (uint32_t)count};
+        memcpy(k->offset, offset, count * sizeof(uint32_t));
+        memcpy(k->offset + count, size, count * sizeof(uint32_t));
+    }
+    pthread_mutex_lock(&xpu_lane.lock);
+    int i = xpu_lane_kernel_slot(handle);
+    if (i >= 0 && (k || xpu_lane.kernels[i].handle)) {
+        /* a forgotten kernel keeps its slot (a tombstone with no layout): probing goes on past it */
+        struct xpu_lane_kernel *old = xpu_lane.kernels[i].k;
+        xpu_lane.kernels[i].handle = handle;
+        xpu_lane.kernels[i].k = k;
+        k = old;
+    }
+    pthread_mutex_unlock(&xpu_lane.lock);
+    free(k);  /* the one replaced, or the new one when the table is full */
+}
+
+/* The records so far, moved into `out` (the core's buffer of XPU_LANE_BYTES); state[0]: the count of
+ * records ever appended (the flusher watches it grow), state[1]: the last record's context. */
+static size_t xpu_lane_take(unsigned char *out, uint64_t *state) {
+    pthread_mutex_lock(&xpu_lane.lock);
+    size_t n = xpu_lane.len;
+    memcpy(out, xpu_lane.buf, n);
+    xpu_lane.len = 0;
+    state[0] = xpu_lane.appended;
+    state[1] = xpu_lane.last_ctx;
+    pthread_mutex_unlock(&xpu_lane.lock);
+    return n;
+}
+
+static uint64_t xpu_lane_waiting(void) { return xpu_lane.len; }
+static uint64_t xpu_lane_appended(void) { return xpu_lane.appended; }
+
+/* ---- the application's threads (the lane's lock held) ----------------------------------------- */
+static int xpu_lane_context_ready(uint64_t ctx) {
+    for (int i = 0; i < XPU_LANE_CONTEXTS; i++)
+        if (xpu_lane.contexts[i] == ctx) return ctx != 0;
+    return 0;
+}
+
+static const struct xpu_lane_kernel *xpu_lane_known(uint64_t handle) {
+    int i = xpu_lane_kernel_slot(handle);
+    return i >= 0 && xpu_lane.kernels[i].handle == handle ? xpu_lane.kernels[i].k : NULL;
+}
+
+/* A launch's arguments as xpuLaunchKernel takes them, its argument bytes after them. */
+static void xpu_lane_launch(const struct xpu_lane_kernel *k, const uint64_t *slots, uint64_t *args) {
+    void **params = (void **)(uintptr_t)slots[9];
+    unsigned char *blob = (unsigned char *)(args + 12);
+    memset(blob, 0, (k->bytes + 7u) & ~7u);
+    for (uint32_t p = 0; p < k->count; p++) memcpy(blob + k->offset[p], params[p], k->offset[k->count + p]);
+    args[0] = k->server;
+    memcpy(args + 1, slots + 1, 8 * sizeof(uint64_t));  /* grid, block, shared bytes, stream */
+    args[9] = 0;  /* the blob */
+    args[10] = k->bytes;
+    args[11] = 0;
+}
+
+static int xpu_lane_append(const struct xpu_lane_op *lo, const uint64_t *slots, uint64_t ctx) {
+    if (!xpu_lane.open || !xpu_lane_context_ready(ctx)) return -1;
+    const struct xpu_lane_kernel *k = NULL;
+    if (lo->kind == XPU_LANE_LAUNCH) {  /* a kernel whose layout is known, given kernelParams, not `extra` */
+        k = xpu_lane_known(slots[0]);
+        if (!k || slots[10] || (k->count && !slots[9])) return -1;
+    }
+    uint32_t blob_len = k ? k->bytes : 0;
+    size_t size = sizeof(struct xpu_lane_record) + lo->nargs * sizeof(uint64_t) + ((blob_len + 7u) & ~7u);
+    if (xpu_lane.len + size > XPU_LANE_BYTES) return -1;
+    unsigned char *at = xpu_lane.buf + xpu_lane.len;
+    uint64_t *args = (uint64_t *)(at + sizeof(struct xpu_lane_record));
+    if (k)
+        xpu_lane_launch(k, slots, args);
+    else
+        memcpy(args, slots, lo->nargs * sizeof(uint64_t));
+    if (lo->stream_arg >= 0 && !args[lo->stream_arg]) args[lo->stream_arg] = 2;  /* CU_STREAM_PER_THREAD */
+    struct xpu_lane_record head = {lo->opcode, lo->nargs, k ? 9 : XPU_LANE_NO_BLOB, blob_len, 0, ctx};
+    memcpy(at, &head, sizeof head);
+    if (!xpu_lane.len && xpu_lane.alarm_fd >= 0) timerfd_settime(xpu_lane.alarm_fd, 0, &xpu_lane.window, NULL);
+    xpu_lane.len += size;
+    xpu_lane.appended++;
+    xpu_lane.last_ctx = ctx;
+    return 0;
+}
+
+/* 0: the call is queued in the lane; -1: it goes the core's way. */
+static int xpu_lane_put(int op, const uint64_t *slots) {
+    if (!xpu_lane.open) return -1;
+    uint64_t ctx = xpu_ctx_current();
+    pthread_mutex_lock(&xpu_lane.lock);
+    int rc = xpu_lane_append(&xpu_lane_ops[op], slots, ctx);
+    pthread_mutex_unlock(&xpu_lane.lock);
+    return rc;
+}
+
+#endif

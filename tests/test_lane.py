@@ -1,0 +1,84 @@
+"""The fast lane: hot async calls queued by the shim in C (interpose/lane.h, client/lane.py) and run by the
+server as the calls they name. NVIDIA's libcudart drives it through the shim; the server's side is also
+fed records directly, well-formed and not."""
+
+from __future__ import annotations
+
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import Server, shim_env, start_server
+from pyclient import CTX, PyClient
+from toolchain import cudart_path
+
+from xpuremote.protocol import errors, wire
+from xpuremote.protocol.calls import CALLS
+from xpuremote.protocol.errors import CudaError
+
+SCRIPT = Path(__file__).resolve().parent / "programs" / "cudart_check.py"
+MEMSET = CALLS["cuMemsetD8Async"]
+
+
+def lane_calls(server: Server) -> list[tuple[int, int]]:
+    """(calls, of them from the lane) of each session the server has ended."""
+    return [(int(a), int(b)) for a, b in re.findall(r"ended: (\d+) calls \((\d+) from the fast lane\)", server.log())]
+
+
+@pytest.mark.parametrize("lane", ["1", "0"], ids=["lane", "no-lane"])
+def test_libcudart_async_calls_from_threads_arrive_in_order(tmp_path: Path, shim: Path, lane: str) -> None:
+    cudart = cudart_path(13)
+    if cudart is None:
+        pytest.skip("the CUDA 13 runtime wheel is not installed")
+    server = start_server(tmp_path)
+    try:
+        proc = subprocess.run([sys.executable, str(SCRIPT), cudart, "many_async"], capture_output=True, text=True,
+                              timeout=300, env=shim_env(shim, server.address, XPU_LANE=lane))
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    finally:
+        server.stop()
+    [(calls, from_lane)] = lane_calls(server)
+    if lane == "1":  # every memset, record and wait took the lane, but those made before a context was ready
+        assert from_lane >= 6000 - 4 * 3, (calls, from_lane)
+    else:
+        assert from_lane == 0 and calls > 6000
+
+
+def records(*calls: tuple[int, list[int]], ctx: int = CTX) -> bytes:
+    return b"".join(wire.LANE_RECORD.pack(opcode, len(args), wire.LANE_NO_BLOB, 0, 0, ctx)
+                    + struct.pack(f"<{len(args)}Q", *args) for opcode, args in calls)
+
+
+def post_lane(client: PyClient, data: bytes, size: int | None = None) -> None:
+    client.post("xpuLane", data, len(data) if size is None else size)
+
+
+def test_the_server_runs_lane_records_and_refuses_bad_ones(server: Server) -> None:
+    client = PyClient(server.address)
+    try:
+        base = client.alloc(4096)
+        post_lane(client, records(*((MEMSET.opcode, [base + 256 * i, i + 1, 256, 0]) for i in range(16))))
+        assert client.read(base, 4096) == b"".join(bytes([i + 1]) * 256 for i in range(16))
+
+        # a call a lane may not carry (it has outputs) and an address outside the session: each refused, deferred
+        # under its own name, and the records around them run
+        alloc = CALLS["cuMemAlloc_v2"]
+        post_lane(client, records((MEMSET.opcode, [base, 0xAA, 16, 0]), (alloc.opcode, [8, 64]),
+                                  (MEMSET.opcode, [0x1000, 0, 16, 0]), (MEMSET.opcode, [base + 16, 0xBB, 16, 0])))
+        with pytest.raises(CudaError) as refused:
+            client.read(base, 32)
+        assert refused.value.code == errors.NOT_SUPPORTED and "cuMemAlloc_v2" in refused.value.detail
+        assert client.read(base, 32) == b"\xaa" * 16 + b"\xbb" * 16
+
+        # cut short, a blob past the end, a size that does not match: refused, the session goes on
+        good = records((MEMSET.opcode, [base, 1, 1, 0]))  # would set the first byte, 0xAA so far
+        blob_past_end = wire.LANE_RECORD.pack(MEMSET.opcode, 4, 0, 1 << 20, 0, CTX) + bytes(32)
+        for data, size in ((good[:-3], None), (blob_past_end, None), (good, len(good) + 8), (b"\x00" * 7, None)):
+            post_lane(client, data, size)
+            assert client.status_of("cuCtxSynchronize") == errors.INVALID_VALUE
+        assert client.read(base, 2) == b"\xaa\xaa"
+    finally:
+        client.close()
