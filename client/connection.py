@@ -240,6 +240,7 @@ class Connection:
             size = self._fit(call, args, size)
         if ctx != self.last_ctx and ctx is not None:
             self.pending.append([SET_CONTEXT.opcode, [ctx]])
+            self.pending_calls += 1
             self.last_ctx = ctx
         self.pending.append([call.opcode, args])
         self.pending_bytes += size
