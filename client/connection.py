@@ -254,7 +254,7 @@ class Connection:
         taken = self.lane.take() if self.lane is not None else None
         if taken is None:
             return
-        (records, self.last_ctx), appended = taken, self.lane.appended()
+        records, appended, self.last_ctx = taken
         self.pending.append([LANE_CALL.opcode, [records, len(records)]])
         self.pending_bytes += len(records)
         self.pending_calls += appended - self.lane_seen

@@ -50,10 +50,10 @@ class Lane:
             self.is_open = False
             self.lib.xpu_lane_set_open(0, -1, 0)
 
-    def take(self) -> tuple[bytes, int] | None:
-        """The records queued so far and the context of the last one, or None."""
+    def take(self) -> tuple[bytes, int, int] | None:
+        """The records queued so far, the count of records ever queued, and the last one's context; or None."""
         n = self.lib.xpu_lane_take(self.buf, self.state)
-        return (self.ffi.buffer(self.buf, n)[:], self.state[1]) if n else None
+        return (self.ffi.buffer(self.buf, n)[:], self.state[0], self.state[1]) if n else None
 
     def waiting(self) -> bool:
         return bool(self.lib.xpu_lane_waiting())
