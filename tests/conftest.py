@@ -104,6 +104,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv.stop()
 
 
+@pytest.fixture(scope="module")
+def two_devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A sim server of two devices, for one test module."""
+    srv = start_server(tmp_path_factory.mktemp("two-devices"), env={"XPU_SIM_DEVICES": "2"})
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture(scope="session")
 def chained(tmp_path_factory: pytest.TempPathFactory, shim: Path) -> Iterator[tuple[Server, Server]]:
     """(cuda, sim): a cuda-backend server whose libcuda and math libraries are xpuremote's own

@@ -58,13 +58,6 @@ PYTHONS = other_pythons()
 
 
 @pytest.fixture(scope="module")
-def two_devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("two-devices"), env={"XPU_SIM_DEVICES": "2"})
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
 def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """PyTorch's kernels skipped where the sim has none: the threads' calls are what is tested."""
     srv = start_server(tmp_path_factory.mktemp("torch-threads"),

@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ROOT, Server, shim_env, start_server
+from conftest import ROOT, Server, shim_env
 
 from xpuremote.client.connection import Connection
 from xpuremote.interpose.build import NVML_NAME
@@ -25,13 +24,6 @@ pytestmark = pytest.mark.sim_only(reason="two sim devices (XPU_SIM_DEVICES) at t
 
 SCRIPT = ROOT / "tests" / "programs" / "nvml_check.py"
 SIZE = 24 * (1 << 20) + 7
-
-
-@pytest.fixture(scope="module")
-def two_devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("nvml-server"), env={"XPU_SIM_DEVICES": "2"})
-    yield srv
-    srv.stop()
 
 
 @pytest.fixture(scope="module")

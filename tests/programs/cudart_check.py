@@ -88,6 +88,15 @@ class Runtime:
         self("cudaMemcpy", dptr, data, len(data), H2D)
 
 
+def run_threads(work: Callable[[int], None], count: int) -> None:
+    """work(0) ... work(count - 1), each on a thread of its own, all at once; back when all are done."""
+    pool = [threading.Thread(target=work, args=(i,)) for i in range(count)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+
+
 def first_difference(a: bytes, b: bytes) -> int | None:
     if a == b:
         return None
@@ -247,11 +256,7 @@ def threads(rt: Runtime) -> dict[str, Any]:
         except Exception as exc:  # reported, not raised: the main thread checks
             failures.append(f"thread {index}: {exc}")
 
-    pool = [threading.Thread(target=work, args=(i,)) for i in range(8)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
+    run_threads(work, 8)
     return {"failures": failures, "rounds": rounds}
 
 
@@ -304,11 +309,7 @@ def many_async(rt: Runtime) -> dict[str, Any]:
         except Exception as exc:  # reported, not raised: the main thread checks
             failures.append(f"thread {index}: {exc}")
 
-    pool = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
+    run_threads(work, 4)
     return {"failures": failures, "calls": 4 * rounds * 3}
 
 
