@@ -1,10 +1,11 @@
 """xpu-smi: an nvidia-smi-style listing of an xpu-server's devices.
 
-    xpu-smi [--server tcp://host:port] [--json]
+    xpu-smi [--server tcp://host:port | --pool ray://HEAD:PORT] [--json]
 
 Opens a session of its own (as any client does), reads the device inventory and asks the server
 for each device's status: memory used device-wide, utilisation, temperature, power, and the
-server processes (one worker per client session) holding memory on it.
+server processes (one worker per client session) holding memory on it. With --pool: every
+server of a Ray pool, its devices, who holds each, and the queue of leases waiting.
 """
 
 from __future__ import annotations
@@ -70,14 +71,53 @@ def render(snap: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_pool(snap: dict[str, Any]) -> str:
+    queue = snap["queue"]
+    lines = [f"xpu-smi  pool {snap['pool']}: {len(snap['servers'])} servers, {snap['gpus']} GPUs, "
+             f"{snap['leased']} leased, {len(queue)} waiting"]
+    for server in snap["servers"]:
+        lines += ["", f"{server['endpoint']}  backend {server['backend']}  node {server['node_id'][:12]}"
+                      f"  CURVE {'on' if server['public_key'] else 'off'}"]
+        for d in server["devices"]:
+            who = d["holder"]
+            held = "free" if who is None else f"{who['user']}@{who['host']} pid {who['pid']}, {who['held_s']:g} s"
+            lines.append(f"  {d['index']:>3}  {d['name'][:34]:<34} {d['total_mem'] // MIB:>7}MiB  {held}")
+    lines += ["", "Queue"]
+    lines += [f"  {i}. {g['user']}@{g['host']} pid {g['pid']}: {g['gpus']} GPU(s), waiting {g['waiting_s']:g} s"
+              for i, g in enumerate(queue, 1)] or ["  empty"]
+    return "\n".join(lines)
+
+
+def pool_snapshot(address: str) -> dict[str, Any]:
+    from . import pool
+
+    pool.connect(address)
+    try:
+        return {"pool": address, **pool.snapshot()}
+    finally:
+        pool.disconnect()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="xpu-smi", description="List an xpu-server's devices.")
     parser.add_argument("--server", default=os.environ.get("XPU_SERVER", DEFAULT_SERVER),
                         help="tcp://host:port of the xpu-server (default: $XPU_SERVER, else %(default)s)")
+    parser.add_argument("--pool", default=os.environ.get("XPU_POOL"),
+                        help="list a Ray pool instead: ray://HEAD:PORT, HEAD:PORT or auto (default: $XPU_POOL)")
     parser.add_argument("--json", action="store_true", help="print the listing as JSON")
     parser.add_argument("--timeout", type=float, default=float(os.environ.get("XPU_CONNECT_TIMEOUT_S", "10")),
                         help="seconds to wait for the server")
     args = parser.parse_args(argv)
+    if args.pool:
+        from .pool import PoolError
+
+        try:
+            snap = pool_snapshot(args.pool)
+        except PoolError as exc:
+            print(f"xpu-smi: {exc}", file=sys.stderr)
+            return 1
+        print(json.dumps(snap, indent=1) if args.json else render_pool(snap))
+        return 0
     try:
         snap = snapshot(args.server, args.timeout)
     except CudaError as exc:

@@ -1,11 +1,15 @@
 """xpu-run: run a program with xpuremote's libcuda.so.1, libnvidia-ml.so.1 and math libraries
 (libcublas.so.13, libcublasLt.so.13, libcudnn.so.9) in place of NVIDIA's.
 
-    xpu-run [--server tcp://host:port] [--backend auto|cuda|sim] [--trace PATH]
-            [--key CLIENT.key_secret --server-key SERVER.key] -- CMD [ARGS...]
+    xpu-run [--server tcp://host:port | --pool ray://HEAD:PORT [--gpus N] [--lease-timeout S]]
+            [--backend auto|cuda|sim] [--trace PATH] [--key CLIENT.key_secret --server-key SERVER.key]
+            -- CMD [ARGS...]
 
 Without --server (or XPU_SERVER), starts a local xpu-server for the program's lifetime:
-on a GPU if this machine has one, else the sim device.
+on a GPU if this machine has one, else the sim device. With --pool (or XPU_POOL), leases N GPUs
+of one server of a Ray pool (client/pool.py) and runs CMD against them, with CUDA_VISIBLE_DEVICES
+set to the leased devices; the lease ends with CMD. CMD (and a local server) die with xpu-run,
+even when it is killed -9.
 """
 
 from __future__ import annotations
@@ -19,12 +23,18 @@ import sys
 import time
 from collections.abc import Callable, Collection
 
+from xpuremote.protocol.pool import die_with_parent
+
 from .build import LIBRARY_NAMES, NVML_NAME, ensure_shim
 
 
-def on_cpus(cpus: Collection[int] | None) -> Callable[[], None] | None:
-    """A `preexec_fn` that keeps a child (and what it starts) on `cpus`."""
-    return None if not cpus else lambda: os.sched_setaffinity(0, cpus)
+def on_cpus(cpus: Collection[int] | None) -> Callable[[], None]:
+    """A `preexec_fn`: the child dies with us, and stays (with what it starts) on `cpus` if given."""
+    def setup() -> None:
+        die_with_parent()
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    return setup
 
 
 def free_port() -> int:
@@ -86,6 +96,12 @@ def child_env(shim_dir: str, server: str, key: str | None = None, server_key: st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="xpu-run", description="Run CMD on a remote (or local sim) GPU.")
     parser.add_argument("--server", default=os.environ.get("XPU_SERVER"), help="tcp://host:port of an xpu-server")
+    parser.add_argument("--pool", default=os.environ.get("XPU_POOL"),
+                        help="lease GPUs from a Ray pool instead: ray://HEAD:PORT (Ray Client), HEAD:PORT or auto")
+    parser.add_argument("--gpus", type=int, default=int(os.environ.get("XPU_POOL_GPUS", "1")),
+                        help="GPUs to lease from the pool, all of one server (default 1)")
+    parser.add_argument("--lease-timeout", type=float, default=float(os.environ.get("XPU_POOL_TIMEOUT_S", "600")),
+                        help="seconds to wait for free GPUs in the pool (default 600)")
     parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "sim"],
                         help="backend of the local server started when no --server is given")
     parser.add_argument("--trace", help="record the run for xpu-perf into this file (sets XPU_TRACE)")
@@ -96,19 +112,19 @@ def main(argv: list[str] | None = None) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given (xpu-run [options] -- CMD ...)")
+    if args.pool and args.server:
+        parser.error("--server and --pool exclude each other")
+    if args.gpus < 1:
+        parser.error("--gpus must be at least 1")
     shim = ensure_shim()
+    if args.pool:
+        return run_leased(args, command, str(shim.parent))
     server_proc = None
     server = args.server
     if not server:
         server_proc, server = start_local_server(args.backend)
     try:
-        env = child_env(str(shim.parent), server, args.key, args.server_key)
-        if args.trace:
-            env["XPU_TRACE"] = os.path.abspath(args.trace)
-        child = subprocess.Popen(command, env=env)
-        signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))
-        signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
-        code = child.wait()
+        code = run_child(command, child_env(str(shim.parent), server, args.key, args.server_key), args.trace)
     finally:
         if server_proc is not None:
             server_proc.terminate()
@@ -116,7 +132,57 @@ def main(argv: list[str] | None = None) -> int:
                 server_proc.wait(10)
             except subprocess.TimeoutExpired:
                 server_proc.kill()
+    return code
+
+
+def run_child(command: list[str], env: dict[str, str], trace: str | None) -> int:
+    """CMD to its end (it dies with us); our signals are passed on. Its exit status, the shell's way."""
+    if trace:
+        env["XPU_TRACE"] = os.path.abspath(trace)
+    child = subprocess.Popen(command, env=env, preexec_fn=die_with_parent)
+    signal.signal(signal.SIGINT, lambda *_: child.send_signal(signal.SIGINT))
+    signal.signal(signal.SIGTERM, lambda *_: child.send_signal(signal.SIGTERM))
+    code = child.wait()
     return code if code >= 0 else 128 - code
+
+
+def run_leased(args: argparse.Namespace, command: list[str], shim_dir: str) -> int:
+    """CMD against GPUs leased from the pool; the lease ends when CMD does (or its server dies)."""
+    import tempfile
+
+    from xpuremote.client import pool
+
+    def say(text: str) -> None:
+        print(f"xpu-run: {text}", file=sys.stderr, flush=True)
+
+    try:
+        pool.connect(args.pool)
+        grant = pool.lease(args.gpus, args.lease_timeout, say)
+    except pool.PoolError as exc:
+        say(str(exc))
+        return 1
+
+    def lost() -> None:
+        say(f"the server {grant.endpoint} left the pool: its lease is given back; the program's calls to it fail")
+        pool.release(grant)
+
+    watching = pool.watch(grant, lost)
+    try:
+        with tempfile.TemporaryDirectory(prefix="xpu-run-") as keys:
+            server_key = args.server_key
+            if grant.public_key and not server_key:  # the pool hands out public keys, never secrets
+                server_key = os.path.join(keys, "server.key")
+                with open(server_key, "w") as f:
+                    f.write(f'curve\n    public-key = "{grant.public_key}"\n')
+            env = child_env(shim_dir, grant.endpoint, args.key, server_key)
+            env["CUDA_VISIBLE_DEVICES"] = grant.visible_devices()
+            if os.environ.get("XPU_LOG", "").upper() in ("INFO", "DEBUG", "CALLS"):
+                say(f"leased device(s) {grant.visible_devices()} of {grant.endpoint}")
+            return run_child(command, env, args.trace)
+    finally:
+        watching.set()
+        pool.release(grant)
+        pool.disconnect()
 
 
 if __name__ == "__main__":

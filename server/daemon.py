@@ -4,6 +4,7 @@
                [--key server.key_secret --allowed-keys DIR] [--mem-quota 8G] [--max-clients 64]
                [--max-clients-per-peer N] [--max-pending-per-peer 8] [--connect-timeout 10]
                [--max-request-bytes 1G] [--metrics-port 9400 [--metrics-bind ADDR] [--metrics-token FILE]]
+               [--pool ray://HEAD:PORT|HEAD:PORT|auto [--advertise tcp://HOST:PORT]]
     xpu-server keygen DIR [--name NAME]      a CURVE key pair: NAME.key, NAME.key_secret
     xpu-server status [--listen ADDR]        the sessions and devices of a running server
 
@@ -12,6 +13,7 @@ session's key; from then on it talks to that worker directly (one hop, no proxy 
 path), presenting the key on every connection. A hello costs a worker process, so a peer (a
 client's host, or its CURVE key) may hold only so many sessions, and only so many that its
 client has not connected to yet; a worker whose client does not connect in time ends.
+With --pool it also joins a Ray cluster as a pool member (server/pool.py), before it says ready.
 Prints a line containing `ready` on stderr once it accepts clients. SIGTERM (or SIGINT) stops
 it gracefully: no new sessions, each worker finishes the batch in flight and tells its
 client, then exit.
@@ -39,8 +41,9 @@ import zmq
 import zmq.utils.monitor
 
 from xpuremote.protocol import errors, logs, wire
+from xpuremote.protocol import pool as protocol_pool
 
-from . import auth, metrics
+from . import auth, metrics, pool
 from .backends import gpu_present, load_backend, sim_board
 from .limits import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_MAX_HANDLES, Limits, give_back_memory, parse_size
 
@@ -69,6 +72,8 @@ class Options:
     shutdown_grace_s: float = 10.0
     metrics_bind: str = "127.0.0.1"  # the metrics name users and hosts: loopback unless the operator says
     metrics_token: str = ""  # a bearer token the metrics requests must show ("": none)
+    pool: str = ""  # a Ray cluster to join as a pool member ("": none)
+    advertise: str = ""  # the endpoint the pool hands out ("": the listen address)
 
 
 @dataclass
@@ -108,6 +113,7 @@ class Daemon:
         self.authenticator = None
         self.metrics_server = None
         self.board: Path | None = None  # the sim backend's board directory (backends/sim_board.py)
+        self.pool_helper: subprocess.Popen | None = None  # our membership in a Ray pool (server/pool.py)
 
     def worker_bind(self) -> str:
         """Where workers listen: the daemon's host on a free port, or an ipc path beside its own."""
@@ -246,6 +252,14 @@ class Daemon:
             os.environ[sim_board.ENV] = str(self.board)
         if self.options.metrics_port is not None:
             self.serve_metrics()
+        if self.options.pool:
+            try:
+                self.join_pool()
+            except RuntimeError:
+                self.sock.disable_monitor()
+                monitor.close(0)
+                self.shutdown()
+                raise
         print(f"xpu-server ready on {self.listen} (backend {self.backend}, CURVE "
               f"{'on' if self.options.keys else 'off'})", file=sys.stderr, flush=True)
         poller = zmq.Poller()
@@ -260,6 +274,7 @@ class Daemon:
             if self.sock in ready:
                 self.take()
             self.reap()
+            self.watch_pool()
         self.sock.disable_monitor()
         monitor.close(0)
         self.shutdown()
@@ -277,6 +292,33 @@ class Daemon:
         else:
             answer = self.answer(frames, key, peer)
         self.sock.send_multipart([identity, *wire.encode(answer)])
+
+    # ---- the pool ---------------------------------------------------------------------------------------
+    def join_pool(self) -> None:
+        """Join the Ray cluster of --pool; the server does not start without it."""
+        keys = self.options.keys
+        endpoint = self.options.advertise or self.listen
+        if urlparse(endpoint).hostname in ("0.0.0.0", "::", "*"):
+            raise RuntimeError(f"--pool: clients cannot reach {endpoint}; give --advertise tcp://HOST:PORT")
+        record = {"endpoint": endpoint, "backend": self.backend, "devices": self.inventory(),
+                  "public_key": keys.public.decode() if keys else "", "pid": os.getpid(),
+                  "limits": self.status()["limits"], "started": time.time()}
+        if not record["devices"]:
+            raise RuntimeError("--pool: the server has no devices to offer")
+        self.pool_helper = pool.start_helper(self.options.pool, record)
+        words = _read_line(self.pool_helper, pool.JOIN_TIMEOUT_S + 30).split(maxsplit=1)
+        if words[:1] != ["joined"]:
+            self.pool_helper.kill()
+            why = words[1] if len(words) > 1 else f"no answer (exit {self.pool_helper.poll()})"
+            raise RuntimeError(f"cannot join the pool at {self.options.pool}: {why}")
+        log.info(metrics.kv("pool_joined", pool=self.options.pool, node=words[1].strip(), endpoint=endpoint))
+
+    def watch_pool(self) -> None:
+        if self.pool_helper is not None and self.pool_helper.poll() is not None:
+            log.error("this server has left the pool at %s (its Ray node ended, exit %s): sessions in progress go "
+                      "on, new leases go to other servers; restart xpu-server to rejoin", self.options.pool,
+                      self.pool_helper.returncode)
+            self.pool_helper = None
 
     def serve_metrics(self) -> None:
         bind, token = self.options.metrics_bind, self.options.metrics_token
@@ -303,6 +345,9 @@ class Daemon:
                 worker.process.kill()
                 worker.process.wait()
         self.reap()
+        if self.pool_helper is not None:  # leave the pool: its helper stops the server's Ray node
+            self.pool_helper.terminate()
+            self.pool_helper.wait(40)
         if self.metrics_server is not None:
             self.metrics_server.shutdown()
         if self.authenticator is not None:
@@ -372,6 +417,11 @@ def serve_main(argv: list[str]) -> int:
                         help="address the metrics port listens on (default: loopback only)")
     parser.add_argument("--metrics-token", metavar="FILE",
                         help="file holding a bearer token that metrics requests must send (Authorization: Bearer)")
+    parser.add_argument("--pool", metavar="ADDRESS",
+                        help="join a Ray cluster as a member of its GPU pool: ray://HEAD:PORT (Ray Client), "
+                             "HEAD:PORT (the head's GCS port, from a machine of the cluster) or auto")
+    parser.add_argument("--advertise", metavar="ENDPOINT",
+                        help="the endpoint the pool gives clients (default: --listen)")
     parser.add_argument("--shutdown-grace", type=float, default=10.0, help="seconds sessions get to end on SIGTERM")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logs.level("INFO"), stream=sys.stderr,
@@ -383,13 +433,16 @@ def serve_main(argv: list[str]) -> int:
         token = metrics.read_token(args.metrics_token) if args.metrics_token else ""
         if args.allowed_keys and not os.path.isdir(args.allowed_keys):
             raise ValueError(f"--allowed-keys {args.allowed_keys} is not a directory")
+        if args.pool:
+            protocol_pool.ray_address(args.pool)
     except (OSError, ValueError) as exc:
         print(f"xpu-server: {exc}", file=sys.stderr)
         return 2
     options = Options(keys, args.allowed_keys or "", Limits(args.mem_quota, args.max_request_bytes, args.max_handles),
                       args.max_clients, args.max_clients_per_peer, args.max_pending_per_peer, args.connect_timeout,
                       args.metrics_port, shutdown_grace_s=args.shutdown_grace,
-                      metrics_bind=args.metrics_bind.strip("[]"), metrics_token=token)
+                      metrics_bind=args.metrics_bind.strip("[]"), metrics_token=token, pool=args.pool or "",
+                      advertise=args.advertise or "")
     daemon = Daemon(args.listen, args.backend, options)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stopping.set())
@@ -397,6 +450,9 @@ def serve_main(argv: list[str]) -> int:
         return daemon.run()
     except (zmq.ZMQError, OSError) as exc:
         print(f"xpu-server: cannot listen on {args.listen}: {exc}", file=sys.stderr)
+        return 1
+    except RuntimeError as exc:
+        print(f"xpu-server: {exc}", file=sys.stderr)
         return 1
 
 

@@ -68,7 +68,7 @@ class Server:
 
 
 def start_server(tmp: Path, backend: str = BACKEND, env: dict[str, str] | None = None, args: tuple[str, ...] = (),
-                 address: str | None = None) -> Server:
+                 address: str | None = None, timeout: float = 30) -> Server:
     """A real `xpu-server` on a free loopback port (or `address`); returns once it says `ready`.
 
     The sim's settings (XPU_SIM_*, the host kernels) go to a sim server only: another backend runs
@@ -82,7 +82,7 @@ def start_server(tmp: Path, backend: str = BACKEND, env: dict[str, str] | None =
     with open(log_path, "w") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-m", "xpuremote.server.daemon", "--listen", address,
                                  "--backend", backend, *args], stderr=log, env=full_env)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout
     while "ready" not in log_path.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"xpu-server did not start:\n{log_path.read_text()}")

@@ -1,0 +1,195 @@
+"""The client's side of the Ray pool: lease GPUs for `xpu-run --pool`, list the pool for `xpu-smi --pool`.
+
+A lease is a placement group {GPU: n, xpuremote: 1} owned by this process's Ray connection,
+and an actor in it that holds the GPUs (protocol/pool.py). Ray queues the group while no server
+has n free devices, and removes it when this process releases it, ends, or dies (after Ray
+Client's reconnect grace, XPU_POOL_GRACE_S, which this process sets).
+"""
+
+from __future__ import annotations
+
+import getpass
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from xpuremote.protocol import pool
+
+DEFAULT_GRACE_S = 5  # a lost client's lease outlives it by this much (a blip in the network is forgiven)
+CALL_TIMEOUT_S = 30.0
+
+
+class PoolError(RuntimeError):
+    """What went wrong, said so that the user knows what to do."""
+
+
+@dataclass
+class Grant:
+    """A lease: the server to talk to and which of its devices are ours."""
+
+    endpoint: str
+    devices: list[int]
+    public_key: str
+    node_id: str
+    group: Any = field(repr=False)
+    holder: Any = field(repr=False)  # the actor holding the GPUs
+    released: bool = False
+
+    def visible_devices(self) -> str:
+        return ",".join(map(str, self.devices))
+
+
+def connect(address: str) -> None:
+    """Connect to the pool's cluster (ray://HEAD:PORT through Ray Client, HEAD:PORT or auto from
+    a machine of the cluster)."""
+    try:
+        import ray
+        from ray import cloudpickle
+    except ImportError:
+        raise PoolError("the pool needs Ray: pip install 'xpuremote[pool]' (the cluster's Ray version)") from None
+    pool.quiet_grpc()
+    os.environ.setdefault("RAY_CLIENT_RECONNECT_GRACE_PERIOD", os.environ.get("XPU_POOL_GRACE_S", str(DEFAULT_GRACE_S)))
+    cloudpickle.register_pickle_by_value(pool)  # the actors travel by value: the head needs no xpuremote
+    try:
+        ray.init(address=pool.ray_address(address), namespace=pool.NAMESPACE, logging_level=logging.ERROR,
+                 log_to_driver=False)
+    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
+        raise PoolError(f"cannot reach the pool at {address}: {exc}") from None
+
+
+def disconnect() -> None:
+    import ray
+
+    ray.shutdown()
+
+
+def servers() -> dict[str, dict[str, Any]]:
+    """The live servers of the pool by node id, as they published themselves."""
+    import ray
+
+    records = {}
+    for name in ray.util.list_named_actors():
+        if name.startswith(pool.SERVER_ACTOR):
+            try:
+                record = ray.get(ray.get_actor(name).describe.remote(), timeout=CALL_TIMEOUT_S)
+            except (ray.exceptions.RayError, ValueError):  # it died between the listing and the call
+                continue
+            records[record["node_id"]] = record
+    return records
+
+
+def holder() -> dict[str, Any]:
+    return {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid()}
+
+
+def lease(gpus: int, timeout_s: float, say: Callable[[str], None]) -> Grant:
+    """Wait (at most `timeout_s`) for `gpus` devices of one server and hold them."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    known = servers()
+    largest = max((len(r["devices"]) for r in known.values()), default=0)
+    if largest < gpus:
+        raise PoolError(f"no server in the pool has {gpus} devices ({len(known)} servers, the largest has {largest})")
+    group = placement_group([{"GPU": gpus, pool.RESOURCE: 1}], name=pool.lease_group_name(gpus, holder()))
+    if not group.wait(1):
+        say(f"waiting for {gpus} free GPU(s) in the pool ({queued() - 1} requests ahead; at most {timeout_s:g} s)")
+        if not group.wait(max(0.0, timeout_s - 1)):
+            remove_placement_group(group)
+            raise PoolError(f"no server had {gpus} free GPU(s) within {timeout_s:g} s ({len(known)} servers, "
+                            f"{sum(len(r['devices']) for r in known.values())} GPUs); xpu-smi --pool shows who holds "
+                            "them, --lease-timeout waits longer")
+    holder_actor = ray.remote(pool.Lease).options(
+        name=pool.LEASE_ACTOR + group.id.hex(), num_cpus=0, num_gpus=gpus, max_restarts=0,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0)).remote(holder())
+    try:
+        where = ray.get(holder_actor.describe.remote(), timeout=CALL_TIMEOUT_S)
+        server = servers().get(where["node_id"])
+        if server is None:
+            raise PoolError(f"the server of node {where['node_id']} left the pool as it was leased; try again")
+    except BaseException:
+        remove_placement_group(group)
+        raise
+    return Grant(server["endpoint"], where["devices"], server["public_key"], where["node_id"], group, holder_actor)
+
+
+def release(grant: Grant) -> None:
+    from ray.util.placement_group import remove_placement_group
+
+    if not grant.released:
+        grant.released = True
+        remove_placement_group(grant.group)  # and with it the actor holding the GPUs
+
+
+def watch(grant: Grant, on_lost: Callable[[], None], period_s: float = 1.0) -> threading.Event:
+    """Call `on_lost` once if the lease's actor dies (its server's node left the pool; Ray would
+    otherwise move the group to another server, for a program that is not there); set the
+    returned event to stop watching."""
+    import ray
+
+    done = threading.Event()
+
+    def run() -> None:
+        while not done.wait(period_s):
+            try:
+                ray.get(grant.holder.describe.remote(), timeout=CALL_TIMEOUT_S)
+            except ray.exceptions.RayActorError:
+                if not done.is_set():
+                    on_lost()
+                return
+            except (ray.exceptions.RayError, ConnectionError):  # the cluster is slow or unreachable: ask again
+                continue
+
+    threading.Thread(target=run, name="xpu-lease-watch", daemon=True).start()
+    return done
+
+
+def lease_groups() -> list[dict[str, Any]]:
+    """The pool's lease groups, each with its holder (as its name records it), state and node."""
+    from ray.util.placement_group import placement_group_table
+
+    groups = []
+    for group_id, row in placement_group_table().items():
+        who = pool.parse_lease_group_name(row.get("name", ""))
+        if who is not None and row["state"] != "REMOVED":
+            groups.append({**who, "group": group_id, "state": row["state"], "node_id": row["bundles_to_node_id"].get(0)
+                           or row["bundles_to_node_id"].get("0") or ""})
+    return sorted(groups, key=lambda g: g["asked"])
+
+
+def queued() -> int:
+    return sum(g["state"] != "CREATED" for g in lease_groups())
+
+
+def snapshot() -> dict[str, Any]:
+    """Every server with its devices and who holds each, and the queue: what xpu-smi --pool shows."""
+    import ray
+
+    known = servers()
+    holders: dict[tuple[str, int], dict[str, Any]] = {}
+    queue = []
+    now = time.time()
+    for g in lease_groups():
+        if g["state"] != "CREATED":
+            queue.append({**g, "waiting_s": round(now - g["asked"], 1)})
+            continue
+        try:
+            lease_actor = ray.get_actor(pool.LEASE_ACTOR + g["group"])
+            held = ray.get(lease_actor.describe.remote(), timeout=CALL_TIMEOUT_S)
+        except (ray.exceptions.RayError, ValueError):  # granted, its holder actor not placed yet (or gone)
+            continue
+        for device in held["devices"]:
+            holders[(held["node_id"], device)] = {k: held[k] for k in ("user", "host", "pid")} | {
+                "held_s": round(now - held["since"], 1)}
+    listing = []
+    for node_id, record in sorted(known.items(), key=lambda kv: kv[1]["endpoint"]):
+        devices = [{**d, "holder": holders.get((node_id, d["index"]))} for d in record["devices"]]
+        listing.append({**record, "devices": devices})
+    return {"servers": listing, "queue": queue,
+            "gpus": sum(len(s["devices"]) for s in listing), "leased": len(holders)}
