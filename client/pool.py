@@ -68,19 +68,23 @@ def disconnect() -> None:
     ray.shutdown()
 
 
-def servers() -> dict[str, dict[str, Any]]:
-    """The live servers of the pool by node id, as they published themselves."""
+def server(node_id: str) -> dict[str, Any] | None:
+    """The server of a node, as it published itself; None if it is gone."""
     import ray
 
-    records = {}
-    for name in ray.util.list_named_actors():
-        if name.startswith(pool.SERVER_ACTOR):
-            try:
-                record = ray.get(ray.get_actor(name).describe.remote(), timeout=CALL_TIMEOUT_S)
-            except (ray.exceptions.RayError, ValueError):  # it died between the listing and the call
-                continue
-            records[record["node_id"]] = record
-    return records
+    try:
+        return ray.get(ray.get_actor(pool.SERVER_ACTOR + node_id).describe.remote(), timeout=CALL_TIMEOUT_S)
+    except (ray.exceptions.RayError, ValueError):  # no such actor, or it died as it was asked
+        return None
+
+
+def servers() -> dict[str, dict[str, Any]]:
+    """The live servers of the pool by node id."""
+    import ray
+
+    nodes = [name.removeprefix(pool.SERVER_ACTOR) for name in ray.util.list_named_actors()
+             if name.startswith(pool.SERVER_ACTOR)]
+    return {node: record for node in nodes if (record := server(node)) is not None}
 
 
 def holder() -> dict[str, Any]:
@@ -110,13 +114,16 @@ def lease(gpus: int, timeout_s: float, say: Callable[[str], None]) -> Grant:
         scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0)).remote(holder())
     try:
         where = ray.get(holder_actor.describe.remote(), timeout=CALL_TIMEOUT_S)
-        server = servers().get(where["node_id"])
-        if server is None:
+        record = server(where["node_id"])
+        if record is None:
             raise PoolError(f"the server of node {where['node_id']} left the pool as it was leased; try again")
+    except ray.exceptions.RayError as exc:
+        remove_placement_group(group)
+        raise PoolError(f"the lease was granted but its holder did not start: {exc}") from None
     except BaseException:
         remove_placement_group(group)
         raise
-    return Grant(server["endpoint"], where["devices"], server["public_key"], where["node_id"], group, holder_actor)
+    return Grant(record["endpoint"], where["devices"], record["public_key"], where["node_id"], group, holder_actor)
 
 
 def release(grant: Grant) -> None:
