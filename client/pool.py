@@ -11,6 +11,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any
 
 from xpuremote.protocol import pool
 
+BUSY_RETRIES = 4
 DEFAULT_GRACE_S = 5  # a lost client's lease outlives it by this much (a blip in the network is forgiven)
 CALL_TIMEOUT_S = 30.0
 
@@ -44,9 +46,11 @@ class Grant:
         return ",".join(map(str, self.devices))
 
 
-def connect(address: str) -> None:
+def connect(address: str, busy_retries: int = BUSY_RETRIES) -> None:
     """Connect to the pool's cluster (ray://HEAD:PORT through Ray Client, HEAD:PORT or auto from
-    a machine of the cluster)."""
+    a machine of the cluster). Ray Client's head starts a server process per client and gives up
+    on one that takes 30 s to answer, which many clients arriving at once on a small head do:
+    that refusal is tried again, after a random wait, `busy_retries` times."""
     try:
         import ray
         from ray import cloudpickle
@@ -55,11 +59,15 @@ def connect(address: str) -> None:
     pool.quiet_grpc()
     os.environ.setdefault("RAY_CLIENT_RECONNECT_GRACE_PERIOD", os.environ.get("XPU_POOL_GRACE_S", str(DEFAULT_GRACE_S)))
     cloudpickle.register_pickle_by_value(pool)  # the actors travel by value: the head needs no xpuremote
-    try:
-        ray.init(address=pool.ray_address(address), namespace=pool.NAMESPACE, logging_level=logging.ERROR,
-                 log_to_driver=False)
-    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
-        raise PoolError(f"cannot reach the pool at {address}: {exc}") from None
+    for attempt in range(busy_retries + 1):
+        try:
+            ray.init(address=pool.ray_address(address), namespace=pool.NAMESPACE, logging_level=logging.ERROR,
+                     log_to_driver=False)
+            return
+        except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
+            if "Initialization failure from server" not in str(exc) or attempt == busy_retries:
+                raise PoolError(f"cannot reach the pool at {address}: {exc}") from None
+            time.sleep(random.uniform(1, 5) * (attempt + 1))
 
 
 def disconnect() -> None:
