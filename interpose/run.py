@@ -95,8 +95,8 @@ def child_env(shim_dir: str, server: str, key: str | None = None, server_key: st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="xpu-run", description="Run CMD on a remote (or local sim) GPU.")
-    parser.add_argument("--server", default=os.environ.get("XPU_SERVER"), help="tcp://host:port of an xpu-server")
-    parser.add_argument("--pool", default=os.environ.get("XPU_POOL"),
+    parser.add_argument("--server", help="tcp://host:port of an xpu-server (or XPU_SERVER)")
+    parser.add_argument("--pool",
                         help="lease GPUs from a Ray pool instead: ray://HEAD:PORT (Ray Client), HEAD:PORT or auto")
     parser.add_argument("--gpus", type=int, default=int(os.environ.get("XPU_POOL_GPUS", "1")),
                         help="GPUs to lease from the pool, all of one server (default 1)")
@@ -114,6 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no command given (xpu-run [options] -- CMD ...)")
     if args.pool and args.server:
         parser.error("--server and --pool exclude each other")
+    # the environment's choice, where the command line made none (a flag beats either variable)
+    if not args.pool and not args.server:
+        args.server, args.pool = os.environ.get("XPU_SERVER"), os.environ.get("XPU_POOL")
+        if args.server and args.pool:
+            parser.error("XPU_SERVER and XPU_POOL are both set: unset one, or say --server or --pool")
     if args.gpus < 1:
         parser.error("--gpus must be at least 1")
     shim = ensure_shim()
@@ -176,6 +181,7 @@ def run_leased(args: argparse.Namespace, command: list[str], shim_dir: str) -> i
                     f.write(f'curve\n    public-key = "{grant.public_key}"\n')
             env = child_env(shim_dir, grant.endpoint, args.key, server_key)
             env["CUDA_VISIBLE_DEVICES"] = grant.visible_devices()
+            env.pop("XPU_POOL", None)  # an xpu-run inside CMD uses the leased server
             if os.environ.get("XPU_LOG", "").upper() in ("INFO", "DEBUG", "CALLS"):
                 say(f"leased device(s) {grant.visible_devices()} of {grant.endpoint}")
             return run_child(command, env, args.trace)
