@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq.auth
 from conftest import Server, free_port, start_server
+from pyclient import make_keys
 
 from xpuremote.server.pool import start_local_head
 
@@ -173,6 +176,33 @@ def test_requests_the_pool_cannot_meet_fail_before_the_program_starts(cluster: C
     assert late.out.read_text() == "", "the program never ran"
     for h in holding:
         assert h.release() == 0
+
+
+def test_a_server_with_keys_hands_out_its_public_key_and_its_keys_still_apply(cluster: Cluster,
+                                                                             tmp_path: Path) -> None:
+    keys = make_keys(tmp_path, "server", "alice")
+    (tmp_path / "allowed").mkdir()
+    shutil.copy(tmp_path / "alice.key", tmp_path / "allowed")
+    holding = [client(cluster, f"k{i}", "--gpus", "2") for i in range(SERVERS)]  # the plain servers, all held
+    for h in holding:
+        wait_for("a two-device lease", h.leased)
+    curve = start_server(cluster.tmp, "sim", env={"XPU_SIM_DEVICES": str(DEVICES)}, timeout=180,
+                         args=("--pool", cluster.gcs, "--key", str(keys["server"]), "--allowed-keys",
+                               str(tmp_path / "allowed")))
+    try:
+        alice = client(cluster, "alice", "--key", str(keys["alice"]))
+        assert wait_for("alice's lease", alice.leased)[0] == curve.address, "through CURVE, with the pool's key"
+        listing = smi(cluster, "--json").stdout
+        public, secret = zmq.auth.load_certificate(keys["server"])
+        assert public.decode() in listing and secret.decode() not in listing
+        stranger = client(cluster, "stranger")  # no key of its own: its program cannot connect
+        assert stranger.process.wait(120) != 0 and stranger.leased() is None
+        assert "XPU_CLIENT_KEY" in stranger.err.read_text()
+        assert alice.release() == 0
+    finally:
+        curve.stop()
+        for h in holding:
+            h.release()
 
 
 def test_a_server_killed_leaves_the_pool_and_one_restarted_rejoins(cluster: Cluster) -> None:
