@@ -454,15 +454,17 @@ def clean_env(keys: dict[str, str] | None = None) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in drop}, **(keys or {})}
 
 
-def start_server(log_path: Path, backend: str, keys: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(log_path: Path, backend: str, keys: dict[str, str] | None = None, args: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None, timeout_s: float = 30) -> tuple[subprocess.Popen, str]:
+    """An xpu-server on a free loopback port (with `args` and `env` added), once it says ready."""
     address = f"tcp://127.0.0.1:{free_port()}"
-    env = {**clean_env(), "XPU_LOG": "INFO"}
+    env = {**clean_env(), "XPU_LOG": "INFO", **(env or {})}
     curve = ["--key", f"{keys['XPU_BENCH_KEYS']}/server.key_secret", "--allowed-keys",
              f"{keys['XPU_BENCH_KEYS']}/allowed"] if keys else []
     with open(log_path, "w") as log:  # the server keeps its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-m", "xpuremote.server.daemon", "--listen", address,
-                                 "--backend", backend, *curve], stderr=log, env=env)
-    deadline = time.monotonic() + 30
+                                 "--backend", backend, *curve, *args], stderr=log, env=env)
+    deadline = time.monotonic() + timeout_s
     while "ready" not in log_path.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"xpu-server did not start:\n{log_path.read_text()}")

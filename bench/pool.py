@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import foundation  # noqa: E402
 from foundation import clean_env, free_port, stop  # noqa: E402
 
 from xpuremote.server.pool import start_local_head  # noqa: E402
@@ -48,18 +49,9 @@ JOB_ENV = {**clean_env(), "XPU_CONNECT_TIMEOUT_S": "120"}
 
 
 def start_server(tmp: Path, name: str, *args: str) -> tuple[subprocess.Popen, str]:
-    address = f"tcp://127.0.0.1:{free_port()}"
-    log_path = tmp / f"{name}.log"
-    env = {**clean_env(), "XPU_SIM_DEVICES": str(DEVICES)}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "xpuremote.server.daemon", "--listen", address,
-                                 "--backend", "sim", *args], stderr=log, env=env)
-    deadline = time.monotonic() + 180
-    while "ready" not in log_path.read_text():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"xpu-server did not start:\n{log_path.read_text()}")
-        time.sleep(0.1)
-    return proc, address
+    """A sim server of DEVICES devices; one that joins the pool may take minutes on a loaded machine."""
+    return foundation.start_server(tmp / f"{name}.log", "sim", args=args, env={"XPU_SIM_DEVICES": str(DEVICES)},
+                                   timeout_s=180)
 
 
 def jobs(how: list[str], n: int, hold_s: float) -> tuple[list[float], float]:

@@ -37,7 +37,6 @@ class Grant:
     endpoint: str
     devices: list[int]
     public_key: str
-    node_id: str
     group: Any = field(repr=False)
     holder: Any = field(repr=False)  # the actor holding the GPUs
     released: bool = False
@@ -131,7 +130,7 @@ def lease(gpus: int, timeout_s: float, say: Callable[[str], None]) -> Grant:
     except BaseException:
         remove_placement_group(group)
         raise
-    return Grant(record["endpoint"], where["devices"], record["public_key"], where["node_id"], group, holder_actor)
+    return Grant(record["endpoint"], where["devices"], record["public_key"], group, holder_actor)
 
 
 def release(grant: Grant) -> None:
@@ -166,15 +165,14 @@ def watch(grant: Grant, on_lost: Callable[[], None], period_s: float = 1.0) -> t
 
 
 def lease_groups() -> list[dict[str, Any]]:
-    """The pool's lease groups, each with its holder (as its name records it), state and node."""
+    """The pool's lease groups, each with its holder (as its name records it) and state."""
     from ray.util.placement_group import placement_group_table
 
     groups = []
     for group_id, row in placement_group_table().items():
         who = pool.parse_lease_group_name(row.get("name", ""))
         if who is not None and row["state"] != "REMOVED":
-            groups.append({**who, "group": group_id, "state": row["state"], "node_id": row["bundles_to_node_id"].get(0)
-                           or row["bundles_to_node_id"].get("0") or ""})
+            groups.append({**who, "group": group_id, "state": row["state"]})
     return sorted(groups, key=lambda g: g["asked"])
 
 
