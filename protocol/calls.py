@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -440,17 +441,6 @@ class Param:
         in device pointer mode)."""
         return self.direction == "in" and (self.ctype in DEVICE_POINTERS or self.is_address)
 
-    def device_extent(self, values: dict[str, Any]) -> int:
-        """Bytes from this device address that the call touches, given its scalar arguments; 1 (the
-        first byte) where the table does not say."""
-        if self.extent is None:
-            return 1
-        parts = [_product(part, values) for part in self.extent.split(",")]
-        if len(parts) == 1:
-            return max(parts[0], 1)
-        pitch, width, height = parts  # rows closer than their width overlap: counted as if they did not
-        return max(max(pitch, width) * (height - 1) + width if width and height else 0, 1)
-
     def byte_count(self, values: dict[str, Any]) -> int | None:
         """Bytes behind this pointer, given the call's scalar arguments by name; None when the
         size is not fixed by them (a string, a library scalar, or an output the server sizes)."""
@@ -468,6 +458,41 @@ def _product(expression: str, values: dict[str, Any], each: int = 0) -> int:
         part = part.strip()
         total *= int(part) if part.isdigit() else each if part == "each" else int(values[part])
     return total
+
+
+@dataclass(frozen=True)
+class Extent:
+    """A device pointer's `device:` extent, compiled: each comma-separated part is a constant times some
+    of the call's arguments (by index); one part is a length, three are pitch, width and height."""
+    parts: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    @staticmethod
+    def of(expression: str | None, names: tuple[str, ...]) -> Extent:
+        if expression is None:
+            return Extent()
+        parts = []
+        for part in expression.split(","):
+            constant, indices = 1, []
+            for factor in (f.strip() for f in part.split("*")):
+                if factor.isdigit():
+                    constant *= int(factor)
+                else:
+                    indices.append(names.index(factor))
+            parts.append((constant, tuple(indices)))
+        return Extent(tuple(parts))
+
+    def size(self, args: Sequence[Any]) -> int:
+        """Bytes touched, at least 1 (the first byte where the table does not say); TypeError/ValueError
+        where an argument it multiplies is not a number."""
+        sizes = []
+        for constant, indices in self.parts:
+            for i in indices:
+                constant *= int(args[i])
+            sizes.append(constant)
+        if len(sizes) < 3:
+            return max(sizes[0], 1) if sizes else 1
+        pitch, width, height = sizes  # rows closer than their width overlap: counted as if they did not
+        return max(max(pitch, width) * (height - 1) + width if width and height else 0, 1)
 
 
 @dataclass(frozen=True)
@@ -491,6 +516,13 @@ class Call:
     @cached_property
     def has_pointers(self) -> bool:
         return any(p.kind == "ptr" for p in self.params)
+
+    @cached_property
+    def address_extents(self) -> tuple[tuple[int, Param, Extent], ...]:
+        """Each parameter that may hold a device address: (index, parameter, the bytes from it the call
+        touches, compiled against this call's arguments)."""
+        return tuple((i, p, Extent.of(p.extent, self.names)) for i, p in enumerate(self.params)
+                     if p.is_device or p.is_scalar)
 
     @cached_property
     def outputs(self) -> tuple[Param, ...]:

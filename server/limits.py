@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpuremote.protocol import errors, fatbin, mathlibs, memprops, wire
-from xpuremote.protocol.calls import CALLS, Call, Param
+from xpuremote.protocol.calls import CALLS, Call, Extent, Param
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import (
     ARRAY3D_DESCRIPTOR,
@@ -203,6 +203,8 @@ class Accounted(Backend):
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
         self.check_addresses(call, args)
+        if call.family not in _ACCOUNTED:  # most calls, the hot ones among them
+            return self.inner.execute(call, args)
         if call.family in ALLOCATIONS:
             return self.allocate(call, args)
         if call.family in VMM_CALLS:
@@ -241,18 +243,17 @@ class Accounted(Backend):
     # ---- addresses ---------------------------------------------------------------------------
     def check_addresses(self, call: Call, args: list[Any]) -> None:
         """Every device address the call names lies, with the bytes it touches, in this client's memory."""
-        checked = _address_params(call)
-        if not checked and call.family not in EMBEDDING:
-            return
-        values = {p.name: a for p, a in zip(call.params, args) if p.kind in ("int", "float")}
-        for i, p in checked:
+        for i, p, extent in _address_params(call):
             value = args[i]
             if isinstance(value, int) and value:
                 try:
-                    extent = p.device_extent(values)
-                except (TypeError, ValueError, KeyError):  # a size that is not a number: the decoder says so
-                    extent = 1
-                self.check_address(call, p.name, value, extent)
+                    size = extent.size(args)
+                except (TypeError, ValueError):  # a size that is not a number: the decoder says so
+                    size = 1
+                if not self.regions.holds(value, size):
+                    self.refuse_address(call, p.name, value, size)
+        if call.family not in EMBEDDING:
+            return
         for address in _embedded_addresses(call, args):
             if _by_value(call, args) and not self.regions.holds(address, 1):
                 self.check_by_value(address)
@@ -269,8 +270,12 @@ class Accounted(Backend):
 
     def check_address(self, call: Call, what: str, address: int, size: int) -> None:
         if address and not self.regions.holds(address, max(size, 1)):
-            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {what} [{address:#x}, +{size}) is not inside "
-                            f"one of this client's allocations")
+            self.refuse_address(call, what, address, size)
+
+    @staticmethod
+    def refuse_address(call: Call, what: str, address: int, size: int) -> None:
+        raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {what} [{address:#x}, +{size}) is not inside "
+                        "one of this client's allocations")
 
     # ---- allocations ---------------------------------------------------------------------------
     def allocate(self, call: Call, args: list[Any]) -> list[Any]:
@@ -565,17 +570,19 @@ def _ptx_variable_bytes(ptx: bytes) -> int:
     return total
 
 
+# the families Accounted.execute does more for than check their addresses
+_ACCOUNTED = frozenset((*ALLOCATIONS, *VMM_CALLS, *ARRAY_CALLS, *LAUNCHES, *FREES, "xpuModuleLoad", "cuModuleUnload",
+                        "cuMemPoolCreate", "cuMemPoolSetAttribute", "cuModuleGetGlobal"))
 EMBEDDING = ("cudnnBackendSetAttribute", "cublasLtMatmulDescSetAttribute")  # addresses inside attributes
-_ADDRESS_PARAMS: dict[str, tuple[tuple[int, Param], ...]] = {}
+_ADDRESS_PARAMS: dict[str, tuple[tuple[int, Param, Extent], ...]] = {}
 
 
-def _address_params(call: Call) -> tuple[tuple[int, Param], ...]:
-    """The parameters of `call` that may name device memory: (index, parameter)."""
+def _address_params(call: Call) -> tuple[tuple[int, Param, Extent], ...]:
+    """The parameters of `call` that may name device memory: (index, parameter, extent)."""
     found = _ADDRESS_PARAMS.get(call.symbol)
     if found is None:
         found = _ADDRESS_PARAMS[call.symbol] = tuple(
-            (i, p) for i, p in enumerate(call.params)
-            if (p.is_device or p.is_scalar) and (call.family, p.name) not in RESERVED_ADDRESSES)
+            entry for entry in call.address_extents if (call.family, entry[1].name) not in RESERVED_ADDRESSES)
     return found
 
 

@@ -160,10 +160,14 @@ class Memory:
         """Bytes holding [address, address+size) and the offset into them: one allocation's, or a reservation's
         where the range runs over adjacent mappings (contiguous there, as on a GPU)."""
         alloc = self.allocation_at(address)
-        if alloc is not None and alloc.mapping is not None and address - alloc.base + size > len(alloc.data):
-            return self._across_mappings(alloc, address, size), 0
-        alloc, offset = self.find(address, size)
-        return alloc.data, offset
+        if alloc is not None:
+            offset = address - alloc.base
+            if offset + size <= len(alloc.data):
+                self._check_access(alloc)
+                return alloc.data, offset
+            if alloc.mapping is not None:
+                return self._across_mappings(alloc, address, size), 0
+        raise CudaError(errors.INVALID_VALUE, f"[{address:#x}, +{size}) is not inside one device allocation")
 
     def _across_mappings(self, first: Allocation, address: int, size: int) -> memoryview:
         reservation, alloc = first.mapping.reservation, first
