@@ -16,6 +16,7 @@ read or write the application's memory, which is on the client, at the time of t
 from __future__ import annotations
 
 import itertools
+import struct
 import threading
 from typing import Any
 
@@ -229,15 +230,45 @@ def cu_graph_instantiate_with_params(d: Driver, call: Call, args: list[Any]) -> 
 
 @implements("cuGraphGetNodes", "cuGraphGetRootNodes")
 def cu_graph_get_nodes(d: Driver, call: Call, args: list[Any]) -> None:
-    """The number of nodes. Their handles are not listed: nodes a capture made exist only on the server."""
+    """The number of nodes (one question, no handles named), or their handles: those the client made, and
+    handles the server names for the nodes a capture made."""
     graph, nodes, count = args
     if not count:
         raise CudaError(errors.INVALID_VALUE, "the count pointer is NULL")
-    if nodes and marshal.get(call.params[2], count):
-        raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} lists node handles, which xpuremote does not "
-                        "forward yet (pass NULL to learn the count)")
-    (n,) = d.call(CALLS["xpuGraphCountNodes"], [graph, int(call.family == "cuGraphGetRootNodes"), 8])
-    marshal.write(count, n)
+    roots = int(call.family == "cuGraphGetRootNodes")
+    if not nodes:
+        (n,) = d.call(CALLS["xpuGraphCountNodes"], [graph, roots, 8])
+        marshal.write(count, n)
+        return
+    (found,) = d.call(CALLS["xpuGraphListNodes"], [graph, roots, 1])
+    _write_nodes(call.params[2], nodes, None, count, found)
+
+
+@implements("cuGraphNodeGetDependencies", "cuGraphNodeGetDependentNodes")
+def cu_graph_node_get_edges(d: Driver, call: Call, args: list[Any]) -> None:
+    """A node's dependencies or dependents; the edges' data (_v2) are the plain edges'."""
+    node, nodes, *edge_data, count = args
+    if not count:
+        raise CudaError(errors.INVALID_VALUE, "the count pointer is NULL")
+    if edge_data and edge_data[0] and not nodes:
+        raise CudaError(errors.INVALID_VALUE, "edgeData needs the node array")
+    dependents = int(call.family == "cuGraphNodeGetDependentNodes")
+    (found,) = d.call(CALLS["xpuGraphNodeListEdges"], [node, dependents, 1])
+    if nodes:
+        _write_nodes(call.params[-1], nodes, edge_data[0] if edge_data else None, count, found)
+    else:
+        marshal.put(call.params[-1], count, len(found))
+
+
+def _write_nodes(count_param: Any, array: int, edges: int | None, count: int, found: list[int]) -> None:
+    """As the driver fills a caller's array: as many as it has room for, NULL in the rest of the room, and
+    how many it wrote; each edge's data (8 bytes) zero, a plain edge."""
+    room = marshal.get(count_param, count)
+    written = found[:room]
+    marshal.write(array, struct.pack(f"<{len(written)}Q", *written) + bytes(8 * (room - len(written))))
+    if edges:
+        marshal.write(edges, bytes(8 * room))
+    marshal.put(count_param, count, min(room, len(found)))
 
 
 @implements("cuGraphNodeGetContainingGraph")

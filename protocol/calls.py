@@ -259,8 +259,16 @@ cuGraphAddMemsetNode        shadow
 cuGraphAddMemcpyNode        shadow
 cuGraphAddDependencies      async   from=in:numDependencies*each to=in:numDependencies*each \
                                     edgeData=in?:numDependencies*each
+cuGraphAddChildGraphNode    shadow  dependencies=in?:numDependencies*each
+cuGraphAddEventRecordNode   shadow  dependencies=in?:numDependencies*each
+cuGraphAddEventWaitNode     shadow  dependencies=in?:numDependencies*each
+cuGraphClone                shadow
+cuGraphDestroyNode          async
+cuGraphNodeGetType          sync
 cuGraphGetNodes             sync
 cuGraphGetRootNodes         sync
+cuGraphNodeGetDependencies  sync
+cuGraphNodeGetDependentNodes sync
 cuGraphInstantiate          sync
 cuGraphInstantiateWithFlags sync
 cuGraphInstantiateWithParams sync
@@ -338,6 +346,8 @@ xpuStreamEndCapture(CUstream hStream, unsigned long long graph)                 
 xpuGraphCountNodes(CUgraph graph, unsigned int roots, size_t *count)                sync
 xpuStreamGetCaptureDependencies(CUstream hStream, void *nodes)                      sync   nodes=out:*
 xpuGraphNodeGetContainingGraph(CUgraphNode node, unsigned long long *graph)         sync
+xpuGraphListNodes(CUgraph graph, unsigned int roots, void *nodes)                   sync   nodes=out:*
+xpuGraphNodeListEdges(CUgraphNode node, unsigned int dependents, void *nodes)       sync   nodes=out:*
 xpuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const void *dependencies, size_t numDependencies, \
   CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, \
   unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, const void *params, \
@@ -367,10 +377,10 @@ DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
 # attributes: xpuLaunchKernelEx), cluster occupancy as xpuOccupancyMaxActiveClusters, host
 # functions as xpuHostFunc, global lookups as cuModuleGetGlobal_v2, captures' ends and beginnings as
 # xpuStream*Capture, every graph instantiation as cuGraphInstantiateWithFlags, node counts as
-# xpuGraphCountNodes, a node's graph as xpuGraphNodeGetContainingGraph (the client's handle of it),
-# kernel, memset and memcpy nodes as xpuGraphAdd*Node (their structs hold host
-# pointers or a kernel's argument pointers); the older CTC loss forms read host
-# arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
+# xpuGraphCountNodes, node lists and a node's edges as xpuGraphListNodes and xpuGraphNodeListEdges, a
+# node's graph as xpuGraphNodeGetContainingGraph (the client's handle of it), kernel, memset and memcpy
+# nodes as xpuGraphAdd*Node (their structs hold host pointers or a kernel's argument pointers); the older
+# CTC loss forms read host arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
 SENT_INSTEAD: dict[str, str | None] = {
     "cuMemcpy": None, "cuMemcpyAsync": None, "cuMemcpy2D": None, "cuMemcpy2DUnaligned": None,
     "cuMemcpy2DAsync": None, "cuMemcpy3D": None, "cuMemcpy3DAsync": None,
@@ -380,7 +390,7 @@ SENT_INSTEAD: dict[str, str | None] = {
     "cuStreamBeginCapture": None, "cuStreamEndCapture": None, "cuGraphGetNodes": None, "cuGraphGetRootNodes": None,
     "cuGraphInstantiate": None, "cuGraphInstantiateWithParams": None, "cuGraphAddKernelNode": None,
     "cuGraphAddMemsetNode": None, "cuGraphAddMemcpyNode": None, "cuOccupancyMaxActiveClusters": None,
-    "cuGraphNodeGetContainingGraph": None,
+    "cuGraphNodeGetContainingGraph": None, "cuGraphNodeGetDependencies": None, "cuGraphNodeGetDependentNodes": None,
     "cuMemcpyHtoA": None, "cuMemcpyHtoAAsync": None, "cuMemcpyAtoH": None, "cuMemcpyAtoHAsync": None,
     "cuMemcpyAtoD": None, "cuMemcpyDtoA": None, "cuMemcpyAtoA": None, "cuArrayCreate": "cuArrayCreate_v2",
     "cuArray3DCreate": "cuArray3DCreate_v2", "cuTexObjectCreate": None, "cuSurfObjectCreate": None,

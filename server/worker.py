@@ -118,6 +118,8 @@ class Session:
             self.check_new(handle)
         self.handles[handle] = (_handle_family(ctype), obj)
         self.held[_handle_family(ctype)] += 1
+        if ctype == "CUgraphNode":  # a node listed later is named by the handle it was made with
+            self.named[(ctype, obj)] = handle
         if owner is not None:
             self.owned.setdefault(owner, []).append(handle)
         return handle

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -577,6 +578,26 @@ class CudaBackend(Backend):
         fn = self.lib.cuGraphGetRootNodes if roots else self.lib.cuGraphGetNodes
         self.check(fn(self.ffi.cast("void *", graph), self.ffi.NULL, count), "cuGraphGetNodes")
         return (count[0],)
+
+    def xpuGraphListNodes(self, graph: int, roots: int) -> tuple[list[int]]:
+        fn = self.lib.cuGraphGetRootNodes if roots else self.lib.cuGraphGetNodes
+        return (self.named_nodes(lambda nodes, count: fn(self.ffi.cast("void *", graph), nodes, count), graph),)
+
+    def xpuGraphNodeListEdges(self, node: int, dependents: int) -> tuple[list[int]]:
+        fn = self.lib.cuGraphNodeGetDependentNodes_v2 if dependents else self.lib.cuGraphNodeGetDependencies_v2
+        handle, graph = self.ffi.cast("void *", node), self.ffi.new("void **")
+        self.check(self.lib.cuGraphNodeGetContainingGraph(handle, graph), "cuGraphNodeGetContainingGraph")
+        return (self.named_nodes(lambda nodes, count: fn(handle, nodes, self.ffi.NULL, count),
+                                 int(self.ffi.cast("uintptr_t", graph[0]))),)
+
+    def named_nodes(self, ask: Callable[[Any, Any], int], graph: int) -> list[int]:
+        """The client's handles of the nodes `ask(array, count)` lists (asked twice: how many, then which)."""
+        count = self.ffi.new("size_t *")
+        self.check(ask(self.ffi.NULL, count), "listing graph nodes")
+        nodes = self.ffi.new("void *[]", max(count[0], 1))
+        self.check(ask(nodes, count), "listing graph nodes")
+        return [self.name_handle("CUgraphNode", int(self.ffi.cast("uintptr_t", nodes[i])), graph)
+                for i in range(count[0])]
 
     def xpuGraphNodeGetContainingGraph(self, node: int) -> tuple[int]:
         graph = self.ffi.new("void **")

@@ -120,6 +120,24 @@ def unjoined(capture: Capture) -> bool:
     return any(id(n) not in before for k, tails in capture.tails.items() if k != capture.origin for n in tails)
 
 
+NODE_TYPES = {"cuGraphLaunch": "GRAPH", "cuEventRecord": "EVENT_RECORD", "cuEventRecordWithFlags": "EVENT_RECORD",
+              "cuStreamWaitEvent": "WAIT_EVENT"}
+
+
+def node_type(node: Node) -> int:
+    """The CUgraphNodeType a driver gives such a node: a launched graph is a child graph, a math library's
+    work is kernels."""
+    if node.call is None:
+        name = "EMPTY"
+    elif node.call.family.startswith("cuMemset"):
+        name = "MEMSET"
+    elif node.call.family.startswith(("cuMemcpy", "xpuMemcpy")):
+        name = "MEMCPY"
+    else:
+        name = NODE_TYPES.get(node.call.family, "KERNEL")
+    return ENUMS[f"CU_GRAPH_NODE_TYPE_{name}"]
+
+
 def topological(graph: Graph) -> list[Node]:
     waiting = {id(n): len(n.deps) for n in graph.nodes}
     users: dict[int, list[Node]] = {}
@@ -333,6 +351,49 @@ class SimGraphs(Backend):
 
     def xpuGraphCountNodes(self, graph: Graph, roots: int) -> tuple[int]:
         return (sum(1 for n in graph.nodes if not roots or not n.deps),)
+
+    def xpuGraphListNodes(self, graph: Graph, roots: int) -> tuple[list[int]]:
+        return ([self.name_handle("CUgraphNode", n, graph) for n in graph.nodes if not roots or not n.deps],)
+
+    def xpuGraphNodeListEdges(self, node: Node, dependents: int) -> tuple[list[int]]:
+        found = [n for n in node.graph.nodes if node in n.deps] if dependents else node.deps
+        return ([self.name_handle("CUgraphNode", n, node.graph) for n in found],)
+
+    def cuGraphNodeGetType(self, node: Node) -> tuple[int]:
+        return (node_type(node),)
+
+    def cuGraphAddChildGraphNode(self, graph: Graph, deps: bytes | None, count: int, child: Graph) -> tuple[Node]:
+        """The child is cloned, as the driver does, and runs as a graph launched within this one."""
+        (child_exec,) = self.cuGraphInstantiateWithFlags(self.clone(child), 0)
+        return (self.add_node(graph, CALLS["cuGraphLaunch"], [child_exec, None], self.nodes(deps, count)),)
+
+    def cuGraphAddEventRecordNode(self, graph: Graph, deps: bytes | None, count: int, event: Any) -> tuple[Node]:
+        return (self.add_node(graph, CALLS["cuEventRecord"], [event, None], self.nodes(deps, count)),)
+
+    def cuGraphAddEventWaitNode(self, graph: Graph, deps: bytes | None, count: int, event: Any) -> tuple[Node]:
+        return (self.add_node(graph, CALLS["cuStreamWaitEvent"], [None, event, 0], self.nodes(deps, count)),)
+
+    def cuGraphClone(self, original: Graph) -> tuple[Graph]:
+        return (self.clone(original),)
+
+    def clone(self, original: Graph) -> Graph:
+        """The same nodes and edges in a new graph (the edges after the nodes: an edge may point forward)."""
+        copy, made = Graph(), {}
+        for n in original.nodes:
+            made[id(n)] = self.add_node(copy, n.call, list(n.args), [])
+        for n in original.nodes:
+            made[id(n)].deps = [made[id(dep)] for dep in n.deps]
+        return copy
+
+    def cuGraphDestroyNode(self, node: Node) -> None:
+        """Out of its graph, with its edges; the worker forgets the handle."""
+        graph = node.graph
+        if any(c.graph is graph for c in self.captures.values()):
+            raise CudaError(errors.ILLEGAL_STATE, "the graph is being captured into")
+        graph.nodes.remove(node)
+        for n in graph.nodes:
+            if node in n.deps:
+                n.deps.remove(node)
 
     def cuGraphInstantiateWithFlags(self, graph: Graph, flags: int) -> tuple[Exec]:
         """Graphs launched within graphs are bounded: so deep, so much work in one launch."""

@@ -20,6 +20,7 @@ ACTIVE = cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
 NONE = cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 GLOBAL = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
 RELAXED = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+T = cu.CUgraphNodeType
 
 
 def floats(values: list[float]) -> bytes:
@@ -95,6 +96,12 @@ def capture_and_replay() -> None:
     check(ok(cu.cuStreamIsCapturing(stream), "cuStreamIsCapturing after") == NONE, "capture over")
     count = ok(cu.cuGraphGetNodes(graph), "cuGraphGetNodes count")
     check((count[1] if isinstance(count, tuple) else count) == 4, "four nodes", repr(count))
+    captured = ok(cu.cuGraphGetNodes(graph, 4), "cuGraphGetNodes of a captured graph")[0]
+    check(int(node) in [int(n) for n in captured], "the node added by hand is listed by its own handle")
+    types = sorted(int(ok(cu.cuGraphNodeGetType(n), "cuGraphNodeGetType of a captured node")) for n in captured)
+    check(types == sorted(int(t) for t in (T.CU_GRAPH_NODE_TYPE_MEMSET, T.CU_GRAPH_NODE_TYPE_KERNEL,
+                                           T.CU_GRAPH_NODE_TYPE_MEMSET, T.CU_GRAPH_NODE_TYPE_MEMCPY)),
+          "captured nodes' types: two memsets, a kernel, a copy", repr(types))
     upload(w, floats([0.0] * N))
     graph_exec = instantiate_and_run(graph, "capture")
     check(download(z) == [2 * v for v in xs], "replay: z = 2x")
@@ -214,6 +221,70 @@ def node_api() -> None:
         check(exec_id > 0, "an instantiation's id", repr(exec_id))
     ok(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
     ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+
+
+def node_list(fn: object, handle: object, what: str, room: int | None = None) -> list[int]:
+    """Handles as ints, asked as cuda-python does: the count first, then an array of that size (or of `room`)."""
+    count = ok(fn(handle), f"{what} count")
+    count = count[-1] if isinstance(count, tuple) else count
+    found = ok(fn(handle, count if room is None else room), what)
+    check(found[-1] == min(count, room if room is not None else count), f"{what}: the count written", repr(found))
+    return [int(n) for n in found[0]]
+
+
+@section
+def node_queries_clone_and_children() -> None:
+    """Node lists and edges, node types, a clone, a child graph, event nodes and a node destroyed: x -> y = 2x
+    (kernel) in a child graph, after a memset of y to 1 (so y = 2x + 1), then z = y (copy), an event recorded
+    after the copy and waited for by an empty node."""
+    child = ok(cu.cuGraphCreate(0), "cuGraphCreate child")
+    kernel = cu.CUDA_KERNEL_NODE_PARAMS()
+    kernel.func, kernel.gridDimX, kernel.gridDimY, kernel.gridDimZ = saxpy, N // 256, 1, 1
+    kernel.blockDimX, kernel.blockDimY, kernel.blockDimZ, kernel.sharedMemBytes = 256, 1, 1, 0
+    kernel.kernelParams = saxpy_args(2.0, x, y)
+    ok(cu.cuGraphAddKernelNode(child, None, 0, kernel), "cuGraphAddKernelNode in the child")
+    graph = ok(cu.cuGraphCreate(0), "cuGraphCreate")
+    memset = cu.CUDA_MEMSET_NODE_PARAMS()
+    memset.dst, memset.value, memset.elementSize, memset.width, memset.height = y, 0x3F800000, 4, N, 1
+    set_node = ok(cu.cuGraphAddMemsetNode(graph, None, 0, memset, ctx), "cuGraphAddMemsetNode")
+    child_node = ok(cu.cuGraphAddChildGraphNode(graph, [set_node], 1, child), "cuGraphAddChildGraphNode")
+    ok(cu.cuGraphDestroy(child), "cuGraphDestroy the child (the node holds a clone)")
+    copy = cu.CUDA_MEMCPY3D()
+    copy.srcMemoryType = copy.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    copy.srcDevice, copy.dstDevice, copy.WidthInBytes, copy.Height, copy.Depth = y, z, 4 * N, 1, 1
+    copy_node = ok(cu.cuGraphAddMemcpyNode(graph, [child_node], 1, copy, ctx), "cuGraphAddMemcpyNode")
+    event = ok(cu.cuEventCreate(0), "cuEventCreate")
+    record = ok(cu.cuGraphAddEventRecordNode(graph, [copy_node], 1, event), "cuGraphAddEventRecordNode")
+    wait = ok(cu.cuGraphAddEventWaitNode(graph, [record], 1, event), "cuGraphAddEventWaitNode")
+    extra = ok(cu.cuGraphAddEmptyNode(graph, [set_node], 1), "cuGraphAddEmptyNode (destroyed below)")
+    made = [set_node, child_node, copy_node, record, wait, extra]
+    listed = node_list(cu.cuGraphGetNodes, graph, "cuGraphGetNodes")
+    check(sorted(listed) == sorted(int(n) for n in made), "the nodes listed are the nodes made", f"{listed}")
+    check(node_list(cu.cuGraphGetRootNodes, graph, "cuGraphGetRootNodes") == [int(set_node)], "one root: the memset")
+    check(node_list(cu.cuGraphGetNodes, graph, "cuGraphGetNodes, room for 2", room=2) == listed[:2],
+          "a short array gets the first nodes")
+    check(sorted(node_list(cu.cuGraphNodeGetDependentNodes, set_node, "cuGraphNodeGetDependentNodes"))
+          == sorted([int(child_node), int(extra)]), "the memset's dependents")
+    check(node_list(cu.cuGraphNodeGetDependencies, copy_node, "cuGraphNodeGetDependencies") == [int(child_node)],
+          "the copy's dependency")
+    types = [ok(cu.cuGraphNodeGetType(n), "cuGraphNodeGetType") for n in made]
+    check(types == [T.CU_GRAPH_NODE_TYPE_MEMSET, T.CU_GRAPH_NODE_TYPE_GRAPH, T.CU_GRAPH_NODE_TYPE_MEMCPY,
+                    T.CU_GRAPH_NODE_TYPE_EVENT_RECORD, T.CU_GRAPH_NODE_TYPE_WAIT_EVENT, T.CU_GRAPH_NODE_TYPE_EMPTY],
+          "node types", repr(types))
+    ok(cu.cuGraphDestroyNode(extra), "cuGraphDestroyNode")
+    check(len(node_list(cu.cuGraphGetNodes, graph, "cuGraphGetNodes after a destroy")) == 5, "five nodes left")
+    check(node_list(cu.cuGraphNodeGetDependentNodes, set_node, "dependents after a destroy") == [int(child_node)],
+          "the destroyed node's edge is gone")
+    clone = ok(cu.cuGraphClone(graph), "cuGraphClone")
+    ok(cu.cuGraphDestroy(graph), "cuGraphDestroy the original (the clone stands alone)")
+    check(len(node_list(cu.cuGraphGetNodes, clone, "cuGraphGetNodes of the clone")) == 5, "the clone has five nodes")
+    upload(z, floats([0.0] * N))
+    graph_exec = instantiate_and_run(clone, "the clone")
+    check(download(z) == [2 * v + 1 for v in xs], "the clone with its child graph: z = 2x + 1")
+    ok(cu.cuEventSynchronize(event), "the event node's event was recorded")
+    ok(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+    ok(cu.cuGraphDestroy(clone), "cuGraphDestroy the clone")
+    ok(cu.cuEventDestroy(event), "cuEventDestroy")
 
 
 @section
