@@ -343,6 +343,41 @@ def cu_graph_add_memcpy_node(d: Driver, call: Call, args: list[Any]) -> None:
                                             src + sx + (sy + sz * sheight) * spitch, spitch, width, rows])
 
 
+NODE_TYPE = {name: ENUMS[f"CU_GRAPH_NODE_TYPE_{name}"]
+             for name in ("KERNEL", "MEMCPY", "MEMSET", "GRAPH", "EMPTY", "WAIT_EVENT", "EVENT_RECORD")}
+PARAMS_AT = 16  # CUgraphNodeParams: the node's type, 12 reserved bytes, then the union of every type's parameters
+
+
+@implements("cuGraphAddNode")
+def cu_graph_add_node(d: Driver, call: Call, args: list[Any]) -> None:
+    """The polymorphic form: each node type goes as the call that adds a node of that type."""
+    node_out, graph, deps, *edge_data, count, params = args
+    if not params:
+        raise CudaError(errors.INVALID_VALUE, "nodeParams is NULL")
+    if edge_data and edge_data[0] and count and any(marshal.read(edge_data[0], 8 * count)):
+        raise CudaError(errors.NOT_SUPPORTED, "graph edges other than plain ones (edge data) are not forwarded yet")
+    kind = int.from_bytes(marshal.read(params, 4), "little")
+    union = params + PARAMS_AT
+    added = [node_out, graph, deps, count]
+    if kind == NODE_TYPE["KERNEL"]:  # CUDA_KERNEL_NODE_PARAMS_v3, laid out as _v2
+        cu_graph_add_kernel_node(d, CALLS["cuGraphAddKernelNode_v2"], [*added, union])
+    elif kind == NODE_TYPE["MEMSET"]:  # CUDA_MEMSET_NODE_PARAMS_v2: the _v1 fields, then the context
+        ctx = int.from_bytes(marshal.read(union + MEMSET_NODE.size, 8), "little")
+        cu_graph_add_memset_node(d, CALLS["cuGraphAddMemsetNode"], [*added, union, ctx])
+    elif kind == NODE_TYPE["MEMCPY"]:  # CUDA_MEMCPY_NODE_PARAMS: flags, reserved, the context, CUDA_MEMCPY3D
+        ctx = int.from_bytes(marshal.read(union + 8, 8), "little")
+        cu_graph_add_memcpy_node(d, CALLS["cuGraphAddMemcpyNode"], [*added, union + 16, ctx])
+    elif kind == NODE_TYPE["EMPTY"]:
+        d.forward(CALLS["cuGraphAddEmptyNode"], added)
+    elif kind in (NODE_TYPE["GRAPH"], NODE_TYPE["WAIT_EVENT"], NODE_TYPE["EVENT_RECORD"]):
+        handle = int.from_bytes(marshal.read(union, 8), "little")  # the child graph, or the event
+        symbol = {NODE_TYPE["GRAPH"]: "cuGraphAddChildGraphNode", NODE_TYPE["WAIT_EVENT"]: "cuGraphAddEventWaitNode",
+                  NODE_TYPE["EVENT_RECORD"]: "cuGraphAddEventRecordNode"}[kind]
+        d.forward(CALLS[symbol], [*added, handle])
+    else:
+        raise CudaError(errors.NOT_SUPPORTED, f"graph nodes of type {kind} (CUgraphNodeType) are not forwarded yet")
+
+
 def _device_side(d: Driver, kind: int, host: int, device: int, array: int) -> int:
     address = host if kind == UNIFIED else device
     if kind not in (DEVICE, UNIFIED) or array or not is_device(d, address):

@@ -259,6 +259,7 @@ cuGraphAddMemsetNode        shadow
 cuGraphAddMemcpyNode        shadow
 cuGraphAddDependencies      async   from=in:numDependencies*each to=in:numDependencies*each \
                                     edgeData=in?:numDependencies*each
+cuGraphAddNode              shadow
 cuGraphAddChildGraphNode    shadow  dependencies=in?:numDependencies*each
 cuGraphAddEventRecordNode   shadow  dependencies=in?:numDependencies*each
 cuGraphAddEventWaitNode     shadow  dependencies=in?:numDependencies*each
@@ -379,7 +380,8 @@ DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
 # xpuStream*Capture, every graph instantiation as cuGraphInstantiateWithFlags, node counts as
 # xpuGraphCountNodes, node lists and a node's edges as xpuGraphListNodes and xpuGraphNodeListEdges, a
 # node's graph as xpuGraphNodeGetContainingGraph (the client's handle of it), kernel, memset and memcpy
-# nodes as xpuGraphAdd*Node (their structs hold host pointers or a kernel's argument pointers); the older
+# nodes as xpuGraphAdd*Node (their structs hold host pointers or a kernel's argument pointers; cuGraphAddNode
+# goes as the call of its node's type); the older
 # CTC loss forms read host arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
 SENT_INSTEAD: dict[str, str | None] = {
     "cuMemcpy": None, "cuMemcpyAsync": None, "cuMemcpy2D": None, "cuMemcpy2DUnaligned": None,
@@ -391,6 +393,7 @@ SENT_INSTEAD: dict[str, str | None] = {
     "cuGraphInstantiate": None, "cuGraphInstantiateWithParams": None, "cuGraphAddKernelNode": None,
     "cuGraphAddMemsetNode": None, "cuGraphAddMemcpyNode": None, "cuOccupancyMaxActiveClusters": None,
     "cuGraphNodeGetContainingGraph": None, "cuGraphNodeGetDependencies": None, "cuGraphNodeGetDependentNodes": None,
+    "cuGraphAddNode": None,
     "cuMemcpyHtoA": None, "cuMemcpyHtoAAsync": None, "cuMemcpyAtoH": None, "cuMemcpyAtoHAsync": None,
     "cuMemcpyAtoD": None, "cuMemcpyDtoA": None, "cuMemcpyAtoA": None, "cuArrayCreate": "cuArrayCreate_v2",
     "cuArray3DCreate": "cuArray3DCreate_v2", "cuTexObjectCreate": None, "cuSurfObjectCreate": None,

@@ -288,6 +288,58 @@ def node_queries_clone_and_children() -> None:
 
 
 @section
+def polymorphic_nodes() -> None:
+    """cuGraphAddNode of each forwarded type: memset y = 1 -> child graph (y = 2x + y) -> copy z = y, an empty
+    node and an event record after it; a host node is refused (its function would run on the server)."""
+    child = ok(cu.cuGraphCreate(0), "cuGraphCreate child")
+    params = cu.CUgraphNodeParams()
+    params.type = T.CU_GRAPH_NODE_TYPE_KERNEL
+    k = params.kernel
+    k.func, k.gridDimX, k.gridDimY, k.gridDimZ, k.blockDimX, k.blockDimY, k.blockDimZ = saxpy, N // 256, 1, 1, 256, 1, 1
+    k.kernelParams = saxpy_args(2.0, x, y)
+    ok(cu.cuGraphAddNode(child, None, None, 0, params), "cuGraphAddNode kernel")
+    graph = ok(cu.cuGraphCreate(0), "cuGraphCreate")
+    params = cu.CUgraphNodeParams()
+    params.type = T.CU_GRAPH_NODE_TYPE_MEMSET
+    m = params.memset
+    m.dst, m.value, m.elementSize, m.width, m.height, m.ctx = y, 0x3F800000, 4, N, 1, ctx
+    set_node = ok(cu.cuGraphAddNode(graph, None, None, 0, params), "cuGraphAddNode memset")
+    params = cu.CUgraphNodeParams()
+    params.type = T.CU_GRAPH_NODE_TYPE_GRAPH
+    params.graph.graph = child
+    child_node = ok(cu.cuGraphAddNode(graph, [set_node], None, 1, params), "cuGraphAddNode child graph")
+    params = cu.CUgraphNodeParams()
+    params.type = T.CU_GRAPH_NODE_TYPE_MEMCPY
+    c = params.memcpy.copyParams
+    c.srcMemoryType = c.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    c.srcDevice, c.dstDevice, c.WidthInBytes, c.Height, c.Depth = y, z, 4 * N, 1, 1
+    params.memcpy.copyCtx = ctx
+    copy_node = ok(cu.cuGraphAddNode(graph, [child_node], None, 1, params), "cuGraphAddNode memcpy")
+    params = cu.CUgraphNodeParams()
+    params.type = T.CU_GRAPH_NODE_TYPE_EMPTY
+    empty = ok(cu.cuGraphAddNode(graph, [copy_node], None, 1, params), "cuGraphAddNode empty")
+    event = ok(cu.cuEventCreate(0), "cuEventCreate")
+    params = cu.CUgraphNodeParams()
+    params.type = T.CU_GRAPH_NODE_TYPE_EVENT_RECORD
+    params.eventRecord.event = event
+    ok(cu.cuGraphAddNode(graph, [empty], None, 1, params), "cuGraphAddNode event record")
+    if XPUREMOTE:
+        params = cu.CUgraphNodeParams()
+        params.type = T.CU_GRAPH_NODE_TYPE_HOST
+        fails(cu.cuGraphAddNode(graph, None, None, 0, params)[0], R.CUDA_ERROR_NOT_SUPPORTED, "a host node is refused")
+    types = [ok(cu.cuGraphNodeGetType(n), "cuGraphNodeGetType") for n in (set_node, child_node, copy_node, empty)]
+    check(types == [T.CU_GRAPH_NODE_TYPE_MEMSET, T.CU_GRAPH_NODE_TYPE_GRAPH, T.CU_GRAPH_NODE_TYPE_MEMCPY,
+                    T.CU_GRAPH_NODE_TYPE_EMPTY], "the types of the nodes added", repr(types))
+    upload(z, floats([0.0] * N))
+    graph_exec = instantiate_and_run(graph, "polymorphic nodes")
+    check(download(z) == [2 * v + 1 for v in xs], "polymorphic nodes: z = 2x + 1")
+    ok(cu.cuEventSynchronize(event), "the event node's event was recorded")
+    for what, fn, obj in (("exec", cu.cuGraphExecDestroy, graph_exec), ("graph", cu.cuGraphDestroy, graph),
+                          ("child", cu.cuGraphDestroy, child), ("event", cu.cuEventDestroy, event)):
+        ok(fn(obj), f"destroy the {what}")
+
+
+@section
 def launch_attributes() -> None:
     """cuLaunchKernelEx with clusters of two blocks and a launch-completion event; cluster occupancy."""
     LA = cu.CUlaunchAttributeID
