@@ -225,6 +225,9 @@ def cu_mem_host_unregister(d: Driver, call: Call, args: list[Any]) -> None:
     (base,) = args
     r = maps(d)[1].ranges.get(base)
     if r is None or r.owned:
+        inside = maps(d)[1].find(base)
+        if inside is not None and not inside.owned:  # as the driver: inside a registered range, not its start
+            raise CudaError(errors.INVALID_VALUE, f"{base:#x} lies inside the range registered at {inside.base:#x}")
         raise CudaError(ENUMS["CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED"], f"{base:#x} is not registered")
     maps(d)[1].remove(base)
 
@@ -443,8 +446,10 @@ def cu_memcpy_2d(d: Driver, call: Call, args: list[Any]) -> None:
     rect_copy(d, src, dst, width, height, copy_stream(call, args), call.family != "cuMemcpy2DAsync")
 
 
-@implements("cuMemcpy3D", "cuMemcpy3DAsync")
+@implements("cuMemcpy3D", "cuMemcpy3DAsync", "cuMemcpy3DPeer", "cuMemcpy3DPeerAsync")
 def cu_memcpy_3d(d: Driver, call: Call, args: list[Any]) -> None:
+    """The peer forms' struct is the plain one with each side's context where it has reserved fields: the
+    addresses are unified, so the contexts add nothing the copy needs."""
     modern_struct(call)
     (sx, sy, sz, slod, stype, shost, sdev, sarr, spitch, sheight,
      dx, dy, dz, dlod, dtype, dhost, ddev, darr, dpitch, dheight,
@@ -457,4 +462,4 @@ def cu_memcpy_3d(d: Driver, call: Call, args: list[Any]) -> None:
         dy_z = dy if dtype == ARRAY else dy + (dz + z) * dheight
         src = side(d, stype, shost, sdev, sx, sy_z, spitch, sarr, sz + z)
         dst = side(d, dtype, dhost, ddev, dx, dy_z, dpitch, darr, dz + z)
-        rect_copy(d, src, dst, width, height, stream, call.family != "cuMemcpy3DAsync" and z == depth - 1)
+        rect_copy(d, src, dst, width, height, stream, not call.family.endswith("Async") and z == depth - 1)

@@ -119,6 +119,8 @@ cuMemcpy2DUnaligned         sync
 cuMemcpy2DAsync             sync
 cuMemcpy3D                  sync
 cuMemcpy3DAsync             sync
+cuMemcpy3DPeer              sync
+cuMemcpy3DPeerAsync         sync
 # CUDA arrays (client/arrays.py): creation waits for the server's handle (arrays are device memory, so an
 # allocation's failure is the call's), the client keeps each array's descriptor (descriptors are local);
 # copies with an array side go as the xpuMemcpyArray* requests
@@ -386,6 +388,7 @@ DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
 SENT_INSTEAD: dict[str, str | None] = {
     "cuMemcpy": None, "cuMemcpyAsync": None, "cuMemcpy2D": None, "cuMemcpy2DUnaligned": None,
     "cuMemcpy2DAsync": None, "cuMemcpy3D": None, "cuMemcpy3DAsync": None,
+    "cuMemcpy3DPeer": None, "cuMemcpy3DPeerAsync": None,
     "cuLaunchKernel": None, "cuLaunchKernelEx": None, "cuLaunchCooperativeKernel": None,
     "cuLaunchHostFunc": None, "cuStreamAddCallback": None, "cuDevicePrimaryCtxRelease": None,
     "cuModuleGetGlobal": "cuModuleGetGlobal_v2", "cuLibraryGetGlobal": None, "cuCtxCreate": "cuCtxCreate_v2",

@@ -62,9 +62,14 @@ def copy_2d(src: dict, dst: dict, width: int, height: int, stream: object = None
     return cu.cuMemcpy2D(p) if stream is None else cu.cuMemcpy2DAsync(p, stream)
 
 
-def copy_3d(src: dict, dst: dict, width: int, height: int, depth: int, stream: object = None) -> object:
-    p = set_sides(cu.CUDA_MEMCPY3D(), src, dst, ("x", "y", "z", "pitch", "height"))
+def copy_3d(src: dict, dst: dict, width: int, height: int, depth: int, stream: object = None,
+            peer: bool = False) -> object:
+    """A CUDA_MEMCPY3D, or with `peer` a CUDA_MEMCPY3D_PEER whose sides name the current context."""
+    p = set_sides(cu.CUDA_MEMCPY3D_PEER() if peer else cu.CUDA_MEMCPY3D(), src, dst, ("x", "y", "z", "pitch", "height"))
     p.WidthInBytes, p.Height, p.Depth = width, height, depth
+    if peer:
+        p.srcContext = p.dstContext = ctx
+        return cu.cuMemcpy3DPeer(p) if stream is None else cu.cuMemcpy3DPeerAsync(p, stream)
     return cu.cuMemcpy3D(p) if stream is None else cu.cuMemcpy3DAsync(p, stream)
 
 
@@ -195,6 +200,17 @@ def copies_3d() -> None:
     got = [dev_bytes.raw[z * 256 + y * 64 : z * 256 + y * 64 + 16] for z in range(2) for y in range(2)]
     check(got == [want[((1 + z) * height + 1 + y) * row + 8 : ((1 + z) * height + 1 + y) * row + 24]
                   for z in range(2) for y in range(2)], "3D array -> device values")
+    # the peer forms: device -> device (rows of 16 bytes at pitch 32, 2 a slice), then device -> host, async
+    packed = ok(cu.cuMemAlloc(32 * 2 * 2), "cuMemAlloc")
+    ok(copy_3d({"kind": DEVICE, "where": dptr, "pitch": 64, "height": 4},
+               {"kind": DEVICE, "where": packed, "pitch": 32, "height": 2}, 16, 2, 2, peer=True), "cuMemcpy3DPeer")
+    peer_back = ctypes.create_string_buffer(16 * 4)
+    ok(copy_3d({"kind": DEVICE, "where": packed, "pitch": 32, "height": 2},
+               {"kind": HOST, "where": address(peer_back), "pitch": 16, "height": 2}, 16, 2, 2, stream, peer=True),
+       "cuMemcpy3DPeerAsync")
+    ok(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+    check(peer_back.raw == b"".join(got), "3D peer copies' values")
+    ok(cu.cuMemFree(packed), "cuMemFree")
     ok(cu.cuMemFree(dptr), "cuMemFree")
     ok(cu.cuArrayDestroy(arr), "cuArrayDestroy")
 

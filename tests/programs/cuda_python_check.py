@@ -287,6 +287,8 @@ def host_memory() -> None:
     buf = ctypes.create_string_buffer(3 * 4096)
     base = (addr(buf) + 4095) // 4096 * 4096
     ok(cu.cuMemHostRegister(base, 4096, cu.CU_MEMHOSTREGISTER_PORTABLE), "cuMemHostRegister")
+    err, = cu.cuMemHostUnregister(base + 64)
+    check(err == cu.CUresult.CUDA_ERROR_INVALID_VALUE, "unregistering from inside the range", repr(err))
     got = ok(cu.cuMemHostGetFlags(base), "cuMemHostGetFlags registered")
     check(got == cu.CU_MEMHOSTREGISTER_PORTABLE | DEVICEMAP, "registered flags", repr(got))
     err, = cu.cuMemHostRegister(base, 4096, 0)
