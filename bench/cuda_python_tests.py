@@ -199,12 +199,13 @@ def first_line(text: str) -> str:
 
 
 def last_call(text: str) -> str:
-    """The driver call a failed assert most likely checks: the last `cuXxx(` before the line marked `>`.
+    """The driver or runtime call a failed assert most likely checks: the last `cuXxx(` or `cudaXxx(` before
+    the line marked `>`.
 
     The client names a function it does not forward once a process, so a second test that calls it is
     only linked to it this way."""
     before = text.split("\n>", 1)[0] + "\n" + text.split("\n>", 1)[-1].split("\n", 1)[0]
-    calls = re.findall(r"\b(cu[A-Z]\w*)\(", before)
+    calls = re.findall(r"\b(cu(?:da)?[A-Z]\w*)\(", before)
     return calls[-1] if calls else ""
 
 
