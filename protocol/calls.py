@@ -383,8 +383,8 @@ DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
 # xpuGraphCountNodes, node lists and a node's edges as xpuGraphListNodes and xpuGraphNodeListEdges, a
 # node's graph as xpuGraphNodeGetContainingGraph (the client's handle of it), kernel, memset and memcpy
 # nodes as xpuGraphAdd*Node (their structs hold host pointers or a kernel's argument pointers; cuGraphAddNode
-# goes as the call of its node's type); the older
-# CTC loss forms read host arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
+# goes as the call of its node's type), 3D peer copies as 3D copies; the older CTC loss forms read host arrays
+# and are refused. A server accepts only calls the client sends (`Call.sent`).
 SENT_INSTEAD: dict[str, str | None] = {
     "cuMemcpy": None, "cuMemcpyAsync": None, "cuMemcpy2D": None, "cuMemcpy2DUnaligned": None,
     "cuMemcpy2DAsync": None, "cuMemcpy3D": None, "cuMemcpy3DAsync": None,
