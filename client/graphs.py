@@ -291,9 +291,9 @@ def _node(d: Driver, call: Call, node_out: int, graph: int, deps: int, count: in
     return node, marshal.read(deps, 8 * count) if count else None
 
 
-@implements("cuGraphAddKernelNode")
-def cu_graph_add_kernel_node(d: Driver, call: Call, args: list[Any]) -> None:
-    node_out, graph, deps, count, params = args
+def _kernel_params(d: Driver, call: Call, params: int) -> list[Any]:
+    """A kernel node's CUDA_KERNEL_NODE_PARAMS (_v2 where the call is), as xpuGraph*Kernel* take it: the
+    function's handle, grid, block, shared bytes, the arguments packed as for launches, their size."""
     if not params:
         raise CudaError(errors.INVALID_VALUE, "nodeParams is NULL")
     if call.symbol.endswith("_v2"):
@@ -305,28 +305,22 @@ def cu_graph_add_kernel_node(d: Driver, call: Call, args: list[Any]) -> None:
             marshal.read(params, KERNEL_NODE.size))
     fn = modules.ensure_function(d, func)
     packed = modules.pack_params(fn, kernel_params, extra)
-    node, dependencies = _node(d, call, node_out, graph, deps, count)
-    d.post(CALLS["xpuGraphAddKernelNode"], [node, graph, dependencies, count, fn.handle, gx, gy, gz, bx, by, bz,
-                                            shared, packed, len(packed)], len(packed))
+    return [fn.handle, gx, gy, gz, bx, by, bz, shared, packed, len(packed)]
 
 
-@implements("cuGraphAddMemsetNode")
-def cu_graph_add_memset_node(d: Driver, call: Call, args: list[Any]) -> None:
-    node_out, graph, deps, count, params, _ctx = args
+def _memset_params(params: int) -> list[Any]:
+    """CUDA_MEMSET_NODE_PARAMS: destination, pitch, value, element size, width, height."""
     if not params:
         raise CudaError(errors.INVALID_VALUE, "memsetParams is NULL")
     dst, pitch, value, element, width, height = MEMSET_NODE.unpack(marshal.read(params, MEMSET_NODE.size))
     if element not in (1, 2, 4):
         raise CudaError(errors.INVALID_VALUE, f"memset element size {element}")
-    node, dependencies = _node(d, call, node_out, graph, deps, count)
-    d.post(CALLS["xpuGraphAddMemsetNode"], [node, graph, dependencies, count, dst, pitch, value, element, width,
-                                            height])
+    return [dst, pitch, value, element, width, height]
 
 
-@implements("cuGraphAddMemcpyNode")
-def cu_graph_add_memcpy_node(d: Driver, call: Call, args: list[Any]) -> None:
-    """Device to device only: a copy with a host side would be made at each replay, on the server."""
-    node_out, graph, deps, count, params, _ctx = args
+def _memcpy_params(d: Driver, params: int) -> list[Any]:
+    """A CUDA_MEMCPY3D of device memory to device memory as one rectangle: destination, its pitch, source, its
+    pitch, width, rows. A copy with a host side would be made at each replay, on the server: refused."""
     if not params:
         raise CudaError(errors.INVALID_VALUE, "copyParams is NULL")
     (sx, sy, sz, _slod, stype, shost, sdev, sarr, spitch, sheight,
@@ -336,11 +330,80 @@ def cu_graph_add_memcpy_node(d: Driver, call: Call, args: list[Any]) -> None:
     dst = _device_side(d, dtype, dhost, ddev, darr)
     if depth > 1 and (sheight != height or dheight != height):  # slices one after another: one rectangle
         raise CudaError(errors.NOT_SUPPORTED, "a 3D copy node with different slice layouts is not forwarded yet")
-    rows = height * max(depth, 1)
+    return [dst + dx + (dy + dz * dheight) * dpitch, dpitch, src + sx + (sy + sz * sheight) * spitch, spitch, width,
+            height * max(depth, 1)]
+
+
+@implements("cuGraphAddKernelNode")
+def cu_graph_add_kernel_node(d: Driver, call: Call, args: list[Any]) -> None:
+    node_out, graph, deps, count, params = args
+    kernel = _kernel_params(d, call, params)
     node, dependencies = _node(d, call, node_out, graph, deps, count)
-    d.post(CALLS["xpuGraphAddMemcpyNode"], [node, graph, dependencies, count,
-                                            dst + dx + (dy + dz * dheight) * dpitch, dpitch,
-                                            src + sx + (sy + sz * sheight) * spitch, spitch, width, rows])
+    d.post(CALLS["xpuGraphAddKernelNode"], [node, graph, dependencies, count, *kernel], kernel[-1])
+
+
+@implements("cuGraphAddMemsetNode")
+def cu_graph_add_memset_node(d: Driver, call: Call, args: list[Any]) -> None:
+    node_out, graph, deps, count, params, _ctx = args
+    memset = _memset_params(params)
+    node, dependencies = _node(d, call, node_out, graph, deps, count)
+    d.post(CALLS["xpuGraphAddMemsetNode"], [node, graph, dependencies, count, *memset])
+
+
+@implements("cuGraphAddMemcpyNode")
+def cu_graph_add_memcpy_node(d: Driver, call: Call, args: list[Any]) -> None:
+    node_out, graph, deps, count, params, _ctx = args
+    copy = _memcpy_params(d, params)
+    node, dependencies = _node(d, call, node_out, graph, deps, count)
+    d.post(CALLS["xpuGraphAddMemcpyNode"], [node, graph, dependencies, count, *copy])
+
+
+# ---- new parameters of a node, in its graph or in an instantiation of it (exec 0: the graph's node) ------
+def _target(call: Call, args: list[Any]) -> tuple[int, int, list[Any]]:
+    """(the instantiation or 0, the node, the rest) of a node setter's arguments."""
+    if call.family.startswith("cuGraphExec"):
+        return args[0], args[1], args[2:]
+    return 0, args[0], args[1:]
+
+
+@implements("cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams")
+def cu_graph_kernel_node_set_params(d: Driver, call: Call, args: list[Any]) -> None:
+    graph_exec, node, (params,) = _target(call, args)
+    kernel = _kernel_params(d, call, params)
+    d.post(CALLS["xpuGraphNodeSetKernel"], [graph_exec, node, *kernel], kernel[-1])
+
+
+@implements("cuGraphMemsetNodeSetParams", "cuGraphExecMemsetNodeSetParams")
+def cu_graph_memset_node_set_params(d: Driver, call: Call, args: list[Any]) -> None:
+    graph_exec, node, (params, *_ctx) = _target(call, args)
+    d.post(CALLS["xpuGraphNodeSetMemset"], [graph_exec, node, *_memset_params(params)])
+
+
+@implements("cuGraphMemcpyNodeSetParams", "cuGraphExecMemcpyNodeSetParams")
+def cu_graph_memcpy_node_set_params(d: Driver, call: Call, args: list[Any]) -> None:
+    graph_exec, node, (params, *_ctx) = _target(call, args)
+    d.post(CALLS["xpuGraphNodeSetMemcpy"], [graph_exec, node, *_memcpy_params(d, params)])
+
+
+@implements("cuGraphExecUpdate")
+def cu_graph_exec_update(d: Driver, call: Call, args: list[Any]) -> None:
+    """The instantiation takes the graph's parameters where the two have the same shape; the result says
+    why not otherwise (the node at fault is not named: 0)."""
+    graph_exec, graph, *outs = args
+    (result,) = d.call(CALLS["xpuGraphExecUpdate"], [graph_exec, graph, 4])
+    result = int.from_bytes(result, "little")
+    if len(outs) == 1:  # _v2: CUgraphExecUpdateResultInfo {result, errorNode, errorFromNode}
+        if not outs[0]:
+            raise CudaError(errors.INVALID_VALUE, "resultInfo is NULL")
+        marshal.write(outs[0], result.to_bytes(8, "little") + bytes(16))
+    else:
+        error_node, result_out = outs
+        if error_node:
+            marshal.put_u64(error_node, 0)
+        marshal.put(call.params[3], result_out, result)
+    if result:
+        raise CudaError(ENUMS["CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE"], f"the graph cannot update the instantiation "
+                        f"(CUgraphExecUpdateResult {result})")
 
 
 NODE_TYPE = {name: ENUMS[f"CU_GRAPH_NODE_TYPE_{name}"]

@@ -268,6 +268,13 @@ cuGraphAddEventWaitNode     shadow  dependencies=in?:numDependencies*each
 cuGraphClone                shadow
 cuGraphDestroyNode          async
 cuGraphNodeGetType          sync
+cuGraphKernelNodeSetParams  async
+cuGraphMemsetNodeSetParams  async
+cuGraphMemcpyNodeSetParams  async
+cuGraphExecKernelNodeSetParams async
+cuGraphExecMemsetNodeSetParams async
+cuGraphExecMemcpyNodeSetParams async
+cuGraphExecUpdate           sync
 cuGraphGetNodes             sync
 cuGraphGetRootNodes         sync
 cuGraphNodeGetDependencies  sync
@@ -364,6 +371,17 @@ xpuGraphAddMemcpyNode(CUgraphNode *node, CUgraph graph, const void *dependencies
   CUdeviceptr dst, size_t dstPitch, CUdeviceptr src, size_t srcPitch, size_t width, size_t height) \
                                                                                      shadow \
   dependencies=in?:numDependencies*8 dst=device:dstPitch,width,height src=device:srcPitch,width,height
+xpuGraphNodeSetKernel(CUgraphExec exec, CUgraphNode node, CUfunction f, unsigned int gridDimX, \
+  unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, \
+  unsigned int blockDimZ, unsigned int sharedMemBytes, const void *params, size_t paramBytes) \
+                                                                                     async  params=in:paramBytes
+xpuGraphNodeSetMemset(CUgraphExec exec, CUgraphNode node, CUdeviceptr dst, size_t pitch, unsigned int value, \
+  unsigned int elementSize, size_t width, size_t height)                              async \
+  dst=device:pitch,width*elementSize,height
+xpuGraphNodeSetMemcpy(CUgraphExec exec, CUgraphNode node, CUdeviceptr dst, size_t dstPitch, CUdeviceptr src, \
+  size_t srcPitch, size_t width, size_t height)                                      async \
+  dst=device:dstPitch,width,height src=device:srcPitch,width,height
+xpuGraphExecUpdate(CUgraphExec exec, CUgraph graph, unsigned int *result)           sync
 xpuDeviceStatus(unsigned int index, void *status)                                   sync   status=out:*
 xpuLibraryVersion(const char *library, void *version)                               sync   library=str version=out:*
 xpuCudnnGetDescriptors(unsigned long long descriptor, unsigned int attributeName, size_t requested, \
@@ -383,8 +401,9 @@ DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
 # xpuGraphCountNodes, node lists and a node's edges as xpuGraphListNodes and xpuGraphNodeListEdges, a
 # node's graph as xpuGraphNodeGetContainingGraph (the client's handle of it), kernel, memset and memcpy
 # nodes as xpuGraphAdd*Node (their structs hold host pointers or a kernel's argument pointers; cuGraphAddNode
-# goes as the call of its node's type), 3D peer copies as 3D copies; the older CTC loss forms read host arrays
-# and are refused. A server accepts only calls the client sends (`Call.sent`).
+# goes as the call of its node's type; new parameters of those nodes, in a graph or an instantiation, as
+# xpuGraphNodeSet*; an instantiation's update as xpuGraphExecUpdate), 3D peer copies as 3D copies; the
+# older CTC loss forms read host arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
 SENT_INSTEAD: dict[str, str | None] = {
     "cuMemcpy": None, "cuMemcpyAsync": None, "cuMemcpy2D": None, "cuMemcpy2DUnaligned": None,
     "cuMemcpy2DAsync": None, "cuMemcpy3D": None, "cuMemcpy3DAsync": None,
@@ -396,7 +415,9 @@ SENT_INSTEAD: dict[str, str | None] = {
     "cuGraphInstantiate": None, "cuGraphInstantiateWithParams": None, "cuGraphAddKernelNode": None,
     "cuGraphAddMemsetNode": None, "cuGraphAddMemcpyNode": None, "cuOccupancyMaxActiveClusters": None,
     "cuGraphNodeGetContainingGraph": None, "cuGraphNodeGetDependencies": None, "cuGraphNodeGetDependentNodes": None,
-    "cuGraphAddNode": None,
+    "cuGraphAddNode": None, "cuGraphKernelNodeSetParams": None, "cuGraphMemsetNodeSetParams": None,
+    "cuGraphMemcpyNodeSetParams": None, "cuGraphExecKernelNodeSetParams": None, "cuGraphExecMemsetNodeSetParams": None,
+    "cuGraphExecMemcpyNodeSetParams": None, "cuGraphExecUpdate": None,
     "cuMemcpyHtoA": None, "cuMemcpyHtoAAsync": None, "cuMemcpyAtoH": None, "cuMemcpyAtoHAsync": None,
     "cuMemcpyAtoD": None, "cuMemcpyDtoA": None, "cuMemcpyAtoA": None, "cuArrayCreate": "cuArrayCreate_v2",
     "cuArray3DCreate": "cuArray3DCreate_v2", "cuTexObjectCreate": None, "cuSurfObjectCreate": None,

@@ -59,7 +59,7 @@ _DNN, _LT = mathlibs.api(mathlibs.CUDNN).ENUMS, mathlibs.api(mathlibs.CUBLASLT).
 DNN_VOID_PTR, DNN_DATA_POINTERS = _DNN["CUDNN_TYPE_VOID_PTR"], _DNN["CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"]
 LT_POINTER_ATTRIBUTES = frozenset(v for k, v in _LT.items()
                                   if k.startswith("CUBLASLT_MATMUL_DESC_") and k.endswith("_POINTER"))
-LAUNCHES = ("xpuLaunchKernel", "xpuLaunchKernelEx", "xpuGraphAddKernelNode")
+LAUNCHES = ("xpuLaunchKernel", "xpuLaunchKernelEx", "xpuGraphAddKernelNode", "xpuGraphNodeSetKernel")
 MAX_KERNEL_PARAMETERS = 32764
 ALLOCATIONS = ("cuMemAlloc", "cuMemAllocPitch", "cuMemAllocAsync", "cuMemAllocFromPoolAsync")
 FREES = ("cuMemFree", "cuMemFreeAsync")  # either takes either kind of allocation, as the driver's do

@@ -615,11 +615,59 @@ class CudaBackend(Backend):
     def xpuGraphAddKernelNode(self, graph: int, deps: bytes | None, count: int, func: int, gx: int, gy: int,
                               gz: int, bx: int, by: int, bz: int, shared: int, params: bytes,
                               param_bytes: int) -> tuple[int]:
+        struct_, _alive = self.kernel_node(func, (gx, gy, gz, bx, by, bz, shared), params)
+        return self.add_node(self.lib.cuGraphAddKernelNode_v2, graph, deps, count, struct_)
+
+    def kernel_node(self, func: int, grid_block_shared: tuple[int, ...], params: bytes) -> tuple[Any, Any]:
+        """A CUDA_KERNEL_NODE_PARAMS_v2 whose arguments are the packed buffer (the `extra` form), and what must
+        stay alive while the driver reads it."""
         ffi = self.ffi
         buf, size = ffi.from_buffer(bytes(params)), ffi.new("size_t *", len(params))
         extra = ffi.new("void *[5]", [ffi.cast("void *", 1), buf, ffi.cast("void *", 2), size, ffi.NULL])
-        node = KERNEL_NODE_V2.pack(func, gx, gy, gz, bx, by, bz, shared, 0, int(ffi.cast("uintptr_t", extra)), 0, 0)
-        return self.add_node(self.lib.cuGraphAddKernelNode_v2, graph, deps, count, ffi.from_buffer(node))
+        node = KERNEL_NODE_V2.pack(func, *grid_block_shared, 0, int(ffi.cast("uintptr_t", extra)), 0, 0)
+        return ffi.from_buffer(node), (buf, size, extra, node)
+
+    def xpuGraphNodeSetKernel(self, graph_exec: int | None, node: int, func: int, gx: int, gy: int, gz: int,
+                              bx: int, by: int, bz: int, shared: int, params: bytes, param_bytes: int) -> None:
+        struct_, _alive = self.kernel_node(func, (gx, gy, gz, bx, by, bz, shared), params)
+        handle = self.ffi.cast("void *", node)
+        if graph_exec is None:
+            self.check(self.lib.cuGraphKernelNodeSetParams_v2(handle, struct_), "cuGraphKernelNodeSetParams")
+        else:
+            self.check(self.lib.cuGraphExecKernelNodeSetParams_v2(self.ffi.cast("void *", graph_exec), handle,
+                                                                  struct_), "cuGraphExecKernelNodeSetParams")
+
+    def xpuGraphNodeSetMemset(self, graph_exec: int | None, node: int, dst: int, pitch: int, value: int,
+                              element: int, width: int, height: int) -> None:
+        params = self.ffi.from_buffer(MEMSET_NODE.pack(dst, pitch, value, element, width, height))
+        handle = self.ffi.cast("void *", node)
+        if graph_exec is None:
+            self.check(self.lib.cuGraphMemsetNodeSetParams(handle, params), "cuGraphMemsetNodeSetParams")
+        else:
+            ctx = self.out("void **", "cuCtxGetCurrent", self.lib.cuCtxGetCurrent)
+            self.check(self.lib.cuGraphExecMemsetNodeSetParams(self.ffi.cast("void *", graph_exec), handle, params,
+                                                               ctx), "cuGraphExecMemsetNodeSetParams")
+
+    def xpuGraphNodeSetMemcpy(self, graph_exec: int | None, node: int, dst: int, dst_pitch: int, src: int,
+                              src_pitch: int, width: int, height: int) -> None:
+        copy = self.ffi.from_buffer(MEMCPY3D.pack(0, 0, 0, 0, DEVICE, 0, src, 0, src_pitch, height,
+                                                  0, 0, 0, 0, DEVICE, 0, dst, 0, dst_pitch, height, width, height, 1))
+        handle = self.ffi.cast("void *", node)
+        if graph_exec is None:
+            self.check(self.lib.cuGraphMemcpyNodeSetParams(handle, copy), "cuGraphMemcpyNodeSetParams")
+        else:
+            ctx = self.out("void **", "cuCtxGetCurrent", self.lib.cuCtxGetCurrent)
+            self.check(self.lib.cuGraphExecMemcpyNodeSetParams(self.ffi.cast("void *", graph_exec), handle, copy,
+                                                               ctx), "cuGraphExecMemcpyNodeSetParams")
+
+    def xpuGraphExecUpdate(self, graph_exec: int, graph: int) -> tuple[int]:
+        """The driver's CUgraphExecUpdateResult; its failure status is the client's to raise, after the result."""
+        info = self.ffi.new("char[24]")  # CUgraphExecUpdateResultInfo: result, errorNode, errorFromNode
+        status = self.lib.cuGraphExecUpdate_v2(self.ffi.cast("void *", graph_exec), self.ffi.cast("void *", graph),
+                                               self.ffi.cast("void *", info))
+        if status and status != ENUMS["CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE"]:
+            self.check(status, "cuGraphExecUpdate")
+        return (int.from_bytes(self.ffi.buffer(info, 4)[:], "little"),)
 
     def xpuGraphAddMemsetNode(self, graph: int, deps: bytes | None, count: int, dst: int, pitch: int, value: int,
                               element: int, width: int, height: int) -> tuple[int]:

@@ -66,7 +66,9 @@ class Graph:
 
 @dataclass(eq=False)
 class Exec:
-    order: list[Node]  # the graph's nodes, each after everything it depends on
+    order: list[Node]  # copies of the graph's nodes, each after everything it depends on
+    copies: dict[int, Node] = field(default_factory=dict)  # id(a node of the graph) -> its copy here
+    shape: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)  # the graph's, as exec_shape() says
     ident: int = field(default_factory=lambda: next(_idents))
     depth: int = 1  # graphs launched within graphs, this one included
     work: int = 0  # nodes a launch runs, those of the graphs it launches included
@@ -136,6 +138,24 @@ def node_type(node: Node) -> int:
     else:
         name = NODE_TYPES.get(node.call.family, "KERNEL")
     return ENUMS[f"CU_GRAPH_NODE_TYPE_{name}"]
+
+
+def bounded(nodes: list[Node]) -> tuple[int, int]:
+    """How deep the graphs launched within these nodes go, and how many nodes one launch of them runs; refused
+    past what the sim runs (MAX_DEPTH, MAX_WORK)."""
+    children = [n.args[0] for n in nodes if n.call is not None and n.call.family == "cuGraphLaunch"]
+    depth = 1 + max((c.depth for c in children), default=0)
+    work = len(nodes) + sum(c.work for c in children)
+    if depth > MAX_DEPTH or work > MAX_WORK:
+        raise CudaError(errors.NOT_SUPPORTED, f"graphs launched {depth} deep, {work} nodes in one launch "
+                        f"(the sim runs at most {MAX_DEPTH} deep, {MAX_WORK} nodes)")
+    return depth, work
+
+
+def exec_shape(graph: Graph) -> list[tuple[int, tuple[int, ...]]]:
+    """What an instantiation's update may not change: each node's type and the positions of its dependencies."""
+    where = {id(n): i for i, n in enumerate(graph.nodes)}
+    return [(node_type(n), tuple(sorted(where[id(dep)] for dep in n.deps))) for n in graph.nodes]
 
 
 def topological(graph: Graph) -> list[Node]:
@@ -398,13 +418,54 @@ class SimGraphs(Backend):
     def cuGraphInstantiateWithFlags(self, graph: Graph, flags: int) -> tuple[Exec]:
         """Graphs launched within graphs are bounded: so deep, so much work in one launch."""
         order = topological(graph)
-        children = [n.args[0] for n in order if n.call is not None and n.call.family == "cuGraphLaunch"]
-        depth = 1 + max((c.depth for c in children), default=0)
-        work = len(order) + sum(c.work for c in children)
-        if depth > MAX_DEPTH or work > MAX_WORK:
-            raise CudaError(errors.NOT_SUPPORTED, f"graphs launched {depth} deep, {work} nodes in one launch "
-                            f"(the sim runs at most {MAX_DEPTH} deep, {MAX_WORK} nodes)")
-        return (Exec(order, depth=depth, work=work),)
+        depth, work = bounded(order)
+        # copies, in the graph's order of nodes: what changes in the graph later stays out of this instantiation
+        copies = {id(n): Node(n.call, list(n.args), n.graph, n.local) for n in graph.nodes}
+        return (Exec([copies[id(n)] for n in order], copies, exec_shape(graph), depth=depth, work=work),)
+
+    # ---- new parameters: of a graph's node, or of its copy in an instantiation -----------------------------
+    def target(self, graph_exec: Exec | None, node: Node, kind: str) -> Node:
+        """The node whose parameters change, which must be of `kind` (a CU_GRAPH_NODE_TYPE_ name)."""
+        found = node if graph_exec is None else graph_exec.copies.get(id(node))
+        if found is None:
+            raise CudaError(errors.INVALID_VALUE, "the node is not one of the instantiated graph's")
+        if node_type(found) != ENUMS[f"CU_GRAPH_NODE_TYPE_{kind}"]:
+            raise CudaError(errors.INVALID_VALUE, f"the node is not a {kind.lower()} node")
+        return found
+
+    def xpuGraphNodeSetKernel(self, graph_exec: Exec | None, node: Node, func: Any, gx: int, gy: int, gz: int,
+                              bx: int, by: int, bz: int, shared: int, params: bytes, param_bytes: int) -> None:
+        target = self.target(graph_exec, node, "KERNEL")
+        if target.call is not CALLS["xpuLaunchKernel"]:
+            raise CudaError(errors.NOT_SUPPORTED, "new parameters for a kernel node that is not a plain launch "
+                            "(a captured library call, or a launch with attributes) are not forwarded")
+        target.args = [func, gx, gy, gz, bx, by, bz, shared, None, bytes(params), param_bytes, 0]
+
+    def xpuGraphNodeSetMemset(self, graph_exec: Exec | None, node: Node, dst: int, pitch: int, value: int,
+                              element: int, width: int, height: int) -> None:
+        target = self.target(graph_exec, node, "MEMSET")
+        target.call, target.args = CALLS[f"cuMemsetD2D{8 * element}Async"], [dst, pitch, value, width, height, None]
+
+    def xpuGraphNodeSetMemcpy(self, graph_exec: Exec | None, node: Node, dst: int, dst_pitch: int, src: int,
+                              src_pitch: int, width: int, height: int) -> None:
+        target = self.target(graph_exec, node, "MEMCPY")
+        target.call, target.args = CALLS["xpuMemcpy2DDevice"], [dst, dst_pitch, src, src_pitch, width, height, None]
+
+    def xpuGraphExecUpdate(self, graph_exec: Exec, graph: Graph) -> tuple[int]:
+        """The graph's parameters into the instantiation, where the graph has the shape it was instantiated
+        from (as many nodes, the same edges, each node of the same type): a CUgraphExecUpdateResult."""
+        shape = exec_shape(graph)
+        if len(shape) != len(graph_exec.shape) or any(a[1] != b[1] for a, b in zip(shape, graph_exec.shape)):
+            return (ENUMS["CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED"],)
+        if shape != graph_exec.shape:
+            return (ENUMS["CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED"],)
+        try:  # graphs launched within it may have grown
+            graph_exec.depth, graph_exec.work = bounded(graph.nodes)
+        except CudaError:
+            return (ENUMS["CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED"],)
+        for node, copy in zip(graph.nodes, graph_exec.copies.values()):  # both in the order nodes were added
+            copy.call, copy.args = node.call, list(node.args)
+        return (ENUMS["CU_GRAPH_EXEC_UPDATE_SUCCESS"],)
 
     def cuGraphUpload(self, graph_exec: Exec, stream: Any) -> None:
         """Nothing to upload to the sim device."""
