@@ -3,7 +3,11 @@ and threads that call the driver under their own locks never wait for the applic
 
 The other Pythons are whatever this machine has beside the tests' own: Debian's system python3 (a
 static build) and interpreters of other minor versions found on the PATH or under pyenv. Each runs
-NVIDIA's libcudart round trips through the shim built for the tests' Python. The threaded cases
+NVIDIA's libcudart round trips through the shim built for the tests' Python. Conda and uv interpreters
+are not among them: neither installs here (no conda channel is reachable, and uv downloads its
+standalone builds from GitHub). What sets them apart is covered all the same: uv's builds are static,
+as Debian's is, and a conda environment's own libraries are the application's, which the core's
+link-map namespace does not load. The threaded cases
 (tests/programs/thread_check.py) each repeat their race 200 times, bounded in time: they hung or
 deadlocked while the client shared the application's interpreter.
 """
