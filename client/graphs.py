@@ -260,10 +260,26 @@ def cu_graph_node_get_edges(d: Driver, call: Call, args: list[Any]) -> None:
         marshal.put(call.params[-1], count, len(found))
 
 
-def _write_nodes(count_param: Any, array: int, edges: int | None, count: int, found: list[int]) -> None:
+@implements("cuGraphGetEdges")
+def cu_graph_get_edges(d: Driver, call: Call, args: list[Any]) -> None:
+    """The graph's edges as two arrays, from and to; the edges' data (_v2) are the plain edges'."""
+    graph, sources, targets, *edge_data, count = args
+    if not count or bool(sources) != bool(targets) or (edge_data and edge_data[0] and not sources):
+        raise CudaError(errors.INVALID_VALUE, "numEdges, or one of from/to without the other, or edgeData alone")
+    (found,) = d.call(CALLS["xpuGraphListEdges"], [graph, 1])
+    if not sources:
+        marshal.put(call.params[-1], count, len(found) // 2)
+        return
+    room = marshal.get(call.params[-1], count)
+    _write_nodes(call.params[-1], targets, None, count, found[1::2])
+    _write_nodes(call.params[-1], sources, edge_data[0] if edge_data else None, count, found[0::2], room)
+
+
+def _write_nodes(count_param: Any, array: int, edges: int | None, count: int, found: list[int],
+                 room: int | None = None) -> None:
     """As the driver fills a caller's array: as many as it has room for, NULL in the rest of the room, and
     how many it wrote; each edge's data (8 bytes) zero, a plain edge."""
-    room = marshal.get(count_param, count)
+    room = marshal.get(count_param, count) if room is None else room
     written = found[:room]
     marshal.write(array, struct.pack(f"<{len(written)}Q", *written) + bytes(8 * (room - len(written))))
     if edges:

@@ -279,6 +279,7 @@ cuGraphGetNodes             sync
 cuGraphGetRootNodes         sync
 cuGraphNodeGetDependencies  sync
 cuGraphNodeGetDependentNodes sync
+cuGraphGetEdges             sync
 cuGraphInstantiate          sync
 cuGraphInstantiateWithFlags sync
 cuGraphInstantiateWithParams sync
@@ -358,6 +359,7 @@ xpuStreamGetCaptureDependencies(CUstream hStream, void *nodes)                  
 xpuGraphNodeGetContainingGraph(CUgraphNode node, unsigned long long *graph)         sync
 xpuGraphListNodes(CUgraph graph, unsigned int roots, void *nodes)                   sync   nodes=out:*
 xpuGraphNodeListEdges(CUgraphNode node, unsigned int dependents, void *nodes)       sync   nodes=out:*
+xpuGraphListEdges(CUgraph graph, void *edges)                                       sync   edges=out:*
 xpuGraphAddKernelNode(CUgraphNode *node, CUgraph graph, const void *dependencies, size_t numDependencies, \
   CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, \
   unsigned int blockDimY, unsigned int blockDimZ, unsigned int sharedMemBytes, const void *params, \
@@ -398,7 +400,7 @@ DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
 # attributes: xpuLaunchKernelEx), cluster occupancy as xpuOccupancyMaxActiveClusters, host
 # functions as xpuHostFunc, global lookups as cuModuleGetGlobal_v2, captures' ends and beginnings as
 # xpuStream*Capture, every graph instantiation as cuGraphInstantiateWithFlags, node counts as
-# xpuGraphCountNodes, node lists and a node's edges as xpuGraphListNodes and xpuGraphNodeListEdges, a
+# xpuGraphCountNodes, node lists and edges as xpuGraphListNodes, xpuGraphNodeListEdges and xpuGraphListEdges, a
 # node's graph as xpuGraphNodeGetContainingGraph (the client's handle of it), kernel, memset and memcpy
 # nodes as xpuGraphAdd*Node (their structs hold host pointers or a kernel's argument pointers; cuGraphAddNode
 # goes as the call of its node's type; new parameters of those nodes, in a graph or an instantiation, as
@@ -417,7 +419,7 @@ SENT_INSTEAD: dict[str, str | None] = {
     "cuGraphNodeGetContainingGraph": None, "cuGraphNodeGetDependencies": None, "cuGraphNodeGetDependentNodes": None,
     "cuGraphAddNode": None, "cuGraphKernelNodeSetParams": None, "cuGraphMemsetNodeSetParams": None,
     "cuGraphMemcpyNodeSetParams": None, "cuGraphExecKernelNodeSetParams": None, "cuGraphExecMemsetNodeSetParams": None,
-    "cuGraphExecMemcpyNodeSetParams": None, "cuGraphExecUpdate": None,
+    "cuGraphExecMemcpyNodeSetParams": None, "cuGraphExecUpdate": None, "cuGraphGetEdges": None,
     "cuMemcpyHtoA": None, "cuMemcpyHtoAAsync": None, "cuMemcpyAtoH": None, "cuMemcpyAtoHAsync": None,
     "cuMemcpyAtoD": None, "cuMemcpyDtoA": None, "cuMemcpyAtoA": None, "cuArrayCreate": "cuArrayCreate_v2",
     "cuArray3DCreate": "cuArray3DCreate_v2", "cuTexObjectCreate": None, "cuSurfObjectCreate": None,

@@ -590,6 +590,16 @@ class CudaBackend(Backend):
         return (self.named_nodes(lambda nodes, count: fn(handle, nodes, self.ffi.NULL, count),
                                  int(self.ffi.cast("uintptr_t", graph[0]))),)
 
+    def xpuGraphListEdges(self, graph: int) -> tuple[list[int]]:
+        """Each edge as its two nodes' handles, from then to, one after another."""
+        ffi, handle, null = self.ffi, self.ffi.cast("void *", graph), self.ffi.NULL
+        count = ffi.new("size_t *")
+        self.check(self.lib.cuGraphGetEdges_v2(handle, null, null, null, count), "cuGraphGetEdges")
+        sources, targets = ffi.new("void *[]", max(count[0], 1)), ffi.new("void *[]", max(count[0], 1))
+        self.check(self.lib.cuGraphGetEdges_v2(handle, sources, targets, null, count), "cuGraphGetEdges")
+        return ([self.name_handle("CUgraphNode", int(ffi.cast("uintptr_t", end[i])), graph)
+                 for i in range(count[0]) for end in (sources, targets)],)
+
     def named_nodes(self, ask: Callable[[Any, Any], int], graph: int) -> list[int]:
         """The client's handles of the nodes `ask(array, count)` lists (asked twice: how many, then which)."""
         count = self.ffi.new("size_t *")

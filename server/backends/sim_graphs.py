@@ -379,6 +379,11 @@ class SimGraphs(Backend):
         found = [n for n in node.graph.nodes if node in n.deps] if dependents else node.deps
         return ([self.name_handle("CUgraphNode", n, node.graph) for n in found],)
 
+    def xpuGraphListEdges(self, graph: Graph) -> tuple[list[int]]:
+        """Each edge as its two nodes' handles, from then to, one after another."""
+        return ([self.name_handle("CUgraphNode", end, graph) for n in graph.nodes for dep in n.deps
+                 for end in (dep, n)],)
+
     def cuGraphNodeGetType(self, node: Node) -> tuple[int]:
         return (node_type(node),)
 

@@ -267,6 +267,12 @@ def node_queries_clone_and_children() -> None:
           == sorted([int(child_node), int(extra)]), "the memset's dependents")
     check(node_list(cu.cuGraphNodeGetDependencies, copy_node, "cuGraphNodeGetDependencies") == [int(child_node)],
           "the copy's dependency")
+    count = ok(cu.cuGraphGetEdges(graph), "cuGraphGetEdges count")[-1]
+    edges = ok(cu.cuGraphGetEdges(graph, count), "cuGraphGetEdges")
+    pairs = sorted((int(a), int(b)) for a, b in zip(edges[0], edges[1]))
+    want = sorted((int(a), int(b)) for a, b in ((set_node, child_node), (child_node, copy_node), (copy_node, record),
+                                                (record, wait), (set_node, extra)))
+    check(count == 5 and pairs == want, "the graph's edges, from and to", f"{count} {pairs}")
     types = [ok(cu.cuGraphNodeGetType(n), "cuGraphNodeGetType") for n in made]
     check(types == [T.CU_GRAPH_NODE_TYPE_MEMSET, T.CU_GRAPH_NODE_TYPE_GRAPH, T.CU_GRAPH_NODE_TYPE_MEMCPY,
                     T.CU_GRAPH_NODE_TYPE_EVENT_RECORD, T.CU_GRAPH_NODE_TYPE_WAIT_EVENT, T.CU_GRAPH_NODE_TYPE_EMPTY],
