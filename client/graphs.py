@@ -307,12 +307,12 @@ def _node(d: Driver, call: Call, node_out: int, graph: int, deps: int, count: in
     return node, marshal.read(deps, 8 * count) if count else None
 
 
-def _kernel_params(d: Driver, call: Call, params: int) -> list[Any]:
-    """A kernel node's CUDA_KERNEL_NODE_PARAMS (_v2 where the call is), as xpuGraph*Kernel* take it: the
-    function's handle, grid, block, shared bytes, the arguments packed as for launches, their size."""
+def _kernel_params(d: Driver, params: int, v2: bool) -> list[Any]:
+    """A kernel node's CUDA_KERNEL_NODE_PARAMS (or its _v2), as xpuGraph*Kernel* take it: the function's
+    handle, grid, block, shared bytes, the arguments packed as for launches, their size."""
     if not params:
         raise CudaError(errors.INVALID_VALUE, "nodeParams is NULL")
-    if call.symbol.endswith("_v2"):
+    if v2:
         func, gx, gy, gz, bx, by, bz, shared, kernel_params, extra, kern, _ctx = KERNEL_NODE_V2.unpack(
             marshal.read(params, KERNEL_NODE_V2.size))
         func = func or kern
@@ -353,25 +353,28 @@ def _memcpy_params(d: Driver, params: int) -> list[Any]:
 @implements("cuGraphAddKernelNode")
 def cu_graph_add_kernel_node(d: Driver, call: Call, args: list[Any]) -> None:
     node_out, graph, deps, count, params = args
-    kernel = _kernel_params(d, call, params)
-    node, dependencies = _node(d, call, node_out, graph, deps, count)
-    d.post(CALLS["xpuGraphAddKernelNode"], [node, graph, dependencies, count, *kernel], kernel[-1])
+    _add_node(d, call, "xpuGraphAddKernelNode", [node_out, graph, deps, count],
+              _kernel_params(d, params, call.symbol.endswith("_v2")))
 
 
 @implements("cuGraphAddMemsetNode")
 def cu_graph_add_memset_node(d: Driver, call: Call, args: list[Any]) -> None:
     node_out, graph, deps, count, params, _ctx = args
-    memset = _memset_params(params)
-    node, dependencies = _node(d, call, node_out, graph, deps, count)
-    d.post(CALLS["xpuGraphAddMemsetNode"], [node, graph, dependencies, count, *memset])
+    _add_node(d, call, "xpuGraphAddMemsetNode", [node_out, graph, deps, count], _memset_params(params))
 
 
 @implements("cuGraphAddMemcpyNode")
 def cu_graph_add_memcpy_node(d: Driver, call: Call, args: list[Any]) -> None:
     node_out, graph, deps, count, params, _ctx = args
-    copy = _memcpy_params(d, params)
+    _add_node(d, call, "xpuGraphAddMemcpyNode", [node_out, graph, deps, count], _memcpy_params(d, params))
+
+
+def _add_node(d: Driver, call: Call, request: str, added: list[Any], params: list[Any]) -> None:
+    """A kernel, memset or copy node as `request` (xpuGraphAdd*Node) with the node's parameters read."""
+    node_out, graph, deps, count = added
     node, dependencies = _node(d, call, node_out, graph, deps, count)
-    d.post(CALLS["xpuGraphAddMemcpyNode"], [node, graph, dependencies, count, *copy])
+    size = params[-1] if request == "xpuGraphAddKernelNode" else 0  # the kernel's packed arguments
+    d.post(CALLS[request], [node, graph, dependencies, count, *params], size)
 
 
 # ---- new parameters of a node, in its graph or in an instantiation of it (exec 0: the graph's node) ------
@@ -385,7 +388,7 @@ def _target(call: Call, args: list[Any]) -> tuple[int, int, list[Any]]:
 @implements("cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams")
 def cu_graph_kernel_node_set_params(d: Driver, call: Call, args: list[Any]) -> None:
     graph_exec, node, (params,) = _target(call, args)
-    kernel = _kernel_params(d, call, params)
+    kernel = _kernel_params(d, params, call.symbol.endswith("_v2"))
     d.post(CALLS["xpuGraphNodeSetKernel"], [graph_exec, node, *kernel], kernel[-1])
 
 
@@ -439,13 +442,11 @@ def cu_graph_add_node(d: Driver, call: Call, args: list[Any]) -> None:
     union = params + PARAMS_AT
     added = [node_out, graph, deps, count]
     if kind == NODE_TYPE["KERNEL"]:  # CUDA_KERNEL_NODE_PARAMS_v3, laid out as _v2
-        cu_graph_add_kernel_node(d, CALLS["cuGraphAddKernelNode_v2"], [*added, union])
+        _add_node(d, call, "xpuGraphAddKernelNode", added, _kernel_params(d, union, True))
     elif kind == NODE_TYPE["MEMSET"]:  # CUDA_MEMSET_NODE_PARAMS_v2: the _v1 fields, then the context
-        ctx = int.from_bytes(marshal.read(union + MEMSET_NODE.size, 8), "little")
-        cu_graph_add_memset_node(d, CALLS["cuGraphAddMemsetNode"], [*added, union, ctx])
+        _add_node(d, call, "xpuGraphAddMemsetNode", added, _memset_params(union))
     elif kind == NODE_TYPE["MEMCPY"]:  # CUDA_MEMCPY_NODE_PARAMS: flags, reserved, the context, CUDA_MEMCPY3D
-        ctx = int.from_bytes(marshal.read(union + 8, 8), "little")
-        cu_graph_add_memcpy_node(d, CALLS["cuGraphAddMemcpyNode"], [*added, union + 16, ctx])
+        _add_node(d, call, "xpuGraphAddMemcpyNode", added, _memcpy_params(d, union + 16))
     elif kind == NODE_TYPE["EMPTY"]:
         d.forward(CALLS["cuGraphAddEmptyNode"], added)
     elif kind in (NODE_TYPE["GRAPH"], NODE_TYPE["WAIT_EVENT"], NODE_TYPE["EVENT_RECORD"]):
