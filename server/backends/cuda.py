@@ -637,38 +637,32 @@ class CudaBackend(Backend):
         node = KERNEL_NODE_V2.pack(func, *grid_block_shared, 0, int(ffi.cast("uintptr_t", extra)), 0, 0)
         return ffi.from_buffer(node), (buf, size, extra, node)
 
+    def set_node_params(self, kind: str, graph_exec: int | None, node: int, params: Any) -> None:
+        """cuGraph{kind}NodeSetParams on a graph's node, or cuGraphExec{kind}NodeSetParams on its copy in an
+        instantiation (whose memset and copy forms also name the current context)."""
+        handle, where = self.ffi.cast("void *", node), "" if graph_exec is None else "Exec"
+        name = f"cuGraph{where}{kind}NodeSetParams" + ("_v2" if kind == "Kernel" else "")
+        if graph_exec is None:
+            args: tuple[Any, ...] = (handle, params)
+        else:
+            ctx = () if kind == "Kernel" else (self.out("void **", "cuCtxGetCurrent", self.lib.cuCtxGetCurrent),)
+            args = (self.ffi.cast("void *", graph_exec), handle, params, *ctx)
+        self.check(getattr(self.lib, name)(*args), name)
+
     def xpuGraphNodeSetKernel(self, graph_exec: int | None, node: int, func: int, gx: int, gy: int, gz: int,
                               bx: int, by: int, bz: int, shared: int, params: bytes, param_bytes: int) -> None:
         struct_, _alive = self.kernel_node(func, (gx, gy, gz, bx, by, bz, shared), params)
-        handle = self.ffi.cast("void *", node)
-        if graph_exec is None:
-            self.check(self.lib.cuGraphKernelNodeSetParams_v2(handle, struct_), "cuGraphKernelNodeSetParams")
-        else:
-            self.check(self.lib.cuGraphExecKernelNodeSetParams_v2(self.ffi.cast("void *", graph_exec), handle,
-                                                                  struct_), "cuGraphExecKernelNodeSetParams")
+        self.set_node_params("Kernel", graph_exec, node, struct_)
 
     def xpuGraphNodeSetMemset(self, graph_exec: int | None, node: int, dst: int, pitch: int, value: int,
                               element: int, width: int, height: int) -> None:
         params = self.ffi.from_buffer(MEMSET_NODE.pack(dst, pitch, value, element, width, height))
-        handle = self.ffi.cast("void *", node)
-        if graph_exec is None:
-            self.check(self.lib.cuGraphMemsetNodeSetParams(handle, params), "cuGraphMemsetNodeSetParams")
-        else:
-            ctx = self.out("void **", "cuCtxGetCurrent", self.lib.cuCtxGetCurrent)
-            self.check(self.lib.cuGraphExecMemsetNodeSetParams(self.ffi.cast("void *", graph_exec), handle, params,
-                                                               ctx), "cuGraphExecMemsetNodeSetParams")
+        self.set_node_params("Memset", graph_exec, node, params)
 
     def xpuGraphNodeSetMemcpy(self, graph_exec: int | None, node: int, dst: int, dst_pitch: int, src: int,
                               src_pitch: int, width: int, height: int) -> None:
-        copy = self.ffi.from_buffer(MEMCPY3D.pack(0, 0, 0, 0, DEVICE, 0, src, 0, src_pitch, height,
-                                                  0, 0, 0, 0, DEVICE, 0, dst, 0, dst_pitch, height, width, height, 1))
-        handle = self.ffi.cast("void *", node)
-        if graph_exec is None:
-            self.check(self.lib.cuGraphMemcpyNodeSetParams(handle, copy), "cuGraphMemcpyNodeSetParams")
-        else:
-            ctx = self.out("void **", "cuCtxGetCurrent", self.lib.cuCtxGetCurrent)
-            self.check(self.lib.cuGraphExecMemcpyNodeSetParams(self.ffi.cast("void *", graph_exec), handle, copy,
-                                                               ctx), "cuGraphExecMemcpyNodeSetParams")
+        copy = self.ffi.from_buffer(device_copy(dst, dst_pitch, src, src_pitch, width, height))
+        self.set_node_params("Memcpy", graph_exec, node, copy)
 
     def xpuGraphExecUpdate(self, graph_exec: int, graph: int) -> tuple[int]:
         """The driver's CUgraphExecUpdateResult; its failure status is the client's to raise, after the result."""
@@ -688,6 +682,11 @@ class CudaBackend(Backend):
     def xpuGraphAddMemcpyNode(self, graph: int, deps: bytes | None, count: int, dst: int, dst_pitch: int,
                               src: int, src_pitch: int, width: int, height: int) -> tuple[int]:
         ctx = self.out("void **", "cuCtxGetCurrent", self.lib.cuCtxGetCurrent)
-        copy = MEMCPY3D.pack(0, 0, 0, 0, DEVICE, 0, src, 0, src_pitch, height,
-                             0, 0, 0, 0, DEVICE, 0, dst, 0, dst_pitch, height, width, height, 1)
-        return self.add_node(self.lib.cuGraphAddMemcpyNode, graph, deps, count, self.ffi.from_buffer(copy), ctx)
+        copy = self.ffi.from_buffer(device_copy(dst, dst_pitch, src, src_pitch, width, height))
+        return self.add_node(self.lib.cuGraphAddMemcpyNode, graph, deps, count, copy, ctx)
+
+
+def device_copy(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int) -> bytes:
+    """A CUDA_MEMCPY3D of one rectangle of device memory to device memory (a graph's copy node)."""
+    return MEMCPY3D.pack(0, 0, 0, 0, DEVICE, 0, src, 0, src_pitch, height,
+                         0, 0, 0, 0, DEVICE, 0, dst, 0, dst_pitch, height, width, height, 1)

@@ -140,6 +140,19 @@ def node_type(node: Node) -> int:
     return ENUMS[f"CU_GRAPH_NODE_TYPE_{name}"]
 
 
+# what a kernel, memset or copy node runs: the call and its arguments, as a launch or a stream's work would be
+def kernel_work(func: Any, grid_block_shared: tuple[int, ...], params: bytes, size: int) -> tuple[Call, list[Any]]:
+    return CALLS["xpuLaunchKernel"], [func, *grid_block_shared, None, bytes(params), size, 0]
+
+
+def memset_work(dst: int, pitch: int, value: int, element: int, width: int, height: int) -> tuple[Call, list[Any]]:
+    return CALLS[f"cuMemsetD2D{8 * element}Async"], [dst, pitch, value, width, height, None]
+
+
+def memcpy_work(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, height: int) -> tuple[Call, list[Any]]:
+    return CALLS["xpuMemcpy2DDevice"], [dst, dst_pitch, src, src_pitch, width, height, None]
+
+
 def bounded(nodes: list[Node]) -> tuple[int, int]:
     """How deep the graphs launched within these nodes go, and how many nodes one launch of them runs; refused
     past what the sim runs (MAX_DEPTH, MAX_WORK)."""
@@ -356,18 +369,18 @@ class SimGraphs(Backend):
     def xpuGraphAddKernelNode(self, graph: Graph, deps: bytes | None, count: int, func: Any, gx: int, gy: int,
                               gz: int, bx: int, by: int, bz: int, shared: int, params: bytes,
                               param_bytes: int) -> tuple[Node]:
-        args = [func, gx, gy, gz, bx, by, bz, shared, None, bytes(params), param_bytes, 0]
-        return (self.add_node(graph, CALLS["xpuLaunchKernel"], args, self.nodes(deps, count)),)
+        call, args = kernel_work(func, (gx, gy, gz, bx, by, bz, shared), params, param_bytes)
+        return (self.add_node(graph, call, args, self.nodes(deps, count)),)
 
     def xpuGraphAddMemsetNode(self, graph: Graph, deps: bytes | None, count: int, dst: int, pitch: int, value: int,
                               element: int, width: int, height: int) -> tuple[Node]:
-        call = CALLS[f"cuMemsetD2D{8 * element}Async"]
-        return (self.add_node(graph, call, [dst, pitch, value, width, height, None], self.nodes(deps, count)),)
+        call, args = memset_work(dst, pitch, value, element, width, height)
+        return (self.add_node(graph, call, args, self.nodes(deps, count)),)
 
     def xpuGraphAddMemcpyNode(self, graph: Graph, deps: bytes | None, count: int, dst: int, dst_pitch: int,
                               src: int, src_pitch: int, width: int, height: int) -> tuple[Node]:
-        args = [dst, dst_pitch, src, src_pitch, width, height, None]
-        return (self.add_node(graph, CALLS["xpuMemcpy2DDevice"], args, self.nodes(deps, count)),)
+        call, args = memcpy_work(dst, dst_pitch, src, src_pitch, width, height)
+        return (self.add_node(graph, call, args, self.nodes(deps, count)),)
 
     def xpuGraphCountNodes(self, graph: Graph, roots: int) -> tuple[int]:
         return (sum(1 for n in graph.nodes if not roots or not n.deps),)
@@ -444,17 +457,17 @@ class SimGraphs(Backend):
         if target.call is not CALLS["xpuLaunchKernel"]:
             raise CudaError(errors.NOT_SUPPORTED, "new parameters for a kernel node that is not a plain launch "
                             "(a captured library call, or a launch with attributes) are not forwarded")
-        target.args = [func, gx, gy, gz, bx, by, bz, shared, None, bytes(params), param_bytes, 0]
+        target.call, target.args = kernel_work(func, (gx, gy, gz, bx, by, bz, shared), params, param_bytes)
 
     def xpuGraphNodeSetMemset(self, graph_exec: Exec | None, node: Node, dst: int, pitch: int, value: int,
                               element: int, width: int, height: int) -> None:
         target = self.target(graph_exec, node, "MEMSET")
-        target.call, target.args = CALLS[f"cuMemsetD2D{8 * element}Async"], [dst, pitch, value, width, height, None]
+        target.call, target.args = memset_work(dst, pitch, value, element, width, height)
 
     def xpuGraphNodeSetMemcpy(self, graph_exec: Exec | None, node: Node, dst: int, dst_pitch: int, src: int,
                               src_pitch: int, width: int, height: int) -> None:
         target = self.target(graph_exec, node, "MEMCPY")
-        target.call, target.args = CALLS["xpuMemcpy2DDevice"], [dst, dst_pitch, src, src_pitch, width, height, None]
+        target.call, target.args = memcpy_work(dst, dst_pitch, src, src_pitch, width, height)
 
     def xpuGraphExecUpdate(self, graph_exec: Exec, graph: Graph) -> tuple[int]:
         """The graph's parameters into the instantiation, where the graph has the shape it was instantiated
