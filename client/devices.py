@@ -250,7 +250,10 @@ def cu_device_primary_ctx_retain(d: Driver, call: Call, args: list[Any]) -> None
 
 @implements("cuDevicePrimaryCtxRelease")
 def cu_device_primary_ctx_release(d: Driver, call: Call, args: list[Any]) -> None:
-    (dev,) = args
+    release_primary(d, args[0])
+
+
+def release_primary(d: Driver, dev: int) -> None:
     with d.lock:
         p = primary(d, dev)
         if p.retains == 0:
@@ -303,7 +306,7 @@ def cu_ctx_create(d: Driver, call: Call, args: list[Any]) -> None:
 def cu_ctx_destroy(d: Driver, call: Call, args: list[Any]) -> None:
     (handle,) = args
     ctx = d.ctxs.get(handle)
-    if ctx is None or ctx.primary:
+    if ctx is None or ctx.primary or ctx.green:
         raise CudaError(errors.INVALID_CONTEXT, f"{handle:#x} is not a context made by cuCtxCreate")
     if d.lane is not None:
         d.lane.context(handle, ready=False)

@@ -101,6 +101,8 @@ class Context:
     flags: int = 0
     primary: bool = False
     ident: int = 0
+    green: int = 0  # a green context's own handle (it is its CUcontext too), or 0
+    sms: int = 0  # a green context's SMs (bit i: SM i)
 
 
 @dataclass
@@ -382,6 +384,6 @@ def handler(call: Call) -> Callable[[Any], int]:
 
 def handlers() -> list[Callable[[Any], int]]:
     """One handler per shim op number (the sorted exported symbols)."""
-    from . import arrays, devices, graphs, memory, modules, pools, streams, vmm  # noqa: F401  (they register implementations)
+    from . import arrays, devices, graphs, green, memory, modules, pools, streams, vmm  # noqa: F401  (they register implementations)
 
     return [handler(CALLS[s]) for s in SYMBOLS]

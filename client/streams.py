@@ -27,8 +27,9 @@ def streams(d: Driver) -> dict[int, Stream]:
     return d.state.setdefault("streams", {})
 
 
-def create(d: Driver, call: Call, args: list[Any], flags: int, priority: int) -> None:
-    ctx = d.current_ctx()
+def create(d: Driver, call: Call, args: list[Any], flags: int, priority: int, ctx: int = 0) -> None:
+    """A stream in `ctx` (a green context's), or else in the current context."""
+    ctx = ctx or d.current_ctx()
     d.forward(call, args)
     handle = marshal.get(call.params[0], args[0])
     streams(d)[handle] = Stream(flags, priority, ctx, len(streams(d)) + 16)
@@ -80,9 +81,12 @@ def cu_stream_get_priority(d: Driver, call: Call, args: list[Any]) -> None:
 
 @implements("cuStreamGetCtx")
 def cu_stream_get_ctx(d: Driver, call: Call, args: list[Any]) -> None:
-    marshal.put_u64(args[1], stream(d, args[0]).ctx)
+    """_v2 names a green context's stream by the green context and its device's primary context."""
+    ctx = stream(d, args[0]).ctx
+    green = d.ctxs[ctx].green if len(args) > 2 and ctx in d.ctxs else 0
+    marshal.put_u64(args[1], d.primaries[d.ctxs[ctx].device].handle if green else ctx)
     if len(args) > 2 and args[2]:
-        marshal.put_u64(args[2], 0)  # not a green context
+        marshal.put_u64(args[2], green)
 
 
 @implements("cuStreamGetId")

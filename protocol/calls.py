@@ -89,6 +89,24 @@ cuCtxSetCacheConfig         async
 cuCtxGetStreamPriorityRange sync    leastPriority=out? greatestPriority=out?
 cuCtxResetPersistingL2Cache async
 cuCtxGetExecAffinity        sync
+# device resources and green contexts (client/green.py): a resource is a set of SMs the client describes, so
+# asking, splitting and making descriptors are local; a green context is provisioned on the server with its
+# SMs (xpuGreenCtxCreate); its handle, the client's, is also the CUcontext that stands for it
+cuDeviceGetDevResource      local
+cuCtxGetDevResource         local
+cuGreenCtxGetDevResource    local
+cuStreamGetDevResource      local
+cuDevSmResourceSplitByCount local
+cuDevSmResourceSplit        local
+cuDevResourceGenerateDesc   local
+cuGreenCtxCreate            shadow
+cuGreenCtxDestroy           async
+cuCtxFromGreenCtx           local
+cuGreenCtxGetId             local
+cuGreenCtxStreamCreate      shadow
+cuStreamGetGreenCtx         local
+cuGreenCtxRecordEvent       async
+cuGreenCtxWaitEvent         async
 # memory
 cuMemAlloc                  sync
 cuMemAllocPitch             sync
@@ -352,6 +370,7 @@ xpuTexObjectCreate(unsigned long long *object, CUarray array, const void *resDes
   const void *viewDesc)                                                              sync   resDesc=in:144 \
                                                                                      texDesc=in:104 viewDesc=in?:112
 xpuSurfObjectCreate(unsigned long long *object, CUarray array, const void *resDesc) sync   resDesc=in:144
+xpuGreenCtxCreate(CUgreenCtx *green, CUdevice dev, const void *sms, unsigned int flags) shadow sms=in:64
 xpuStreamBeginCapture(CUgraph *graph, CUstream hStream, unsigned int mode)         shadow
 xpuStreamEndCapture(CUstream hStream, unsigned long long graph)                     sync
 xpuGraphCountNodes(CUgraph graph, unsigned int roots, size_t *count)                sync
@@ -404,7 +423,8 @@ DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
 # node's graph as xpuGraphNodeGetContainingGraph (the client's handle of it), kernel, memset and memcpy
 # nodes as xpuGraphAdd*Node (their structs hold host pointers or a kernel's argument pointers; cuGraphAddNode
 # goes as the call of its node's type; new parameters of those nodes, in a graph or an instantiation, as
-# xpuGraphNodeSet*; an instantiation's update as xpuGraphExecUpdate), 3D peer copies as 3D copies; the
+# xpuGraphNodeSet*; an instantiation's update as xpuGraphExecUpdate), 3D peer copies as 3D copies, green
+# contexts as xpuGreenCtxCreate (with the SMs their descriptor gives: descriptors are the client's); the
 # older CTC loss forms read host arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
 SENT_INSTEAD: dict[str, str | None] = {
     "cuMemcpy": None, "cuMemcpyAsync": None, "cuMemcpy2D": None, "cuMemcpy2DUnaligned": None,
@@ -423,6 +443,7 @@ SENT_INSTEAD: dict[str, str | None] = {
     "cuMemcpyHtoA": None, "cuMemcpyHtoAAsync": None, "cuMemcpyAtoH": None, "cuMemcpyAtoHAsync": None,
     "cuMemcpyAtoD": None, "cuMemcpyDtoA": None, "cuMemcpyAtoA": None, "cuArrayCreate": "cuArrayCreate_v2",
     "cuArray3DCreate": "cuArray3DCreate_v2", "cuTexObjectCreate": None, "cuSurfObjectCreate": None,
+    "cuGreenCtxCreate": None,
     "cudnnCTCLoss": "cudnnCTCLoss_v8", "cudnnGetCTCLossWorkspaceSize": "cudnnGetCTCLossWorkspaceSize_v8",
 }
 # Releases whose first argument is not a handle (see Call.releases; destroys are releases too).

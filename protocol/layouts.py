@@ -38,3 +38,11 @@ RESOURCE_LINEAR = struct.Struct("<QIIQ")
 RESOURCE_PITCH2D = struct.Struct("<QIIQQQ")
 RESOURCE_ARRAY, RESOURCE_MIPMAPPED, RESOURCE_LINEAR_TYPE, RESOURCE_PITCH2D_TYPE = 0, 1, 2, 3
 TEXTURE_DESC_SIZE, RESOURCE_VIEW_DESC_SIZE = 104, 112
+# CUdevResource: CUdevResourceType, 92 bytes the driver keeps for itself, a 40-byte union (for SMs:
+# smCount, minSmPartitionSize, smCoscheduledAlignment, flags, localityDomainId), the nextResource pointer
+DEV_RESOURCE = struct.Struct("<I92s40sQ")
+SM_RESOURCE = struct.Struct("<5I20x")
+# CU_DEV_SM_RESOURCE_GROUP_PARAMS: smCount, coscheduledSmCount, preferredCoscheduledSmCount, flags,
+# localityDomainId, 11 reserved
+SM_GROUP_PARAMS = struct.Struct("<5I44x")
+SM_MASK_BYTES = 64  # a set of SMs on the wire (xpuGreenCtxCreate): one bit an SM, SM 0 the lowest bit

@@ -47,8 +47,10 @@ SERVER_HANDLE_BASE = 0x5E00_0000_0000
 LANE, SET_CONTEXT = CALLS["xpuLane"], CALLS["cuCtxSetCurrent"]
 # a CUkernel works as a CUfunction; the runtime's stream and event types are the driver's; a
 # cuBLAS handle is a cuBLASLt handle too (NVIDIA documents the cast, and PyTorch makes it)
+# handle types that share one kind of handle: a green context is also the CUcontext that stands for it, as the
+# driver's is (cudart hands out the context and destroys it as the green context)
 HANDLE_FAMILIES = {"CUkernel": "CUfunction", "cudaStream_t": "CUstream", "cudaEvent_t": "CUevent",
-                   "cublasLtHandle_t": "cublasHandle_t"}
+                   "cublasLtHandle_t": "cublasHandle_t", "CUgreenCtx": "CUcontext"}
 
 
 class Session:

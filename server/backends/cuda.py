@@ -30,6 +30,7 @@ from xpuremote.protocol.layouts import (
     ARRAY3D_DESCRIPTOR,
     ARRAY_DESCRIPTOR,
     ARRAY_FORMAT_BYTES,
+    DEV_RESOURCE,
     EVENT_ATTRIBUTES,
     KERNEL_NODE_V2,
     LAUNCH_ATTRIBUTE,
@@ -38,12 +39,15 @@ from xpuremote.protocol.layouts import (
     MEMCPY3D,
     MEMSET_NODE,
     RESOURCE_ARRAY,
+    SM_RESOURCE,
 )
 
 from .base import CAPTURE_REFUSED, Backend, DeviceInfo, Inventory, check_module_image, launch_attributes
 from .nvml_status import NvmlStatus
 
 RELAXED = ENUMS["CU_STREAM_CAPTURE_MODE_RELAXED"]
+SM_RESOURCE_TYPE = ENUMS["CU_DEV_RESOURCE_TYPE_SM"]
+IGNORE_COSCHEDULING = ENUMS["CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING"]
 ARRAY_CLEAR_BYTES = 16 << 20  # host zeros copied at a time into a new CUDA array
 C_INT = {(1, 0): "uint8_t", (1, 1): "int8_t", (2, 0): "uint16_t", (2, 1): "int16_t",
          (4, 0): "uint32_t", (4, 1): "int32_t", (8, 0): "uint64_t", (8, 1): "int64_t"}
@@ -87,9 +91,10 @@ def library_path(lib: mathlibs.Library) -> str:
     return lib.soname
 
 
-# driver calls written by hand: the image cache must hear of unloads, and a kernel's handle here is
-# the CUfunction of its module (xpuModuleGetFunction), so the cuKernel* calls take their cuFunc* forms
-OWN = ("cuModuleUnload", "cuKernelGetAttribute", "cuKernelSetAttribute", "cuKernelSetCacheConfig")
+# driver calls written by hand: the image cache must hear of unloads, a kernel's handle here is the
+# CUfunction of its module (xpuModuleGetFunction), so the cuKernel* calls take their cuFunc* forms, and a
+# green context's CUcontext is forgotten with it
+OWN = ("cuModuleUnload", "cuKernelGetAttribute", "cuKernelSetAttribute", "cuKernelSetCacheConfig", "cuGreenCtxDestroy")
 
 
 class CudaBackend(Backend):
@@ -103,6 +108,7 @@ class CudaBackend(Backend):
         self.modules: dict[bytes, int] = {}  # content hash -> CUmodule, within this session
         self.nvml: NvmlStatus | None = None  # loaded on the first xpuDeviceStatus
         self.libraries: dict[str, Any] = {}  # math library name -> its cffi handle, loaded on first use
+        self.green_contexts: dict[int, Any] = {}  # green context -> the CUcontext that stands for it
         self.check(self.lib.cuInit(0), "cuInit")
 
     def check(self, status: int, what: str, library: str = "cuda") -> None:
@@ -333,6 +339,8 @@ class CudaBackend(Backend):
         """(C argument, output buffer or None) for one parameter."""
         ffi = self.ffi
         if p.kind == "handle":
+            if p.ctype == "CUcontext" and value in self.green_contexts:  # a green context, as a CUcontext
+                return self.green_contexts[value], None
             return ffi.cast("void *", value or 0), None
         if p.kind == "struct":
             return ffi.new(f"xpu_struct{p.size} *", {"b": bytes(value)})[0], None
@@ -537,6 +545,37 @@ class CudaBackend(Backend):
         value = self.ffi.new("uint64_t *")
         self.check(self.lib.cuSurfObjectCreate(value, self.real_resource(array, res)), "cuSurfObjectCreate")
         return (int(value[0]),)
+
+    # ---- green contexts ---------------------------------------------------------------------------------
+    def xpuGreenCtxCreate(self, dev: int, sms: bytes, flags: int) -> tuple[int, int]:
+        """A green context on the client's set of SMs (bit i: SM i): the device split into the driver's
+        smallest groups, in SM order, and the groups (and the split's remainder) that hold any SM of the
+        set. A group may reach past the set: the driver rounds partitions up, as its own splits do."""
+        ffi, lib, size = self.ffi, self.lib, DEV_RESOURCE.size
+        whole, count = ffi.new(f"char[{size}]"), ffi.new("unsigned int *")
+        self.check(lib.cuDeviceGetDevResource(dev, whole, SM_RESOURCE_TYPE), "cuDeviceGetDevResource")
+        split = lib.cuDevSmResourceSplitByCount
+        self.check(split(ffi.NULL, count, whole, ffi.NULL, IGNORE_COSCHEDULING, 1), "cuDevSmResourceSplitByCount")
+        groups, rest = ffi.new(f"char[{size * max(count[0], 1)}]"), ffi.new(f"char[{size}]")
+        self.check(split(groups, count, whole, rest, IGNORE_COSCHEDULING, 1), "cuDevSmResourceSplitByCount")
+        raw = bytes(ffi.buffer(groups, size * count[0])) + bytes(ffi.buffer(rest))
+        mask, first, chosen = int.from_bytes(bytes(sms), "little"), 0, []
+        for part in (raw[i:i + size] for i in range(0, len(raw), size)):
+            n = SM_RESOURCE.unpack(DEV_RESOURCE.unpack(part)[2])[0]
+            if mask >> first & ((1 << n) - 1):
+                chosen.append(part)
+            first += n
+        desc = self.out("void **", "cuDevResourceGenerateDesc", lib.cuDevResourceGenerateDesc,
+                        ffi.from_buffer(b"".join(chosen)), len(chosen))
+        green = self.out("void **", "cuGreenCtxCreate", lib.cuGreenCtxCreate, desc, dev, flags)
+        ctx = self.out("void **", "cuCtxFromGreenCtx", lib.cuCtxFromGreenCtx, green)
+        handle = int(ffi.cast("uintptr_t", green))
+        self.green_contexts[handle] = ctx  # the client names both by one handle
+        return (handle,)
+
+    def cuGreenCtxDestroy(self, green: int) -> None:
+        self.check(self.lib.cuGreenCtxDestroy(self.ffi.cast("void *", green)), "cuGreenCtxDestroy")
+        self.green_contexts.pop(green, None)
 
     # ---- stream capture and graphs: the capture is the driver's. Every capture is RELAXED here: this one
     # thread serves all of the client's threads, whose modes the client keeps (client/graphs.py).

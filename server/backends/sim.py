@@ -227,6 +227,11 @@ class Context:
 
 
 @dataclass
+class GreenContext(Context):  # also the CUcontext that stands for it
+    sms: int = 0  # how many SMs it was provisioned with
+
+
+@dataclass
 class Module:
     kernels: dict[str, fatbin.Kernel]
     globals: dict[str, int]  # name -> device address
@@ -354,6 +359,25 @@ class SimBackend(SimGraphs, SimArrays):
     def cuCtxDestroy(self, ctx: Context) -> None:
         if self.current is ctx:
             self.current = None
+
+    def xpuGreenCtxCreate(self, dev: int, sms: bytes, flags: int) -> tuple[GreenContext]:
+        """A green context of the SMs in the mask (which the sim does not model beyond their count)."""
+        mask = int.from_bytes(sms, "little")
+        if not mask or mask.bit_length() > DEVICE_ATTRIBUTES["MULTIPROCESSOR_COUNT"]:
+            raise CudaError(errors.INVALID_VALUE, f"SM set {mask:#x} is empty or beyond the device's SMs")
+        return (GreenContext(self._device(dev), sms=mask.bit_count()),)
+
+    def cuGreenCtxDestroy(self, green: GreenContext) -> None:
+        self.cuCtxDestroy(green)
+
+    def cuGreenCtxStreamCreate(self, green: GreenContext, flags: int, priority: int) -> tuple[Stream]:
+        return (Stream(flags, priority),)
+
+    def cuGreenCtxRecordEvent(self, green: GreenContext, event: Event) -> None:
+        event.recorded_at = time.perf_counter()
+
+    def cuGreenCtxWaitEvent(self, green: GreenContext, event: Event) -> None:
+        pass
 
     def cuCtxSetCurrent(self, ctx: Context | None) -> None:
         self.current = ctx
