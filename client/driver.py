@@ -384,6 +384,6 @@ def handler(call: Call) -> Callable[[Any], int]:
 
 def handlers() -> list[Callable[[Any], int]]:
     """One handler per shim op number (the sorted exported symbols)."""
-    from . import arrays, devices, graphs, green, memory, modules, pools, streams, vmm  # noqa: F401  (they register implementations)
+    from . import arrays, coredump, devices, graphs, green, memory, modules, pools, streams, vmm  # noqa: F401  (they register implementations)
 
     return [handler(CALLS[s]) for s in SYMBOLS]

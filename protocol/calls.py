@@ -64,6 +64,11 @@ cuDeviceCanAccessPeer       local
 cuDeviceGetDefaultMemPool   sync
 cuDeviceGetTexture1DLinearMaxWidth sync
 cuDeviceGetExecAffinitySupport local
+# GPU coredump settings (client/coredump.py): kept by the client; those that would make a dump are refused
+cuCoredumpGetAttribute      local
+cuCoredumpGetAttributeGlobal local
+cuCoredumpSetAttribute      local
+cuCoredumpSetAttributeGlobal local
 # primary contexts and contexts
 cuDevicePrimaryCtxRetain    shadow
 cuDevicePrimaryCtxRelease   async

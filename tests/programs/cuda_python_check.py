@@ -386,6 +386,32 @@ def error_strings() -> None:
 
 
 @section
+def coredump_settings() -> None:
+    """Kept and read back, globally and per context; making a dump is refused under xpuremote (it would be
+    written on the server's machine)."""
+    dump = cu.CUcoredumpSettings
+    default_file = ok(cu.cuCoredumpGetAttributeGlobal(dump.CU_COREDUMP_FILE), "cuCoredumpGetAttributeGlobal FILE")
+    check(default_file.startswith(b"core.cuda.") and default_file.endswith(str(os.getpid()).encode()),
+          "the default coredump file is core.cuda.HOST.PID", repr(default_file))
+    check(ok(cu.cuCoredumpGetAttributeGlobal(dump.CU_COREDUMP_TRIGGER_HOST), "TRIGGER_HOST") is True,
+          "TRIGGER_HOST is true by default")
+    for attrib, value in ((dump.CU_COREDUMP_TRIGGER_HOST, False), (dump.CU_COREDUMP_FILE, b"corefile"),
+                          (dump.CU_COREDUMP_PIPE, b"corepipe"), (dump.CU_COREDUMP_LIGHTWEIGHT, True),
+                          (dump.CU_COREDUMP_GENERATION_FLAGS, 6)):
+        ok(cu.cuCoredumpSetAttributeGlobal(attrib, value), f"cuCoredumpSetAttributeGlobal {attrib!r}")
+        got = ok(cu.cuCoredumpGetAttributeGlobal(attrib), f"cuCoredumpGetAttributeGlobal {attrib!r}")
+        check(got == value, f"{attrib!r} reads back as set", f"{got!r}")
+    ok(cu.cuCoredumpSetAttribute(dump.CU_COREDUMP_FILE, b"context.core"), "cuCoredumpSetAttribute FILE")
+    check(ok(cu.cuCoredumpGetAttribute(dump.CU_COREDUMP_FILE), "cuCoredumpGetAttribute") == b"context.core",
+          "the context's own file")
+    check(ok(cu.cuCoredumpGetAttributeGlobal(dump.CU_COREDUMP_FILE), "global FILE") == b"corefile",
+          "the process's file is unchanged")
+    if XPUREMOTE:
+        (err,) = cu.cuCoredumpSetAttributeGlobal(dump.CU_COREDUMP_ENABLE_ON_EXCEPTION, True)
+        check(err == cu.CUresult.CUDA_ERROR_NOT_SUPPORTED, "enabling GPU coredumps is refused", repr(err))
+
+
+@section
 def unsupported() -> None:
     if not XPUREMOTE:
         return
