@@ -24,7 +24,14 @@ from xpuremote.protocol import errors
 from xpuremote.protocol.calls import CALLS, DEFAULT_STREAMS, Call
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
-from xpuremote.protocol.layouts import INSTANTIATE_PARAMS, KERNEL_NODE, KERNEL_NODE_V2, MEMCPY3D, MEMSET_NODE
+from xpuremote.protocol.layouts import (
+    CONDITIONAL_NODE,
+    INSTANTIATE_PARAMS,
+    KERNEL_NODE,
+    KERNEL_NODE_V2,
+    MEMCPY3D,
+    MEMSET_NODE,
+)
 
 from . import marshal, modules
 from .driver import Driver, implements
@@ -425,8 +432,10 @@ def cu_graph_exec_update(d: Driver, call: Call, args: list[Any]) -> None:
                         f"(CUgraphExecUpdateResult {result})")
 
 
-NODE_TYPE = {name: ENUMS[f"CU_GRAPH_NODE_TYPE_{name}"]
-             for name in ("KERNEL", "MEMCPY", "MEMSET", "GRAPH", "EMPTY", "WAIT_EVENT", "EVENT_RECORD")}
+NODE_TYPE = {name: ENUMS[f"CU_GRAPH_NODE_TYPE_{name}"] for name in (
+    "KERNEL", "MEMCPY", "MEMSET", "GRAPH", "EMPTY", "WAIT_EVENT", "EVENT_RECORD", "CONDITIONAL")}
+BODIES = {ENUMS["CU_GRAPH_COND_TYPE_IF"]: (1, 2), ENUMS["CU_GRAPH_COND_TYPE_WHILE"]: (1, 1),
+          ENUMS["CU_GRAPH_COND_TYPE_SWITCH"]: (1, 1 << 16)}  # how many body graphs each type may have
 PARAMS_AT = 16  # CUgraphNodeParams: the node's type, 12 reserved bytes, then the union of every type's parameters
 
 
@@ -454,8 +463,26 @@ def cu_graph_add_node(d: Driver, call: Call, args: list[Any]) -> None:
         symbol = {NODE_TYPE["GRAPH"]: "cuGraphAddChildGraphNode", NODE_TYPE["WAIT_EVENT"]: "cuGraphAddEventWaitNode",
                   NODE_TYPE["EVENT_RECORD"]: "cuGraphAddEventRecordNode"}[kind]
         d.forward(CALLS[symbol], [*added, handle])
+    elif kind == NODE_TYPE["CONDITIONAL"]:
+        _add_conditional(d, call, added, union)
     else:
         raise CudaError(errors.NOT_SUPPORTED, f"graph nodes of type {kind} (CUgraphNodeType) are not forwarded yet")
+
+
+def _add_conditional(d: Driver, call: Call, added: list[Any], params: int) -> None:
+    """A conditional node: its body graphs are made and named by the server; the array that lists them is the
+    client's, kept for the process (the driver's lives as long as the node), its address written in `params`."""
+    node_out, graph, deps, count = added
+    handle, kind, size, _, _ = CONDITIONAL_NODE.unpack(marshal.read(params, CONDITIONAL_NODE.size))
+    low, high = BODIES.get(kind, (1, 0))
+    if not node_out or not graph or (count and not deps) or not low <= size <= high:
+        raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: a conditional node of type {kind} with {size} bodies")
+    dependencies = marshal.read(deps, 8 * count) if count else None
+    node, bodies = d.call(CALLS["xpuGraphAddConditionalNode"], [8, graph, dependencies, count, handle, kind, size, 1])
+    array = marshal.ffi.new("uint64_t[]", bodies)
+    d.state.setdefault("conditional_bodies", []).append(array)
+    marshal.write(params + 16, int(marshal.ffi.cast("uintptr_t", array)).to_bytes(8, "little"))
+    marshal.write(node_out, node)
 
 
 def _device_side(d: Driver, kind: int, host: int, device: int, array: int) -> int:

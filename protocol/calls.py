@@ -309,6 +309,7 @@ cuGraphInstantiateWithParams sync
 cuGraphUpload               async
 cuGraphLaunch               async
 cuGraphExecDestroy          async
+cuGraphConditionalHandleCreate sync
 cuGraphGetId                sync
 cuGraphExecGetId            sync
 cuGraphNodeGetLocalId       sync
@@ -397,6 +398,9 @@ xpuGraphAddMemcpyNode(CUgraphNode *node, CUgraph graph, const void *dependencies
   CUdeviceptr dst, size_t dstPitch, CUdeviceptr src, size_t srcPitch, size_t width, size_t height) \
                                                                                      shadow \
   dependencies=in?:numDependencies*8 dst=device:dstPitch,width,height src=device:srcPitch,width,height
+xpuGraphAddConditionalNode(CUgraphNode *node, CUgraph graph, const void *dependencies, size_t numDependencies, \
+  unsigned long long handle, unsigned int type, unsigned int size, void *bodies)     sync \
+  dependencies=in?:numDependencies*8 bodies=out:*
 xpuGraphNodeSetKernel(CUgraphExec exec, CUgraphNode node, CUfunction f, unsigned int gridDimX, \
   unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, \
   unsigned int blockDimZ, unsigned int sharedMemBytes, const void *params, size_t paramBytes) \
@@ -428,7 +432,8 @@ DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
 # node's graph as xpuGraphNodeGetContainingGraph (the client's handle of it), kernel, memset and memcpy
 # nodes as xpuGraphAdd*Node (their structs hold host pointers or a kernel's argument pointers; cuGraphAddNode
 # goes as the call of its node's type; new parameters of those nodes, in a graph or an instantiation, as
-# xpuGraphNodeSet*; an instantiation's update as xpuGraphExecUpdate), 3D peer copies as 3D copies, green
+# xpuGraphNodeSet*; an instantiation's update as xpuGraphExecUpdate; a conditional node as
+# xpuGraphAddConditionalNode, whose body graphs the server names), 3D peer copies as 3D copies, green
 # contexts as xpuGreenCtxCreate (with the SMs their descriptor gives: descriptors are the client's); the
 # older CTC loss forms read host arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
 SENT_INSTEAD: dict[str, str | None] = {

@@ -46,3 +46,7 @@ SM_RESOURCE = struct.Struct("<5I20x")
 # localityDomainId, 11 reserved
 SM_GROUP_PARAMS = struct.Struct("<5I44x")
 SM_MASK_BYTES = 64  # a set of SMs on the wire (xpuGreenCtxCreate): one bit an SM, SM 0 the lowest bit
+# CUDA_CONDITIONAL_NODE_PARAMS: the condition's handle, CUgraphConditionalNodeType, size (bodies), the bodies'
+# array (CUgraph *, the driver's), CUcontext
+CONDITIONAL_NODE = struct.Struct("<QIIQQ")
+COND_ASSIGN_DEFAULT = 0x1  # cuGraphConditionalHandleCreate's flag (a #define in cuda.h): the default at each launch

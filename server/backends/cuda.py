@@ -30,6 +30,7 @@ from xpuremote.protocol.layouts import (
     ARRAY3D_DESCRIPTOR,
     ARRAY_DESCRIPTOR,
     ARRAY_FORMAT_BYTES,
+    CONDITIONAL_NODE,
     DEV_RESOURCE,
     EVENT_ATTRIBUTES,
     KERNEL_NODE_V2,
@@ -666,6 +667,18 @@ class CudaBackend(Backend):
                               param_bytes: int) -> tuple[int]:
         struct_, _alive = self.kernel_node(func, (gx, gy, gz, bx, by, bz, shared), params)
         return self.add_node(self.lib.cuGraphAddKernelNode_v2, graph, deps, count, struct_)
+
+    def xpuGraphAddConditionalNode(self, graph: int, deps: bytes | None, count: int, handle: int, kind: int,
+                                   size: int) -> tuple[int, list[int]]:
+        """A conditional node, and handles for the body graphs the driver made (they go with the graph)."""
+        ffi = self.ffi
+        ctx = self.out("void **", "cuCtxGetCurrent", self.lib.cuCtxGetCurrent)
+        conditional = CONDITIONAL_NODE.pack(handle, kind, size, 0, int(ffi.cast("uintptr_t", ctx)))
+        params = ffi.new("char[256]", struct.pack("<i12x", ENUMS["CU_GRAPH_NODE_TYPE_CONDITIONAL"]) + conditional)
+        (node,) = self.add_node(self.lib.cuGraphAddNode, graph, deps, count, params)
+        array = int.from_bytes(ffi.buffer(params, 256)[32:40], "little")  # the bodies, listed by the driver
+        bodies = ffi.cast("uintptr_t *", array)
+        return node, [self.name_handle("CUgraph", int(bodies[i]), graph) for i in range(size)]
 
     def kernel_node(self, func: int, grid_block_shared: tuple[int, ...], params: bytes) -> tuple[Any, Any]:
         """A CUDA_KERNEL_NODE_PARAMS_v2 whose arguments are the packed buffer (the `extra` form), and what must

@@ -19,6 +19,7 @@ from xpuremote.protocol import errors
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
+from xpuremote.protocol.layouts import COND_ASSIGN_DEFAULT
 
 from ..gpu_timer import is_gpu_work
 from .base import CAPTURE_REFUSED, Backend
@@ -34,9 +35,12 @@ WAITS = ("cuStreamSynchronize", "cuStreamQuery")
 RECORDS = ("cuEventRecord", "cuEventRecordWithFlags")
 STREAM_CONTROL = (*WAITS, *RECORDS, "cuStreamWaitEvent", *CAPTURE_REFUSED)  # looked at while a capture is on
 FORGETTING = ("cuStreamDestroy", "cuEventDestroy", "cuGraphDestroy")  # what a capture must hear of
+CONDITIONAL = "xpuGraphAddConditionalNode"  # the call a conditional node records
+IF, WHILE, SWITCH = (ENUMS[f"CU_GRAPH_COND_TYPE_{t}"] for t in ("IF", "WHILE", "SWITCH"))
 MAX_DEPTH = 8  # graphs launched inside graphs, so deep at most
 MAX_WORK = 1 << 20  # nodes one launch may run, children's included
 MAX_BYTES = 1 << 30  # what the session's graphs may hold (nodes and their kernels' parameters)
+MAX_CONDITIONS = 1 << 16  # conditional nodes' conditions a graph may hold
 NODE_BYTES = 256  # a node's own keep, beside its parameters
 
 
@@ -57,6 +61,7 @@ class Graph:
     nodes: list[Node] = field(default_factory=list)
     ident: int = field(default_factory=lambda: next(_idents))
     size: int = 0  # bytes its nodes hold
+    conditions: dict[int, Condition] = field(default_factory=dict)  # its conditional nodes' conditions, by handle
 
     def add(self, call: Call | None, args: list[Any], deps: list[Node]) -> Node:
         node = Node(call, args, self, len(self.nodes), list(deps))
@@ -72,6 +77,24 @@ class Exec:
     ident: int = field(default_factory=lambda: next(_idents))
     depth: int = 1  # graphs launched within graphs, this one included
     work: int = 0  # nodes a launch runs, those of the graphs it launches included
+    conditions: list[Condition] = field(default_factory=list)  # those of its graph and its conditional bodies
+
+
+@dataclass(eq=False)
+class Condition:
+    """A conditional node's condition: its value, set to the default at each launch if `assign` (kernels set
+    it on a GPU; the sim runs no device code that could)."""
+    default: int
+    assign: bool
+    value: int = 0
+
+
+@dataclass(eq=False)
+class Conditional:
+    """What a conditional node runs: its condition, its type, its body graphs (instantiated with its graph)."""
+    condition: Condition
+    kind: int
+    bodies: list[Any]  # Graph in a graph's node, Exec in an instantiation's
 
 
 @dataclass(eq=False)
@@ -122,8 +145,8 @@ def unjoined(capture: Capture) -> bool:
     return any(id(n) not in before for k, tails in capture.tails.items() if k != capture.origin for n in tails)
 
 
-NODE_TYPES = {"cuGraphLaunch": "GRAPH", "cuEventRecord": "EVENT_RECORD", "cuEventRecordWithFlags": "EVENT_RECORD",
-              "cuStreamWaitEvent": "WAIT_EVENT"}
+NODE_TYPES = {"cuGraphLaunch": "GRAPH", CONDITIONAL: "CONDITIONAL", "cuEventRecord": "EVENT_RECORD",
+              "cuEventRecordWithFlags": "EVENT_RECORD", "cuStreamWaitEvent": "WAIT_EVENT"}
 
 
 def node_type(node: Node) -> int:
@@ -153,12 +176,21 @@ def memcpy_work(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, 
     return CALLS["xpuMemcpy2DDevice"], [dst, dst_pitch, src, src_pitch, width, height, None]
 
 
+def children(node: Node) -> list[Any]:
+    """The instantiations a node runs: a child graph's, a conditional node's bodies'."""
+    if node.call is None:
+        return []
+    if node.call.family == "cuGraphLaunch":
+        return [node.args[0]]
+    return node.args[0].bodies if node.call.family == CONDITIONAL else []
+
+
 def bounded(nodes: list[Node]) -> tuple[int, int]:
-    """How deep the graphs launched within these nodes go, and how many nodes one launch of them runs; refused
-    past what the sim runs (MAX_DEPTH, MAX_WORK)."""
-    children = [n.args[0] for n in nodes if n.call is not None and n.call.family == "cuGraphLaunch"]
-    depth = 1 + max((c.depth for c in children), default=0)
-    work = len(nodes) + sum(c.work for c in children)
+    """How deep the graphs launched within these nodes go, and how many nodes one launch of them runs (a while
+    loop's body once); refused past what the sim runs (MAX_DEPTH, MAX_WORK)."""
+    children_ = [c for n in nodes for c in children(n) if isinstance(c, Exec)]
+    depth = 1 + max((c.depth for c in children_), default=0)
+    work = len(nodes) + sum(c.work for c in children_)
     if depth > MAX_DEPTH or work > MAX_WORK:
         raise CudaError(errors.NOT_SUPPORTED, f"graphs launched {depth} deep, {work} nodes in one launch "
                         f"(the sim runs at most {MAX_DEPTH} deep, {MAX_WORK} nodes)")
@@ -436,10 +468,56 @@ class SimGraphs(Backend):
     def cuGraphInstantiateWithFlags(self, graph: Graph, flags: int) -> tuple[Exec]:
         """Graphs launched within graphs are bounded: so deep, so much work in one launch."""
         order = topological(graph)
-        depth, work = bounded(order)
-        # copies, in the graph's order of nodes: what changes in the graph later stays out of this instantiation
-        copies = {id(n): Node(n.call, list(n.args), n.graph, n.local) for n in graph.nodes}
-        return (Exec([copies[id(n)] for n in order], copies, exec_shape(graph), depth=depth, work=work),)
+        # copies, in the graph's order of nodes: what changes in the graph later stays out of this instantiation;
+        # a conditional node's bodies are instantiated with it
+        copies = {id(n): Node(n.call, self.instantiated(n), n.graph, n.local) for n in graph.nodes}
+        depth, work = bounded(list(copies.values()))
+        conditions = [*graph.conditions.values(), *(c for n in copies.values() for body in children(n)
+                                                     if n.call.family == CONDITIONAL for c in body.conditions)]
+        return (Exec([copies[id(n)] for n in order], copies, exec_shape(graph), depth=depth, work=work,
+                     conditions=conditions),)
+
+    def instantiated(self, node: Node) -> list[Any]:
+        """A node's arguments for an instantiation: a conditional node's with its bodies instantiated."""
+        if node.call is None or node.call.family != CONDITIONAL:
+            return list(node.args)
+        conditional = node.args[0]
+        bodies = [self.cuGraphInstantiateWithFlags(body, 0)[0] for body in conditional.bodies]
+        return [Conditional(conditional.condition, conditional.kind, bodies)]
+
+    # ---- conditional nodes: bodies run as the condition's value says (the sim's kernels cannot set it) -----
+    def cuGraphConditionalHandleCreate(self, graph: Graph, ctx: Any, default: int, flags: int) -> tuple[int]:
+        if flags & ~COND_ASSIGN_DEFAULT:
+            raise CudaError(errors.INVALID_VALUE, f"conditional handle flags {flags:#x}")
+        if len(graph.conditions) >= MAX_CONDITIONS:
+            raise CudaError(errors.OUT_OF_MEMORY, f"a graph of {MAX_CONDITIONS} conditions")
+        handle = graph.ident << 32 | len(graph.conditions) + 1  # a value kernels would be given
+        graph.conditions[handle] = Condition(default, bool(flags & COND_ASSIGN_DEFAULT), default)
+        return (handle,)
+
+    def xpuGraphAddConditionalNode(self, graph: Graph, deps: bytes | None, count: int, handle: int, kind: int,
+                                   size: int) -> tuple[Node, list[int]]:
+        condition = graph.conditions.get(handle)
+        if condition is None or kind not in (IF, WHILE, SWITCH):
+            raise CudaError(errors.INVALID_VALUE, f"conditional handle {handle:#x} or node type {kind}")
+        made = [Graph() for _ in range(size)]
+        node = self.add_node(graph, CALLS[CONDITIONAL], [Conditional(condition, kind, made)], self.nodes(deps, count))
+        return node, [self.name_handle("CUgraph", body, graph) for body in made]
+
+    def run_conditional(self, conditional: Conditional, budget: list[int]) -> None:
+        """IF: body 0 if the value is not 0, else body 1 if there is one; WHILE: body 0 while it is not 0 (a
+        loop no kernel ends stops at the sim's bound of work, with an error); SWITCH: the value's body."""
+        condition, bodies = conditional.condition, conditional.bodies
+        if conditional.kind == IF:
+            chosen = bodies[:1] if condition.value else bodies[1:]
+        elif conditional.kind == SWITCH:
+            chosen = bodies[condition.value:condition.value + 1]
+        else:
+            chosen = []
+            while condition.value:
+                self.run(bodies[0], budget)
+        for body in chosen:
+            self.run(body, budget)
 
     # ---- new parameters: of a graph's node, or of its copy in an instantiation -----------------------------
     def target(self, graph_exec: Exec | None, node: Node, kind: str) -> Node:
@@ -482,16 +560,29 @@ class SimGraphs(Backend):
         except CudaError:
             return (ENUMS["CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED"],)
         for node, copy in zip(graph.nodes, graph_exec.copies.values()):  # both in the order nodes were added
-            copy.call, copy.args = node.call, list(node.args)
+            copy.call, copy.args = node.call, self.instantiated(node)
         return (ENUMS["CU_GRAPH_EXEC_UPDATE_SUCCESS"],)
 
     def cuGraphUpload(self, graph_exec: Exec, stream: Any) -> None:
         """Nothing to upload to the sim device."""
 
     def cuGraphLaunch(self, graph_exec: Exec, stream: Any) -> None:
-        """The nodes' work, each as its call would have done it (never captured again)."""
+        """The nodes' work, each as its call would have done it (never captured again); the conditions that
+        take their default at each launch take it first."""
+        for condition in graph_exec.conditions:
+            if condition.assign:
+                condition.value = condition.default
+        self.run(graph_exec, [MAX_WORK])
+
+    def run(self, graph_exec: Exec, budget: list[int]) -> None:
+        budget[0] -= len(graph_exec.order)
+        if budget[0] < 0:
+            raise CudaError(errors.NOT_SUPPORTED, f"a launch ran more than {MAX_WORK} nodes (a while loop whose "
+                            "condition only a kernel could end?)")
         for node in graph_exec.order:
-            if node.call is not None:
+            if node.call is not None and node.call.family == CONDITIONAL:
+                self.run_conditional(node.args[0], budget)
+            elif node.call is not None:
                 Backend.execute(self, node.call, node.args)
 
     def cuGraphExecDestroy(self, graph_exec: Exec) -> None:

@@ -433,6 +433,54 @@ def launch_attributes() -> None:
     ok(cu.cuEventDestroy(event), "cuEventDestroy")
 
 
+def conditional_graph(kind: object, bodies: int, default: int, flags: int = 1) -> tuple[object, list[object]]:
+    """A graph of one conditional node whose body i sets x[0..N) to float i + 1, and the bodies."""
+    graph = ok(cu.cuGraphCreate(0), "cuGraphCreate")
+    handle = ok(cu.cuGraphConditionalHandleCreate(graph, ctx, default, flags), "cuGraphConditionalHandleCreate")
+    params = cu.CUgraphNodeParams()
+    params.type = T.CU_GRAPH_NODE_TYPE_CONDITIONAL
+    params.conditional.handle, params.conditional.type, params.conditional.size = handle, kind, bodies
+    params.conditional.ctx = ctx
+    node = ok(cu.cuGraphAddNode(graph, None, None, 0, params), f"cuGraphAddNode conditional {kind!r}")
+    check(int(ok(cu.cuGraphNodeGetType(node), "cuGraphNodeGetType")) == int(T.CU_GRAPH_NODE_TYPE_CONDITIONAL),
+          "a conditional node")
+    made = list(params.conditional.phGraph_out)
+    check(len(made) == bodies and all(int(b) for b in made), f"{bodies} body graphs", repr(made))
+    for i, body in enumerate(made):
+        m = cu.CUDA_MEMSET_NODE_PARAMS()
+        m.dst, m.value, m.elementSize, m.width, m.height = x, struct.unpack("<I", floats([i + 1.0]))[0], 4, N, 1
+        ok(cu.cuGraphAddMemsetNode(body, None, 0, m, ctx), f"a memset in body {i}")
+    return graph, made
+
+
+@section
+def conditional_nodes() -> None:
+    """IF with an else body, SWITCH and WHILE, run as their condition's default value says (a kernel would
+    set the value on a GPU; these graphs have none)."""
+    cond = cu.CUgraphConditionalNodeType
+    for kind, bodies, default, ran in ((cond.CU_GRAPH_COND_TYPE_IF, 2, 1, 1.0), (cond.CU_GRAPH_COND_TYPE_IF, 2, 0, 2.0),
+                                       (cond.CU_GRAPH_COND_TYPE_SWITCH, 3, 2, 3.0),
+                                       (cond.CU_GRAPH_COND_TYPE_SWITCH, 3, 7, 0.0),
+                                       (cond.CU_GRAPH_COND_TYPE_WHILE, 1, 0, 0.0)):
+        upload(x, floats([0.0] * N))
+        graph, _ = conditional_graph(kind, bodies, default)
+        graph_exec = instantiate_and_run(graph, f"{kind.name} with {default}")
+        ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+        got = download(x)[:2]
+        check(got == [ran, ran], f"{kind.name} with value {default} ran the right body", repr(got))
+        ok(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+        ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+    graph = ok(cu.cuGraphCreate(0), "cuGraphCreate")
+    fails(cu.cuGraphConditionalHandleCreate(graph, ctx, 0, 2), R.CUDA_ERROR_INVALID_VALUE, "unknown condition flags")
+    handle = ok(cu.cuGraphConditionalHandleCreate(graph, ctx, 0, 0), "cuGraphConditionalHandleCreate")
+    params = cu.CUgraphNodeParams()
+    params.type = T.CU_GRAPH_NODE_TYPE_CONDITIONAL
+    params.conditional.handle, params.conditional.size = handle, 2
+    params.conditional.type, params.conditional.ctx = cond.CU_GRAPH_COND_TYPE_WHILE, ctx
+    fails(cu.cuGraphAddNode(graph, None, None, 0, params), R.CUDA_ERROR_INVALID_VALUE, "a while node of two bodies")
+    ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+
+
 @section
 def graph_memory() -> None:
     """No graph here allocates memory (allocation nodes): the device's graph memory is all zero."""
