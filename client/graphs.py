@@ -25,6 +25,7 @@ from xpuremote.protocol.calls import CALLS, DEFAULT_STREAMS, Call
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import (
+    CONDITIONAL_BODIES,
     CONDITIONAL_NODE,
     INSTANTIATE_PARAMS,
     KERNEL_NODE,
@@ -434,8 +435,6 @@ def cu_graph_exec_update(d: Driver, call: Call, args: list[Any]) -> None:
 
 NODE_TYPE = {name: ENUMS[f"CU_GRAPH_NODE_TYPE_{name}"] for name in (
     "KERNEL", "MEMCPY", "MEMSET", "GRAPH", "EMPTY", "WAIT_EVENT", "EVENT_RECORD", "CONDITIONAL")}
-BODIES = {ENUMS["CU_GRAPH_COND_TYPE_IF"]: (1, 2), ENUMS["CU_GRAPH_COND_TYPE_WHILE"]: (1, 1),
-          ENUMS["CU_GRAPH_COND_TYPE_SWITCH"]: (1, 1 << 16)}  # how many body graphs each type may have
 PARAMS_AT = 16  # CUgraphNodeParams: the node's type, 12 reserved bytes, then the union of every type's parameters
 
 
@@ -474,8 +473,7 @@ def _add_conditional(d: Driver, call: Call, added: list[Any], params: int) -> No
     client's, kept for the process (the driver's lives as long as the node), its address written in `params`."""
     node_out, graph, deps, count = added
     handle, kind, size, _, _ = CONDITIONAL_NODE.unpack(marshal.read(params, CONDITIONAL_NODE.size))
-    low, high = BODIES.get(kind, (1, 0))
-    if not node_out or not graph or (count and not deps) or not low <= size <= high:
+    if not node_out or not graph or (count and not deps) or not 1 <= size <= CONDITIONAL_BODIES.get(kind, 0):
         raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: a conditional node of type {kind} with {size} bodies")
     dependencies = marshal.read(deps, 8 * count) if count else None
     node, bodies = d.call(CALLS["xpuGraphAddConditionalNode"], [8, graph, dependencies, count, handle, kind, size, 1])

@@ -49,4 +49,7 @@ SM_MASK_BYTES = 64  # a set of SMs on the wire (xpuGreenCtxCreate): one bit an S
 # CUDA_CONDITIONAL_NODE_PARAMS: the condition's handle, CUgraphConditionalNodeType, size (bodies), the bodies'
 # array (CUgraph *, the driver's), CUcontext
 CONDITIONAL_NODE = struct.Struct("<QIIQQ")
+# the most body graphs of an IF, WHILE and SWITCH node (CUgraphConditionalNodeType 0, 1, 2): cuda.h's, and our
+# bound for SWITCH, which cuda.h leaves open
+CONDITIONAL_BODIES = {0: 2, 1: 1, 2: 1 << 12}
 COND_ASSIGN_DEFAULT = 0x1  # cuGraphConditionalHandleCreate's flag (a #define in cuda.h): the default at each launch

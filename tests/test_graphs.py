@@ -105,3 +105,28 @@ def test_graph_handles_are_checked_and_go_with_their_graph(tmp_path: Path) -> No
         client.close()
         srv.stop()
     assert "internal error" not in srv.log()
+
+
+@pytest.mark.sim_only(reason="calls the sim's own requests with arguments no client library sends")
+def test_conditional_nodes_and_green_contexts_are_bounded(server) -> None:
+    """A conditional node of more bodies than its type has, or of a condition of another graph, and a green
+    context of no SMs or of SMs the device lacks, are refused before anything is made."""
+    client = PyClient(server.address)
+    try:
+        client.post("cuGraphCreate", GRAPH, 0)
+        (handle,) = client.call("cuGraphConditionalHandleCreate", 8, GRAPH, CTX, 0, 0)
+        handle = int.from_bytes(handle, "little")
+        for kind, size in ((0, 3), (1, 2), (2, 1 << 30), (7, 1)):
+            status, _, _ = client.conn.call(CALLS["xpuGraphAddConditionalNode"],
+                                            [8, GRAPH, None, 0, handle, kind, size, 1], CTX)
+            assert status == errors.INVALID_VALUE, (kind, size)
+        status, _, _ = client.conn.call(CALLS["xpuGraphAddConditionalNode"], [8, GRAPH, None, 0, handle + 1, 0, 1, 1],
+                                        CTX)
+        assert status == errors.INVALID_VALUE  # not a condition of this graph
+        assert client.call("xpuGraphCountNodes", GRAPH, 0, 8)[0] == bytes(8)
+        for mask in (0, 1 << 200):
+            client.post("xpuGreenCtxCreate", GRAPH + 16, 0, mask.to_bytes(64, "little"), 0)
+            deferred, _ = deferred_and_status(client, "xpuGraphCountNodes", GRAPH, 0, 8)
+            assert deferred == [["xpuGreenCtxCreate", errors.INVALID_VALUE]]
+    finally:
+        client.close()

@@ -19,7 +19,7 @@ from xpuremote.protocol import errors
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
-from xpuremote.protocol.layouts import COND_ASSIGN_DEFAULT
+from xpuremote.protocol.layouts import COND_ASSIGN_DEFAULT, CONDITIONAL_BODIES
 
 from ..gpu_timer import is_gpu_work
 from .base import CAPTURE_REFUSED, Backend
@@ -382,7 +382,12 @@ class SimGraphs(Backend):
         return (Graph(),)
 
     def cuGraphDestroy(self, graph: Graph) -> None:
-        """The worker forgets the handle (and its nodes'); instantiations keep what they need."""
+        """The worker forgets the handle (and its nodes' and conditional bodies'); instantiations keep what they
+        need."""
+        for node in graph.nodes:
+            if node.call is not None and node.call.family == CONDITIONAL:
+                for body in node.args[0].bodies:
+                    self.cuGraphDestroy(body)
         self.graph_bytes -= graph.size
         graph.size = 0
 
@@ -498,9 +503,12 @@ class SimGraphs(Backend):
     def xpuGraphAddConditionalNode(self, graph: Graph, deps: bytes | None, count: int, handle: int, kind: int,
                                    size: int) -> tuple[Node, list[int]]:
         condition = graph.conditions.get(handle)
-        if condition is None or kind not in (IF, WHILE, SWITCH):
-            raise CudaError(errors.INVALID_VALUE, f"conditional handle {handle:#x} or node type {kind}")
+        if condition is None or not 1 <= size <= CONDITIONAL_BODIES.get(kind, 0):
+            raise CudaError(errors.INVALID_VALUE, f"conditional handle {handle:#x}, node type {kind}, {size} bodies")
         made = [Graph() for _ in range(size)]
+        for body in made:  # held as nodes are
+            body.size = NODE_BYTES
+            self.graph_bytes += NODE_BYTES
         node = self.add_node(graph, CALLS[CONDITIONAL], [Conditional(condition, kind, made)], self.nodes(deps, count))
         return node, [self.name_handle("CUgraph", body, graph) for body in made]
 
