@@ -4,8 +4,8 @@ A device resource is a set of SMs of one device. The client describes it itself:
 mask), its device and the split that made it travel in the driver's private bytes of the
 application's CUdevResource, so asking for resources, splitting them and making descriptors are local.
 A green context is provisioned on the server (xpuGreenCtxCreate, with the SM set). Its handle, the
-client's, is also the CUcontext that stands for it (cuCtxFromGreenCtx), as the driver's is: cudart hands
-out that context and destroys it as the green context. Streams made in it run on its SMs there.
+client's, is also the CUcontext that stands for it (cuCtxFromGreenCtx): one handle, one entry in the
+client's contexts. Streams made in it run on its SMs there.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ class Resource:
 
 
 def granularity(d: Driver, device: int, flags: int = 0) -> tuple[int, int]:
-    """(minimum partition, alignment) of SM splits on `device`, as cuda.h gives them for its architecture."""
+    """(minimum partition, alignment) of SM splits on `device`: NVIDIA's documented guideline for its
+    architecture (the client does not ask the server's driver; on a GPU the two are to be compared)."""
     major = d.devices[device].sm // 10
     if major < 7:
         return 1, 1

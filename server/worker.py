@@ -46,9 +46,8 @@ MAX_OUTPUT_BYTES = 1 << 34  # a single reply larger than this is an error, not a
 SERVER_HANDLE_BASE = 0x5E00_0000_0000
 LANE, SET_CONTEXT = CALLS["xpuLane"], CALLS["cuCtxSetCurrent"]
 # a CUkernel works as a CUfunction; the runtime's stream and event types are the driver's; a
-# cuBLAS handle is a cuBLASLt handle too (NVIDIA documents the cast, and PyTorch makes it)
-# handle types that share one kind of handle: a green context is also the CUcontext that stands for it, as the
-# driver's is (cudart hands out the context and destroys it as the green context)
+# cuBLAS handle is a cuBLASLt handle too (NVIDIA documents the cast, and PyTorch makes it); a green
+# context's handle is also the CUcontext that stands for it (the client gives both one handle)
 HANDLE_FAMILIES = {"CUkernel": "CUfunction", "cudaStream_t": "CUstream", "cudaEvent_t": "CUevent",
                    "cublasLtHandle_t": "cublasHandle_t", "CUgreenCtx": "CUcontext"}
 
