@@ -56,6 +56,14 @@ def primary_context(ffi: Any, slots: Any) -> int:
     return 0
 
 
+def context_kind(ffi: Any, slots: Any) -> int:
+    """CONTEXT_CHECKS slot 2: 1 for a green context's CUcontext, 0 for any other (the current one for 0)."""
+    d = driver.DRIVER
+    ctx = d.ctxs.get(slots[0] or d.contexts.current())
+    ffi.cast("uint32_t *", slots[1])[0] = int(bool(ctx is not None and ctx.green))
+    return 0
+
+
 def integrity_check(ffi: Any, slots: Any) -> int:
     d = driver.DRIVER
     d.connect()
@@ -131,7 +139,7 @@ def install(ffi: Any, lib: Any) -> None:
         trace.stop()
         return 0
 
-    internal = [primary_context, integrity_check, unknown_slot, exiting, unknown_table]
+    internal = [primary_context, integrity_check, unknown_slot, exiting, unknown_table, context_kind]
 
     @ffi.def_extern(error=errors.UNKNOWN)
     def xpu_dispatch(op: int, slots: Any) -> int:

@@ -47,7 +47,7 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid);
  * NVML functions (protocol/nvml.py order) follow them; the math libraries' functions start at
  * XPU_OP_LIBRARY, 1 << 16 ops for each (protocol.calls.LIBRARY_SYMBOLS order). */
 enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2, XPU_OP_EXIT = 3,
-       XPU_OP_UNKNOWN_TABLE = 4, XPU_OP_NVML = 5, XPU_OP_LIBRARY = 1 << 20 };
+       XPU_OP_UNKNOWN_TABLE = 4, XPU_OP_CONTEXT_KIND = 5, XPU_OP_NVML = 6, XPU_OP_LIBRARY = 1 << 20 };
 
 static volatile int xpu_finalized, xpu_python_ready, xpu_start_failed, xpu_forked;
 static volatile int xpu_max_requested_version;
@@ -411,11 +411,16 @@ static void *tools_tls[4] = {
 
 static void *context_local_storage[4] = {(void *)cls_put, (void *)cls_delete, (void *)cls_get, NULL};
 
+/* CONTEXT_CHECKS slot 2: the kind of a context, 1 for a green context's, 0 otherwise (the runtime asks
+ * it when it destroys an execution context, and refuses to destroy one of kind 0). */
 static int checks_ctx(uint64_t ctx, uint32_t *out, const void **out2) {
-    (void)ctx;
-    if (out) *out = 0;
     if (out2) *out2 = NULL;
-    return CUDA_SUCCESS;
+    if (xpu_finalized || !out) {
+        if (out) *out = 0;
+        return CUDA_SUCCESS;
+    }
+    uint64_t s[2] = {ctx, (uint64_t)(uintptr_t)out};
+    return xpu_internal(XPU_OP_CONTEXT_KIND, s);
 }
 static uint32_t checks_zero(void) { return 0; }
 static void *context_checks[4] = {

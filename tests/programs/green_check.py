@@ -173,6 +173,12 @@ def runtime() -> None:
     check(err == rt.cudaError_t.cudaSuccess, "cudaExecutionCtxStreamCreate", f"{err}")
     check(rt.cudaStreamDestroy(stream)[0] == rt.cudaError_t.cudaSuccess, "cudaStreamDestroy")
     check(rt.cudaExecutionCtxSynchronize(ctx)[0] == rt.cudaError_t.cudaSuccess, "cudaExecutionCtxSynchronize")
+    # the runtime asks the driver's private context checks whether ctx is a green context's, then destroys it
+    # as the green context: the two are one handle
+    check(rt.cudaExecutionCtxDestroy(ctx)[0] == rt.cudaError_t.cudaSuccess, "cudaExecutionCtxDestroy")
+    err, primary = rt.cudaDeviceGetExecutionCtx(0)
+    check(err == rt.cudaError_t.cudaSuccess and rt.cudaExecutionCtxDestroy(primary)[0] != rt.cudaError_t.cudaSuccess,
+          "a primary context is not destroyed as an execution context")
 
 
 finish()
