@@ -308,6 +308,12 @@ def cu_ctx_destroy(d: Driver, call: Call, args: list[Any]) -> None:
     ctx = d.ctxs.get(handle)
     if ctx is None or ctx.primary or ctx.green:
         raise CudaError(errors.INVALID_CONTEXT, f"{handle:#x} is not a context made by cuCtxCreate")
+    destroy_context(d, call, handle)
+
+
+def destroy_context(d: Driver, call: Call, handle: int) -> None:
+    """A context (a green context's too) gone: out of the lane, its storage released, off this thread's
+    stack if current, forgotten, and the destroy sent."""
     if d.lane is not None:
         d.lane.context(handle, ready=False)
     d.contexts.release(handle)

@@ -22,7 +22,7 @@ from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import DEV_RESOURCE, SM_GROUP_PARAMS, SM_MASK_BYTES, SM_RESOURCE
 
 from . import marshal
-from .devices import out, release_primary, retain_primary
+from .devices import destroy_context, out, release_primary, retain_primary
 from .driver import Context, Driver, implements
 from .streams import NON_BLOCKING, create, stream
 
@@ -154,8 +154,8 @@ def new_split(d: Driver) -> int:
 
 
 def write_split(d: Driver, result: int, groups: list[Resource], remainder_address: int, rest: Resource) -> None:
-    for i, group in enumerate(groups):
-        if result:
+    if result:  # NULL: the groups were only counted
+        for i, group in enumerate(groups):
             marshal.write(result + i * DEV_RESOURCE.size, group.to_bytes())
     if remainder_address:
         marshal.write(remainder_address, rest.to_bytes())
@@ -272,13 +272,7 @@ def cu_green_ctx_destroy(d: Driver, call: Call, args: list[Any]) -> None:
     if not handle:
         raise CudaError(errors.INVALID_CONTEXT, "NULL green context")
     device = d.ctxs[green(d, handle)].device
-    if d.lane is not None:
-        d.lane.context(handle, ready=False)
-    d.contexts.release(handle)
-    if d.contexts.current() == handle:
-        d.contexts.pop()
-    del d.ctxs[handle]
-    d.post(call, [handle])
+    destroy_context(d, call, handle)
     release_primary(d, device)
 
 
@@ -301,7 +295,7 @@ def cu_green_ctx_stream_create(d: Driver, call: Call, args: list[Any]) -> None:
     _, handle, flags, priority = args
     if not flags & NON_BLOCKING:
         raise CudaError(errors.INVALID_VALUE, "a green context's stream must be CU_STREAM_NON_BLOCKING")
-    create(d, call, args, flags, max(-5, min(0, priority)), green(d, handle))
+    create(d, call, args, flags, priority, green(d, handle))
 
 
 @implements("cuStreamGetGreenCtx")

@@ -28,11 +28,12 @@ def streams(d: Driver) -> dict[int, Stream]:
 
 
 def create(d: Driver, call: Call, args: list[Any], flags: int, priority: int, ctx: int = 0) -> None:
-    """A stream in `ctx` (a green context's), or else in the current context."""
+    """A stream in `ctx` (a green context's), or else in the current context; its priority clamped to the
+    range, as CUDA does."""
     ctx = ctx or d.current_ctx()
     d.forward(call, args)
     handle = marshal.get(call.params[0], args[0])
-    streams(d)[handle] = Stream(flags, priority, ctx, len(streams(d)) + 16)
+    streams(d)[handle] = Stream(flags, max(-5, min(0, priority)), ctx, len(streams(d)) + 16)
 
 
 @implements("cuStreamCreate")
@@ -43,7 +44,7 @@ def cu_stream_create(d: Driver, call: Call, args: list[Any]) -> None:
 @implements("cuStreamCreateWithPriority")
 def cu_stream_create_with_priority(d: Driver, call: Call, args: list[Any]) -> None:
     _, flags, priority = args
-    create(d, call, args, flags, max(-5, min(0, priority)))  # clamped to the range, as CUDA does
+    create(d, call, args, flags, priority)
 
 
 @implements("cuStreamDestroy")
