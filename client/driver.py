@@ -384,6 +384,19 @@ def handler(call: Call) -> Callable[[Any], int]:
 
 def handlers() -> list[Callable[[Any], int]]:
     """One handler per shim op number (the sorted exported symbols)."""
-    from . import arrays, coredump, devices, graphs, green, memory, modules, pools, streams, vmm  # noqa: F401  (they register implementations)
+    from . import (  # noqa: F401  (they register implementations)
+        arrays,
+        coredump,
+        devices,
+        graph_nodes,
+        graph_state,
+        graphs,
+        green,
+        memory,
+        modules,
+        pools,
+        streams,
+        vmm,
+    )
 
     return [handler(CALLS[s]) for s in SYMBOLS]

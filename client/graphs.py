@@ -24,19 +24,10 @@ from xpuremote.protocol import errors
 from xpuremote.protocol.calls import CALLS, DEFAULT_STREAMS, Call
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
-from xpuremote.protocol.layouts import (
-    CONDITIONAL_BODIES,
-    CONDITIONAL_NODE,
-    INSTANTIATE_PARAMS,
-    KERNEL_NODE,
-    KERNEL_NODE_V2,
-    MEMCPY3D,
-    MEMSET_NODE,
-)
+from xpuremote.protocol.layouts import INSTANTIATE_PARAMS
 
-from . import marshal, modules
+from . import graph_state, marshal
 from .driver import Driver, implements
-from .memory import DEVICE, UNIFIED, is_device
 from .streams import LEGACY, Capture, capture_events, capture_of, captures, invalidate, stream, stream_of
 
 NONE, ACTIVE, INVALIDATED = (ENUMS[f"CU_STREAM_CAPTURE_STATUS_{s}"] for s in ("NONE", "ACTIVE", "INVALIDATED"))
@@ -206,6 +197,12 @@ def instantiate(d: Driver, exec_out: int, graph: int, flags: int) -> None:
         raise CudaError(errors.INVALID_VALUE, "phGraphExec is NULL")
     (handle,) = d.call(INSTANTIATE, [8, graph, flags])
     marshal.write(exec_out, handle)
+    graph_state.instantiated(d, graph, int.from_bytes(handle, "little"))
+
+
+@implements("cuGraphInstantiateWithFlags")
+def cu_graph_instantiate_with_flags(d: Driver, call: Call, args: list[Any]) -> None:
+    instantiate(d, *args)
 
 
 @implements("cuGraphInstantiate")
@@ -303,189 +300,3 @@ def cu_graph_node_get_containing_graph(d: Driver, call: Call, args: list[Any]) -
         raise CudaError(errors.INVALID_VALUE, "phGraph is NULL")
     (graph,) = d.call(CALLS["xpuGraphNodeGetContainingGraph"], [node, 8])
     marshal.write(graph_out, graph)
-
-
-# ---- graphs built node by node -----------------------------------------------------------------------------
-def _node(d: Driver, call: Call, node_out: int, graph: int, deps: int, count: int) -> tuple[int, bytes | None]:
-    """A new node's client handle (written for the application) and its dependencies' handles."""
-    if not node_out or not graph or (count and not deps):
-        raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: a required pointer is NULL")
-    node = d.new_handle()
-    marshal.put_u64(node_out, node)
-    return node, marshal.read(deps, 8 * count) if count else None
-
-
-def _kernel_params(d: Driver, params: int, v2: bool) -> list[Any]:
-    """A kernel node's CUDA_KERNEL_NODE_PARAMS (or its _v2), as xpuGraph*Kernel* take it: the function's
-    handle, grid, block, shared bytes, the arguments packed as for launches, their size."""
-    if not params:
-        raise CudaError(errors.INVALID_VALUE, "nodeParams is NULL")
-    if v2:
-        func, gx, gy, gz, bx, by, bz, shared, kernel_params, extra, kern, _ctx = KERNEL_NODE_V2.unpack(
-            marshal.read(params, KERNEL_NODE_V2.size))
-        func = func or kern
-    else:
-        func, gx, gy, gz, bx, by, bz, shared, kernel_params, extra = KERNEL_NODE.unpack(
-            marshal.read(params, KERNEL_NODE.size))
-    fn = modules.ensure_function(d, func)
-    packed = modules.pack_params(fn, kernel_params, extra)
-    return [fn.handle, gx, gy, gz, bx, by, bz, shared, packed, len(packed)]
-
-
-def _memset_params(params: int) -> list[Any]:
-    """CUDA_MEMSET_NODE_PARAMS: destination, pitch, value, element size, width, height."""
-    if not params:
-        raise CudaError(errors.INVALID_VALUE, "memsetParams is NULL")
-    dst, pitch, value, element, width, height = MEMSET_NODE.unpack(marshal.read(params, MEMSET_NODE.size))
-    if element not in (1, 2, 4):
-        raise CudaError(errors.INVALID_VALUE, f"memset element size {element}")
-    return [dst, pitch, value, element, width, height]
-
-
-def _memcpy_params(d: Driver, params: int) -> list[Any]:
-    """A CUDA_MEMCPY3D of device memory to device memory as one rectangle: destination, its pitch, source, its
-    pitch, width, rows. A copy with a host side would be made at each replay, on the server: refused."""
-    if not params:
-        raise CudaError(errors.INVALID_VALUE, "copyParams is NULL")
-    (sx, sy, sz, _slod, stype, shost, sdev, sarr, spitch, sheight,
-     dx, dy, dz, _dlod, dtype, dhost, ddev, darr, dpitch, dheight,
-     width, height, depth) = MEMCPY3D.unpack(marshal.read(params, MEMCPY3D.size))
-    src = _device_side(d, stype, shost, sdev, sarr)
-    dst = _device_side(d, dtype, dhost, ddev, darr)
-    if depth > 1 and (sheight != height or dheight != height):  # slices one after another: one rectangle
-        raise CudaError(errors.NOT_SUPPORTED, "a 3D copy node with different slice layouts is not forwarded yet")
-    return [dst + dx + (dy + dz * dheight) * dpitch, dpitch, src + sx + (sy + sz * sheight) * spitch, spitch, width,
-            height * max(depth, 1)]
-
-
-@implements("cuGraphAddKernelNode")
-def cu_graph_add_kernel_node(d: Driver, call: Call, args: list[Any]) -> None:
-    node_out, graph, deps, count, params = args
-    _add_node(d, call, "xpuGraphAddKernelNode", [node_out, graph, deps, count],
-              _kernel_params(d, params, call.symbol.endswith("_v2")))
-
-
-@implements("cuGraphAddMemsetNode")
-def cu_graph_add_memset_node(d: Driver, call: Call, args: list[Any]) -> None:
-    node_out, graph, deps, count, params, _ctx = args
-    _add_node(d, call, "xpuGraphAddMemsetNode", [node_out, graph, deps, count], _memset_params(params))
-
-
-@implements("cuGraphAddMemcpyNode")
-def cu_graph_add_memcpy_node(d: Driver, call: Call, args: list[Any]) -> None:
-    node_out, graph, deps, count, params, _ctx = args
-    _add_node(d, call, "xpuGraphAddMemcpyNode", [node_out, graph, deps, count], _memcpy_params(d, params))
-
-
-def _add_node(d: Driver, call: Call, request: str, added: list[Any], params: list[Any]) -> None:
-    """A kernel, memset or copy node as `request` (xpuGraphAdd*Node) with the node's parameters read."""
-    node_out, graph, deps, count = added
-    node, dependencies = _node(d, call, node_out, graph, deps, count)
-    size = params[-1] if request == "xpuGraphAddKernelNode" else 0  # the kernel's packed arguments
-    d.post(CALLS[request], [node, graph, dependencies, count, *params], size)
-
-
-# ---- new parameters of a node, in its graph or in an instantiation of it (exec 0: the graph's node) ------
-def _target(call: Call, args: list[Any]) -> tuple[int, int, list[Any]]:
-    """(the instantiation or 0, the node, the rest) of a node setter's arguments."""
-    if call.family.startswith("cuGraphExec"):
-        return args[0], args[1], args[2:]
-    return 0, args[0], args[1:]
-
-
-@implements("cuGraphKernelNodeSetParams", "cuGraphExecKernelNodeSetParams")
-def cu_graph_kernel_node_set_params(d: Driver, call: Call, args: list[Any]) -> None:
-    graph_exec, node, (params,) = _target(call, args)
-    kernel = _kernel_params(d, params, call.symbol.endswith("_v2"))
-    d.post(CALLS["xpuGraphNodeSetKernel"], [graph_exec, node, *kernel], kernel[-1])
-
-
-@implements("cuGraphMemsetNodeSetParams", "cuGraphExecMemsetNodeSetParams")
-def cu_graph_memset_node_set_params(d: Driver, call: Call, args: list[Any]) -> None:
-    graph_exec, node, (params, *_ctx) = _target(call, args)
-    d.post(CALLS["xpuGraphNodeSetMemset"], [graph_exec, node, *_memset_params(params)])
-
-
-@implements("cuGraphMemcpyNodeSetParams", "cuGraphExecMemcpyNodeSetParams")
-def cu_graph_memcpy_node_set_params(d: Driver, call: Call, args: list[Any]) -> None:
-    graph_exec, node, (params, *_ctx) = _target(call, args)
-    d.post(CALLS["xpuGraphNodeSetMemcpy"], [graph_exec, node, *_memcpy_params(d, params)])
-
-
-@implements("cuGraphExecUpdate")
-def cu_graph_exec_update(d: Driver, call: Call, args: list[Any]) -> None:
-    """The instantiation takes the graph's parameters where the two have the same shape; the result says
-    why not otherwise (the node at fault is not named: 0)."""
-    graph_exec, graph, *outs = args
-    (result,) = d.call(CALLS["xpuGraphExecUpdate"], [graph_exec, graph, 4])
-    result = int.from_bytes(result, "little")
-    if len(outs) == 1:  # _v2: CUgraphExecUpdateResultInfo {result, errorNode, errorFromNode}
-        if not outs[0]:
-            raise CudaError(errors.INVALID_VALUE, "resultInfo is NULL")
-        marshal.write(outs[0], result.to_bytes(8, "little") + bytes(16))
-    else:
-        error_node, result_out = outs
-        if error_node:
-            marshal.put_u64(error_node, 0)
-        marshal.put(call.params[3], result_out, result)
-    if result:
-        raise CudaError(ENUMS["CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE"], f"the graph cannot update the instantiation "
-                        f"(CUgraphExecUpdateResult {result})")
-
-
-NODE_TYPE = {name: ENUMS[f"CU_GRAPH_NODE_TYPE_{name}"] for name in (
-    "KERNEL", "MEMCPY", "MEMSET", "GRAPH", "EMPTY", "WAIT_EVENT", "EVENT_RECORD", "CONDITIONAL")}
-PARAMS_AT = 16  # CUgraphNodeParams: the node's type, 12 reserved bytes, then the union of every type's parameters
-
-
-@implements("cuGraphAddNode")
-def cu_graph_add_node(d: Driver, call: Call, args: list[Any]) -> None:
-    """The polymorphic form: each node type goes as the call that adds a node of that type."""
-    node_out, graph, deps, *edge_data, count, params = args
-    if not params:
-        raise CudaError(errors.INVALID_VALUE, "nodeParams is NULL")
-    if edge_data and edge_data[0] and count and any(marshal.read(edge_data[0], 8 * count)):
-        raise CudaError(errors.NOT_SUPPORTED, "graph edges other than plain ones (edge data) are not forwarded yet")
-    kind = int.from_bytes(marshal.read(params, 4), "little")
-    union = params + PARAMS_AT
-    added = [node_out, graph, deps, count]
-    if kind == NODE_TYPE["KERNEL"]:  # CUDA_KERNEL_NODE_PARAMS_v3, laid out as _v2
-        _add_node(d, call, "xpuGraphAddKernelNode", added, _kernel_params(d, union, True))
-    elif kind == NODE_TYPE["MEMSET"]:  # CUDA_MEMSET_NODE_PARAMS_v2: the _v1 fields, then the context
-        _add_node(d, call, "xpuGraphAddMemsetNode", added, _memset_params(union))
-    elif kind == NODE_TYPE["MEMCPY"]:  # CUDA_MEMCPY_NODE_PARAMS: flags, reserved, the context, CUDA_MEMCPY3D
-        _add_node(d, call, "xpuGraphAddMemcpyNode", added, _memcpy_params(d, union + 16))
-    elif kind == NODE_TYPE["EMPTY"]:
-        d.forward(CALLS["cuGraphAddEmptyNode"], added)
-    elif kind in (NODE_TYPE["GRAPH"], NODE_TYPE["WAIT_EVENT"], NODE_TYPE["EVENT_RECORD"]):
-        handle = int.from_bytes(marshal.read(union, 8), "little")  # the child graph, or the event
-        symbol = {NODE_TYPE["GRAPH"]: "cuGraphAddChildGraphNode", NODE_TYPE["WAIT_EVENT"]: "cuGraphAddEventWaitNode",
-                  NODE_TYPE["EVENT_RECORD"]: "cuGraphAddEventRecordNode"}[kind]
-        d.forward(CALLS[symbol], [*added, handle])
-    elif kind == NODE_TYPE["CONDITIONAL"]:
-        _add_conditional(d, call, added, union)
-    else:
-        raise CudaError(errors.NOT_SUPPORTED, f"graph nodes of type {kind} (CUgraphNodeType) are not forwarded yet")
-
-
-def _add_conditional(d: Driver, call: Call, added: list[Any], params: int) -> None:
-    """A conditional node: its body graphs are made and named by the server; the array that lists them is the
-    client's, kept for the process (the driver's lives as long as the node), its address written in `params`."""
-    node_out, graph, deps, count = added
-    handle, kind, size, _, _ = CONDITIONAL_NODE.unpack(marshal.read(params, CONDITIONAL_NODE.size))
-    if not node_out or not graph or (count and not deps) or not 1 <= size <= CONDITIONAL_BODIES.get(kind, 0):
-        raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: a conditional node of type {kind} with {size} bodies")
-    dependencies = marshal.read(deps, 8 * count) if count else None
-    node, bodies = d.call(CALLS["xpuGraphAddConditionalNode"], [8, graph, dependencies, count, handle, kind, size, 1])
-    array = marshal.ffi.new("uint64_t[]", bodies)
-    d.state.setdefault("conditional_bodies", []).append(array)
-    marshal.write(params + 16, int(marshal.ffi.cast("uintptr_t", array)).to_bytes(8, "little"))
-    marshal.write(node_out, node)
-
-
-def _device_side(d: Driver, kind: int, host: int, device: int, array: int) -> int:
-    address = host if kind == UNIFIED else device
-    if kind not in (DEVICE, UNIFIED) or array or not is_device(d, address):
-        raise CudaError(errors.NOT_SUPPORTED, "a graph's copy node must copy device memory to device memory: "
-                        "a host side would be read or written at each replay, on the server")
-    return address

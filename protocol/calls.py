@@ -297,6 +297,11 @@ cuGraphMemcpyNodeSetParams  async
 cuGraphExecKernelNodeSetParams async
 cuGraphExecMemsetNodeSetParams async
 cuGraphExecMemcpyNodeSetParams async
+cuGraphNodeSetParams        async   nodeParams=in:256
+cuGraphExecNodeSetParams    async   nodeParams=in:256
+cuGraphMemcpyNodeGetParams  local
+cuGraphMemsetNodeGetParams  local
+cuGraphNodeGetParams        local
 cuGraphExecUpdate           sync
 cuGraphGetNodes             sync
 cuGraphGetRootNodes         sync
@@ -422,20 +427,20 @@ xpuCudnnGetDescriptors(unsigned long long descriptor, unsigned int attributeName
 DEFAULT_STREAMS = (0, 1, 2)
 DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
 
-# What the client library (client/) sends instead of a call it implements with others: family -> the
-# one symbol of it that it does send, None for none. Unified copies go as HtoD/DtoH/DtoD, 2D/3D copies
-# as the xpuMemcpy2D* halves (their structs hold host pointers), launches as xpuLaunchKernel (with launch
-# attributes: xpuLaunchKernelEx), cluster occupancy as xpuOccupancyMaxActiveClusters, host
-# functions as xpuHostFunc, global lookups as cuModuleGetGlobal_v2, captures' ends and beginnings as
-# xpuStream*Capture, every graph instantiation as cuGraphInstantiateWithFlags, node counts as
-# xpuGraphCountNodes, node lists and edges as xpuGraphListNodes, xpuGraphNodeListEdges and xpuGraphListEdges, a
-# node's graph as xpuGraphNodeGetContainingGraph (the client's handle of it), kernel, memset and memcpy
-# nodes as xpuGraphAdd*Node (their structs hold host pointers or a kernel's argument pointers; cuGraphAddNode
-# goes as the call of its node's type; new parameters of those nodes, in a graph or an instantiation, as
-# xpuGraphNodeSet*; an instantiation's update as xpuGraphExecUpdate; a conditional node as
-# xpuGraphAddConditionalNode, whose body graphs the server names), 3D peer copies as 3D copies, green
-# contexts as xpuGreenCtxCreate (with the SMs their descriptor gives: descriptors are the client's); the
-# older CTC loss forms read host arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
+# What the client library (client/) sends instead of a call it implements with others: family -> the one symbol of
+# it that it does send, None for none. Unified copies go as HtoD/DtoH/DtoD, 2D/3D copies as the xpuMemcpy2D* halves
+# (their structs hold host pointers), launches as xpuLaunchKernel (with launch attributes: xpuLaunchKernelEx),
+# cluster occupancy as xpuOccupancyMaxActiveClusters, host functions as xpuHostFunc, global lookups as
+# cuModuleGetGlobal_v2, captures' ends and beginnings as xpuStream*Capture, every graph instantiation as
+# cuGraphInstantiateWithFlags, node counts as xpuGraphCountNodes, node lists and edges as xpuGraphListNodes,
+# xpuGraphNodeListEdges and xpuGraphListEdges, a node's graph as xpuGraphNodeGetContainingGraph (the client's handle
+# of it), kernel, memset and memcpy nodes as xpuGraphAdd*Node (their structs hold host pointers or a kernel's
+# argument pointers; cuGraphAddNode goes as the call of its node's type; new parameters of those nodes, in a graph
+# or an instantiation, as xpuGraphNodeSet*, and so do the polymorphic cuGraphNodeSetParams and
+# cuGraphExecNodeSetParams; an instantiation's update as xpuGraphExecUpdate; a conditional node as
+# xpuGraphAddConditionalNode, whose body graphs the server names), 3D peer copies as 3D copies, green contexts as
+# xpuGreenCtxCreate (with the SMs their descriptor gives: descriptors are the client's); the older CTC loss forms
+# read host arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
 SENT_INSTEAD: dict[str, str | None] = {
     "cuMemcpy": None, "cuMemcpyAsync": None, "cuMemcpy2D": None, "cuMemcpy2DUnaligned": None,
     "cuMemcpy2DAsync": None, "cuMemcpy3D": None, "cuMemcpy3DAsync": None,
@@ -450,6 +455,7 @@ SENT_INSTEAD: dict[str, str | None] = {
     "cuGraphAddNode": None, "cuGraphKernelNodeSetParams": None, "cuGraphMemsetNodeSetParams": None,
     "cuGraphMemcpyNodeSetParams": None, "cuGraphExecKernelNodeSetParams": None, "cuGraphExecMemsetNodeSetParams": None,
     "cuGraphExecMemcpyNodeSetParams": None, "cuGraphExecUpdate": None, "cuGraphGetEdges": None,
+    "cuGraphNodeSetParams": None, "cuGraphExecNodeSetParams": None,
     "cuMemcpyHtoA": None, "cuMemcpyHtoAAsync": None, "cuMemcpyAtoH": None, "cuMemcpyAtoHAsync": None,
     "cuMemcpyAtoD": None, "cuMemcpyDtoA": None, "cuMemcpyAtoA": None, "cuArrayCreate": "cuArrayCreate_v2",
     "cuArray3DCreate": "cuArray3DCreate_v2", "cuTexObjectCreate": None, "cuSurfObjectCreate": None,

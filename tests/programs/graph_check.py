@@ -407,6 +407,132 @@ def new_parameters_and_updates() -> None:
     ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
 
 
+def kernel_node(a: float) -> object:
+    k = cu.CUDA_KERNEL_NODE_PARAMS()
+    k.func, k.gridDimX, k.gridDimY, k.gridDimZ, k.blockDimX, k.blockDimY, k.blockDimZ = saxpy, N // 256, 1, 1, 256, 1, 1
+    k.kernelParams = saxpy_args(a, x, y)
+    return k
+
+
+def copy_params3d(src: object, dst: object) -> object:
+    c = cu.CUDA_MEMCPY3D()
+    c.srcMemoryType = c.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    c.srcDevice, c.dstDevice, c.WidthInBytes, c.Height, c.Depth = src, dst, 4 * N, 1, 1
+    return c
+
+
+def host_copy(src: object, dst: object, to_device: bool, width: int, height: int = 1, host_pitch: int = 0) -> object:
+    """A CUDA_MEMCPY3D between pageable host memory (a ctypes buffer) and device memory."""
+    c = cu.CUDA_MEMCPY3D()
+    host, device = (src, dst) if to_device else (dst, src)
+    host_side = cu.CUmemorytype.CU_MEMORYTYPE_HOST
+    if to_device:
+        c.srcMemoryType, c.srcHost, c.srcPitch = host_side, host, host_pitch or width
+        c.dstMemoryType, c.dstDevice, c.dstPitch = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE, device, width
+    else:
+        c.srcMemoryType, c.srcDevice, c.srcPitch = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE, device, width
+        c.dstMemoryType, c.dstHost, c.dstPitch = host_side, host, host_pitch or width
+    c.WidthInBytes, c.Height, c.Depth = width, height, 1
+    return c
+
+
+def host_floats(buf: object, n: int = N) -> list[float]:
+    return list(struct.unpack(f"<{n}f", ctypes.string_at(buf, 4 * n)))
+
+
+@section
+def host_copy_nodes() -> None:
+    """Copy nodes with a host side: host a -> y, y = 2x + y, y -> host b (rows of a wider pitch), launched
+    twice with new host bytes between; the getters give the parameters back; new host sides for the graph's
+    node and the instantiation's; a child graph and a clone that hold host copies."""
+    a, b = ctypes.create_string_buffer(4 * N), ctypes.create_string_buffer(8 * N)
+    free_before = ok(cu.cuMemGetInfo(), "cuMemGetInfo")[0]
+    graph = ok(cu.cuGraphCreate(0), "cuGraphCreate")
+    to_y = ok(cu.cuGraphAddMemcpyNode(graph, None, 0, host_copy(ctypes.addressof(a), y, True, 4 * N), ctx),
+              "cuGraphAddMemcpyNode host to device")
+    run_node = ok(cu.cuGraphAddKernelNode(graph, [to_y], 1, kernel_node(2.0)), "cuGraphAddKernelNode")
+    rows = host_copy(y, ctypes.addressof(b), False, 4 * N // 4, 4, 8 * N // 4)  # 4 rows, each in half its pitch
+    to_b = ok(cu.cuGraphAddMemcpyNode(graph, [run_node], 1, rows, ctx), "cuGraphAddMemcpyNode device to host")
+    graph_exec = ok(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+
+    def run(values: list[float], what: str) -> list[float]:
+        ctypes.memmove(a, floats(values), 4 * N)
+        ok(cu.cuGraphLaunch(graph_exec, stream), f"cuGraphLaunch {what}")
+        ctypes.memmove(a, floats([-1.0] * N), 4 * N)  # after the launch, which has read a already
+        ok(cu.cuStreamSynchronize(stream), f"synchronize {what}")
+        q = N // 4
+        return [v for r in range(4) for v in host_floats(ctypes.addressof(b) + r * 8 * q, q)]
+
+    if XPUREMOTE:  # the bytes a launch copies are read when it is launched (a driver may read them later)
+        check(run([1.0] * N, "first") == [2 * v + 1 for v in xs], "host copies: b = 2x + a, a read at the launch")
+        check(run([5.0] * N, "second") == [2 * v + 5 for v in xs], "a second launch reads a again")
+    got = ok(cu.cuGraphMemcpyNodeGetParams(to_b), "cuGraphMemcpyNodeGetParams")
+    check(int(got.dstHost) == ctypes.addressof(b) and int(got.srcDevice) == int(y) and got.Height == 4
+          and got.dstPitch == 2 * N, "the getter gives the copy's parameters back", repr(got))
+    c = ctypes.create_string_buffer(4 * N)
+    ok(cu.cuGraphExecMemcpyNodeSetParams(graph_exec, to_b, host_copy(y, ctypes.addressof(c), False, 4 * N), ctx),
+       "cuGraphExecMemcpyNodeSetParams: a new host destination")
+    fails(cu.cuGraphExecMemcpyNodeSetParams(graph_exec, to_b, copy_params3d(y, z), ctx), R.CUDA_ERROR_INVALID_VALUE,
+          "an instantiation's copy node keeps its host side")
+    ctypes.memmove(a, floats([0.0] * N), 4 * N)
+    ok(cu.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch to c")
+    ok(cu.cuStreamSynchronize(stream), "synchronize to c")
+    check(host_floats(c) == [2 * v for v in xs], "the instantiation's node now writes c")
+    child = ok(cu.cuGraphCreate(0), "cuGraphCreate parent")
+    ok(cu.cuGraphAddChildGraphNode(child, None, 0, graph), "cuGraphAddChildGraphNode with host copies")
+    clone = ok(cu.cuGraphClone(child), "cuGraphClone")
+    ctypes.memset(b, 0, 8 * N)
+    ctypes.memmove(a, floats([3.0] * N), 4 * N)
+    clone_exec = instantiate_and_run(clone, "a clone of a graph with a child with host copies")
+    q = N // 4
+    got_b = [v for r in range(4) for v in host_floats(ctypes.addressof(b) + r * 8 * q, q)]
+    check(got_b == [2 * v + 3 for v in xs], "the clone's child copies from a and to b")
+    for what, fn, obj in (("exec", cu.cuGraphExecDestroy, graph_exec), ("clone's exec", cu.cuGraphExecDestroy,
+                          clone_exec), ("graph", cu.cuGraphDestroy, graph), ("parent", cu.cuGraphDestroy, child),
+                          ("clone", cu.cuGraphDestroy, clone)):
+        ok(fn(obj), f"destroy the {what}")
+    if XPUREMOTE:  # the staging buffers go with the last graph or instantiation that copies through them
+        free_after = ok(cu.cuMemGetInfo(), "cuMemGetInfo")[0]
+        check(free_after == free_before, "the host copies' staging memory is freed", f"{free_before} {free_after}")
+
+
+@section
+def polymorphic_setters_and_getters() -> None:
+    """cuGraphNodeSetParams and cuGraphExecNodeSetParams for memset and copy nodes; the getters."""
+    graph = ok(cu.cuGraphCreate(0), "cuGraphCreate")
+    params = cu.CUgraphNodeParams()
+    params.type = T.CU_GRAPH_NODE_TYPE_MEMSET
+    m = params.memset
+    m.dst, m.value, m.elementSize, m.width, m.height, m.ctx = y, 0x40000000, 4, N, 1, ctx  # 2.0
+    set_node = ok(cu.cuGraphAddNode(graph, None, None, 0, params), "cuGraphAddNode memset")
+    copy = cu.CUgraphNodeParams()
+    copy.type = T.CU_GRAPH_NODE_TYPE_MEMCPY
+    copy.memcpy.copyParams = copy_params3d(y, z)
+    copy.memcpy.copyCtx = ctx
+    copy_node = ok(cu.cuGraphAddNode(graph, [set_node], None, 1, copy), "cuGraphAddNode memcpy")
+    copy.memcpy.copyParams = copy_params3d(y, w)
+    ok(cu.cuGraphNodeSetParams(copy_node, copy), "cuGraphNodeSetParams: copy to w")
+    got = ok(cu.cuGraphMemcpyNodeGetParams(copy_node), "cuGraphMemcpyNodeGetParams")
+    check(int(got.dstDevice) == int(w), "the getter gives the new destination", repr(got.dstDevice))
+    memset = ok(cu.cuGraphMemsetNodeGetParams(set_node), "cuGraphMemsetNodeGetParams")
+    check(memset.value == 0x40000000 and memset.width == N, "the memset getter", repr(memset))
+    graph_exec = ok(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    m.value = 0x40400000  # 3.0
+    ok(cu.cuGraphExecNodeSetParams(graph_exec, set_node, params), "cuGraphExecNodeSetParams: memset 3")
+    upload(w, floats([0.0] * N))
+    ok(cu.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch")
+    ok(cu.cuStreamSynchronize(stream), "synchronize")
+    check(download(w) == [3.0] * N, "the instantiation's new memset value reached w")
+    memset = ok(cu.cuGraphMemsetNodeGetParams(set_node), "cuGraphMemsetNodeGetParams after the exec's")
+    check(memset.value == 0x40000000, "an instantiation's new parameters leave the graph's node as it was")
+    if DRIVER >= 13020:
+        got = ok(cu.cuGraphNodeGetParams(copy_node), "cuGraphNodeGetParams")
+        check(got.type == T.CU_GRAPH_NODE_TYPE_MEMCPY and int(got.memcpy.copyParams.dstDevice) == int(w),
+              "the polymorphic getter", repr(got.type))
+    ok(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+    ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+
+
 @section
 def launch_attributes() -> None:
     """cuLaunchKernelEx with clusters of two blocks and a launch-completion event; cluster occupancy."""
