@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from xpuremote.protocol import errors
+from xpuremote.protocol import errors, memprops
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
@@ -20,19 +20,22 @@ from xpuremote.protocol.layouts import (
     CONDITIONAL_NODE,
     KERNEL_NODE,
     KERNEL_NODE_V2,
+    MEM_ALLOC_NODE,
     MEMCPY3D,
     MEMSET_NODE,
 )
 
-from . import graph_state, marshal, modules
+from . import graph_state, marshal, memory, modules
 from .driver import Driver, implements
 from .graph_state import HostCopy
 from .memory import ARRAY, HOST, UNIFIED, is_device
 
 NODE_TYPE = {name: ENUMS[f"CU_GRAPH_NODE_TYPE_{name}"] for name in (
-    "KERNEL", "MEMCPY", "MEMSET", "GRAPH", "EMPTY", "WAIT_EVENT", "EVENT_RECORD", "CONDITIONAL")}
+    "KERNEL", "MEMCPY", "MEMSET", "GRAPH", "EMPTY", "WAIT_EVENT", "EVENT_RECORD", "CONDITIONAL", "MEM_ALLOC",
+    "MEM_FREE")}
 PARAMS_AT = 16  # CUgraphNodeParams: the node's type, 12 reserved bytes, then the union of every type's parameters
 COPY_AT = 16  # CUDA_MEMCPY_NODE_PARAMS: flags, reserved, the context, then the CUDA_MEMCPY3D
+PROPS = memprops.POOL_PROPS.size  # CUDA_MEM_ALLOC_NODE_PARAMS: the pool's properties, then MEM_ALLOC_NODE
 
 
 def _node(d: Driver, call: Call, node_out: int, graph: int, deps: int, count: int) -> tuple[int, bytes | None]:
@@ -147,6 +150,52 @@ def _add_node(d: Driver, call: Call, request: str, added: list[Any], params: lis
     return node
 
 
+@implements("cuGraphAddMemAllocNode")
+def cu_graph_add_mem_alloc_node(d: Driver, call: Call, args: list[Any]) -> None:
+    node_out, graph, deps, count, params = args
+    _add_mem_alloc(d, call, [node_out, graph, deps, count], params)
+
+
+@implements("cuGraphAddMemFreeNode")
+def cu_graph_add_mem_free_node(d: Driver, call: Call, args: list[Any]) -> None:
+    d.forward(call, args)
+    node = marshal.get(call.params[0], args[0])
+    graph_state.made(d, args[1], node, (NODE_TYPE["MEM_FREE"], args[4].to_bytes(8, "little")))
+
+
+def _add_mem_alloc(d: Driver, call: Call, added: list[Any], params: int) -> None:
+    """An allocation node. Its address is the server's answer, fixed for the life of the graph (the client's
+    device map holds it until then); the properties' device ordinals go as the server's, the access
+    descriptions as their bytes (kept for the getter, as the driver keeps its copy)."""
+    node_out, graph, deps, count = added
+    if not params or not node_out or not graph or (count and not deps):
+        raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: a required pointer is NULL")
+    given = marshal.read(params, PROPS + MEM_ALLOC_NODE.size)
+    props = given[:PROPS]
+    access, access_count, size, _ = MEM_ALLOC_NODE.unpack_from(given, PROPS)
+    memprops.check_pool_props(props)
+    device = memprops.POOL_PROPS.unpack(props)[3]
+    d.device(device)
+    if not size or (access_count and not access):
+        raise CudaError(errors.INVALID_VALUE, f"an allocation node of {size} bytes, {access_count} access descriptions")
+    descs = marshal.read(access, access_count * memprops.ACCESS_DESC.size) if access_count else b""
+    node, dptr = d.call(CALLS["xpuGraphAddMemAllocNode"], [
+        8, graph, marshal.read(deps, 8 * count) if count else None, count,
+        memory.to_server(d, memprops.POOL_PROPS, props, 3), memory.to_server(d, memprops.ACCESS_DESC, descs, 1) or None,
+        access_count, size, 8])
+    address = int.from_bytes(dptr, "little")
+    marshal.write(params + PROPS + 24, dptr)
+    marshal.write(node_out, node)
+    node = int.from_bytes(node, "little")
+    kept = marshal.ffi.new("char[]", descs or b"\0")
+    given = given[:PROPS] + MEM_ALLOC_NODE.pack(int(marshal.ffi.cast("uintptr_t", kept)) if descs else 0, access_count,
+                                                size, address)
+    graph_state.made(d, graph, node, (NODE_TYPE["MEM_ALLOC"], given))
+    graph_state.registry(d).keep[node] = kept
+    memory.record_device(d, address, size, device, graph=graph)
+    graph_state.allocated(d, graph, address)
+
+
 # ---- new parameters of a node, in its graph or in an instantiation of it (exec 0: the graph's node) ------
 def _target(call: Call, args: list[Any]) -> tuple[int, int, list[Any]]:
     """(the instantiation or 0, the node, the rest) of a node setter's arguments."""
@@ -244,9 +293,22 @@ def cu_graph_memset_node_get_params(d: Driver, call: Call, args: list[Any]) -> N
     marshal.write(out, _given(d, node, NODE_TYPE["MEMSET"]))
 
 
+@implements("cuGraphMemAllocNodeGetParams")
+def cu_graph_mem_alloc_node_get_params(d: Driver, call: Call, args: list[Any]) -> None:
+    node, out = args
+    marshal.write(out, _given(d, node, NODE_TYPE["MEM_ALLOC"]))
+
+
+@implements("cuGraphMemFreeNodeGetParams")
+def cu_graph_mem_free_node_get_params(d: Driver, call: Call, args: list[Any]) -> None:
+    node, out = args
+    marshal.write(out, _given(d, node, NODE_TYPE["MEM_FREE"]))
+
+
 @implements("cuGraphNodeGetParams")
 def cu_graph_node_get_params(d: Driver, call: Call, args: list[Any]) -> None:
-    """A memset or copy node's parameters in the polymorphic struct (the context: NULL, the current one)."""
+    """A memset, copy or memory node's parameters in the polymorphic struct (the context: NULL, the current
+    one)."""
     node, out = args
     found = graph_state.given(d, node)
     kind = found[0] if found else -1
@@ -282,6 +344,11 @@ def cu_graph_add_node(d: Driver, call: Call, args: list[Any]) -> None:
         d.forward(CALLS[symbol], [*added, int.from_bytes(marshal.read(union, 8), "little")])
     elif kind == NODE_TYPE["CONDITIONAL"]:
         _add_conditional(d, call, added, union)
+    elif kind == NODE_TYPE["MEM_ALLOC"]:  # CUDA_MEM_ALLOC_NODE_PARAMS_v2, laid out as _v1
+        _add_mem_alloc(d, call, added, union)
+    elif kind == NODE_TYPE["MEM_FREE"]:
+        address = int.from_bytes(marshal.read(union, 8), "little")  # CUDA_MEM_FREE_NODE_PARAMS
+        cu_graph_add_mem_free_node(d, CALLS["cuGraphAddMemFreeNode"], [*added, address])
     else:
         raise CudaError(errors.NOT_SUPPORTED, f"graph nodes of type {kind} (CUgraphNodeType) are not forwarded yet")
 

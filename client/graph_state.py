@@ -52,6 +52,15 @@ class HostCopy:
     staging: Staging
 
 
+@dataclass(eq=False)
+class GraphMemory:
+    """A graph's allocations: their addresses stay in the device map while the graph or an instantiation of it
+    lives (PyTorch destroys a captured graph once it is instantiated, and replays the instantiation)."""
+
+    addresses: list[int] = field(default_factory=list)
+    holders: int = 1
+
+
 Copies = dict[int, list[HostCopy]]  # node -> its host copies (a child-graph node: its child's)
 
 
@@ -62,6 +71,9 @@ class Registry:
     nodes: dict[int, int] = field(default_factory=dict)  # node -> graph, for the nodes the client made
     params: dict[int, tuple[int, bytes]] = field(default_factory=dict)  # node -> (its type, its struct as given)
     bodies: set[int] = field(default_factory=set)  # conditional nodes' body graphs
+    allocations: dict[int, GraphMemory] = field(default_factory=dict)  # graph -> its allocations
+    exec_memory: dict[int, GraphMemory] = field(default_factory=dict)  # instantiation -> its graph's allocations
+    keep: dict[int, Any] = field(default_factory=dict)  # node -> what its given parameters point to
 
 
 def registry(d: Driver) -> Registry:
@@ -194,29 +206,60 @@ def instantiated(d: Driver, graph: int, graph_exec: int) -> None:
         r.execs[graph_exec] = {node: _hold(list(copies)) for node, copies in table.items()}
 
 
+def allocated(d: Driver, graph: int, address: int) -> None:
+    """An allocation of `graph`'s (an allocation node, or an allocation in its capture)."""
+    registry(d).allocations.setdefault(graph, GraphMemory()).addresses.append(address)
+
+
+def hold_memory(d: Driver, graph: int, graph_exec: int) -> None:
+    """A new instantiation holds its graph's allocations."""
+    r = registry(d)
+    held = r.allocations.get(graph)
+    if held is not None:
+        held.holders += 1
+        r.exec_memory[graph_exec] = held
+
+
+def _release_memory(d: Driver, held: GraphMemory | None) -> None:
+    if held is None:
+        return
+    held.holders -= 1
+    if not held.holders:
+        for address in held.addresses:
+            memory.maps(d)[0].remove(address)
+
+
 @implements("cuGraphDestroy")
 def cu_graph_destroy(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
+    forget_graph(d, args[0])
+
+
+def forget_graph(d: Driver, graph: int) -> None:
+    """A graph destroyed: its nodes' records, its host copies' staging, its allocations' addresses."""
     r = registry(d)
-    r.bodies.discard(args[0])
-    for node in [n for n, g in r.nodes.items() if g == args[0]]:
+    r.bodies.discard(graph)
+    for node in [n for n, g in r.nodes.items() if g == graph]:
         del r.nodes[node]
         r.params.pop(node, None)
-    _release(d, _flat(r.graphs.pop(args[0], None)))
+        r.keep.pop(node, None)
+    _release(d, _flat(r.graphs.pop(graph, None)))
+    _release_memory(d, r.allocations.pop(graph, None))
 
 
 @implements("cuGraphExecDestroy")
 def cu_graph_exec_destroy(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
     _release(d, _flat(registry(d).execs.pop(args[0], None)))
+    _release_memory(d, registry(d).exec_memory.pop(args[0], None))
 
 
 @implements("cuGraphDestroyNode")
 def cu_graph_destroy_node(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
     set_node(d, 0, args[0], [])
-    registry(d).nodes.pop(args[0], None)
-    registry(d).params.pop(args[0], None)
+    for table in (registry(d).nodes, registry(d).params, registry(d).keep):
+        table.pop(args[0], None)
 
 
 @implements("cuGraphClone")

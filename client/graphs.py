@@ -77,11 +77,15 @@ def cu_stream_end_capture(d: Driver, call: Call, args: list[Any]) -> None:
     for e in [e for e, c in capture_events(d).items() if c is capture]:
         del capture_events(d)[e]
     try:
-        d.call(CALLS["xpuStreamEndCapture"], [handle, capture.graph])  # the server drops a graph it invalidated
+        d.call(CALLS["xpuStreamEndCapture"], [handle, capture.graph])
+    except CudaError:
+        graph_state.forget_graph(d, capture.graph)  # the server dropped the graph it invalidated
+        raise
     finally:
         d.lane_gate()
     if capture.invalid:  # what this end refused: the server's graph is complete, and of no use
         d.post(CALLS["cuGraphDestroy"], [capture.graph])
+        graph_state.forget_graph(d, capture.graph)
         raise CudaError(errors.CAPTURE_INVALIDATED, capture.invalid)
     if graph_out:
         marshal.put_u64(graph_out, capture.graph)
@@ -198,6 +202,7 @@ def instantiate(d: Driver, exec_out: int, graph: int, flags: int) -> None:
     (handle,) = d.call(INSTANTIATE, [8, graph, flags])
     marshal.write(exec_out, handle)
     graph_state.instantiated(d, graph, int.from_bytes(handle, "little"))
+    graph_state.hold_memory(d, graph, int.from_bytes(handle, "little"))
 
 
 @implements("cuGraphInstantiateWithFlags")

@@ -44,6 +44,7 @@ class Range:
     owned: bool = False  # host memory we allocated (vs registered)
     pool: int | None = None  # the memory pool it came from (stream-ordered allocation)
     handle: int | None = None  # of a VMM mapping: the physical allocation it shows (the server's value)
+    graph: int | None = None  # of a graph's allocation: the graph, which holds the address for its life
     access: int = ENUMS["CU_MEM_ACCESS_FLAGS_PROT_READWRITE"]  # a mapping's: none until cuMemSetAccess
 
 
@@ -154,12 +155,13 @@ def cu_mem_free(d: Driver, call: Call, args: list[Any]) -> None:
 
 
 def forget_device(d: Driver, base: int) -> Range:
-    """An allocation (cuMemAlloc's or a pool's) is freed: out of the map, or INVALID_VALUE."""
+    """An allocation (cuMemAlloc's or a pool's) is freed: out of the map, or INVALID_VALUE. A graph's allocation
+    stays: its address is its graph's, and the next launch of the graph allocates it again."""
     r = maps(d)[0].ranges.get(base)
     if r is None or r.handle is not None:
         what = "mapped VMM memory (cuMemUnmap it)" if r else "a device allocation"
         raise CudaError(errors.INVALID_VALUE, f"{base:#x} is {'' if r else 'not '}{what}")
-    return maps(d)[0].remove(base)
+    return r if r.graph is not None else maps(d)[0].remove(base)
 
 
 @implements("cuMemGetAddressRange")

@@ -18,10 +18,10 @@ from xpuremote.protocol import errors, memprops
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
 
-from . import marshal
+from . import graph_state, marshal
 from .driver import Driver, implements
-from .memory import client_device, forget_device, forward_with, record_device, to_server
-from .streams import refuse_in_capture, stream, stream_of
+from .memory import client_device, forget_device, forward_with, maps, record_device, to_server
+from .streams import capture_of, stream, stream_of
 from .vmm import sendable
 
 
@@ -179,16 +179,12 @@ def cu_mem_pool_get_access(d: Driver, call: Call, args: list[Any]) -> None:
     forward_with(d, call, args, 2, to_server(d, memprops.LOCATION, data, 1))
 
 
-# ---- stream-ordered allocation ------------------------------------------------------------------------
-ALLOCATING = "a stream-ordered allocation (a graph's memory node)"
-
-
+# ---- stream-ordered allocation (in a capture: the graph's allocation and free nodes) -----------------------
 @implements("cuMemAllocAsync", "cuMemAllocFromPoolAsync")
 def cu_mem_alloc_async(d: Driver, call: Call, args: list[Any]) -> None:
     address, size, handle = args[0], args[1], stream_of(call, args[-1])
     if not address:
         raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: dptr is NULL")
-    refuse_in_capture(d, handle, ALLOCATING)
     if call.family == "cuMemAllocFromPoolAsync":
         pool = args[2]
         device = pools(d).devices.get(pool)
@@ -198,14 +194,23 @@ def cu_mem_alloc_async(d: Driver, call: Call, args: list[Any]) -> None:
         device = d.context(stream(d, handle).ctx).device
         pool = current_pool(d, device)
     d.forward(call, args)
-    record_device(d, marshal.get(call.params[0], address), size, device, pool=pool)
+    capture = capture_of(d, handle)
+    graph = None if capture is None else capture.graph
+    record_device(d, marshal.get(call.params[0], address), size, device, pool=pool if graph is None else None,
+                  graph=graph)
+    if graph is not None:
+        graph_state.allocated(d, graph, marshal.get(call.params[0], address))
 
 
 @implements("cuMemFreeAsync")
 def cu_mem_free_async(d: Driver, call: Call, args: list[Any]) -> None:
+    """In a capture, a free node of the capture's graph: nothing is freed now."""
     dptr, handle = args
     if not dptr:
         return
-    refuse_in_capture(d, stream_of(call, handle), ALLOCATING)
-    forget_device(d, dptr)
+    if capture_of(d, stream_of(call, handle)) is None:
+        forget_device(d, dptr)
+    elif getattr(maps(d)[0].ranges.get(dptr), "graph", None) is None:
+        raise CudaError(errors.INVALID_VALUE, f"{dptr:#x} is not a graph's allocation: a capture frees only what a "
+                        "graph allocated")
     d.forward(call, args)

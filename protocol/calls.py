@@ -288,6 +288,10 @@ cuGraphAddNode              shadow
 cuGraphAddChildGraphNode    shadow  dependencies=in?:numDependencies*each
 cuGraphAddEventRecordNode   shadow  dependencies=in?:numDependencies*each
 cuGraphAddEventWaitNode     shadow  dependencies=in?:numDependencies*each
+cuGraphAddMemFreeNode       shadow  dependencies=in?:numDependencies*each
+cuGraphAddMemAllocNode      sync
+cuGraphMemAllocNodeGetParams local
+cuGraphMemFreeNodeGetParams local
 cuGraphClone                shadow
 cuGraphDestroyNode          async
 cuGraphNodeGetType          sync
@@ -406,6 +410,10 @@ xpuGraphAddMemcpyNode(CUgraphNode *node, CUgraph graph, const void *dependencies
 xpuGraphAddConditionalNode(CUgraphNode *node, CUgraph graph, const void *dependencies, size_t numDependencies, \
   unsigned long long handle, unsigned int type, unsigned int size, void *bodies)     sync \
   dependencies=in?:numDependencies*8 bodies=out:*
+xpuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const void *dependencies, size_t numDependencies, \
+  const void *poolProps, const void *accessDescs, size_t accessDescCount, size_t bytesize, CUdeviceptr *dptr) \
+                                                                                     sync \
+  dependencies=in?:numDependencies*8 poolProps=in:88 accessDescs=in?:accessDescCount*12
 xpuGraphNodeSetKernel(CUgraphExec exec, CUgraphNode node, CUfunction f, unsigned int gridDimX, \
   unsigned int gridDimY, unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY, \
   unsigned int blockDimZ, unsigned int sharedMemBytes, const void *params, size_t paramBytes) \
@@ -438,8 +446,9 @@ DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
 # argument pointers; cuGraphAddNode goes as the call of its node's type; new parameters of those nodes, in a graph
 # or an instantiation, as xpuGraphNodeSet*, and so do the polymorphic cuGraphNodeSetParams and
 # cuGraphExecNodeSetParams; an instantiation's update as xpuGraphExecUpdate; a conditional node as
-# xpuGraphAddConditionalNode, whose body graphs the server names), 3D peer copies as 3D copies, green contexts as
-# xpuGreenCtxCreate (with the SMs their descriptor gives: descriptors are the client's); the older CTC loss forms
+# xpuGraphAddConditionalNode, whose body graphs the server names; an allocation node as xpuGraphAddMemAllocNode, its
+# properties' ordinals the server's and its access descriptions read), 3D peer copies as 3D copies, green contexts
+# as xpuGreenCtxCreate (with the SMs their descriptor gives: descriptors are the client's); the older CTC loss forms
 # read host arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
 SENT_INSTEAD: dict[str, str | None] = {
     "cuMemcpy": None, "cuMemcpyAsync": None, "cuMemcpy2D": None, "cuMemcpy2DUnaligned": None,
@@ -455,7 +464,7 @@ SENT_INSTEAD: dict[str, str | None] = {
     "cuGraphAddNode": None, "cuGraphKernelNodeSetParams": None, "cuGraphMemsetNodeSetParams": None,
     "cuGraphMemcpyNodeSetParams": None, "cuGraphExecKernelNodeSetParams": None, "cuGraphExecMemsetNodeSetParams": None,
     "cuGraphExecMemcpyNodeSetParams": None, "cuGraphExecUpdate": None, "cuGraphGetEdges": None,
-    "cuGraphNodeSetParams": None, "cuGraphExecNodeSetParams": None,
+    "cuGraphNodeSetParams": None, "cuGraphExecNodeSetParams": None, "cuGraphAddMemAllocNode": None,
     "cuMemcpyHtoA": None, "cuMemcpyHtoAAsync": None, "cuMemcpyAtoH": None, "cuMemcpyAtoHAsync": None,
     "cuMemcpyAtoD": None, "cuMemcpyDtoA": None, "cuMemcpyAtoA": None, "cuArrayCreate": "cuArrayCreate_v2",
     "cuArray3DCreate": "cuArray3DCreate_v2", "cuTexObjectCreate": None, "cuSurfObjectCreate": None,

@@ -46,6 +46,9 @@ SM_RESOURCE = struct.Struct("<5I20x")
 # localityDomainId, 11 reserved
 SM_GROUP_PARAMS = struct.Struct("<5I44x")
 SM_MASK_BYTES = 64  # a set of SMs on the wire (xpuGreenCtxCreate): one bit an SM, SM 0 the lowest bit
+# CUDA_MEM_ALLOC_NODE_PARAMS after its CUmemPoolProps (memprops.POOL_PROPS, 88 bytes): const CUmemAccessDesc
+# *accessDescs, size_t accessDescCount, size_t bytesize, CUdeviceptr dptr (the driver's answer)
+MEM_ALLOC_NODE = struct.Struct("<QQQQ")
 # CUDA_CONDITIONAL_NODE_PARAMS: the condition's handle, CUgraphConditionalNodeType, size (bodies), the bodies'
 # array (CUgraph *, the driver's), CUcontext
 CONDITIONAL_NODE = struct.Struct("<QIIQQ")

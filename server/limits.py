@@ -27,7 +27,7 @@ import logging
 import re
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from xpuremote.protocol import errors, fatbin, mathlibs, memprops, wire
@@ -61,7 +61,9 @@ LT_POINTER_ATTRIBUTES = frozenset(v for k, v in _LT.items()
                                   if k.startswith("CUBLASLT_MATMUL_DESC_") and k.endswith("_POINTER"))
 LAUNCHES = ("xpuLaunchKernel", "xpuLaunchKernelEx", "xpuGraphAddKernelNode", "xpuGraphNodeSetKernel")
 MAX_KERNEL_PARAMETERS = 32764
-ALLOCATIONS = ("cuMemAlloc", "cuMemAllocPitch", "cuMemAllocAsync", "cuMemAllocFromPoolAsync")
+ALLOCATIONS = ("cuMemAlloc", "cuMemAllocPitch", "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "xpuGraphAddMemAllocNode")
+STREAM_ORDERED = ("cuMemAllocAsync", "cuMemAllocFromPoolAsync")  # in a capture: the graph's allocations
+GRAPH_LIFE = ("cuGraphInstantiateWithFlags", "cuGraphExecDestroy", "cuGraphDestroy")  # who holds graph memory
 FREES = ("cuMemFree", "cuMemFreeAsync")  # either takes either kind of allocation, as the driver's do
 # VMM addresses that need not be memory: a wanted address, a reservation to free, a range to map. The
 # session's reserved ranges are their check, not its memory.
@@ -155,6 +157,15 @@ class Physical:
 
 
 @dataclass
+class GraphMemory:
+    """A graph's allocations, held by the graph and each instantiation made from it: their addresses stay the
+    client's, and charged, until the last of them is destroyed (the driver keeps them for that long)."""
+    graph: Any  # the backend's object, kept so that its identity stays unique
+    addresses: list[int] = field(default_factory=list)
+    holders: int = 1
+
+
+@dataclass
 class LoadedImage:
     key: bytes
     charge: int  # bytes of its variables, counted against the quota
@@ -177,6 +188,9 @@ class Accounted(Backend):
         self.mapped: dict[int, tuple[int, int]] = {}  # VMM: mapping address -> (size, handle)
         self.arrays: dict[int, int] = {}  # CUDA arrays: the backend's array (_ident) -> bytes charged
         self.objects: set[tuple[str, int]] = set()  # texture and surface objects: (family, value)
+        self.graphs: dict[int, GraphMemory] = {}  # graphs that allocate memory, by the backend's graph (_ident)
+        self.graph_owned: dict[int, GraphMemory] = {}  # a graph allocation's address -> its graph's
+        self.execs: dict[int, tuple[Any, GraphMemory]] = {}  # instantiations of those graphs (_ident)
         self.used = 0
         self.peak = 0
 
@@ -199,6 +213,9 @@ class Accounted(Backend):
         self.mapped.clear()
         self.arrays.clear()
         self.objects.clear()
+        self.graphs.clear()
+        self.graph_owned.clear()
+        self.execs.clear()
         self.used = 0
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
@@ -221,8 +238,15 @@ class Accounted(Backend):
             args = self.pool_attribute(args)
         if call.family in LAUNCHES:
             check_parameters(call, args)
+        if call.family in GRAPH_LIFE:
+            return self.graph_life(call, args)
         if call.family in FREES and args[0] not in self.sizes:
             raise CudaError(errors.INVALID_VALUE, f"{args[0]:#x} is not one of this client's allocations")
+        if call.family in FREES and args[0] in self.graph_owned:
+            return self.inner.execute(call, args)  # a graph's allocation stays its graph's
+        if call.family == "cuMemFreeAsync" and self.inner.capture_graph(args[1]) is not None:
+            raise CudaError(errors.INVALID_VALUE, f"{args[0]:#x} is not a graph's allocation: a capture frees only "
+                            "what a graph allocated")
         outs = self.inner.execute(call, args)
         if call.family in FREES:
             self.charge(-self.sizes.pop(args[0]))
@@ -281,11 +305,12 @@ class Accounted(Backend):
     def allocate(self, call: Call, args: list[Any]) -> list[Any]:
         """cuMemAlloc, cuMemAllocPitch, and a memory pool's allocations (cuMemAllocAsync...)."""
         ins = [a for p, a in zip(call.params, args) if p.direction != "out"]
-        wanted = ins[0] * (ins[1] if call.family == "cuMemAllocPitch" else 1)
+        node = call.family == "xpuGraphAddMemAllocNode"  # outputs the node, then the address
+        wanted = ins[-1] if node else ins[0] * (ins[1] if call.family == "cuMemAllocPitch" else 1)
         self.limits.check_count(len(self.sizes), "allocations")
         self.check_quota(_granules(wanted))
         outs = self.inner.execute(call, args)
-        address = _integer(outs[0])
+        address = _integer(outs[-1] if node else outs[0])
         pitched = call.family == "cuMemAllocPitch" and outs[1] is not None
         size = _integer(outs[1]) * ins[1] if pitched else wanted  # pitch * height
         try:
@@ -294,7 +319,39 @@ class Accounted(Backend):
             self.inner.execute(CALLS["cuMemFree_v2"], [address])  # the pitch rounded it over the quota
             raise
         self.record(address, size)
+        graph = args[1] if node else self.inner.capture_graph(args[-1]) if call.family in STREAM_ORDERED else None
+        if graph is not None:
+            held = self.graphs.setdefault(_ident(graph), GraphMemory(graph))
+            held.addresses.append(address)
+            self.graph_owned[address] = held
         return outs
+
+    # ---- graph memory: allocation nodes, and stream-ordered allocation in a capture ---------------------------
+    def graph_life(self, call: Call, args: list[Any]) -> list[Any]:
+        """Instantiations hold their graph's memory; the last holder destroyed gives it back."""
+        outs = self.inner.execute(call, args)
+        if call.family == "cuGraphInstantiateWithFlags":
+            held = self.graphs.get(_ident(args[1]))
+            if held is not None:
+                held.holders += 1
+                self.execs[_ident(_handle(outs[0]))] = (_handle(outs[0]), held)
+        elif call.family == "cuGraphExecDestroy":
+            found = self.execs.pop(_ident(args[0]), None)
+            if found is not None:
+                self.release_graph_memory(found[1])
+        elif (held := self.graphs.get(_ident(args[0]))) is not None:  # cuGraphDestroy
+            self.release_graph_memory(held)
+        return outs
+
+    def release_graph_memory(self, held: GraphMemory) -> None:
+        held.holders -= 1
+        if held.holders:
+            return
+        self.graphs.pop(_ident(held.graph), None)
+        for address in held.addresses:
+            self.graph_owned.pop(address, None)
+            self.charge(-self.sizes.pop(address, 0))
+            self.regions.remove(address)
 
     def record(self, address: int, size: int) -> None:
         """An allocation of the client's: charged, and an address range it may name."""
@@ -571,7 +628,8 @@ def _ptx_variable_bytes(ptx: bytes) -> int:
 
 
 # the families Accounted.execute does more for than check their addresses
-_ACCOUNTED = frozenset((*ALLOCATIONS, *VMM_CALLS, *ARRAY_CALLS, *LAUNCHES, *FREES, "xpuModuleLoad", "cuModuleUnload",
+_ACCOUNTED = frozenset((*ALLOCATIONS, *VMM_CALLS, *ARRAY_CALLS, *LAUNCHES, *FREES, *GRAPH_LIFE, "xpuModuleLoad",
+                        "cuModuleUnload",
                         "cuMemPoolCreate", "cuMemPoolSetAttribute", "cuModuleGetGlobal"))
 EMBEDDING = ("cudnnBackendSetAttribute", "cublasLtMatmulDescSetAttribute")  # addresses inside attributes
 _ADDRESS_PARAMS: dict[str, tuple[tuple[int, Param, Extent], ...]] = {}
@@ -604,6 +662,11 @@ def _by_value(call: Call, args: list[Any]) -> bool:
 def _ident(module: Any) -> int:
     """A backend's module object as a key: the cuda backend's is a number, the sim's an object."""
     return module if isinstance(module, int) else id(module)
+
+
+def _handle(value: Any) -> Any:
+    """A created object as the backends give it: the sim's object, or the cuda backend's handle as bytes."""
+    return _integer(value) if isinstance(value, (bytes, bytearray, memoryview)) else value
 
 
 def _integer(value: Any) -> int:

@@ -71,10 +71,10 @@ def test_torch_allocators(torch_server: Server, conf: str) -> None:
     assert grown["allocated"] == grown["expected"] and grown["allocated_after_free"] == 0, grown
     if BACKEND == "sim":  # the device is this session's alone: its free memory moves with the session's
         assert grown["expected"] <= grown["device_memory_taken"] == grown["device_memory_given_back"], grown
+    assert found["graph"] == {"replays": [True, True]}, found["graph"]
     if "expandable" in conf:  # one segment that grew page by page (20 MiB each) to hold all six tensors
         assert grown["segments"] == 1 and grown["largest_segment"] >= 3 * 20 * MIB, grown
-    unanswered = [line for line in stderr.splitlines() if "not supported by xpuremote" in line
-                  and "cuDeviceGetGraphMemAttribute" not in line]  # graph memory: torch goes on without it
+    unanswered = [line for line in stderr.splitlines() if "not supported by xpuremote" in line]
     assert not unanswered and "Traceback" not in stderr, stderr[-4000:]
 
 
@@ -120,6 +120,40 @@ def test_pool_and_vmm_memory_count_against_the_quota(tmp_path) -> None:
         client.post("cuMemFreeAsync", int.from_bytes(pooled, "little"), 0)
         client.post("cuMemRelease", int.from_bytes(first, "little"))  # unmapped: its memory goes back
         client.call("cuMemCreate", 8, GRANULE, PROP, 0)
+    finally:
+        client.close()
+        srv.stop()
+
+
+POOL_PROPS = memprops.POOL_PROPS.pack(memprops.PINNED, 0, memprops.ON_DEVICE, 0, 0, 0, 0, 0)
+GRAPH, STREAM = 0x7C00_0000_3000, 0x7C00_0000_3020
+
+
+def test_graph_memory_counts_against_the_quota_while_a_graph_or_instantiation_holds_it(tmp_path) -> None:
+    """An allocation node is charged when it is made and stays charged while its graph or an instantiation of it
+    lives (the driver keeps the address for them); a free of it outside the graph gives nothing back."""
+    srv = start_server(tmp_path, args=("--mem-quota", "3M"))
+    client = PyClient(srv.address)
+    try:
+        client.post("cuGraphCreate", GRAPH, 0)
+        node, dptr = client.call("xpuGraphAddMemAllocNode", 8, GRAPH, None, 0, POOL_PROPS, None, 0, 2 * MIB, 8)
+        assert client.status_of("xpuGraphAddMemAllocNode", 8, GRAPH, None, 0, POOL_PROPS, None, 0, 2 * MIB, 8) \
+            == errors.OUT_OF_MEMORY  # 4 MiB > 3 MiB
+        (graph_exec,) = client.call("cuGraphInstantiateWithFlags", 8, GRAPH, 0)
+        client.post("cuGraphDestroy", GRAPH)
+        client.post("cuMemFreeAsync", int.from_bytes(dptr, "little"), 0)  # the graph's: stays charged
+        assert client.status_of("cuMemAlloc_v2", 8, 2 * MIB) == errors.OUT_OF_MEMORY  # the instantiation holds it
+        client.post("cuGraphExecDestroy", int.from_bytes(graph_exec, "little"))
+        client.alloc(2 * MIB)
+        client.post("cuStreamCreate", STREAM, 1)
+        client.post("xpuStreamBeginCapture", GRAPH, STREAM, 0)
+        (captured,) = client.call("cuMemAllocAsync", 8, MIB, STREAM)  # the capture's graph's allocation
+        assert client.status_of("cuMemAlloc_v2", 8, MIB) == errors.OUT_OF_MEMORY
+        client.post("cuMemFreeAsync", int.from_bytes(captured, "little"), STREAM)  # a free node: charged still
+        client.call("xpuStreamEndCapture", STREAM, GRAPH)
+        assert client.status_of("cuMemAlloc_v2", 8, MIB) == errors.OUT_OF_MEMORY
+        client.post("cuGraphDestroy", GRAPH)
+        client.alloc(MIB)
     finally:
         client.close()
         srv.stop()

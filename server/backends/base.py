@@ -15,11 +15,9 @@ from xpuremote.protocol.layouts import CLUSTER_DIMENSION, LAUNCH_ATTRIBUTE
 Namer = Callable[[str, Any, Any], int]  # (handle type, object, owner) -> the object's handle for the client
 
 # refused on a capturing stream (the client refuses them first): work whose data is the client's host
-# memory, which a graph replayed on the server could not reach, and stream-ordered allocation, which would
-# be a graph's memory node (not forwarded)
+# memory, which a graph replayed on the server could not reach
 CAPTURE_REFUSED = ("cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "xpuMemcpy2DFromHost", "xpuMemcpy2DToHost",
-                   "xpuMemcpyArrayFromHost", "xpuMemcpyArrayToHost", "xpuHostFunc", "cuMemAllocAsync",
-                   "cuMemAllocFromPoolAsync", "cuMemFreeAsync")
+                   "xpuMemcpyArrayFromHost", "xpuMemcpyArrayToHost", "xpuHostFunc")
 
 
 def launch_attributes(data: bytes | None, count: int) -> list[tuple[int, bytes]]:
@@ -120,6 +118,10 @@ class Backend:
 
     def inventory(self) -> Inventory:
         raise NotImplementedError
+
+    def capture_graph(self, stream: Any) -> Any | None:
+        """The graph a stream is capturing into, or None (the limits' question about stream-ordered allocation)."""
+        return None
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
         target = self if call.library == "cuda" else self.library(call.library)

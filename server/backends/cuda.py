@@ -36,6 +36,7 @@ from xpuremote.protocol.layouts import (
     KERNEL_NODE_V2,
     LAUNCH_ATTRIBUTE,
     LAUNCH_CONFIG,
+    MEM_ALLOC_NODE,
     MEMCPY2D,
     MEMCPY3D,
     MEMSET_NODE,
@@ -291,8 +292,11 @@ class CudaBackend(Backend):
     def clear_in_order(self, args: list[Any], results: list[Any]) -> None:
         """A pool's allocation is zeroed on its own stream, before anything the client queues there (its
         memory is the allocation's from that point of the stream on): the pool may have grown with memory
-        the driver had given another process."""
+        the driver had given another process. Not in a capture: there the allocation is the graph's, and a
+        memset would be a node of the graph, run at every launch (docs/security.md)."""
         address, size, stream = int.from_bytes(results[0], "little"), args[1], self.ffi.cast("void *", args[-1] or 0)
+        if self.capture_graph(args[-1]) is not None:
+            return
         status = self.lib.cuMemsetD8Async(address, 0, size, stream)
         if status:
             self.lib.cuMemFreeAsync(address, stream)
@@ -587,6 +591,12 @@ class CudaBackend(Backend):
         if status[0]:
             raise CudaError(errors.NOT_SUPPORTED, f"{call.family} cannot be captured into a graph over a network")
 
+    def capture_graph(self, stream: Any) -> int | None:
+        status, graph, null = self.ffi.new("int *"), self.ffi.new("void **"), self.ffi.NULL
+        self.check(self.lib.cuStreamGetCaptureInfo_v3(self.ffi.cast("void *", stream or 0), status, null, graph, null,
+                                                      null, null), "cuStreamGetCaptureInfo")
+        return int(self.ffi.cast("uintptr_t", graph[0])) if status[0] else None
+
     def xpuStreamBeginCapture(self, stream: Any, mode: int) -> tuple[int]:
         handle = self.ffi.cast("void *", stream or 0)
         self.check(self.lib.cuStreamBeginCapture_v2(handle, RELAXED), "cuStreamBeginCapture")
@@ -724,6 +734,17 @@ class CudaBackend(Backend):
         if status and status != ENUMS["CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE"]:
             self.check(status, "cuGraphExecUpdate")
         return (int.from_bytes(self.ffi.buffer(info, 4)[:], "little"),)
+
+    def xpuGraphAddMemAllocNode(self, graph: int, deps: bytes | None, count: int, props: bytes,
+                                access: bytes | None, access_count: int, bytesize: int) -> tuple[int, int]:
+        """CUDA_MEM_ALLOC_NODE_PARAMS from the client's properties and access descriptions; the driver answers the
+        address in it."""
+        ffi = self.ffi
+        descs = ffi.from_buffer(bytes(access or b"\0"))
+        tail = MEM_ALLOC_NODE.pack(int(ffi.cast("uintptr_t", descs)) if access_count else 0, access_count, bytesize, 0)
+        params = ffi.new("char[]", bytes(props) + tail)
+        (node,) = self.add_node(self.lib.cuGraphAddMemAllocNode, graph, deps, count, params)
+        return node, int.from_bytes(ffi.buffer(params, len(props) + MEM_ALLOC_NODE.size)[-8:], "little")
 
     def xpuGraphAddMemsetNode(self, graph: int, deps: bytes | None, count: int, dst: int, pitch: int, value: int,
                               element: int, width: int, height: int) -> tuple[int]:

@@ -28,6 +28,7 @@ from . import sim_kernels
 from .base import DeviceInfo, Inventory, check_module_image, cluster_size, launch_attributes
 from .sim_arrays import SimArrays
 from .sim_board import Board
+from .sim_graph_memory import GraphMemory
 from .sim_graphs import SimGraphs
 from .sim_pools import Pool, Pools
 from .sim_vmm import VirtualMemory
@@ -305,6 +306,7 @@ class SimBackend(SimGraphs, SimArrays):
         self.memory = Memory(memory_bytes, self.board.publish)
         self.pools = Pools(self.memory, self._device)
         self.vmm = VirtualMemory(self.memory, self._device)
+        self.graph_memory = GraphMemory(self.memory)
         self.memory_bytes = memory_bytes
         self.current: Context | None = None  # the context the client's calls run in
         # kernels without a host implementation do nothing: their results are garbage, but an
@@ -418,7 +420,8 @@ class SimBackend(SimGraphs, SimArrays):
         return self.memory.alloc(pitch * height, self._current_device()), pitch
 
     def cuMemFree(self, dptr: int) -> None:
-        self.pools.free(dptr)  # a pool's allocation too, as the driver allows
+        if dptr not in self.graph_memory.allocations:  # a graph's stays its graph's (sim_graph_memory)
+            self.pools.free(dptr)  # a pool's allocation too, as the driver allows
 
     # ---- memory pools: stream-ordered allocation (sim_pools); the work is done when queued ----------
     def cuDeviceGetDefaultMemPool(self, dev: int) -> tuple[Pool]:
@@ -434,7 +437,7 @@ class SimBackend(SimGraphs, SimArrays):
         return (self.pools.allocate(pool, bytesize),)
 
     def cuMemFreeAsync(self, dptr: int, stream: Any) -> None:
-        self.pools.free(dptr)
+        self.cuMemFree(dptr)
 
     def cuMemPoolCreate(self, props: bytes) -> tuple[Pool]:
         return (self.pools.create(props),)

@@ -15,7 +15,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from xpuremote.protocol import errors
+from xpuremote.protocol import errors, memprops
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
@@ -23,17 +23,18 @@ from xpuremote.protocol.layouts import COND_ASSIGN_DEFAULT, CONDITIONAL_BODIES
 
 from ..gpu_timer import is_gpu_work
 from .base import CAPTURE_REFUSED, Backend
+from .sim_graph_memory import GraphAllocation
 
 LEGACY = (0, 1)
 NON_BLOCKING = ENUMS["CU_STREAM_NON_BLOCKING"]
 EXTERNAL = ENUMS["CU_EVENT_RECORD_EXTERNAL"]
 SET_DEPENDENCIES = ENUMS["CU_STREAM_SET_CAPTURE_DEPENDENCIES"]
-# CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, _USED_MEM_HIGH, _RESERVED_MEM_CURRENT, _RESERVED_MEM_HIGH: cuda.h gives
-# them no explicit values, and the generated ENUMS hold explicit ones only
-GRAPH_MEM_ATTRIBUTES = (0, 1, 2, 3)
 WAITS = ("cuStreamSynchronize", "cuStreamQuery")
 RECORDS = ("cuEventRecord", "cuEventRecordWithFlags")
-STREAM_CONTROL = (*WAITS, *RECORDS, "cuStreamWaitEvent", *CAPTURE_REFUSED)  # looked at while a capture is on
+ALLOCS, FREE = ("cuMemAllocAsync", "cuMemAllocFromPoolAsync"), "cuMemFreeAsync"  # in a capture: memory nodes
+# looked at while a capture is on
+STREAM_CONTROL = (*WAITS, *RECORDS, "cuStreamWaitEvent", *CAPTURE_REFUSED, *ALLOCS, FREE)
+ALLOC_NODE, FREE_NODE = "xpuGraphAddMemAllocNode", "cuGraphAddMemFreeNode"  # the calls memory nodes record
 FORGETTING = ("cuStreamDestroy", "cuEventDestroy", "cuGraphDestroy")  # what a capture must hear of
 CONDITIONAL = "xpuGraphAddConditionalNode"  # the call a conditional node records
 IF, WHILE, SWITCH = (ENUMS[f"CU_GRAPH_COND_TYPE_{t}"] for t in ("IF", "WHILE", "SWITCH"))
@@ -69,6 +70,11 @@ class Graph:
         return node
 
 
+def allocations(nodes: list[Node]) -> list[GraphAllocation]:
+    """What the allocation nodes among these allocate."""
+    return [n.args[0] for n in nodes if n.call is not None and n.call.family == ALLOC_NODE]
+
+
 @dataclass(eq=False)
 class Exec:
     order: list[Node]  # copies of the graph's nodes, each after everything it depends on
@@ -78,6 +84,8 @@ class Exec:
     depth: int = 1  # graphs launched within graphs, this one included
     work: int = 0  # nodes a launch runs, those of the graphs it launches included
     conditions: list[Condition] = field(default_factory=list)  # those of its graph and its conditional bodies
+    allocations: list[GraphAllocation] = field(default_factory=list)  # its allocation nodes'
+    launched: bool = False
 
 
 @dataclass(eq=False)
@@ -146,7 +154,8 @@ def unjoined(capture: Capture) -> bool:
 
 
 NODE_TYPES = {"cuGraphLaunch": "GRAPH", CONDITIONAL: "CONDITIONAL", "cuEventRecord": "EVENT_RECORD",
-              "cuEventRecordWithFlags": "EVENT_RECORD", "cuStreamWaitEvent": "WAIT_EVENT"}
+              "cuEventRecordWithFlags": "EVENT_RECORD", "cuStreamWaitEvent": "WAIT_EVENT", ALLOC_NODE: "MEM_ALLOC",
+              FREE_NODE: "MEM_FREE"}
 
 
 def node_type(node: Node) -> int:
@@ -249,6 +258,8 @@ class SimGraphs(Backend):
             self.wait_event(capture, stream, args[1])
         if capture is None or call.family in RECORDS or call.family == "cuStreamWaitEvent":
             return super().execute(call, args)
+        if call.family in ALLOCS or call.family == FREE:
+            return self.capture_memory(capture, stream, call, args)
         if call.family in WAITS or call.family in CAPTURE_REFUSED:
             self.invalidate(capture, f"{call.family} in a capture")
             raise CudaError(errors.CAPTURE_UNSUPPORTED if call.family in WAITS else errors.NOT_SUPPORTED,
@@ -260,6 +271,10 @@ class SimGraphs(Backend):
         return []
 
     # ---- what a capture records ------------------------------------------------------------------
+    def capture_graph(self, stream: Any) -> Graph | None:
+        capture = self.captures.get(key(stream))
+        return None if capture is None else capture.graph
+
     def capture_of(self, stream: Any) -> Capture | None:
         if stream in LEGACY:
             blocking = [c for c in self.captures.values() if c.blocking and not c.invalid]
@@ -272,6 +287,24 @@ class SimGraphs(Backend):
     def capture_work(self, capture: Capture, stream: Any, call: Call, args: list[Any]) -> None:
         node = self.add_node(capture.graph, call, list(args), capture.tails[key(stream)])
         capture.tails[key(stream)] = [node]
+
+    def capture_memory(self, capture: Capture, stream: Any, call: Call, args: list[Any]) -> list[Any]:
+        """A stream-ordered allocation in a capture is the graph's allocation node (its address now), a free
+        its free node."""
+        if call.family == FREE:
+            self.capture_work(capture, stream, CALLS[FREE_NODE], [self.graph_allocation(args[0]).address])
+            return []
+        pool = args[2] if call.family == "cuMemAllocFromPoolAsync" else self.pools.current_of(self._current_device())
+        alloc = self.graph_memory.allocate(pool.device, args[1])
+        self.capture_work(capture, stream, CALLS[ALLOC_NODE], [alloc])
+        return [alloc.address]
+
+    def graph_allocation(self, address: int) -> GraphAllocation:
+        alloc = self.graph_memory.allocations.get(address)
+        if alloc is None:
+            raise CudaError(errors.INVALID_VALUE, f"{address:#x} is not a graph's allocation: a graph frees only "
+                            "what a graph allocated")
+        return alloc
 
     def add_node(self, graph: Graph, call: Call | None, args: list[Any], deps: list[Node]) -> Node:
         """A node, within what the session's graphs may hold."""
@@ -390,6 +423,8 @@ class SimGraphs(Backend):
                     self.cuGraphDestroy(body)
         self.graph_bytes -= graph.size
         graph.size = 0
+        self.graph_memory.release(allocations(graph.nodes))
+        graph.nodes = [n for n in graph.nodes if n.call is None or n.call.family != ALLOC_NODE]
 
     def cuGraphAddEmptyNode(self, graph: Graph, deps: bytes | None, count: int) -> tuple[Node]:
         return (self.add_node(graph, None, [], self.nodes(deps, count)),)
@@ -439,6 +474,7 @@ class SimGraphs(Backend):
 
     def cuGraphAddChildGraphNode(self, graph: Graph, deps: bytes | None, count: int, child: Graph) -> tuple[Node]:
         """The child is cloned, as the driver does, and runs as a graph launched within this one."""
+        self.refuse_memory_nodes(child, "a child graph")
         (child_exec,) = self.cuGraphInstantiateWithFlags(self.clone(child), 0)
         return (self.add_node(graph, CALLS["cuGraphLaunch"], [child_exec, None], self.nodes(deps, count)),)
 
@@ -449,7 +485,14 @@ class SimGraphs(Backend):
         return (self.add_node(graph, CALLS["cuStreamWaitEvent"], [None, event, 0], self.nodes(deps, count)),)
 
     def cuGraphClone(self, original: Graph) -> tuple[Graph]:
+        self.refuse_memory_nodes(original, "a clone")
         return (self.clone(original),)
+
+    @staticmethod
+    def refuse_memory_nodes(graph: Graph, what: str) -> None:
+        if any(node_type(n) in (ENUMS["CU_GRAPH_NODE_TYPE_MEM_ALLOC"], ENUMS["CU_GRAPH_NODE_TYPE_MEM_FREE"])
+               for n in graph.nodes):
+            raise CudaError(errors.NOT_SUPPORTED, f"{what} of a graph with memory nodes is not modelled by the sim")
 
     def clone(self, original: Graph) -> Graph:
         """The same nodes and edges in a new graph (the edges after the nodes: an edge may point forward)."""
@@ -469,6 +512,7 @@ class SimGraphs(Backend):
         for n in graph.nodes:
             if node in n.deps:
                 n.deps.remove(node)
+        self.graph_memory.release(allocations([node]))
 
     def cuGraphInstantiateWithFlags(self, graph: Graph, flags: int) -> tuple[Exec]:
         """Graphs launched within graphs are bounded: so deep, so much work in one launch."""
@@ -479,8 +523,10 @@ class SimGraphs(Backend):
         depth, work = bounded(list(copies.values()))
         conditions = [*graph.conditions.values(), *(c for n in copies.values() for body in children(n)
                                                      if n.call.family == CONDITIONAL for c in body.conditions)]
+        held = allocations(graph.nodes)
+        self.graph_memory.hold(held)
         return (Exec([copies[id(n)] for n in order], copies, exec_shape(graph), depth=depth, work=work,
-                     conditions=conditions),)
+                     conditions=conditions, allocations=held),)
 
     def instantiated(self, node: Node) -> list[Any]:
         """A node's arguments for an instantiation: a conditional node's with its bodies instantiated."""
@@ -580,6 +626,9 @@ class SimGraphs(Backend):
         for condition in graph_exec.conditions:
             if condition.assign:
                 condition.value = condition.default
+        if not graph_exec.launched:
+            graph_exec.launched = True
+            self.graph_memory.launched(graph_exec.allocations)
         self.run(graph_exec, [MAX_WORK])
 
     def run(self, graph_exec: Exec, budget: list[int]) -> None:
@@ -590,11 +639,15 @@ class SimGraphs(Backend):
         for node in graph_exec.order:
             if node.call is not None and node.call.family == CONDITIONAL:
                 self.run_conditional(node.args[0], budget)
-            elif node.call is not None:
+            elif node.call is not None and node.call.family not in (ALLOC_NODE, FREE_NODE):  # memory: always there
                 Backend.execute(self, node.call, node.args)
 
     def cuGraphExecDestroy(self, graph_exec: Exec) -> None:
-        """The worker forgets the handle."""
+        """The worker forgets the handle; the allocations it held go when their graph has gone too."""
+        if graph_exec.launched:
+            self.graph_memory.unlaunched(graph_exec.allocations)
+        self.graph_memory.release(graph_exec.allocations)
+        graph_exec.allocations = []
 
     # ---- ids (CUDA 13.1) ----------------------------------------------------------------------------------
     def cuGraphGetId(self, graph: Graph) -> tuple[int]:
@@ -612,16 +665,28 @@ class SimGraphs(Backend):
     def xpuGraphNodeGetContainingGraph(self, node: Node) -> tuple[int]:
         return (self.handle_of("CUgraph", node.graph),)
 
-    # ---- graph memory: allocation nodes are not forwarded (refused in a capture), so none is held --------
+    # ---- graph memory (sim_graph_memory) --------------------------------------------------------------------
+    def xpuGraphAddMemAllocNode(self, graph: Graph, deps: bytes | None, count: int, props: bytes,
+                                access: bytes | None, access_count: int, bytesize: int) -> tuple[Node, int]:
+        memprops.check_pool_props(props)
+        device = self._device(memprops.POOL_PROPS.unpack(bytes(props))[3])
+        for location_type, ident, _flags in memprops.access_descs(bytes(access or b"")[: 12 * access_count]):
+            if location_type != memprops.ON_DEVICE:
+                raise CudaError(errors.INVALID_VALUE, f"access for location type {location_type}")
+            self._device(ident)
+        dependencies = self.nodes(deps, count)
+        alloc = self.graph_memory.allocate(device, bytesize)
+        return self.add_node(graph, CALLS[ALLOC_NODE], [alloc], dependencies), alloc.address
+
+    def cuGraphAddMemFreeNode(self, graph: Graph, deps: bytes | None, count: int, dptr: int) -> tuple[Node]:
+        return (self.add_node(graph, CALLS[FREE_NODE], [self.graph_allocation(dptr).address],
+                              self.nodes(deps, count)),)
+
     def cuDeviceGetGraphMemAttribute(self, device: int, attr: int) -> tuple[bytes]:
-        if attr not in GRAPH_MEM_ATTRIBUTES:
-            raise CudaError(errors.INVALID_VALUE, f"graph memory attribute {attr}")
-        return (bytes(8),)
+        return (self.graph_memory.attribute(self._device(device), attr).to_bytes(8, "little"),)
 
     def cuDeviceSetGraphMemAttribute(self, device: int, attr: int, value: bytes) -> None:
-        """Only the high watermarks may be reset, to 0: they are 0."""
-        if attr not in GRAPH_MEM_ATTRIBUTES[1::2] or any(value):
-            raise CudaError(errors.INVALID_VALUE, f"graph memory attribute {attr} cannot be set so")
+        self.graph_memory.reset_high(self._device(device), attr, int.from_bytes(bytes(value)[:8], "little"))
 
     def cuDeviceGraphMemTrim(self, device: int) -> None:
-        """Nothing is cached for graphs."""
+        self.graph_memory.trim(self._device(device))

@@ -607,17 +607,99 @@ def conditional_nodes() -> None:
     ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
 
 
+def graph_mem(attr: str) -> int:
+    value = cu.cuDeviceGetGraphMemAttribute(dev, getattr(cu.CUgraphMem_attribute, f"CU_GRAPH_MEM_ATTR_{attr}"))
+    return int(ok(value, f"graph memory {attr}"))
+
+
 @section
-def graph_memory() -> None:
-    """No graph here allocates memory (allocation nodes): the device's graph memory is all zero."""
+def graph_memory_nodes() -> None:
+    """An allocation node -> memset 7 on it -> copy it to z -> its free node, launched twice; the device's graph
+    memory as cuda-python's own test checks it; the getters; trimmed after the graph and its instantiation go."""
+    params = cu.CUDA_MEM_ALLOC_NODE_PARAMS()
+    params.poolProps.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    params.poolProps.location.id = dev
+    params.poolProps.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    params.bytesize = 4 * N
+    graph = ok(cu.cuGraphCreate(0), "cuGraphCreate")
+    alloc = ok(cu.cuGraphAddMemAllocNode(graph, None, 0, params), "cuGraphAddMemAllocNode")
+    dptr = params.dptr
+    check(int(dptr) != 0, "the allocation node gives its address at once", repr(dptr))
+    m = cu.CUDA_MEMSET_NODE_PARAMS()
+    m.dst, m.value, m.elementSize, m.width, m.height = dptr, 0x40E00000, 4, N, 1  # 7.0
+    fill = ok(cu.cuGraphAddMemsetNode(graph, [alloc], 1, m, ctx), "cuGraphAddMemsetNode on it")
+    c = cu.CUDA_MEMCPY3D()
+    c.srcMemoryType = c.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE
+    c.srcDevice, c.dstDevice, c.WidthInBytes, c.Height, c.Depth = dptr, z, 4 * N, 1, 1
+    out = ok(cu.cuGraphAddMemcpyNode(graph, [fill], 1, c, ctx), "cuGraphAddMemcpyNode from it")
+    free = ok(cu.cuGraphAddMemFreeNode(graph, [out], 1, dptr), "cuGraphAddMemFreeNode")
+    kinds = [ok(cu.cuGraphNodeGetType(n), "cuGraphNodeGetType") for n in (alloc, free)]
+    check(kinds == [T.CU_GRAPH_NODE_TYPE_MEM_ALLOC, T.CU_GRAPH_NODE_TYPE_MEM_FREE], "memory nodes' types", repr(kinds))
+    got = ok(cu.cuGraphMemAllocNodeGetParams(alloc), "cuGraphMemAllocNodeGetParams")
+    check(got.bytesize == 4 * N and int(got.dptr) == int(dptr), "the allocation node's parameters", repr(got.bytesize))
+    freed = ok(cu.cuGraphMemFreeNodeGetParams(free), "cuGraphMemFreeNodeGetParams")
+    check(int(freed) == int(dptr), "the free node's address", repr(freed))
+    graph_exec = ok(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    for launch_ in ("first", "second"):
+        upload(z, floats([0.0] * N))
+        ok(cu.cuGraphLaunch(graph_exec, stream), f"cuGraphLaunch {launch_}")
+        ok(cu.cuStreamSynchronize(stream), f"synchronize {launch_}")
+        check(download(z) == [7.0] * N, f"{launch_} launch: z = 7, through the graph's own memory")
+    used = graph_mem("USED_MEM_CURRENT")
+    check(used >= 4 * N and graph_mem("USED_MEM_HIGH") == used and graph_mem("RESERVED_MEM_CURRENT") == used
+          and graph_mem("RESERVED_MEM_HIGH") == used, "graph memory: used >= the allocation, all four alike", str(used))
+    ok(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+    ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+    ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+    ok(cu.cuDeviceGraphMemTrim(dev), "cuDeviceGraphMemTrim")
+    if XPUREMOTE:  # the sim's model: memory stays reserved until trimmed, used goes with the instantiation
+        check(graph_mem("USED_MEM_CURRENT") == 0 and graph_mem("RESERVED_MEM_CURRENT") == 0,
+              "after the graph, its instantiation and a trim: no graph memory")
     A = cu.CUgraphMem_attribute
-    for attr in (A.CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, A.CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
-                 A.CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, A.CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH):
-        value = ok(cu.cuDeviceGetGraphMemAttribute(dev, attr), f"cuDeviceGetGraphMemAttribute {attr.name}")
-        check(int(value) == 0, f"{attr.name} is 0", repr(value))
     ok(cu.cuDeviceSetGraphMemAttribute(dev, A.CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, cu.cuuint64_t(0)),
        "cuDeviceSetGraphMemAttribute resets a high watermark")
-    ok(cu.cuDeviceGraphMemTrim(dev), "cuDeviceGraphMemTrim")
+    check(graph_mem("USED_MEM_HIGH") == graph_mem("USED_MEM_CURRENT"), "the high watermark is the current amount")
+
+
+@section
+def allocation_in_a_capture() -> None:
+    """cuMemAllocAsync, a memset on it, a copy to w and cuMemFreeAsync captured: memory nodes, replayed twice;
+    an allocation the captured graph does not free lives on after its launch and is freed outside."""
+    ok(cu.cuStreamBeginCapture(stream, GLOBAL), "cuStreamBeginCapture")
+    dptr = ok(cu.cuMemAllocAsync(4 * N, stream), "cuMemAllocAsync in the capture")
+    ok(cu.cuMemsetD32Async(dptr, 0x40A00000, N, stream), "cuMemsetD32Async 5 on it")  # 5.0
+    ok(cu.cuMemcpyDtoDAsync(w, dptr, 4 * N, stream), "cuMemcpyDtoDAsync to w")
+    ok(cu.cuMemFreeAsync(dptr, stream), "cuMemFreeAsync in the capture")
+    graph = ok(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+    types = sorted(int(ok(cu.cuGraphNodeGetType(n), "cuGraphNodeGetType"))
+                   for n in node_list(cu.cuGraphGetNodes, graph, "cuGraphGetNodes"))
+    check(types == sorted(int(t) for t in (T.CU_GRAPH_NODE_TYPE_MEM_ALLOC, T.CU_GRAPH_NODE_TYPE_MEMSET,
+                                           T.CU_GRAPH_NODE_TYPE_MEMCPY, T.CU_GRAPH_NODE_TYPE_MEM_FREE)),
+          "the capture made allocation and free nodes", repr(types))
+    graph_exec = ok(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    for launch_ in ("first", "second"):
+        upload(w, floats([0.0] * N))
+        ok(cu.cuGraphLaunch(graph_exec, stream), f"cuGraphLaunch {launch_}")
+        ok(cu.cuStreamSynchronize(stream), f"synchronize {launch_}")
+        check(download(w) == [5.0] * N, f"{launch_} replay: w = 5")
+    ok(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+    ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+    ok(cu.cuStreamBeginCapture(stream, GLOBAL), "cuStreamBeginCapture, keeping the allocation")
+    kept = ok(cu.cuMemAllocAsync(4 * N, stream), "cuMemAllocAsync in the capture")
+    ok(cu.cuMemsetD32Async(kept, 0x41000000, N, stream), "cuMemsetD32Async 8 on it")  # 8.0
+    graph = ok(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")
+    graph_exec = instantiate_and_run(graph, "a graph that keeps its allocation")
+    check(download(kept) == [8.0] * N, "the allocation outlives the launch: read outside the graph")
+    ok(cu.cuMemFreeAsync(kept, stream), "cuMemFreeAsync outside the graph")
+    ok(cu.cuStreamSynchronize(stream), "synchronize")
+    if XPUREMOTE:
+        plain = ok(cu.cuMemAlloc(64), "cuMemAlloc")
+        ok(cu.cuStreamBeginCapture(stream, GLOBAL), "cuStreamBeginCapture")
+        fails(cu.cuMemFreeAsync(plain, stream), R.CUDA_ERROR_INVALID_VALUE, "a capture frees only a graph's memory")
+        ok(cu.cuGraphDestroy(ok(cu.cuStreamEndCapture(stream), "cuStreamEndCapture")), "cuGraphDestroy")
+        ok(cu.cuMemFree(plain), "cuMemFree: still allocated")
+    ok(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+    ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
 
 
 for ptr in (x, y, z, w):

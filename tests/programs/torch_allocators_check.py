@@ -3,7 +3,7 @@ PYTORCH_CUDA_ALLOC_CONF names, `backend:cudaMallocAsync` (memory pools) or `expa
 (virtual memory management). Prints one JSON line.
 
 Keeps to what needs no kernel but ATen's fill (a host implementation in tests/torch_sim_kernels.py):
-allocation, copies each way and on the device, memory statistics. Some tensors are left alive at exit,
+allocation, copies each way and on the device, memory statistics, a CUDA graph that allocates. Some tensors are left alive at exit,
 as programs leave them: their frees come while Python unloads, after the session has ended.
 """
 
@@ -64,9 +64,35 @@ def growth() -> dict[str, Any]:
             "segments": len(segments), "largest_segment": max((s["total_size"] for s in segments), default=0)}
 
 
+def graph_capture() -> dict[str, Any]:
+    """torch.cuda.CUDAGraph with tensors allocated inside the capture (under cudaMallocAsync, the graph's own
+    allocation nodes; otherwise the graph's private pool) and one freed there, replayed after the outputs were
+    cleared."""
+    static_out = torch.zeros(MIB, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        scratch = torch.empty(MIB, device="cuda")
+        scratch.fill_(2.5)
+        static_out.copy_(scratch)
+        del scratch  # freed inside the capture
+        kept = torch.empty(MIB, device="cuda")
+        kept.fill_(4.0)
+    replays = []
+    for _ in range(2):
+        static_out.zero_()
+        kept.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        replays.append(same_bits(static_out.cpu(), torch.full((MIB,), 2.5))
+                       and same_bits(kept.cpu(), torch.full((MIB,), 4.0)))
+    del kept, graph
+    torch.cuda.synchronize()
+    return {"replays": replays}
+
+
 def main() -> None:
     out: dict[str, Any] = {"backend": torch.cuda.get_allocator_backend()}
-    for name, check in (("round_trips", round_trips), ("growth", growth)):
+    for name, check in (("round_trips", round_trips), ("growth", growth), ("graph", graph_capture)):
         try:
             out[name] = check()
         except Exception as exc:  # reported in its own section, for its own test to show
