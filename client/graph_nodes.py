@@ -50,7 +50,8 @@ def _node(d: Driver, call: Call, node_out: int, graph: int, deps: int, count: in
 # ---- each type's parameters, as the client's requests take them -------------------------------------------
 def _kernel_params(d: Driver, params: int, v2: bool) -> list[Any]:
     """A kernel node's CUDA_KERNEL_NODE_PARAMS (or its _v2), as xpuGraph*Kernel* take it: the function's
-    handle, grid, block, shared bytes, the arguments packed as for launches, their size."""
+    handle, grid, block, shared bytes, the arguments packed as for launches, their size. The function named
+    (a CUfunction or a CUkernel) is kept as the getter's answer, `func`."""
     if not params:
         raise CudaError(errors.INVALID_VALUE, "nodeParams is NULL")
     if v2:
@@ -63,6 +64,19 @@ def _kernel_params(d: Driver, params: int, v2: bool) -> list[Any]:
     fn = modules.ensure_function(d, func)
     packed = modules.pack_params(fn, kernel_params, extra)
     return [fn.handle, gx, gy, gz, bx, by, bz, shared, packed, len(packed)]
+
+
+def _kernel_record(d: Driver, kernel: list[Any]) -> tuple[tuple[int, bytes], Any]:
+    """What the kernel getters answer: a CUDA_KERNEL_NODE_PARAMS_v2 whose kernelParams point into the client's
+    copy of the arguments (as the driver's point into its own)."""
+    handle, gx, gy, gz, bx, by, bz, shared, packed, _size = kernel
+    fn = modules.registry(d)[2][handle]
+    values = marshal.ffi.new("char[]", packed or b"\0")
+    base = int(marshal.ffi.cast("uintptr_t", values))
+    pointers = marshal.ffi.new("uint64_t[]", [base + p.offset for p in fn.kernel.params] or [0])
+    struct_ = KERNEL_NODE_V2.pack(handle, gx, gy, gz, bx, by, bz, shared, int(marshal.ffi.cast("uintptr_t", pointers)),
+                                  0, 0, 0)
+    return (NODE_TYPE["KERNEL"], struct_), (values, pointers)
 
 
 def _memset_params(params: int) -> list[Any]:
@@ -113,8 +127,13 @@ def _side(d: Driver, kind: int, host: int, device: int, array: int) -> tuple[boo
 @implements("cuGraphAddKernelNode")
 def cu_graph_add_kernel_node(d: Driver, call: Call, args: list[Any]) -> None:
     node_out, graph, deps, count, params = args
-    _add_node(d, call, "xpuGraphAddKernelNode", [node_out, graph, deps, count],
-              _kernel_params(d, params, call.symbol.endswith("_v2")))
+    _add_kernel(d, call, [node_out, graph, deps, count], params, call.symbol.endswith("_v2"))
+
+
+def _add_kernel(d: Driver, call: Call, added: list[Any], params: int, v2: bool) -> None:
+    kernel = _kernel_params(d, params, v2)
+    node = _add_node(d, call, "xpuGraphAddKernelNode", added, kernel)
+    graph_state.made(d, added[1], node, *_kernel_record(d, kernel))
 
 
 @implements("cuGraphAddMemsetNode")
@@ -148,6 +167,13 @@ def _add_node(d: Driver, call: Call, request: str, added: list[Any], params: lis
     size = params[-1] if request == "xpuGraphAddKernelNode" else 0  # the kernel's packed arguments
     d.post(CALLS[request], [node, graph, dependencies, count, *params], size)
     return node
+
+
+@implements("cuGraphAddEventRecordNode", "cuGraphAddEventWaitNode")
+def cu_graph_add_event_node(d: Driver, call: Call, args: list[Any]) -> None:
+    d.forward(call, args)
+    kind = NODE_TYPE["EVENT_RECORD" if call.family == "cuGraphAddEventRecordNode" else "WAIT_EVENT"]
+    graph_state.made(d, args[1], marshal.get(call.params[0], args[0]), (kind, args[4].to_bytes(8, "little")))
 
 
 @implements("cuGraphAddMemAllocNode")
@@ -190,8 +216,7 @@ def _add_mem_alloc(d: Driver, call: Call, added: list[Any], params: int) -> None
     kept = marshal.ffi.new("char[]", descs or b"\0")
     given = given[:PROPS] + MEM_ALLOC_NODE.pack(int(marshal.ffi.cast("uintptr_t", kept)) if descs else 0, access_count,
                                                 size, address)
-    graph_state.made(d, graph, node, (NODE_TYPE["MEM_ALLOC"], given))
-    graph_state.registry(d).keep[node] = kept
+    graph_state.made(d, graph, node, (NODE_TYPE["MEM_ALLOC"], given), kept)
     memory.record_device(d, address, size, device, graph=graph)
     graph_state.allocated(d, graph, address)
 
@@ -225,6 +250,8 @@ def cu_graph_memcpy_node_set_params(d: Driver, call: Call, args: list[Any]) -> N
 def _set_kernel(d: Driver, graph_exec: int, node: int, params: int, v2: bool) -> None:
     kernel = _kernel_params(d, params, v2)
     d.post(CALLS["xpuGraphNodeSetKernel"], [graph_exec, node, *kernel], kernel[-1])
+    if not graph_exec:
+        graph_state.remember(d, node, *_kernel_record(d, kernel))
 
 
 def _set_memset(d: Driver, graph_exec: int, node: int, params: int) -> None:
@@ -293,6 +320,46 @@ def cu_graph_memset_node_get_params(d: Driver, call: Call, args: list[Any]) -> N
     marshal.write(out, _given(d, node, NODE_TYPE["MEMSET"]))
 
 
+@implements("cuGraphKernelNodeGetParams")
+def cu_graph_kernel_node_get_params(d: Driver, call: Call, args: list[Any]) -> None:
+    """The _v2 struct; the first form's is its first part."""
+    node, out = args
+    given = _given(d, node, NODE_TYPE["KERNEL"])
+    marshal.write(out, given if call.symbol.endswith("_v2") else given[:KERNEL_NODE.size])
+
+
+@implements("cuGraphEventRecordNodeGetEvent", "cuGraphEventWaitNodeGetEvent")
+def cu_graph_event_node_get_event(d: Driver, call: Call, args: list[Any]) -> None:
+    node, out = args
+    kind = NODE_TYPE["EVENT_RECORD" if call.family == "cuGraphEventRecordNodeGetEvent" else "WAIT_EVENT"]
+    marshal.write(out, _given(d, node, kind))
+
+
+@implements("cuGraphEventRecordNodeSetEvent", "cuGraphEventWaitNodeSetEvent", "cuGraphExecEventRecordNodeSetEvent",
+            "cuGraphExecEventWaitNodeSetEvent")
+def cu_graph_event_node_set_event(d: Driver, call: Call, args: list[Any]) -> None:
+    graph_exec, node, (event,) = _target(call, args)
+    d.forward(call, args)
+    if not graph_exec:
+        kind = NODE_TYPE["EVENT_RECORD" if "Record" in call.family else "WAIT_EVENT"]
+        graph_state.remember(d, node, (kind, event.to_bytes(8, "little")))
+
+
+@implements("cuGraphNodeGetEnabled")
+def cu_graph_node_get_enabled(d: Driver, call: Call, args: list[Any]) -> None:
+    """As the client last set it (cuGraphNodeSetEnabled); a node is enabled when instantiated."""
+    graph_exec, node, out = args
+    if not out:
+        raise CudaError(errors.INVALID_VALUE, "isEnabled is NULL")
+    marshal.put(call.params[2], out, int(graph_state.enabled(d, graph_exec, node)))
+
+
+@implements("cuGraphNodeSetEnabled")
+def cu_graph_node_set_enabled(d: Driver, call: Call, args: list[Any]) -> None:
+    d.forward(call, args)
+    graph_state.set_enabled(d, args[0], args[1], bool(args[2]))
+
+
 @implements("cuGraphMemAllocNodeGetParams")
 def cu_graph_mem_alloc_node_get_params(d: Driver, call: Call, args: list[Any]) -> None:
     node, out = args
@@ -330,7 +397,7 @@ def cu_graph_add_node(d: Driver, call: Call, args: list[Any]) -> None:
     union = params + PARAMS_AT
     added = [node_out, graph, deps, count]
     if kind == NODE_TYPE["KERNEL"]:  # CUDA_KERNEL_NODE_PARAMS_v3, laid out as _v2
-        _add_node(d, call, "xpuGraphAddKernelNode", added, _kernel_params(d, union, True))
+        _add_kernel(d, call, added, union, True)
     elif kind == NODE_TYPE["MEMSET"]:  # CUDA_MEMSET_NODE_PARAMS_v2: the _v1 fields, then the context
         _add_memset(d, call, added, union)
     elif kind == NODE_TYPE["MEMCPY"]:
@@ -341,7 +408,7 @@ def cu_graph_add_node(d: Driver, call: Call, args: list[Any]) -> None:
         graph_state.add_child(d, added, int.from_bytes(marshal.read(union, 8), "little"))
     elif kind in (NODE_TYPE["WAIT_EVENT"], NODE_TYPE["EVENT_RECORD"]):
         symbol = "cuGraphAddEventWaitNode" if kind == NODE_TYPE["WAIT_EVENT"] else "cuGraphAddEventRecordNode"
-        d.forward(CALLS[symbol], [*added, int.from_bytes(marshal.read(union, 8), "little")])
+        cu_graph_add_event_node(d, CALLS[symbol], [*added, int.from_bytes(marshal.read(union, 8), "little")])
     elif kind == NODE_TYPE["CONDITIONAL"]:
         _add_conditional(d, call, added, union)
     elif kind == NODE_TYPE["MEM_ALLOC"]:  # CUDA_MEM_ALLOC_NODE_PARAMS_v2, laid out as _v1

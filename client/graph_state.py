@@ -74,6 +74,7 @@ class Registry:
     allocations: dict[int, GraphMemory] = field(default_factory=dict)  # graph -> its allocations
     exec_memory: dict[int, GraphMemory] = field(default_factory=dict)  # instantiation -> its graph's allocations
     keep: dict[int, Any] = field(default_factory=dict)  # node -> what its given parameters point to
+    disabled: set[tuple[int, int]] = field(default_factory=set)  # (instantiation, node) set disabled
 
 
 def registry(d: Driver) -> Registry:
@@ -127,18 +128,28 @@ def drop_unheld(d: Driver, copy: HostCopy) -> None:
         memory.cu_mem_free(d, CALLS["cuMemFree_v2"], [copy.staging.address])
 
 
-def made(d: Driver, graph: int, node: int, params: tuple[int, bytes] | None = None) -> None:
-    """A node the client made, and (its type, the struct) it was given, kept for the getters."""
-    r = registry(d)
-    r.nodes[node] = graph
+def made(d: Driver, graph: int, node: int, params: tuple[int, bytes] | None = None, keep: Any = None) -> None:
+    """A node the client made, and (its type, the struct) it was given, kept for the getters with what the struct
+    points to."""
+    registry(d).nodes[node] = graph
     if params is not None:
-        r.params[node] = params
+        remember(d, node, params, keep)
 
 
-def remember(d: Driver, node: int, params: tuple[int, bytes]) -> None:
+def remember(d: Driver, node: int, params: tuple[int, bytes], keep: Any = None) -> None:
     """New parameters of a node the client made."""
-    if node in registry(d).nodes:
-        registry(d).params[node] = params
+    r = registry(d)
+    if node in r.nodes:
+        r.params[node] = params
+        r.keep[node] = keep
+
+
+def enabled(d: Driver, graph_exec: int, node: int) -> bool:
+    return (graph_exec, node) not in registry(d).disabled
+
+
+def set_enabled(d: Driver, graph_exec: int, node: int, on: bool) -> None:
+    (registry(d).disabled.discard if on else registry(d).disabled.add)((graph_exec, node))
 
 
 def given(d: Driver, node: int) -> tuple[int, bytes] | None:
@@ -250,8 +261,10 @@ def forget_graph(d: Driver, graph: int) -> None:
 @implements("cuGraphExecDestroy")
 def cu_graph_exec_destroy(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
-    _release(d, _flat(registry(d).execs.pop(args[0], None)))
-    _release_memory(d, registry(d).exec_memory.pop(args[0], None))
+    r = registry(d)
+    _release(d, _flat(r.execs.pop(args[0], None)))
+    _release_memory(d, r.exec_memory.pop(args[0], None))
+    r.disabled = {(e, n) for e, n in r.disabled if e != args[0]}
 
 
 @implements("cuGraphDestroyNode")

@@ -291,6 +291,15 @@ cuGraphAddEventWaitNode     shadow  dependencies=in?:numDependencies*each
 cuGraphAddMemFreeNode       shadow  dependencies=in?:numDependencies*each
 cuGraphAddMemAllocNode      sync
 cuGraphMemAllocNodeGetParams local
+cuGraphKernelNodeGetParams  local
+cuGraphEventRecordNodeGetEvent local
+cuGraphEventWaitNodeGetEvent local
+cuGraphEventRecordNodeSetEvent async
+cuGraphEventWaitNodeSetEvent async
+cuGraphExecEventRecordNodeSetEvent async
+cuGraphExecEventWaitNodeSetEvent async
+cuGraphNodeSetEnabled       async
+cuGraphNodeGetEnabled       local
 cuGraphMemFreeNodeGetParams local
 cuGraphClone                shadow
 cuGraphDestroyNode          async

@@ -34,6 +34,7 @@ RECORDS = ("cuEventRecord", "cuEventRecordWithFlags")
 ALLOCS, FREE = ("cuMemAllocAsync", "cuMemAllocFromPoolAsync"), "cuMemFreeAsync"  # in a capture: memory nodes
 # looked at while a capture is on
 STREAM_CONTROL = (*WAITS, *RECORDS, "cuStreamWaitEvent", *CAPTURE_REFUSED, *ALLOCS, FREE)
+SWITCHABLE = tuple(ENUMS[f"CU_GRAPH_NODE_TYPE_{k}"] for k in ("KERNEL", "MEMSET", "MEMCPY"))  # may be disabled
 ALLOC_NODE, FREE_NODE = "xpuGraphAddMemAllocNode", "cuGraphAddMemFreeNode"  # the calls memory nodes record
 FORGETTING = ("cuStreamDestroy", "cuEventDestroy", "cuGraphDestroy")  # what a capture must hear of
 CONDITIONAL = "xpuGraphAddConditionalNode"  # the call a conditional node records
@@ -55,6 +56,7 @@ class Node:
     graph: Graph
     local: int  # its id within its graph
     deps: list[Node] = field(default_factory=list)
+    enabled: bool = True  # an instantiation's node may be disabled (cuGraphNodeSetEnabled)
 
 
 @dataclass(eq=False)
@@ -601,6 +603,26 @@ class SimGraphs(Backend):
         target = self.target(graph_exec, node, "MEMCPY")
         target.call, target.args = memcpy_work(dst, dst_pitch, src, src_pitch, width, height)
 
+    def cuGraphEventRecordNodeSetEvent(self, node: Node, event: Any) -> None:
+        self.target(None, node, "EVENT_RECORD").args[0] = event
+
+    def cuGraphEventWaitNodeSetEvent(self, node: Node, event: Any) -> None:
+        self.target(None, node, "WAIT_EVENT").args[1] = event
+
+    def cuGraphExecEventRecordNodeSetEvent(self, graph_exec: Exec, node: Node, event: Any) -> None:
+        self.target(graph_exec, node, "EVENT_RECORD").args[0] = event
+
+    def cuGraphExecEventWaitNodeSetEvent(self, graph_exec: Exec, node: Node, event: Any) -> None:
+        self.target(graph_exec, node, "WAIT_EVENT").args[1] = event
+
+    def cuGraphNodeSetEnabled(self, graph_exec: Exec, node: Node, enabled: int) -> None:
+        """Kernel, memset and copy nodes only, as the driver's."""
+        copy = graph_exec.copies.get(id(node))
+        if copy is None or node_type(copy) not in SWITCHABLE:
+            raise CudaError(errors.INVALID_VALUE, "only an instantiation's kernel, memset and copy nodes can be "
+                            "disabled")
+        copy.enabled = bool(enabled)
+
     def xpuGraphExecUpdate(self, graph_exec: Exec, graph: Graph) -> tuple[int]:
         """The graph's parameters into the instantiation, where the graph has the shape it was instantiated
         from (as many nodes, the same edges, each node of the same type): a CUgraphExecUpdateResult."""
@@ -639,7 +661,7 @@ class SimGraphs(Backend):
         for node in graph_exec.order:
             if node.call is not None and node.call.family == CONDITIONAL:
                 self.run_conditional(node.args[0], budget)
-            elif node.call is not None and node.call.family not in (ALLOC_NODE, FREE_NODE):  # memory: always there
+            elif node.call is not None and node.enabled and node.call.family not in (ALLOC_NODE, FREE_NODE):
                 Backend.execute(self, node.call, node.args)
 
     def cuGraphExecDestroy(self, graph_exec: Exec) -> None:

@@ -534,6 +534,42 @@ def polymorphic_setters_and_getters() -> None:
 
 
 @section
+def kernel_and_event_nodes_and_enabling() -> None:
+    """memset y = 1 -> kernel y = 2x + y -> event record: the kernel's and the event's getters, new events for
+    the graph's node and the instantiation's, and the kernel disabled in the instantiation, then enabled."""
+    graph = ok(cu.cuGraphCreate(0), "cuGraphCreate")
+    m = cu.CUDA_MEMSET_NODE_PARAMS()
+    m.dst, m.value, m.elementSize, m.width, m.height = y, 0x3F800000, 4, N, 1  # 1.0
+    set_node = ok(cu.cuGraphAddMemsetNode(graph, None, 0, m, ctx), "cuGraphAddMemsetNode")
+    run_node = ok(cu.cuGraphAddKernelNode(graph, [set_node], 1, kernel_node(2.0)), "cuGraphAddKernelNode")
+    got = ok(cu.cuGraphKernelNodeGetParams(run_node), "cuGraphKernelNodeGetParams")
+    check(int(got.func) == int(saxpy) and got.gridDimX == N // 256 and got.blockDimX == 256 and got.gridDimY == 1,
+          "the kernel node's parameters come back", repr((got.gridDimX, got.blockDimX)))
+    first, second, third = (ok(cu.cuEventCreate(0), "cuEventCreate") for _ in range(3))
+    record = ok(cu.cuGraphAddEventRecordNode(graph, [run_node], 1, first), "cuGraphAddEventRecordNode")
+    check(int(ok(cu.cuGraphEventRecordNodeGetEvent(record), "cuGraphEventRecordNodeGetEvent")) == int(first),
+          "the event node's event")
+    ok(cu.cuGraphEventRecordNodeSetEvent(record, second), "cuGraphEventRecordNodeSetEvent")
+    check(int(ok(cu.cuGraphEventRecordNodeGetEvent(record), "cuGraphEventRecordNodeGetEvent")) == int(second),
+          "the event node's new event")
+    graph_exec = ok(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    ok(cu.cuGraphExecEventRecordNodeSetEvent(graph_exec, record, third), "cuGraphExecEventRecordNodeSetEvent")
+    ok(cu.cuGraphNodeSetEnabled(graph_exec, run_node, 0), "cuGraphNodeSetEnabled 0")
+    check(ok(cu.cuGraphNodeGetEnabled(graph_exec, run_node), "cuGraphNodeGetEnabled") == 0, "the kernel is disabled")
+    ok(cu.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch with the kernel disabled")
+    ok(cu.cuEventSynchronize(third), "the instantiation records its own event")
+    check(download(y) == [1.0] * N, "a disabled kernel does not run: y = 1")
+    ok(cu.cuGraphNodeSetEnabled(graph_exec, run_node, 1), "cuGraphNodeSetEnabled 1")
+    ok(cu.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch with the kernel enabled")
+    ok(cu.cuStreamSynchronize(stream), "synchronize")
+    check(download(y) == [2 * v + 1 for v in xs], "enabled again: y = 2x + 1")
+    ok(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+    ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
+    for event in (first, second, third):
+        ok(cu.cuEventDestroy(event), "cuEventDestroy")
+
+
+@section
 def launch_attributes() -> None:
     """cuLaunchKernelEx with clusters of two blocks and a launch-completion event; cluster occupancy."""
     LA = cu.CUlaunchAttributeID

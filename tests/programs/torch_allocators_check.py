@@ -3,8 +3,9 @@ PYTORCH_CUDA_ALLOC_CONF names, `backend:cudaMallocAsync` (memory pools) or `expa
 (virtual memory management). Prints one JSON line.
 
 Keeps to what needs no kernel but ATen's fill (a host implementation in tests/torch_sim_kernels.py):
-allocation, copies each way and on the device, memory statistics, a CUDA graph that allocates. Some tensors are left alive at exit,
-as programs leave them: their frees come while Python unloads, after the session has ended.
+allocation, copies each way and on the device, memory statistics, a CUDA graph that allocates. Some tensors
+are left alive at exit, as programs leave them: their frees come while Python unloads, after the session has
+ended.
 """
 
 from __future__ import annotations
