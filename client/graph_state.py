@@ -1,5 +1,7 @@
-"""What the client keeps of the graph nodes it made: their parameters as given, which the getters answer, and
-the host sides of copy nodes, staged through device memory of the session's own.
+"""What the client keeps of graphs: the parameters of the nodes it made, as given (the getters answer them), which
+of an instantiation's nodes are disabled, the addresses of each graph's allocations (in the device map while the
+graph or an instantiation of it lives), and the host sides of copy nodes, staged through device memory of the
+session's own.
 
 A graph runs on the server, which cannot read or write the application's memory when one of its nodes
 runs. So a copy node with a host side becomes, on the server, a device-to-device node to or from a
