@@ -317,9 +317,9 @@ class Session:
         if p.pointee == "handle":
             handle = self.register(p.ctype.rstrip(" *"), out, arg if call.cls == "shadow" else None, owner)
             return None if call.cls == "shadow" else handle.to_bytes(8, "little")
-        if isinstance(out, bytes):
+        if isinstance(out, (bytes, memoryview)):
             return wire.frame(out)  # a large output goes as a frame of its own, not through msgpack
-        if p.count == "*" or isinstance(out, memoryview):
+        if p.count == "*":
             return out
         if p.count is None and p.pointee in ("int", "float"):
             return _pack_scalar(p, out)
@@ -667,9 +667,11 @@ def _serve(sock: zmq.Socket, session: Session, message: Message) -> bool:
     try:
         frames = wire.encode(answer)
         sock.send(identity, zmq.SNDMORE, copy=False)  # send_multipart(copy=False) without its checks
-        for frame in frames[:-1]:
-            sock.send(frame, zmq.SNDMORE, copy=False)
-        sock.send(frames[-1], copy=False)
+        trackers = [sock.send(frame, zmq.SNDMORE if i < len(frames) - 1 else 0, copy=False,
+                              track=isinstance(frame, memoryview)) for i, frame in enumerate(frames)]
+        for tracker in trackers:  # a view of device memory (the sim's): unchanged until ZeroMQ is done with it
+            if tracker is not None:
+                tracker.wait()
     except TypeError as exc:  # an output no msgpack can carry: a backend bug, reported as such
         log.error("cannot encode reply: %s", exc)
         sock.send_multipart([identity, *wire.encode({"op": "reply", "status": errors.UNKNOWN, "error": str(exc)})])

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from xpuremote.protocol import errors, fatbin, mathlibs
+from xpuremote.protocol import errors, fatbin, mathlibs, wire
 from xpuremote.protocol.cuda_api import ENUMS, HEADER_VERSIONS
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import EVENT_ATTRIBUTES
@@ -544,7 +544,11 @@ class SimBackend(SimGraphs, SimArrays):
     def cuMemcpyHtoDAsync(self, dst: int, src: bytes, count: int, stream: Any) -> None:
         self.cuMemcpyHtoD(dst, src, count)
 
-    def cuMemcpyDtoH(self, src: int, count: int) -> tuple[bytes]:
+    def cuMemcpyDtoH(self, src: int, count: int) -> tuple[bytes | memoryview]:
+        """Large reads as a view of the memory, which the worker sends without a copy and holds unchanged until
+        sent (the DMA's stand-in is the send itself); small ones as bytes."""
+        if count > wire.INLINE_MAX:
+            return (self.memory.view(src, count),)
         return (self.memory.read(src, count),)
 
     def cuMemcpyDtoHAsync(self, src: int, count: int, stream: Any) -> tuple[bytes]:
