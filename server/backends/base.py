@@ -124,14 +124,16 @@ class Backend:
         return None
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
-        target = self if call.library == "cuda" else self.library(call.library)
-        method = getattr(target, call.family, None)
+        if call.library == "cuda":
+            method = getattr(self, call.family, None)
+        else:
+            method = getattr(self.library(call.library), call.family, None)
         if method is None:
             raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not implemented by the {self.name} backend")
         outputs = _OUTPUTS.get(call.symbol)
         if outputs is None:
             outputs = _OUTPUTS[call.symbol] = tuple(i for i, p in enumerate(call.params) if p.direction == "out")
-        outs = method(*(args if not outputs else [a for i, a in enumerate(args) if i not in outputs]))
+        outs = method(*args) if not outputs else method(*[a for i, a in enumerate(args) if i not in outputs])
         return list(outs) if outs is not None else []
 
     def library(self, name: str) -> Any:

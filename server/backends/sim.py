@@ -199,8 +199,9 @@ class Memory:
         self.view(address, len(data))[:] = data
 
     def fill(self, address: int, pattern: bytes, count: int) -> None:
-        view = self.view(address, len(pattern) * count)  # bounds first: never build an absurd pattern
-        view[:] = pattern * count
+        size = len(pattern) * count
+        data, offset = self._locate(address, max(size, 1))  # bounds first: never build an absurd pattern
+        data[offset : offset + size] = pattern * count
 
     def rect(self, address: int, pitch: int, width: int, height: int) -> bool:
         """Check that a pitched rectangle lies inside one allocation before touching its rows, so
