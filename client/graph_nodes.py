@@ -308,16 +308,16 @@ def _given(d: Driver, node: int, kind: int) -> bytes:
     return found[1]
 
 
-@implements("cuGraphMemcpyNodeGetParams")
-def cu_graph_memcpy_node_get_params(d: Driver, call: Call, args: list[Any]) -> None:
-    node, out = args
-    marshal.write(out, _given(d, node, NODE_TYPE["MEMCPY"]))
+GETTERS = {"cuGraphMemcpyNodeGetParams": "MEMCPY", "cuGraphMemsetNodeGetParams": "MEMSET",
+           "cuGraphMemAllocNodeGetParams": "MEM_ALLOC", "cuGraphMemFreeNodeGetParams": "MEM_FREE",
+           "cuGraphEventRecordNodeGetEvent": "EVENT_RECORD", "cuGraphEventWaitNodeGetEvent": "WAIT_EVENT"}
 
 
-@implements("cuGraphMemsetNodeGetParams")
-def cu_graph_memset_node_get_params(d: Driver, call: Call, args: list[Any]) -> None:
+@implements(*GETTERS)
+def cu_graph_node_get(d: Driver, call: Call, args: list[Any]) -> None:
+    """A memset, copy, memory or event node's parameters as the client gave them."""
     node, out = args
-    marshal.write(out, _given(d, node, NODE_TYPE["MEMSET"]))
+    marshal.write(out, _given(d, node, NODE_TYPE[GETTERS[call.family]]))
 
 
 @implements("cuGraphKernelNodeGetParams")
@@ -326,13 +326,6 @@ def cu_graph_kernel_node_get_params(d: Driver, call: Call, args: list[Any]) -> N
     node, out = args
     given = _given(d, node, NODE_TYPE["KERNEL"])
     marshal.write(out, given if call.symbol.endswith("_v2") else given[:KERNEL_NODE.size])
-
-
-@implements("cuGraphEventRecordNodeGetEvent", "cuGraphEventWaitNodeGetEvent")
-def cu_graph_event_node_get_event(d: Driver, call: Call, args: list[Any]) -> None:
-    node, out = args
-    kind = NODE_TYPE["EVENT_RECORD" if call.family == "cuGraphEventRecordNodeGetEvent" else "WAIT_EVENT"]
-    marshal.write(out, _given(d, node, kind))
 
 
 @implements("cuGraphEventRecordNodeSetEvent", "cuGraphEventWaitNodeSetEvent", "cuGraphExecEventRecordNodeSetEvent",
@@ -358,18 +351,6 @@ def cu_graph_node_get_enabled(d: Driver, call: Call, args: list[Any]) -> None:
 def cu_graph_node_set_enabled(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
     graph_state.set_enabled(d, args[0], args[1], bool(args[2]))
-
-
-@implements("cuGraphMemAllocNodeGetParams")
-def cu_graph_mem_alloc_node_get_params(d: Driver, call: Call, args: list[Any]) -> None:
-    node, out = args
-    marshal.write(out, _given(d, node, NODE_TYPE["MEM_ALLOC"]))
-
-
-@implements("cuGraphMemFreeNodeGetParams")
-def cu_graph_mem_free_node_get_params(d: Driver, call: Call, args: list[Any]) -> None:
-    node, out = args
-    marshal.write(out, _given(d, node, NODE_TYPE["MEM_FREE"]))
 
 
 @implements("cuGraphNodeGetParams")

@@ -648,6 +648,17 @@ def graph_mem(attr: str) -> int:
     return int(ok(value, f"graph memory {attr}"))
 
 
+def launch_twice(graph: object, target: object, value: float, what: str) -> object:
+    """Instantiate `graph` and launch it twice, `target` cleared before each; each launch must leave `value`."""
+    graph_exec = ok(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+    for launch_ in ("first", "second"):
+        upload(target, floats([0.0] * N))
+        ok(cu.cuGraphLaunch(graph_exec, stream), f"cuGraphLaunch {launch_}")
+        ok(cu.cuStreamSynchronize(stream), f"synchronize {launch_}")
+        check(download(target) == [value] * N, f"{what}, {launch_} launch: {value}")
+    return graph_exec
+
+
 @section
 def graph_memory_nodes() -> None:
     """An allocation node -> memset 7 on it -> copy it to z -> its free node, launched twice; the device's graph
@@ -675,12 +686,7 @@ def graph_memory_nodes() -> None:
     check(got.bytesize == 4 * N and int(got.dptr) == int(dptr), "the allocation node's parameters", repr(got.bytesize))
     freed = ok(cu.cuGraphMemFreeNodeGetParams(free), "cuGraphMemFreeNodeGetParams")
     check(int(freed) == int(dptr), "the free node's address", repr(freed))
-    graph_exec = ok(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-    for launch_ in ("first", "second"):
-        upload(z, floats([0.0] * N))
-        ok(cu.cuGraphLaunch(graph_exec, stream), f"cuGraphLaunch {launch_}")
-        ok(cu.cuStreamSynchronize(stream), f"synchronize {launch_}")
-        check(download(z) == [7.0] * N, f"{launch_} launch: z = 7, through the graph's own memory")
+    graph_exec = launch_twice(graph, z, 7.0, "through the graph's own memory")
     used = graph_mem("USED_MEM_CURRENT")
     check(used >= 4 * N and graph_mem("USED_MEM_HIGH") == used and graph_mem("RESERVED_MEM_CURRENT") == used
           and graph_mem("RESERVED_MEM_HIGH") == used, "graph memory: used >= the allocation, all four alike", str(used))
@@ -712,12 +718,7 @@ def allocation_in_a_capture() -> None:
     check(types == sorted(int(t) for t in (T.CU_GRAPH_NODE_TYPE_MEM_ALLOC, T.CU_GRAPH_NODE_TYPE_MEMSET,
                                            T.CU_GRAPH_NODE_TYPE_MEMCPY, T.CU_GRAPH_NODE_TYPE_MEM_FREE)),
           "the capture made allocation and free nodes", repr(types))
-    graph_exec = ok(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-    for launch_ in ("first", "second"):
-        upload(w, floats([0.0] * N))
-        ok(cu.cuGraphLaunch(graph_exec, stream), f"cuGraphLaunch {launch_}")
-        ok(cu.cuStreamSynchronize(stream), f"synchronize {launch_}")
-        check(download(w) == [5.0] * N, f"{launch_} replay: w = 5")
+    graph_exec = launch_twice(graph, w, 5.0, "captured memory nodes")
     ok(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
     ok(cu.cuGraphDestroy(graph), "cuGraphDestroy")
     ok(cu.cuStreamBeginCapture(stream, GLOBAL), "cuStreamBeginCapture, keeping the allocation")
