@@ -115,27 +115,37 @@ class Regions:
     def __init__(self) -> None:
         self.bases: list[int] = []
         self.sizes: dict[int, int] = {}
+        self.last = (0, 0)  # the region a check found last: calls name one buffer again and again
 
     def add(self, base: int, size: int) -> None:
         if base not in self.sizes:
             bisect.insort(self.bases, base)
         self.sizes[base] = max(size, self.sizes.get(base, 0))
+        self.last = (0, 0)
 
     def remove(self, base: int) -> None:
         if self.sizes.pop(base, None) is not None:
             self.bases.remove(base)
+        self.last = (0, 0)
 
     def holds(self, address: int, size: int) -> bool:
         """[address, address+size) lies in regions that follow each other without a gap (adjacent VMM
         mappings are one range of memory, as on a GPU)."""
+        low, high = self.last
+        if low <= address and address + size <= high:
+            return True
         i = bisect.bisect_right(self.bases, address) - 1
         if i < 0:
             return False
-        reach = self.bases[i] + self.sizes[self.bases[i]]
+        first = self.bases[i]
+        reach = first + self.sizes[first]
         while reach < address + size and i + 1 < len(self.bases) and self.bases[i + 1] <= reach:
             i += 1
             reach = max(reach, self.bases[i] + self.sizes[self.bases[i]])
-        return address < reach and address + size <= reach
+        if address < reach and address + size <= reach:
+            self.last = (first, reach)
+            return True
+        return False
 
     def within_one(self, address: int, size: int) -> bool:
         """[address, address+size) lies inside a single region."""
@@ -218,6 +228,17 @@ class Accounted(Backend):
         self.execs.clear()
         self.used = 0
 
+    def runner(self, call: Call) -> Callable[[list[Any]], Any]:
+        """The address checks, then the backend's runner, for calls this layer only checks."""
+        if call.family in _ACCOUNTED or call.family in EMBEDDING:
+            return lambda args: self.execute(call, args)
+        inner, check, params = self.inner.runner(call), self.check_params, _address_params(call)
+
+        def run(args: list[Any]) -> Any:
+            check(call, args, params)
+            return inner(args)
+        return run
+
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
         self.check_addresses(call, args)
         if call.family not in _ACCOUNTED:  # most calls, the hot ones among them
@@ -267,7 +288,18 @@ class Accounted(Backend):
     # ---- addresses ---------------------------------------------------------------------------
     def check_addresses(self, call: Call, args: list[Any]) -> None:
         """Every device address the call names lies, with the bytes it touches, in this client's memory."""
-        for i, p, extent in _address_params(call):
+        self.check_params(call, args, _address_params(call))
+        if call.family not in EMBEDDING:
+            return
+        for address in _embedded_addresses(call, args):
+            if _by_value(call, args) and not self.regions.holds(address, 1):
+                self.check_by_value(address)
+            else:
+                self.check_address(call, f"attribute {args[1]}", address, 1)
+
+    def check_params(self, call: Call, args: list[Any], params: tuple[tuple[int, Param, Extent], ...]) -> None:
+        """The address parameters' part of check_addresses."""
+        for i, p, extent in params:
             value = args[i]
             if isinstance(value, int) and value:
                 try:
@@ -276,13 +308,6 @@ class Accounted(Backend):
                     size = 1
                 if not self.regions.holds(value, size):
                     self.refuse_address(call, p.name, value, size)
-        if call.family not in EMBEDDING:
-            return
-        for address in _embedded_addresses(call, args):
-            if _by_value(call, args) and not self.regions.holds(address, 1):
-                self.check_by_value(address)
-            else:
-                self.check_address(call, f"attribute {args[1]}", address, 1)
 
     def check_by_value(self, address: int) -> None:
         """A variant pack's pointer outside device memory is a by-value scalar's (cudnn-frontend passes

@@ -23,6 +23,7 @@ import struct
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -74,6 +75,7 @@ class Session:
         self.timings: list[list[Any]] = []  # [seq, server_ns, per_call_ns] not yet sent back
         self.per_call: list[int] | None = None  # the server's time on each call of this message
         self.gpu_timer: GpuTimer | None = None  # events around GPU work, when the client asks
+        self.runners: dict[int, tuple[Call, Callable[[list[Any]], Any]]] = {}  # lane calls by opcode, compiled
         self.seq = 0  # the message being served
         self.peer: Any = None  # the client's socket identity: where a last word goes at shutdown
         self.peers: set[int] = set()  # connections (fds) that have sent messages with the key: the client's own
@@ -92,6 +94,7 @@ class Session:
         self.uplink = Wire(link) if link.active else None
         self.measure = bool(header.get("measure"))
         self.gpu_timer = GpuTimer(self.backend) if header.get("gpu") else None
+        self.runners.clear()
         return {"op": "reply", "status": 0, **self.backend.inventory().to_wire(),
                 "max_request_bytes": self.limits.max_request_bytes}
 
@@ -218,15 +221,18 @@ class Session:
         ctx = None
         try:
             for opcode, record_ctx, record in wire.lane_records(args[0]):
-                call = BY_OPCODE.get(opcode)
+                entry = self.runners.get(opcode)
+                call = entry[0] if entry is not None else BY_OPCODE.get(opcode)
                 try:
-                    if call is None or not call.in_lane:
-                        raise CudaError(errors.NOT_SUPPORTED, f"opcode {opcode:#x} may not come in a lane")
+                    if entry is None:
+                        if call is None or not call.in_lane:
+                            raise CudaError(errors.NOT_SUPPORTED, f"opcode {opcode:#x} may not come in a lane")
+                        entry = self.runners[opcode] = (call, self.runner(call))
                     if record_ctx != ctx:  # the context the record was made in, as the client's SET_CONTEXT does
                         self.execute(SET_CONTEXT, [record_ctx])
                         ctx = record_ctx
                     self.lane_calls += 1
-                    self.execute(call, record)
+                    entry[1](record)
                 except CudaError as exc:
                     name = call.symbol if call is not None else "a lane record"
                     self.errors += 1
@@ -234,6 +240,25 @@ class Session:
                     log.info("%s (lane) failed: %s", name, exc)
         except wire.WireError as exc:
             raise CudaError(errors.INVALID_VALUE, str(exc)) from None
+
+    def runner(self, call: Call) -> Callable[[list[Any]], Any]:
+        """execute() compiled for one call of integers and handles that the lane carries: its shape checked,
+        its handles resolved, then the backend's runner (the limits' checks included)."""
+        plain = _plain(call)
+        if plain is None or call.destroys or self.gpu_timer or not call.sent:
+            return lambda args: self.execute(call, args)
+        run, count = self.backend.runner(call), len(call.params)
+
+        def lane_call(args: list[Any]) -> None:
+            self.calls += 1
+            if len(args) != count:
+                raise CudaError(errors.INVALID_VALUE, f"{call.symbol} takes {count} arguments, got {len(args)}")
+            decoded = self.decode_plain(call, args, plain)
+            try:
+                run(decoded)
+            except BACKEND_FAULTS as exc:
+                raise _invalid(call, exc) from None
+        return lane_call
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
         self.calls += 1
@@ -257,11 +282,8 @@ class Session:
                 self.gpu_timer.stop(self.seq, begun)
             else:
                 outs = self.backend.execute(call, decoded)
-        except CudaError:
-            raise
-        except (TypeError, AttributeError, ValueError, IndexError, KeyError, struct.error) as exc:
-            # a handle of the wrong kind, or a value no driver would accept
-            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {type(exc).__name__}: {exc}") from None
+        except BACKEND_FAULTS as exc:
+            raise _invalid(call, exc) from None
         if plain is not None:
             if call.destroys:
                 self.forget(call, args)
@@ -324,6 +346,14 @@ class Session:
         if p.count is None and p.pointee in ("int", "float"):
             return _pack_scalar(p, out)
         return out
+
+
+# what a backend raises for a handle of the wrong kind, or a value no driver would accept (CudaError aside)
+BACKEND_FAULTS = (TypeError, AttributeError, ValueError, IndexError, KeyError, struct.error)
+
+
+def _invalid(call: Call, exc: Exception) -> CudaError:
+    return CudaError(errors.INVALID_VALUE, f"{call.symbol}: {type(exc).__name__}: {exc}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 from conftest import Server, start_server
-from pyclient import PyClient, rss, sessions
+from pyclient import CTX, PyClient, rss, sessions
 
 from xpuremote.protocol import errors, mathlibs, memprops
 from xpuremote.protocol.calls import CALLS, SENT_INSTEAD
 from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
 from xpuremote.server.backends import sim
+from xpuremote.server.limits import Regions
 
 SIZE = 64 << 10
 PTX = b"""
@@ -163,6 +164,43 @@ def test_calls_the_client_never_sends_are_refused(server: Server) -> None:
         assert client.read(mine, 64) == b"ok" * 32  # the session goes on
     finally:
         client.close()
+
+
+def test_freed_memory_is_refused_right_after_calls_that_named_it(server: Server) -> None:
+    """The worker's limits and the sim remember the buffer they found last (calls name one buffer again and
+    again); a free forgets it: the next call naming it, in a lane or not, is refused, its neighbour is not."""
+    client = PyClient(server.address)
+    try:
+        first, second = client.alloc(SIZE), client.alloc(SIZE)
+        for _ in range(3):
+            client.post("cuMemsetD8Async", first, 1, SIZE, 0)
+        record = struct.pack("<IHHIIQ4Q", CALLS["cuMemsetD8Async"].opcode, 4, 0xFFFF, 0, 0, CTX, first, 2, SIZE, 0)
+        client.post("xpuLane", record, len(record))
+        client.post("cuMemFree_v2", first)
+        assert client.status_of("cuMemsetD8_v2", first, 3, SIZE) == errors.INVALID_VALUE
+        client.post("xpuLane", record, len(record))
+        assert client.status_of("cuCtxSynchronize") == errors.INVALID_VALUE  # the lane's record failed
+        client.post("cuMemsetD8Async", second, 4, SIZE, 0)
+        assert client.read(second, SIZE) == b"\x04" * SIZE
+    finally:
+        client.close()
+
+
+def test_the_remembered_buffer_is_forgotten_when_freed() -> None:
+    """Each layer alone (the other would refuse the call too): the limits' regions and the sim's memory."""
+    regions = Regions()
+    regions.add(0x1000, 0x100)
+    regions.add(0x1100, 0x100)  # adjacent: one range
+    assert regions.holds(0x1080, 0x100) and regions.holds(0x1000, 0x10)
+    regions.remove(0x1100)
+    assert not regions.holds(0x1080, 0x100) and regions.holds(0x1000, 0x10)
+    regions.remove(0x1000)
+    assert not regions.holds(0x1000, 0x10)
+    memory = sim.Memory(1 << 20)
+    base = memory.alloc(4096)
+    assert memory.allocation_at(base + 8) is not None
+    memory.free(base)
+    assert memory.allocation_at(base + 8) is None
 
 
 def test_every_device_address_is_checked_against_the_session(server: Server) -> None:

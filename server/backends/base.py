@@ -20,6 +20,14 @@ CAPTURE_REFUSED = ("cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "xpuMemcpy2DFromHos
                    "xpuMemcpyArrayFromHost", "xpuMemcpyArrayToHost", "xpuHostFunc")
 
 
+def _outputs(call: Call) -> tuple[int, ...]:
+    """A call's output parameters: not passed to the backend."""
+    outputs = _OUTPUTS.get(call.symbol)
+    if outputs is None:
+        outputs = _OUTPUTS[call.symbol] = tuple(i for i, p in enumerate(call.params) if p.direction == "out")
+    return outputs
+
+
 def launch_attributes(data: bytes | None, count: int) -> list[tuple[int, bytes]]:
     """cuLaunchKernelEx's attributes as (id, 64 bytes of value)."""
     raw = bytes(data or b"")
@@ -130,11 +138,23 @@ class Backend:
             method = getattr(self.library(call.library), call.family, None)
         if method is None:
             raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not implemented by the {self.name} backend")
-        outputs = _OUTPUTS.get(call.symbol)
-        if outputs is None:
-            outputs = _OUTPUTS[call.symbol] = tuple(i for i, p in enumerate(call.params) if p.direction == "out")
+        outputs = _outputs(call)
         outs = method(*args) if not outputs else method(*[a for i, a in enumerate(args) if i not in outputs])
         return list(outs) if outs is not None else []
+
+    def runner(self, call: Call) -> Callable[[list[Any]], Any]:
+        """`execute` for one call, compiled: what the session's hot path (the lane) calls per record. A backend
+        whose `execute` does more than dispatch keeps it."""
+        method = self.method_for(call)
+        if type(self).execute is Backend.execute and method is not None:
+            return lambda args: method(*args)
+        return lambda args: self.execute(call, args)
+
+    def method_for(self, call: Call) -> Callable[..., Any] | None:
+        """The method Backend.execute would call for a driver call without outputs, bound; None otherwise."""
+        if call.library != "cuda" or _outputs(call):
+            return None
+        return getattr(self, call.family, None)
 
     def library(self, name: str) -> Any:
         """What serves the math library `name` (its families as methods), or None."""

@@ -69,6 +69,7 @@ class Memory:
         self.by_device: dict[int, int] = {}
         self.bases: list[int] = []
         self.allocs: dict[int, Allocation] = {}
+        self.last: Allocation | None = None  # the one found last: work runs on one buffer again and again
         # sessions are separate address spaces, as processes on a GPU are; a random start makes
         # another session's pointer point at nothing here rather than at this session's own memory
         self.next = BASE_LOW + secrets.randbelow((BASE_HIGH - BASE_LOW) // BASE_STEP) * BASE_STEP
@@ -120,6 +121,7 @@ class Memory:
     def _remove(self, base: int) -> None:
         del self.allocs[base]
         self.bases.remove(base)
+        self.last = None
 
     # ---- device memory in use, per device -------------------------------------------------------
     def charge(self, device: int, size: int, checked: bool = True) -> None:
@@ -142,10 +144,14 @@ class Memory:
     # ---- finding bytes by address ------------------------------------------------------------------
     def allocation_at(self, address: int) -> Allocation | None:
         """The allocation (or mapping) holding `address`."""
+        last = self.last
+        if last is not None and last.base <= address < last.base + len(last.data):
+            return last
         i = bisect.bisect_right(self.bases, address) - 1
         if i >= 0:
             alloc = self.allocs[self.bases[i]]
             if address < alloc.base + len(alloc.data):
+                self.last = alloc
                 return alloc
         return None
 

@@ -12,6 +12,7 @@ is refused (an implicit dependency on captured work); each of these invalidates 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,6 +242,13 @@ class SimGraphs(Backend):
         self.captures: dict[Any, Capture] = {}  # stream key -> its capture
         self.graph_bytes = 0  # what the session's graphs hold (MAX_BYTES)
         self.capture_events: dict[int, tuple[Capture, list[Node]]] = {}  # id(event) -> capture, nodes
+
+    def runner(self, call: Call) -> Callable[[list[Any]], Any]:
+        """The plain dispatch while no capture is on (a capture may begin between two records)."""
+        method = self.method_for(call)
+        if method is None or call.family in FORGETTING:
+            return lambda args: self.execute(call, args)
+        return lambda args: method(*args) if not self.captures else self.execute(call, args)
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
         if not self.captures:
