@@ -40,11 +40,17 @@ PROPS = memprops.POOL_PROPS.size  # CUDA_MEM_ALLOC_NODE_PARAMS: the pool's prope
 
 def _node(d: Driver, call: Call, node_out: int, graph: int, deps: int, count: int) -> tuple[int, bytes | None]:
     """A new node's client handle (written for the application) and its dependencies' handles."""
-    if not node_out or not graph or (count and not deps):
-        raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: a required pointer is NULL")
+    dependencies = _dependencies(call, node_out, graph, deps, count)
     node = d.new_handle()
     marshal.put_u64(node_out, node)
-    return node, marshal.read(deps, 8 * count) if count else None
+    return node, dependencies
+
+
+def _dependencies(call: Call, node_out: int, graph: int, deps: int, count: int) -> bytes | None:
+    """The handles a new node depends on, once the pointers a node's creation needs are there."""
+    if not node_out or not graph or (count and not deps):
+        raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: a required pointer is NULL")
+    return marshal.read(deps, 8 * count) if count else None
 
 
 # ---- each type's parameters, as the client's requests take them -------------------------------------------
@@ -194,8 +200,9 @@ def _add_mem_alloc(d: Driver, call: Call, added: list[Any], params: int) -> None
     device map holds it until then); the properties' device ordinals go as the server's, the access
     descriptions as their bytes (kept for the getter, as the driver keeps its copy)."""
     node_out, graph, deps, count = added
-    if not params or not node_out or not graph or (count and not deps):
-        raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: a required pointer is NULL")
+    dependencies = _dependencies(call, node_out, graph, deps, count)
+    if not params:
+        raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: nodeParams is NULL")
     given = marshal.read(params, PROPS + MEM_ALLOC_NODE.size)
     props = given[:PROPS]
     access, access_count, size, _ = MEM_ALLOC_NODE.unpack_from(given, PROPS)
@@ -206,7 +213,7 @@ def _add_mem_alloc(d: Driver, call: Call, added: list[Any], params: int) -> None
         raise CudaError(errors.INVALID_VALUE, f"an allocation node of {size} bytes, {access_count} access descriptions")
     descs = marshal.read(access, access_count * memprops.ACCESS_DESC.size) if access_count else b""
     node, dptr = d.call(CALLS["xpuGraphAddMemAllocNode"], [
-        8, graph, marshal.read(deps, 8 * count) if count else None, count,
+        8, graph, dependencies, count,
         memory.to_server(d, memprops.POOL_PROPS, props, 3), memory.to_server(d, memprops.ACCESS_DESC, descs, 1) or None,
         access_count, size, 8])
     address = int.from_bytes(dptr, "little")
@@ -425,9 +432,9 @@ def _add_conditional(d: Driver, call: Call, added: list[Any], params: int) -> No
     client's, kept for the process (the driver's lives as long as the node), its address written in `params`."""
     node_out, graph, deps, count = added
     handle, kind, size, _, _ = CONDITIONAL_NODE.unpack(marshal.read(params, CONDITIONAL_NODE.size))
-    if not node_out or not graph or (count and not deps) or not 1 <= size <= CONDITIONAL_BODIES.get(kind, 0):
+    dependencies = _dependencies(call, node_out, graph, deps, count)
+    if not 1 <= size <= CONDITIONAL_BODIES.get(kind, 0):
         raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: a conditional node of type {kind} with {size} bodies")
-    dependencies = marshal.read(deps, 8 * count) if count else None
     node, bodies = d.call(CALLS["xpuGraphAddConditionalNode"], [8, graph, dependencies, count, handle, kind, size, 1])
     array = marshal.ffi.new("uint64_t[]", bodies)
     d.state.setdefault("conditional_bodies", []).append(array)

@@ -111,8 +111,7 @@ def _hold(copies: list[HostCopy]) -> list[HostCopy]:
 def _release(d: Driver, copies: list[HostCopy]) -> None:
     for c in copies:
         c.staging.holders -= 1
-        if c.staging.holders == 0:
-            memory.cu_mem_free(d, CALLS["cuMemFree_v2"], [c.staging.address])
+        drop_unheld(d, c)
 
 
 def _put(d: Driver, table: Copies, node: int, copies: list[HostCopy]) -> None:
@@ -125,7 +124,7 @@ def _put(d: Driver, table: Copies, node: int, copies: list[HostCopy]) -> None:
 
 
 def drop_unheld(d: Driver, copy: HostCopy) -> None:
-    """A copy staged for parameters that were then refused."""
+    """A copy's staging buffer freed once nothing holds it (released, or staged for parameters then refused)."""
     if copy.staging.holders == 0:
         memory.cu_mem_free(d, CALLS["cuMemFree_v2"], [copy.staging.address])
 
@@ -184,6 +183,11 @@ def set_node(d: Driver, graph_exec: int, node: int, copies: list[HostCopy]) -> N
 
 
 # ---- graphs, their children, clones and instantiations -----------------------------------------------------
+def _held(table: Copies) -> Copies:
+    """A copy of a graph's table for a clone or an instantiation, which holds its staging buffers too."""
+    return {node: _hold(list(copies)) for node, copies in table.items()}
+
+
 def _flat(table: Copies | None) -> list[HostCopy]:
     return [c for copies in (table or {}).values() for c in copies]
 
@@ -207,7 +211,7 @@ def cloned(d: Driver, original: int, clone: int) -> None:
     the server)."""
     table = registry(d).graphs.get(original)
     if table:
-        registry(d).graphs[clone] = {node: _hold(list(copies)) for node, copies in table.items()}
+        registry(d).graphs[clone] = _held(table)
 
 
 def instantiated(d: Driver, graph: int, graph_exec: int) -> None:
@@ -216,7 +220,7 @@ def instantiated(d: Driver, graph: int, graph_exec: int) -> None:
     _release(d, _flat(r.execs.pop(graph_exec, None)))
     table = r.graphs.get(graph)
     if table:
-        r.execs[graph_exec] = {node: _hold(list(copies)) for node, copies in table.items()}
+        r.execs[graph_exec] = _held(table)
 
 
 def allocated(d: Driver, graph: int, address: int) -> None:
@@ -253,9 +257,7 @@ def forget_graph(d: Driver, graph: int) -> None:
     r = registry(d)
     r.bodies.discard(graph)
     for node in [n for n, g in r.nodes.items() if g == graph]:
-        del r.nodes[node]
-        r.params.pop(node, None)
-        r.keep.pop(node, None)
+        _forget_node(r, node)
     _release(d, _flat(r.graphs.pop(graph, None)))
     _release_memory(d, r.allocations.pop(graph, None))
 
@@ -273,8 +275,12 @@ def cu_graph_exec_destroy(d: Driver, call: Call, args: list[Any]) -> None:
 def cu_graph_destroy_node(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
     set_node(d, 0, args[0], [])
-    for table in (registry(d).nodes, registry(d).params, registry(d).keep):
-        table.pop(args[0], None)
+    _forget_node(registry(d), args[0])
+
+
+def _forget_node(r: Registry, node: int) -> None:
+    for table in (r.nodes, r.params, r.keep):
+        table.pop(node, None)
 
 
 @implements("cuGraphClone")

@@ -201,8 +201,9 @@ def instantiate(d: Driver, exec_out: int, graph: int, flags: int) -> None:
         raise CudaError(errors.INVALID_VALUE, "phGraphExec is NULL")
     (handle,) = d.call(INSTANTIATE, [8, graph, flags])
     marshal.write(exec_out, handle)
-    graph_state.instantiated(d, graph, int.from_bytes(handle, "little"))
-    graph_state.hold_memory(d, graph, int.from_bytes(handle, "little"))
+    graph_exec = int.from_bytes(handle, "little")
+    graph_state.instantiated(d, graph, graph_exec)
+    graph_state.hold_memory(d, graph, graph_exec)
 
 
 @implements("cuGraphInstantiateWithFlags")

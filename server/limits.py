@@ -270,8 +270,7 @@ class Accounted(Backend):
                             "what a graph allocated")
         outs = self.inner.execute(call, args)
         if call.family in FREES:
-            self.charge(-self.sizes.pop(args[0]))
-            self.regions.remove(args[0])
+            self.forget_allocation(args[0])
         elif call.family == "cuModuleGetGlobal":
             self.learn_variable(args[2], _integer(outs[0]), _integer(outs[1]))
         return outs
@@ -375,14 +374,18 @@ class Accounted(Backend):
         self.graphs.pop(_ident(held.graph), None)
         for address in held.addresses:
             self.graph_owned.pop(address, None)
-            self.charge(-self.sizes.pop(address, 0))
-            self.regions.remove(address)
+            self.forget_allocation(address)
 
     def record(self, address: int, size: int) -> None:
         """An allocation of the client's: charged, and an address range it may name."""
         self.sizes[address] = _granules(size)
         self.regions.add(address, size)
         self.charge(_granules(size))
+
+    def forget_allocation(self, address: int) -> None:
+        """An allocation of the client's is gone: record() undone."""
+        self.charge(-self.sizes.pop(address))
+        self.regions.remove(address)
 
     def charge(self, size: int) -> None:
         self.used += size
