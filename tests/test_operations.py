@@ -207,6 +207,11 @@ data = os.urandom(size)
 check(cu.cuMemcpy(c_uint64(ptr), data, c_size_t(size)), "cuMemcpy")
 check(cu.cuMemcpy(out, c_uint64(ptr), c_size_t(size)), "cuMemcpy back")
 print("unified", out.raw == data, flush=True)
+data = os.urandom(size)
+check(cu.cuMemcpyAsync(c_uint64(ptr), data, c_size_t(size), None), "cuMemcpyAsync")
+check(cu.cuMemcpyAsync(out, c_uint64(ptr), c_size_t(size), None), "cuMemcpyAsync back")
+check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+print("unified async", out.raw == data, flush=True)
 for width, height in ((5 << 20, 4), (17 << 20, 1)):  # rows that fit a piece, and a row that does not
     data = os.urandom(width * height)
     params = (c_size_t * 16)(0, 0, 1, ctypes.cast(data, c_void_p).value, 0, 0, width,
@@ -220,7 +225,7 @@ print("after", roundtrip(ptr), flush=True)
                             timeout=120)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
-    for line in ("sync True", "async True", "unified True", f"2d {5 << 20} True", f"2d {17 << 20} True",
+    for line in ("sync True", "async True", "unified True", "unified async True", f"2d {5 << 20} True", f"2d {17 << 20} True",
                  "after True"):
         assert line in result.stdout, out
     assert "lost the connection" not in out and "Traceback" not in srv.log()
