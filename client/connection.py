@@ -48,7 +48,7 @@ from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import NO_LINK, LinkSpec, Wire
 
-from . import auth, trace
+from . import auth, data, trace
 from .alarm import Alarm
 from .lane import LANE_CALL, Lane
 
@@ -101,6 +101,7 @@ class Connection:
         self.downlink = Wire(link) if link.active else None
         self.sent_ns = 0  # when the last message went out
         self.down_bytes = 0  # size of the last answer read
+        self.data: socket.socket | None = None  # the data connection (client/data.py), when there is one
         self.keys = auth.client_keys()  # CURVE keys from the environment, or None for plain TCP
         self.endpoint, self.session, self.key = self._hello(connect_timeout_s)
         self.sock = self._socket(self.endpoint, wire.routing_id(self.key))
@@ -109,6 +110,9 @@ class Connection:
         self.inventory = self.request({"op": "init", "link": link.to_wire(), "measure": measure, "gpu": measure_gpu},
                                       connect_timeout_s)
         self.max_request_bytes = self.inventory.get("max_request_bytes") or 0  # the worker's limit (0: none)
+        port = self.inventory.get("data_port")
+        if port and data.wanted() and self.keys is None and not link.active and not measure:
+            self.data = self._open_data(port, connect_timeout_s)
         self.request_budget = wire.request_budget(self.max_request_bytes)  # payload bytes a request may carry
         self.closed = False
         self.host_functions: queue.SimpleQueue | None = None  # (function, token), run by their own thread
@@ -152,6 +156,24 @@ class Connection:
             raise ServerGone(errors.NO_DEVICE, f"the server at {self.address} gave no session key")
         return self._worker_endpoint(answer["worker"]), answer["session"], key
 
+    def _open_data(self, port: int, timeout_s: float) -> socket.socket | None:
+        host = urlparse(self.endpoint).hostname or "127.0.0.1"
+        try:
+            sock = data.connect(host, port, self.key, timeout_s)
+        except OSError as exc:
+            log.warning("no data connection to %s port %d (%s): copies go in messages", host, port, exc)
+            return None
+        try:
+            self.request({"op": "data"}, timeout_s)
+        except ServerGone:
+            sock.close()
+            raise
+        except CudaError as exc:
+            log.warning("the server refused the data connection (%s): copies go in messages", exc.detail)
+            sock.close()
+            return None
+        return sock
+
     def _worker_endpoint(self, endpoint: str) -> str:
         """A worker bound to a wildcard address is reached through the host we dialled."""
         url = urlparse(endpoint)
@@ -170,13 +192,20 @@ class Connection:
             elif not self.batch_open:
                 self._start_batch()
 
-    def call(self, call: Call, args: list[Any], ctx: int | None) -> tuple[int, list[Any], list[list[Any]]]:
-        """Send everything queued plus this call; wait for its (status, outputs, deferred errors)."""
+    def call(self, call: Call, args: list[Any], ctx: int | None,
+             by_data: bool = False) -> tuple[int, list[Any], list[list[Any]]]:
+        """Send everything queued plus this call; wait for its (status, outputs, deferred errors).
+        `by_data`: some of `args` are wire.Data, to go on the data connection (or, without one, in the message)."""
         with self.lock:
             self._check()
+            values = self._data_values(args) if by_data else ()
             self._queue(call, args, ctx, 0)
             seq = self._send(reply=True)
+            if values:
+                self._send_data(values)
             answer = self._receive(seq)
+            if values and answer.get("outs"):
+                self._receive_data(answer["outs"], values)
             if trace.RECORDER:
                 trace.RECORDER.answered(seq, time.monotonic_ns() - self.sent_ns, self.down_bytes)
             deferred = self.late_errors + (answer.get("deferred") or [])
@@ -233,6 +262,52 @@ class Connection:
         if answer.get("status"):
             raise CudaError(answer["status"], answer.get("error", ""))
         return answer
+
+    # ---- the data connection --------------------------------------------------------------
+    def _data_values(self, args: list[Any]) -> list[wire.Data]:
+        """The call's values for the data connection; without one, they go in the message instead."""
+        values = [a for a in args if type(a) is wire.Data]
+        if self.data is None:
+            for i, a in enumerate(args):
+                if type(a) is wire.Data:
+                    args[i] = a.size if a.asked else wire.frame(a.buffer)
+            return []
+        return values
+
+    def _send_data(self, values: list[wire.Data]) -> None:
+        """An input's bytes, after its message. If the stream fails the server sees it end, and answers
+        the call with an error."""
+        for value in values:
+            if not value.asked:
+                try:
+                    data.send(self.data, value.buffer)
+                except OSError as exc:
+                    self._lose_data(f"sending: {exc}")
+
+    def _receive_data(self, outs: list[Any], values: list[wire.Data]) -> None:
+        """Outputs the answer says follow it on the data connection, straight into the application's memory."""
+        asked = [v for v in values if v.asked]
+        for i, out in enumerate(outs):
+            if type(out) is not wire.Data:
+                continue
+            if not asked or asked[0].size != out.size or self.data is None:
+                self._lose_data(f"the answer names {out.size} bytes nobody asked for")
+                raise CudaError(errors.UNKNOWN, "the server's answer does not match the copy asked for")
+            try:
+                data.receive_into(self.data, asked.pop(0).buffer)
+            except OSError as exc:
+                self._lose_data(f"receiving: {exc}")
+                raise CudaError(errors.UNKNOWN, f"the copy's bytes were lost with the data connection: {exc}") from None
+            outs[i] = None  # written already
+
+    def _lose_data(self, why: str) -> None:
+        log.warning("the data connection to %s failed (%s); copies go in messages from now on", self.address, why)
+        if self.data is not None:
+            self.data.close()
+            self.data = None
+
+    def _data_ref(self, size: int, asked: bool) -> wire.Data:
+        return wire.Data(size=size)
 
     def _queue(self, call: Call, args: list[Any], ctx: int | None, size: int) -> None:
         self._take_lane()  # what the application queued in C came first
@@ -347,7 +422,7 @@ class Connection:
         frames = [self.sock.recv(copy=False)]
         while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
             frames.append(self.sock.recv(copy=False))
-        answer = wire.decode(frames)
+        answer = wire.decode(frames, self._data_ref if self.data is not None else None)
         self.down_bytes = wire.size_of(frames)
         if self.downlink and isinstance(answer.get("sent"), int):
             self.downlink.hold(answer["sent"], self.down_bytes)
@@ -444,3 +519,5 @@ class Connection:
             self.host_functions.put((None, 0))
         self.sock.close(0)
         self.monitor.close(0)
+        if self.data is not None:
+            self.data.close()

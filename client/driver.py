@@ -235,9 +235,10 @@ class Driver:
         return ctx
 
     # ---- talking to the server ----------------------------------------------------------------
-    def call(self, call: Call, wire_args: list[Any]) -> list[Any]:
-        """A synchronous call: its outputs, or CudaError (its own, or a deferred async one)."""
-        status, outs, deferred = self.session().call(call, wire_args, self.wire_ctx())
+    def call(self, call: Call, wire_args: list[Any], by_data: bool = False) -> list[Any]:
+        """A synchronous call: its outputs, or CudaError (its own, or a deferred async one). `by_data`: see
+        Connection.call."""
+        status, outs, deferred = self.session().call(call, wire_args, self.wire_ctx(), by_data)
         for symbol, code, detail in deferred:
             log.warning("an earlier %s failed: %s (%s)", symbol, errors.status_name(code, _library_of(symbol)), detail)
         if status:

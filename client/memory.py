@@ -14,16 +14,16 @@ from typing import Any
 
 import cffi
 
-from xpuremote.protocol import errors, memprops
+from xpuremote.protocol import errors, memprops, wire
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
 
-from . import arrays, marshal
+from . import arrays, data, marshal
 from .arrays import ArraySide
 from .driver import Driver, implements
-from .streams import HOST_COPY, refuse_in_capture, stream_of
+from .streams import HOST_COPY, check_work, refuse_in_capture, stream_of
 
 _libc_ffi = cffi.FFI()
 _libc_ffi.cdef("int posix_memalign(void **memptr, size_t alignment, size_t size); void free(void *ptr);")
@@ -311,20 +311,60 @@ def cu_memcpy_dtoh_async(d: Driver, call: Call, args: list[Any]) -> None:
     refuse_in_capture(d, stream_of(call, args[3]), HOST_COPY)
     wire_args, _ = marshal.pack(call, d.translate(call, args), d.new_handle, snapshot=False)
     dst, size = args[0], args[2]
-    pinned = maps(d)[1].find(dst)
-    if pinned is None or dst + size > pinned.base + pinned.size:
-        marshal.unpack(call, args, d.call(call, wire_args))
+    if not is_pinned(d, dst, size):
+        to_host(d, call, args, wire_args)
         return
     d.session().call_later(call, wire_args, d.wire_ctx(), lambda status, outs: marshal.unpack(call, args, outs))
 
 
-# ---- host-to-device copies, in pieces that the server takes ------------------------------------------
+@implements("cuMemcpyDtoH")
+def cu_memcpy_dtoh(d: Driver, call: Call, args: list[Any]) -> None:
+    if args[2] < data.DATA_MIN:
+        d.forward(call, args)
+        return
+    to_host(d, call, args, marshal.pack(call, args, d.new_handle, snapshot=False)[0])
+
+
+def to_host(d: Driver, call: Call, args: list[Any], wire_args: list[Any]) -> None:
+    """A device-to-host copy the application waits for: a large one's bytes come on the data connection,
+    into the application's buffer."""
+    dst, size = args[0], args[2]
+    by_data = by_data_connection(d, call, args, size)
+    if by_data:
+        wire_args[0] = wire.Data(marshal.view(dst, size), asked=True)
+    marshal.unpack(call, args, d.call(call, wire_args, by_data))
+
+
+def by_data_connection(d: Driver, call: Call, args: list[Any], size: int) -> bool:
+    """Whether a copy the application waits for goes on the data connection (checked as the generic path
+    checks a call in a capture)."""
+    if size < data.DATA_MIN or d.session().data is None:
+        return False
+    if d.state.get("captures"):
+        check_work(d, call, args)
+    return True
+
+
+def is_pinned(d: Driver, host: int, size: int) -> bool:
+    """Whether [host, host+size) is page-locked memory of the application's (cuMemAllocHost, registered)."""
+    pinned = maps(d)[1].find(host)
+    return pinned is not None and host + size <= pinned.base + pinned.size
+
+
+# ---- host-to-device copies: on the data connection, or in pieces that the server takes -----------------
 @implements("cuMemcpyHtoD", "cuMemcpyHtoDAsync")
 def cu_memcpy_htod(d: Driver, call: Call, args: list[Any]) -> None:
-    """As the table says, in pieces of what one request may carry under the server's size limit."""
+    """A large copy the application waits for (a sync one, or from pageable memory, which the driver has
+    read by the time it returns) goes on the data connection; otherwise as the table says, in pieces of
+    what one request may carry under the server's size limit."""
     dst, src, size, *tail = args
     if tail:
         refuse_in_capture(d, stream_of(call, tail[0]), HOST_COPY)
+    if not (tail and is_pinned(d, src, size)) and by_data_connection(d, call, args, size):
+        wire_args, _ = marshal.pack(call, d.translate(call, args), d.new_handle, snapshot=False)
+        wire_args[1] = wire.Data(marshal.view(src, size))
+        d.call(call, wire_args, by_data=True)
+        return
     budget = d.session().request_budget
     if not budget or size <= budget:
         d.forward(call, args)

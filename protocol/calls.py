@@ -497,6 +497,10 @@ LANE = {
 }
 LANE_LAUNCH = "xpuLaunchKernel"
 
+# Copies whose host buffer may travel on the session's data connection (server/data.py) instead of in their
+# message, when the client waits for them (a sync call, or an async one from or into pageable memory).
+BY_DATA_CONNECTION = ("cuMemcpyHtoD", "cuMemcpyHtoDAsync", "cuMemcpyDtoH", "cuMemcpyDtoHAsync")
+
 VARIANT_SUFFIX = re.compile(r"(_v\d+)?(_ptds|_ptsz)?$")
 
 
@@ -646,6 +650,11 @@ class Call:
     def in_lane(self) -> bool:
         """A lane record may name this call (the server runs no other from a lane)."""
         return (self.lane == "args" and self.sent) or self.symbol == LANE_LAUNCH
+
+    @cached_property
+    def by_data(self) -> bool:
+        """Its host buffer may travel on the data connection (BY_DATA_CONNECTION)."""
+        return self.library == "cuda" and self.family in BY_DATA_CONNECTION
 
     @cached_property
     def sent(self) -> bool:

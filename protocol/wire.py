@@ -22,7 +22,13 @@ Ops (client -> server):
   probe   {busy_ns}: answer after staying awake that long (at most PROBE_BUSY_MAX_NS), for
           the wake-up probe of a trace (client/wake.py)                -> {}
   done    {token}: the host function the server stopped for has run (no answer)
+  data    {}: the client has opened the session's data connection (a TCP connection to the port
+          `init` answered as `data_port`, on which it sent the session's key first)   -> {}
   bye     the client is leaving; its resources are released
+With a data connection (server/data.py), the last call of a `reply` batch may name bytes there instead
+of carrying them: ExtType(DATA, size) in an input's place says its bytes follow the message on the data
+connection; ExtType(DATA_ASKED, size) in an output's place asks for that output there, and the answer
+then has ExtType(DATA, size) in its place, its bytes following the answer. One input a message.
 A request over the worker's `max_request_bytes` (0: no limit; all its frames counted) is refused
 whole: the client splits bulk copies so that each request fits (request_budget()).
 With an emulated link, every message carries `sent` (its send time, CLOCK_MONOTONIC ns).
@@ -36,7 +42,7 @@ from __future__ import annotations
 
 import hmac
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import msgpack
@@ -46,6 +52,7 @@ KEY_BYTES = 32  # a session's key: 256 bits from `secrets`
 DONE_CHANNEL = b"+done"  # the host-function thread's connection, beside the one for calls
 CHANNELS = (b"", DONE_CHANNEL)
 BULK = 1  # msgpack ext type code of a reference to a bulk frame
+DATA, DATA_ASKED = 2, 3  # ext type codes of bytes on the data connection, and of an output asked for there
 INLINE_MAX = 64 * 1024
 PROBE_BUSY_MAX_NS = 10_000_000
 HEADER_ALLOWANCE = 64 * 1024  # of a request's size limit, kept for what is not payload (header, opcodes)
@@ -90,6 +97,8 @@ def encode(header: dict[str, Any]) -> list[Any]:
         if isinstance(obj, Bulk):
             bulk.append(obj.data)
             return msgpack.ExtType(BULK, (len(bulk) - 1).to_bytes(4, "little"))
+        if isinstance(obj, Data):
+            return msgpack.ExtType(DATA_ASKED if obj.asked else DATA, obj.size.to_bytes(8, "little"))
         raise TypeError(f"cannot send {type(obj).__name__}")
 
     header = {"v": PROTOCOL_VERSION, **header}
@@ -141,22 +150,38 @@ class Bulk:
         self.data = data
 
 
+class Data:
+    """A value on the data connection: `buffer` holds an input's bytes, or is where an asked output's
+    go; a decoded reference has only its size."""
+
+    __slots__ = ("buffer", "size", "asked")
+
+    def __init__(self, buffer: Any = None, asked: bool = False, size: int = 0) -> None:
+        self.buffer, self.asked = buffer, asked
+        self.size = len(buffer) if buffer is not None else size
+
+
 def frame(data: Any) -> Any:
     """Any bytes-like data, as a frame of its own when it is over INLINE_MAX. Sent without a copy:
     the data must not change until the message has gone."""
     return data if len(data) <= INLINE_MAX else Bulk(data)
 
 
-def decode(frames: Sequence[Any]) -> dict[str, Any]:
-    """Frames -> header dict with bulk references replaced by the frames' buffers."""
+def decode(frames: Sequence[Any], data: Callable[[int, bool], Any] | None = None) -> dict[str, Any]:
+    """Frames -> header dict with bulk references replaced by the frames' buffers, and references to
+    the data connection by `data(size, asked)` (an end without one refuses them)."""
     if not frames:
         raise WireError("empty message")
     rest = frames[1:]
 
-    def ext_hook(code: int, data: bytes) -> Any:
-        if code != BULK or len(data) != 4:
+    def ext_hook(code: int, payload: bytes) -> Any:
+        if code in (DATA, DATA_ASKED) and len(payload) == 8:
+            if data is None:
+                raise WireError("a value on the data connection, which this session does not have")
+            return data(int.from_bytes(payload, "little"), code == DATA_ASKED)
+        if code != BULK or len(payload) != 4:
             raise WireError(f"unknown ext type {code}")
-        index = int.from_bytes(data, "little")
+        index = int.from_bytes(payload, "little")
         if index >= len(rest):
             raise WireError(f"bulk frame {index} missing (message has {len(rest)})")
         frame = rest[index]

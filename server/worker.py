@@ -19,6 +19,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import struct
 import sys
 import threading
@@ -34,9 +35,10 @@ from xpuremote.protocol.calls import BY_OPCODE, CALLS, DEFAULT_STREAMS, Call, Pa
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import LinkSpec, Wire, wait_until
 
-from . import auth, metrics
+from . import auth, data, metrics
 from .backends import load_backend
 from .backends.base import Backend
+from .data import Asked, DataConnection, DataError, Incoming
 from .gpu_timer import GpuTimer, is_gpu_work
 from .limits import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_MAX_HANDLES, Accounted, Limits, give_back_memory, parse_size
 
@@ -83,6 +85,10 @@ class Session:
         self.limits = Limits()
         self.named: dict[tuple[str, Any], int] = {}  # (type, object) -> its handle, of objects the backend made
         self.owned: dict[Any, list[int]] = {}  # owner object -> handles named for objects it holds
+        self.listener: socket.socket | None = None  # where the client opens the data connection (server/data.py)
+        self.data: DataConnection | None = None
+        self.answering = False  # the call being run is the one a reply answers: it may send an output as data
+        self.outgoing: list[Any] = []  # outputs for the data connection, sent after the answer
         backend.bind(self.handles, self.name_handle, self.drop_handle)
 
     def start(self, header: dict[str, Any]) -> dict[str, Any]:
@@ -95,8 +101,23 @@ class Session:
         self.measure = bool(header.get("measure"))
         self.gpu_timer = GpuTimer(self.backend) if header.get("gpu") else None
         self.runners.clear()
-        return {"op": "reply", "status": 0, **self.backend.inventory().to_wire(),
-                "max_request_bytes": self.limits.max_request_bytes}
+        answer = {"op": "reply", "status": 0, **self.backend.inventory().to_wire(),
+                  "max_request_bytes": self.limits.max_request_bytes}
+        if self.listener is not None and self.data is None:
+            answer["data_port"] = self.listener.getsockname()[1]
+        return answer
+
+    def open_data(self) -> dict[str, Any]:
+        """The `data` request: the client has connected to the data port; take its connection."""
+        if self.listener is None:
+            raise DataError("this session offers no data connection")
+        try:
+            self.data = DataConnection.accept(self.listener, self.key, self.name)
+        finally:
+            self.listener.close()
+            self.listener = None
+        log.info("session %s: data connection open", self.name)
+        return {"op": "reply", "status": 0}
 
     # ---- handles --------------------------------------------------------------------------
     def resolve(self, param: Param, value: Any) -> Any:
@@ -184,6 +205,7 @@ class Session:
         status = errors.SUCCESS
         for i, item in enumerate(batch):
             last = i == len(batch) - 1
+            self.answering = last and reply
             try:
                 call, args = _unpack(item)
                 if call is LANE:
@@ -316,6 +338,11 @@ class Session:
         if p.direction == "out":
             if p.pointee == "handle" and call.cls == "shadow":
                 return value  # the client's id for the handle being created
+            if type(value) is Asked:
+                if not (call.by_data and self.answering):
+                    raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: an output on the data "
+                                    "connection is for an answered copy only")
+                value = value.size
             if value is not None and (not isinstance(value, int) or not 0 <= value <= MAX_OUTPUT_BYTES):
                 raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: output size {value!r}")
             return value
@@ -323,7 +350,9 @@ class Session:
             return value
         if (p.is_address or p.is_scalar) and isinstance(value, int) and 0 <= value < 1 << 64:
             return value  # a device address (a scalar in device pointer mode)
-        if not isinstance(value, (bytes, memoryview)):
+        if type(value) is Incoming and not call.by_data:
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name} may not come on the data connection")
+        if not isinstance(value, (bytes, memoryview, Incoming)):
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name} must be bytes")
         try:
             expected = p.byte_count(scalars)
@@ -340,6 +369,9 @@ class Session:
             handle = self.register(p.ctype.rstrip(" *"), out, arg if call.cls == "shadow" else None, owner)
             return None if call.cls == "shadow" else handle.to_bytes(8, "little")
         if isinstance(out, (bytes, memoryview)):
+            if type(arg) is Asked:  # sent on the data connection after the answer
+                self.outgoing.append(out)
+                return wire.Data(out)
             return wire.frame(out)  # a large output goes as a frame of its own, not through msgpack
         if p.count == "*":
             return out
@@ -450,6 +482,8 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
     # MONITOR_STOPPED: disable_monitor() at the end wakes the watchdog at once
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_MONITOR_STOPPED)
     endpoint = _bind(sock, bind, session_id)
+    if keys is None:  # the data connection is plain TCP: not beside an encrypted session
+        session.listener = data.listen(bind)
     print(f"endpoint {endpoint} {session.key.hex()}", flush=True)  # to the daemon's pipe only
     watchdog = Watchdog(monitor, session)
     poller = zmq.Poller()
@@ -482,12 +516,15 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
             _say_closing(sock, session)
     finally:
         watchdog.finished.set()
+        for conn in (session.listener, session.data):
+            if conn is not None:
+                conn.close()
         backend.close()
         _report(session, None)
         by_library = "".join(f" {name}={n}" for name, n in sorted(session.library_calls.items()))
-        log.info("session %s ended: %d calls (%d from the fast lane), %d errors, peak device memory %d bytes; "
-                 "library calls:%s", session_id, session.calls, session.lane_calls, session.errors, backend.peak,
-                 by_library or " none")
+        log.info("session %s ended: %d calls (%d from the fast lane), %d errors, peak device memory %d bytes, "
+                 "%d bytes on the data connection; library calls:%s", session_id, session.calls, session.lane_calls,
+                 session.errors, backend.peak, session.data.moved if session.data else 0, by_library or " none")
         sock.disable_monitor()  # a watchdog still looking wakes up and sees `finished`
         sock.close()
         watchdog.join()
@@ -595,7 +632,7 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
         give_back_memory()
     if not _admit(sock, session, frames):
         return True
-    message = Message(frames[0], frames[1:], too_big)
+    message = Message(frames[0], frames[1:], too_big, session.data)
     if session.uplink and isinstance(message.header.get("sent"), int):
         session.uplink.hold(message.header["sent"], wire.size_of(message.frames))  # see protocol/link.py
     if session.awaiting is None:
@@ -632,14 +669,16 @@ def _admit(sock: zmq.Socket, session: Session, frames: list[zmq.Frame]) -> bool:
 class Message:
     """A request as read: who sent it, its frames, its header (decoded once; {} if malformed)."""
 
-    def __init__(self, identity: Any, frames: list[Any], too_big: str | None = None) -> None:
+    def __init__(self, identity: Any, frames: list[Any], too_big: str | None = None,
+                 data: DataConnection | None = None) -> None:
         self.identity, self.frames = identity, frames
         self.header: dict[str, Any] = {}
         self.error = wire.WireError(too_big) if too_big else None
+        self.incoming: list[Incoming] = []  # its input on the data connection, which follows it there
         began = time.monotonic_ns()
         try:
             if not too_big:  # not even decoded
-                self.header = wire.decode(frames)
+                self.header = wire.decode(frames, data and (lambda size, asked: data.value(size, asked, self.incoming)))
         except wire.WireError as exc:
             self.error = exc
         self.decode_ns = time.monotonic_ns() - began  # part of the server's time on it
@@ -679,6 +718,8 @@ def _serve(sock: zmq.Socket, session: Session, message: Message) -> bool:
             session.add_timings(answer)
         elif op == "probe":
             answer = _probe(header)
+        elif op == "data":
+            answer = session.open_data()
         elif op == "done":
             return True  # a host function finished after its wait was abandoned: nothing to answer
         elif op == "bye":  # with the server's times for the last batches, for a client's trace
@@ -692,6 +733,8 @@ def _serve(sock: zmq.Socket, session: Session, message: Message) -> bool:
     except Exception as exc:  # never let one message end the session
         log.exception("internal error")
         answer = {"op": "reply", "status": errors.UNKNOWN, "error": f"server error: {type(exc).__name__}: {exc}"}
+    if message.incoming:
+        answer = _settle(session, message, answer)
     if session.uplink:
         answer["sent"] = time.monotonic_ns()  # the client holds the answer from here
     try:
@@ -705,7 +748,30 @@ def _serve(sock: zmq.Socket, session: Session, message: Message) -> bool:
     except TypeError as exc:  # an output no msgpack can carry: a backend bug, reported as such
         log.error("cannot encode reply: %s", exc)
         sock.send_multipart([identity, *wire.encode({"op": "reply", "status": errors.UNKNOWN, "error": str(exc)})])
+        session.outgoing.clear()
+    _send_outgoing(session)
     return True
+
+
+def _settle(session: Session, message: Message, answer: dict[str, Any]) -> dict[str, Any]:
+    """Read what the message's input left unread on the data connection; a stream lost meanwhile fails it."""
+    try:
+        session.data.settle(message.incoming)
+    except DataError as exc:
+        log.warning("session %s: %s", session.name, exc)
+        session.outgoing.clear()
+        return {"op": "reply", "status": errors.INVALID_VALUE, "error": str(exc)}
+    return answer
+
+
+def _send_outgoing(session: Session) -> None:
+    """The outputs an answer named as data, after it (the client reads the answer first)."""
+    outgoing, session.outgoing = session.outgoing, []
+    try:
+        for out in outgoing:
+            session.data.send(out)
+    except DataError as exc:  # the client sees its copy fail when the stream ends short
+        log.warning("session %s: %s", session.name, exc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -225,8 +225,8 @@ print("after", roundtrip(ptr), flush=True)
                             timeout=120)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
-    for line in ("sync True", "async True", "unified True", "unified async True", f"2d {5 << 20} True", f"2d {17 << 20} True",
-                 "after True"):
+    for line in ("sync True", "async True", "unified True", "unified async True", f"2d {5 << 20} True",
+                 f"2d {17 << 20} True", "after True"):
         assert line in result.stdout, out
     assert "lost the connection" not in out and "Traceback" not in srv.log()
 

@@ -105,6 +105,8 @@ def test_allowed_client_works_through_the_shim(keys: dict[str, Path], curve_serv
     result = run_on([sys.executable, "-c", PRELUDE + body], timeout=60, address=curve_server.address,
                     XPU_CLIENT_KEY=str(keys["alice"]), XPU_SERVER_KEY=str(keys["server.pub"]))
     assert result.returncode == 0 and "roundtrip True" in result.stdout, result.stdout + result.stderr
+    # a copy of 1 MiB goes on the data connection in plain mode: never beside an encrypted session
+    assert "data connection open" not in curve_server.log()
 
 
 @pytest.mark.parametrize("who", ["no keys", "unknown key", "wrong server key"])

@@ -22,7 +22,7 @@ from typing import Any
 
 import cffi
 
-from xpuremote.protocol import errors, mathlibs, memprops
+from xpuremote.protocol import errors, mathlibs, memprops, wire
 from xpuremote.protocol.calls import CALLS, Call, Param
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
@@ -44,6 +44,7 @@ from xpuremote.protocol.layouts import (
     SM_RESOURCE,
 )
 
+from ..data import Incoming
 from .base import CAPTURE_REFUSED, Backend, DeviceInfo, Inventory, check_module_image, launch_attributes
 from .nvml_status import NvmlStatus
 
@@ -356,6 +357,8 @@ class CudaBackend(Backend):
         if p.direction == "in":
             if value is None:
                 return ffi.NULL, None
+            if isinstance(value, Incoming):  # from the data connection, into a buffer the driver copies from
+                value = value.read()
             data = value.encode() + b"\0" if isinstance(value, str) else value
             return ffi.from_buffer(data), None
         if p.pointee == "handle":
@@ -371,7 +374,8 @@ class CudaBackend(Backend):
             return None
         if p.pointee == "handle":
             return int(buf[0])
-        return bytes(self.ffi.buffer(buf))
+        data = self.ffi.buffer(buf)  # holds the buffer: a large output is sent from it, not copied first
+        return memoryview(data) if len(data) > wire.INLINE_MAX else bytes(data)
 
     # ---- the client's own requests (protocol.calls.INTERNAL) ------------------------------------
     def xpuModuleLoad(self, key: bytes, image: bytes, size: int) -> tuple[int]:

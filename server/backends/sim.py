@@ -24,6 +24,7 @@ from xpuremote.protocol.cuda_api import ENUMS, HEADER_VERSIONS
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import EVENT_ATTRIBUTES
 
+from ..data import Incoming
 from . import sim_kernels
 from .base import DeviceInfo, Inventory, check_module_image, cluster_size, launch_attributes
 from .sim_arrays import SimArrays
@@ -543,10 +544,13 @@ class SimBackend(SimGraphs, SimArrays):
         dnn = self.library("cudnn")
         return (dnn.get_descriptors(dnn.descriptor(descriptor), name, requested, handles),)
 
-    def cuMemcpyHtoD(self, dst: int, src: bytes, count: int) -> None:
+    def cuMemcpyHtoD(self, dst: int, src: bytes | Incoming, count: int) -> None:
         if len(src) != count:
             raise CudaError(errors.INVALID_VALUE, f"{len(src)} bytes sent for a {count}-byte copy")
-        self.memory.write(dst, src)
+        if isinstance(src, Incoming):  # read from the data connection straight into the memory
+            src.readinto(self.memory.view(dst, count))
+        else:
+            self.memory.write(dst, src)
 
     def cuMemcpyHtoDAsync(self, dst: int, src: bytes, count: int, stream: Any) -> None:
         self.cuMemcpyHtoD(dst, src, count)

@@ -1,0 +1,50 @@
+"""The client's end of the session's data connection (server/data.py): the bytes of a synchronous copy of
+DATA_MIN bytes or more go on a plain TCP stream, from and into the application's memory, instead of in a
+ZeroMQ message (which lands in a buffer of its own, one more copy on each end).
+
+Opened after `init` when the worker offers it (a plain-TCP session) and nothing needs every byte in the
+messages: not with CURVE, an emulated link or a trace (they account for what messages carry), nor with
+XPU_DATA_CONNECTION=0. A connection that fails later is closed; the session goes on without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Any
+
+log = logging.getLogger("xpuremote.client")
+
+DATA_MIN = 1 << 20  # smaller copies go in their message: a data connection's bytes cost a system call more
+TIMEOUT_S = 30.0  # as long as the worker waits for a stalled stream
+
+
+def wanted() -> bool:
+    return os.environ.get("XPU_DATA_CONNECTION", "1") != "0"
+
+
+def connect(host: str, port: int, key: bytes, timeout_s: float) -> socket.socket:
+    """A connection to the worker's data port that has presented the session's key."""
+    sock = socket.create_connection((host, port), timeout=timeout_s)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(TIMEOUT_S)
+        sock.sendall(key)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def send(sock: socket.socket, data: Any) -> None:
+    sock.sendall(data)
+
+
+def receive_into(sock: socket.socket, view: memoryview) -> None:
+    got, size = 0, len(view)
+    while got < size:
+        n = sock.recv_into(view[got:], size - got)
+        if not n:
+            raise ConnectionError("the server closed the data connection")
+        got += n

@@ -1,0 +1,182 @@
+"""The session's data connection: the bulk bytes of a synchronous copy, beside ZeroMQ.
+
+A ZeroMQ message lands in a buffer of ZeroMQ's: a copy to the application's memory on the client,
+and one into device memory on the sim, which a plain TCP stream read straight into its destination
+does not need (protocol/wire.py says how a message points at bytes that travel here).
+
+The worker listens on a port of its own beside its ZeroMQ endpoint, for plain (non-CURVE) sessions
+on tcp:// only. The client connects, sends the session's key, then asks over ZeroMQ (`data` op);
+the worker takes the first connection that presents the key and stops listening. Bytes travel in
+the order of the messages that name them: the inputs of a message follow it, the outputs asked of
+it follow its answer. A stream that fails or stalls for DATA_TIMEOUT_S is closed; the session goes
+on over ZeroMQ, and a later message that names the data connection is refused.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import socket
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+from xpuremote.protocol import wire
+
+log = logging.getLogger("xpuremote.worker")
+
+DATA_TIMEOUT_S = 30.0  # a stream that moves no byte for this long is given up
+ACCEPT_TIMEOUT_S = 5.0  # the client connected before it asked: its connection is waiting already
+SKIP_CHUNK = 1 << 20
+
+
+class DataError(wire.WireError):
+    """The data connection failed or is not there."""
+
+
+def listen(bind: str) -> socket.socket | None:
+    """A listening socket on the host of a tcp:// bind address (port chosen by the system), or None."""
+    url = urlparse(bind)
+    if url.scheme != "tcp":
+        return None
+    host = url.hostname or ""
+    host = "" if host in ("*", "0.0.0.0") else host
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.bind((host, 0))
+    listener.listen(4)
+    return listener
+
+
+class DataConnection:
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(DATA_TIMEOUT_S)
+        self.sock: socket.socket | None = sock
+        self.moved = 0  # bytes read and written
+
+    @classmethod
+    def accept(cls, listener: socket.socket, key: bytes, session: str) -> DataConnection:
+        """The first connection to `listener` that presents `key`; others are logged and closed."""
+        deadline = time.monotonic() + ACCEPT_TIMEOUT_S
+        while (left := deadline - time.monotonic()) > 0:
+            listener.settimeout(left)
+            try:
+                sock, peer = listener.accept()
+            except OSError:
+                break
+            sock.settimeout(min(left, 1.0))
+            try:
+                presented = _read_exactly(sock, len(key))
+            except OSError:
+                presented = b""
+            if hmac.compare_digest(presented, key):
+                return cls(sock)
+            log.warning("session %s: a data connection from %s did not present the session's key", session, peer)
+            sock.close()
+        raise DataError("no data connection presented the session's key")
+
+    def value(self, size: int, asked: bool, incoming: list[Incoming]) -> Any:
+        """What a message's reference to this connection decodes to (wire.decode's `data`)."""
+        if self.sock is None:
+            raise DataError("the data connection is closed")
+        if asked:
+            return Asked(size)
+        if incoming:  # its bytes may not line up with what this end would read: the stream is given up
+            self.fail("a message sent two values on it; one is the most")
+        value = Incoming(self, size)
+        incoming.append(value)
+        return value
+
+    def read_into(self, view: memoryview) -> None:
+        got, size = 0, len(view)
+        try:
+            while got < size:
+                n = self._live().recv_into(view[got:], size - got)
+                if not n:
+                    raise DataError("the client closed the data connection")
+                got += n
+        except OSError as exc:
+            self.fail(f"reading: {exc}")
+        self.moved += size
+
+    def skip(self, size: int) -> None:
+        """Read and drop `size` bytes: an input the call never took (it failed first)."""
+        scratch = memoryview(bytearray(min(size, SKIP_CHUNK)))
+        while size > 0:
+            chunk = min(size, len(scratch))
+            self.read_into(scratch[:chunk])
+            size -= chunk
+
+    def send(self, data: Any) -> None:
+        try:
+            self._live().sendall(data)
+        except OSError as exc:
+            self.fail(f"writing: {exc}")
+        self.moved += len(data)
+
+    def settle(self, incoming: list[Incoming]) -> None:
+        """After a message: what its inputs left unread is read and dropped, so the next lines up (on a
+        stream given up meanwhile there is nothing to line up)."""
+        if self.sock is None:
+            return
+        for value in incoming:
+            if value.left:
+                value.skip_rest()
+
+    def fail(self, why: str) -> None:
+        self.close()
+        raise DataError(f"data connection lost ({why}); it is closed, ZeroMQ carries the session on")
+
+    def _live(self) -> socket.socket:
+        if self.sock is None:
+            raise DataError("the data connection is closed")
+        return self.sock
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+class Incoming:
+    """A call's input bytes that follow its message on the data connection: read once, straight into
+    where they go (readinto), or as a buffer of their own (read)."""
+
+    def __init__(self, conn: DataConnection, size: int) -> None:
+        self.conn, self.size, self.left = conn, size, size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def readinto(self, view: memoryview) -> None:
+        if len(view) != self.size or self.left != self.size:
+            raise DataError(f"{self.size} bytes on the data connection, read once and whole")
+        self.left = 0
+        self.conn.read_into(view)
+
+    def read(self) -> bytearray:
+        data = bytearray(self.size)
+        self.readinto(memoryview(data))
+        return data
+
+    def skip_rest(self) -> None:
+        left, self.left = self.left, 0
+        self.conn.skip(left)
+
+
+class Asked:
+    """An output the client asked for on the data connection: `size` bytes, sent after the answer."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)

@@ -1,0 +1,228 @@
+"""The data connection (server/data.py, client/data.py): the bytes of large copies the application waits
+for travel on a plain TCP stream beside ZeroMQ, straight from and into where they belong."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+import zmq
+from conftest import Server, shim_env, start_server
+from pyclient import wait_for
+from test_faults import program
+
+from xpuremote.protocol import errors, wire
+from xpuremote.protocol.calls import CALLS
+from xpuremote.protocol.link import NO_LINK
+
+MIB = 1 << 20
+SIZE = 8 * MIB  # over client/data.py's DATA_MIN
+CTX = 0x7C00_0000_1000
+
+COPIES = """
+size, small = SIZE, 512 << 10
+ctx, ptr = setup(size)
+out = ctypes.create_string_buffer(size)
+def both_ways(put, get, n=size, sync=False):
+    data = os.urandom(n)
+    check(put(data, n), "to the device")
+    check(get(n), "to the host")
+    if sync:
+        check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+    return out.raw[:n] == data
+print("sync", both_ways(lambda d, n: cu.cuMemcpyHtoD_v2(c_uint64(ptr), d, c_size_t(n)),
+                        lambda n: cu.cuMemcpyDtoH_v2(out, c_uint64(ptr), c_size_t(n))), flush=True)
+print("pageable async", both_ways(lambda d, n: cu.cuMemcpyHtoDAsync_v2(c_uint64(ptr), d, c_size_t(n), None),
+                                  lambda n: cu.cuMemcpyDtoHAsync_v2(out, c_uint64(ptr), c_size_t(n), None),
+                                  sync=True), flush=True)
+print("unified async", both_ways(lambda d, n: cu.cuMemcpyAsync(c_uint64(ptr), d, c_size_t(n), None),
+                                 lambda n: cu.cuMemcpyAsync(out, c_uint64(ptr), c_size_t(n), None),
+                                 sync=True), flush=True)
+print("small", both_ways(lambda d, n: cu.cuMemcpyHtoD_v2(c_uint64(ptr), d, c_size_t(n)),
+                         lambda n: cu.cuMemcpyDtoH_v2(out, c_uint64(ptr), c_size_t(n)), small), flush=True)
+pinned = c_void_p()
+check(cu.cuMemAllocHost_v2(byref(pinned), c_size_t(size)), "cuMemAllocHost")
+ctypes.memmove(pinned, os.urandom(size), size)
+check(cu.cuMemcpyHtoDAsync_v2(c_uint64(ptr), pinned, c_size_t(size), None), "pinned cuMemcpyHtoDAsync")
+check(cu.cuMemcpyDtoHAsync_v2(out, c_uint64(ptr), c_size_t(size), None), "cuMemcpyDtoHAsync")
+check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+print("pinned", out.raw == ctypes.string_at(pinned, size), flush=True)
+""".replace("SIZE", str(SIZE))
+# on the data connection: 2 copies each of the sync, pageable and unified pairs, and the pinned pair's
+# device-to-host copy (into pageable memory); the small pair and the pinned host-to-device copy go in messages
+BY_DATA = 7 * SIZE
+
+
+@pytest.mark.parametrize("wanted", ["1", "0"], ids=["data-connection", "XPU_DATA_CONNECTION=0"])
+def test_large_copies_go_on_the_data_connection(wanted: str, shim: Path, tmp_path: Path) -> None:
+    srv = start_server(tmp_path)
+    try:
+        result = subprocess.run(program(COPIES), env=shim_env(shim, srv.address, XPU_DATA_CONNECTION=wanted),
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        for line in ("sync", "pageable async", "unified async", "small", "pinned"):
+            assert f"{line} True" in result.stdout, result.stdout + result.stderr
+        assert wait_for(lambda: "bytes on the data connection" in srv.log(), 10), srv.log()[-2000:]
+        moved = int(re.search(r"(\d+) bytes on the data connection", srv.log()).group(1))
+        assert moved == (BY_DATA if wanted == "1" else 0), (moved, BY_DATA)
+        assert ("data connection open" in srv.log()) == (wanted == "1")
+        assert "Traceback" not in srv.log()
+    finally:
+        srv.stop()
+
+
+class RawSession:
+    """A session spoken to in the wire format itself, with its data connection, to send what a client
+    library never would."""
+
+    def __init__(self, address: str) -> None:
+        self.ctx = zmq.Context()
+        hello = self.ctx.socket(zmq.DEALER)
+        hello.connect(address)
+        hello.send_multipart(wire.encode({"op": "hello", "client": {"pid": os.getpid(), "host": "test",
+                                                                    "user": getpass.getuser()}}))
+        assert hello.poll(10_000), "no answer to hello"
+        answer = wire.decode(hello.recv_multipart())
+        hello.close(0)
+        self.key = answer["key"]
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.ROUTING_ID, wire.routing_id(self.key))
+        self.sock.connect(answer["worker"])
+        self.host = answer["worker"].removeprefix("tcp://").rsplit(":", 1)[0]
+        self.port = self.request({"op": "init", "link": NO_LINK.to_wire()})["data_port"]
+        self.data: socket.socket | None = None
+        self.seq = 0
+
+    def request(self, header: dict) -> dict:
+        self.sock.send_multipart(wire.encode(header))
+        assert self.sock.poll(20_000), f"no answer to {header['op']}"
+        return wire.decode(self.sock.recv_multipart(), lambda size, asked: wire.Data(size=size))
+
+    def connect_data(self, key: bytes | None = None) -> socket.socket:
+        sock = socket.create_connection((self.host, self.port), timeout=10)
+        sock.sendall(key if key is not None else self.key)
+        return sock
+
+    def calls(self, *calls: list, reply: bool = True, data: bytes = b"") -> dict:
+        self.seq += 1
+        self.sock.send_multipart(wire.encode({"op": "calls", "seq": self.seq, "calls": list(calls), "reply": reply}))
+        if data:
+            self.data.sendall(data)
+        if not reply:
+            return {}
+        assert self.sock.poll(20_000), "no answer"
+        return wire.decode(self.sock.recv_multipart(), lambda size, asked: wire.Data(size=size))
+
+    def receive(self, size: int) -> bytes:
+        got = bytearray()
+        while len(got) < size:
+            chunk = self.data.recv(size - len(got))
+            assert chunk, "the data connection ended early"
+            got += chunk
+        return bytes(got)
+
+    def close(self) -> None:
+        if self.data is not None:
+            self.data.close()
+        self.ctx.destroy(0)
+
+
+def op(symbol: str, *args: object) -> list:
+    return [CALLS[symbol].opcode, list(args)]
+
+
+@pytest.fixture
+def raw(tmp_path: Path):
+    srv = start_server(tmp_path)
+    session = RawSession(srv.address)
+    yield srv, session
+    session.close()
+    srv.stop()
+
+
+def test_strangers_on_the_data_port_are_refused_and_the_client_gets_in(raw: tuple[Server, RawSession]) -> None:
+    """Connections that present no key, or a wrong one, before the client's own: closed and logged; the
+    client's is taken, and the port closes behind it."""
+    srv, s = raw
+    wrong = s.connect_data(bytes(wire.KEY_BYTES))
+    silent = s.connect_data(b"")
+    s.data = s.connect_data()
+    assert s.request({"op": "data"})["status"] == 0
+    assert srv.log().count("did not present the session's key") == 2, srv.log()[-2000:]
+    for stranger in (wrong, silent):
+        stranger.settimeout(5)
+        assert stranger.recv(1) == b""  # closed by the worker
+        stranger.close()
+    with pytest.raises(OSError):
+        s.connect_data()  # nobody listens any more
+    answer = s.request({"op": "data"})  # and asking twice is refused
+    assert answer["status"] == errors.INVALID_VALUE and "no data connection" in answer["error"], answer
+
+
+def _open(s: RawSession, size: int) -> int:
+    """The data connection open, a context and an allocation of `size`: its address."""
+    s.data = s.connect_data()
+    assert s.request({"op": "data"})["status"] == 0
+    answer = s.calls(op("cuCtxCreate_v2", CTX, 0, 0), op("cuMemAlloc_v2", 8, size))
+    assert answer["status"] == 0, answer
+    return int.from_bytes(answer["outs"][0], "little")
+
+
+def _round_trip(s: RawSession, ptr: int, data: bytes) -> bytes:
+    answer = s.calls(op("cuMemcpyHtoD_v2", ptr, wire.Data(size=len(data)), len(data)), data=data)
+    assert answer["status"] == 0, answer
+    asked = wire.Data(size=len(data), asked=True)
+    answer = s.calls(op("cuMemcpyDtoH_v2", asked, ptr, len(data)))
+    assert answer["status"] == 0 and type(answer["outs"][0]) is wire.Data, answer
+    return s.receive(answer["outs"][0].size)
+
+
+def test_bad_uses_of_the_data_connection_fail_the_call_and_keep_the_stream_in_line(
+        raw: tuple[Server, RawSession]) -> None:
+    srv, s = raw
+    size = 2 * MIB
+    ptr = _open(s, size)
+    data = os.urandom(size)
+    assert _round_trip(s, ptr, data) == data
+    # bytes for a call that may not take them, and bytes that do not match the copy's size: refused, and the
+    # bytes sent for them read and dropped, so the next copy's bytes are its own
+    for call in (op("xpuModuleLoad", bytes(32), wire.Data(size=4096), 4096),
+                 op("cuMemcpyHtoD_v2", ptr, wire.Data(size=4096), 8)):
+        answer = s.calls(call, data=os.urandom(4096))
+        assert answer["status"] == errors.INVALID_VALUE, answer
+    # an output asked for on the data connection by a call nobody waits for: deferred as a failure
+    s.calls(op("cuMemcpyDtoH_v2", wire.Data(size=64, asked=True), ptr, 64), reply=False)
+    answer = s.calls(op("cuCtxSynchronize"))
+    assert answer["deferred"] and "answered copy only" in answer["deferred"][0][2], answer
+    data = os.urandom(size)
+    assert _round_trip(s, ptr, data) == data
+    # a copy into memory that is not the session's: refused before a byte lands, the bytes dropped
+    answer = s.calls(op("cuMemcpyHtoD_v2", ptr + size, wire.Data(size=4096), 4096), data=bytes(4096))
+    assert answer["status"] == errors.INVALID_VALUE, answer
+    assert _round_trip(s, ptr, data[:4096]) == data[:4096]
+    # two inputs in one message: the stream is given up, the session goes on over ZeroMQ
+    two = [op("cuMemcpyHtoD_v2", ptr, wire.Data(size=8), 8), op("cuMemcpyHtoD_v2", ptr, wire.Data(size=8), 8)]
+    answer = s.calls(*two, data=bytes(16))
+    assert answer["status"] == errors.INVALID_VALUE and "two values" in answer["error"], answer
+    answer = s.calls(op("cuMemcpyHtoD_v2", ptr, wire.Data(size=8), 8))
+    assert answer["status"] == errors.INVALID_VALUE and "closed" in answer["error"], answer
+    answer = s.calls(op("cuMemcpyHtoD_v2", ptr, b"in-frame", 8))
+    assert answer["status"] == 0, answer
+    answer = s.calls(op("cuMemcpyDtoH_v2", 8, ptr, 8))
+    assert bytes(answer["outs"][0]) == b"in-frame", answer
+    assert "Traceback" not in srv.log()
+
+
+def test_a_client_that_leaves_in_the_middle_of_a_copy_ends_its_session(raw: tuple[Server, RawSession]) -> None:
+    srv, s = raw
+    ptr = _open(s, 4 * MIB)
+    s.calls(op("cuMemcpyHtoD_v2", ptr, wire.Data(size=4 * MIB), 4 * MIB), reply=False, data=bytes(MIB))
+    s.close()  # a quarter of the bytes sent, then gone
+    assert wait_for(lambda: "bytes on the data connection" in srv.log(), 20), srv.log()[-2000:]
+    assert "the client closed the data connection" in srv.log() and "Traceback" not in srv.log(), srv.log()[-3000:]
+
