@@ -99,8 +99,8 @@ class Connection:
         self.pid = os.getpid()
         self.link = link
         self.downlink = Wire(link) if link.active else None
-        self.sent_ns = 0  # when the last message went out
-        self.down_bytes = 0  # size of the last answer read
+        self.sent_ns = 0  # when the last message went out (kept for a trace)
+        self.down_bytes = 0  # size of the last answer read (kept for a trace or a link)
         self.data: socket.socket | None = None  # the data connection (client/data.py), when there is one
         self.keys = auth.client_keys()  # CURVE keys from the environment, or None for plain TCP
         self.endpoint, self.session, self.key = self._hello(connect_timeout_s)
@@ -384,8 +384,8 @@ class Connection:
             self.late_errors.append(["a batch of calls", errors.UNKNOWN, f"{calls} calls could not be sent: {exc}"])
             raise
         try:
-            self.sent_ns = header.get("sent") or time.monotonic_ns()
-            if trace.RECORDER:
+            if trace.RECORDER:  # when it went out, for the answer's round trip
+                self.sent_ns = header.get("sent") or time.monotonic_ns()
                 trace.RECORDER.sent(self.seq, kind if reply else "async", self.sent_ns, wire.size_of(frames), calls)
             for frame in frames[:-1]:  # send_multipart(copy=False) without its per-frame checks
                 self.sock.send(frame, zmq.SNDMORE, copy=False)
@@ -423,7 +423,8 @@ class Connection:
         while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
             frames.append(self.sock.recv(copy=False))
         answer = wire.decode(frames, self._data_ref if self.data is not None else None)
-        self.down_bytes = wire.size_of(frames)
+        if self.downlink or trace.RECORDER:
+            self.down_bytes = wire.size_of(frames)
         if self.downlink and isinstance(answer.get("sent"), int):
             self.downlink.hold(answer["sent"], self.down_bytes)
         if trace.RECORDER and answer.get("timing"):
