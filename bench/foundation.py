@@ -666,6 +666,8 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
             a("async_batched", min(args.async_n, 20000))
             a("h2d", bulk)
             a("d2h", bulk)
+        raw("h2d_tcp", bulk)
+        raw("d2h_tcp", bulk)
 
         samples: dict[str, list[float]] = {}
         cpu: dict[str, list[list[float]]] = {}
