@@ -312,26 +312,24 @@ def cu_memcpy_dtoh_async(d: Driver, call: Call, args: list[Any]) -> None:
     wire_args, _ = marshal.pack(call, d.translate(call, args), d.new_handle, snapshot=False)
     dst, size = args[0], args[2]
     if not is_pinned(d, dst, size):
-        to_host(d, call, args, wire_args)
+        to_host(d, call, args, wire_args, by_data_connection(d, call, args, size))
         return
     d.session().call_later(call, wire_args, d.wire_ctx(), lambda status, outs: marshal.unpack(call, args, outs))
 
 
 @implements("cuMemcpyDtoH")
 def cu_memcpy_dtoh(d: Driver, call: Call, args: list[Any]) -> None:
-    if args[2] < data.DATA_MIN:
+    if by_data_connection(d, call, args, args[2]):
+        to_host(d, call, args, marshal.pack(call, args, d.new_handle, snapshot=False)[0], by_data=True)
+    else:
         d.forward(call, args)
-        return
-    to_host(d, call, args, marshal.pack(call, args, d.new_handle, snapshot=False)[0])
 
 
-def to_host(d: Driver, call: Call, args: list[Any], wire_args: list[Any]) -> None:
-    """A device-to-host copy the application waits for: a large one's bytes come on the data connection,
-    into the application's buffer."""
-    dst, size = args[0], args[2]
-    by_data = by_data_connection(d, call, args, size)
+def to_host(d: Driver, call: Call, args: list[Any], wire_args: list[Any], by_data: bool) -> None:
+    """A device-to-host copy the application waits for; `by_data`: its bytes come on the data connection,
+    straight into the application's buffer."""
     if by_data:
-        wire_args[0] = wire.Data(marshal.view(dst, size), asked=True)
+        wire_args[0] = wire.Data(marshal.view(args[0], args[2]), asked=True)
     marshal.unpack(call, args, d.call(call, wire_args, by_data))
 
 

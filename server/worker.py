@@ -274,14 +274,15 @@ class Session:
         return run
 
     def runner(self, call: Call) -> Callable[[list[Any]], Any]:
-        """execute() compiled for one call of integers and handles that the lane carries: its shape checked,
-        its handles resolved, then the backend's runner (the limits' checks included)."""
+        """execute() compiled for one call: for a call of integers and handles (the lane's hot calls, and most
+        of a batch's), its shape checked, its handles resolved, then the backend's runner (the limits' checks
+        included); for any other, execute() itself."""
         plain = _plain(call)
         if plain is None or call.destroys or self.gpu_timer or not call.sent or call.library != "cuda":
             return lambda args: self.execute(call, args)
         run, count = self.backend.runner(call), len(call.params)
 
-        def lane_call(args: list[Any]) -> list[Any]:
+        def plain_call(args: list[Any]) -> list[Any]:
             self.calls += 1
             if len(args) != count:
                 raise CudaError(errors.INVALID_VALUE, f"{call.symbol} takes {count} arguments, got {len(args)}")
@@ -291,7 +292,7 @@ class Session:
             except BACKEND_FAULTS as exc:
                 raise _invalid(call, exc) from None
             return []
-        return lane_call
+        return plain_call
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
         self.calls += 1
