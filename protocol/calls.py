@@ -579,6 +579,13 @@ class Extent:
             parts.append((constant, tuple(indices)))
         return Extent(tuple(parts))
 
+    @cached_property
+    def length(self) -> tuple[int, int] | None:
+        """(constant, argument index) when the extent is a constant times one argument; else None."""
+        if len(self.parts) == 1 and len(self.parts[0][1]) == 1:
+            return self.parts[0][0], self.parts[0][1][0]
+        return None
+
     def size(self, args: Sequence[Any]) -> int:
         """Bytes touched, at least 1 (the first byte where the table does not say); TypeError/ValueError
         where an argument it multiplies is not a number."""

@@ -233,6 +233,15 @@ class Accounted(Backend):
         if call.family in _ACCOUNTED or call.family in EMBEDDING:
             return lambda args: self.execute(call, args)
         inner, check, params = self.inner.runner(call), self.check_params, _address_params(call)
+        if len(params) == 1 and params[0][2].length is not None:  # one address, a length: most hot calls
+            (i, p, _), (constant, j), regions = params[0], params[0][2].length, self.regions
+
+            def run_one(args: list[Any]) -> Any:  # args are the runner's: integers already checked
+                address, size = args[i], max(constant * args[j], 1)
+                if address and not regions.holds(address, size):
+                    self.refuse_address(call, p.name, address, size)
+                return inner(args)
+            return run_one
 
         def run(args: list[Any]) -> Any:
             check(call, args, params)

@@ -21,7 +21,8 @@ from xpuremote.protocol import errors, mathlibs, memprops
 from xpuremote.protocol.calls import CALLS, SENT_INSTEAD
 from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
 from xpuremote.server.backends import sim
-from xpuremote.server.limits import Regions
+from xpuremote.server.limits import Accounted, Limits, Regions
+from xpuremote.server.worker import Session
 
 SIZE = 64 << 10
 PTX = b"""
@@ -184,6 +185,27 @@ def test_freed_memory_is_refused_right_after_calls_that_named_it(server: Server)
         assert client.read(second, SIZE) == b"\x04" * SIZE
     finally:
         client.close()
+
+
+def test_the_limits_refuse_on_the_compiled_path_where_the_backend_would_not() -> None:
+    """The limits layer alone, in process: memory the sim holds but this client never allocated through the
+    limits (as another tenant's would be on a shared GPU) is refused to a batch's memset and to a lane record,
+    both run compiled; the client's own memory is not."""
+    backend = Accounted(sim.SimBackend(), Limits())
+    session = Session(backend)
+    session.execute(CALLS["cuDevicePrimaryCtxRetain"], [CTX, 0])
+    session.execute(CALLS["cuCtxSetCurrent"], [CTX])
+    mine = int.from_bytes(session.execute(CALLS["cuMemAlloc_v2"], [8, SIZE])[0], "little")
+    foreign = backend.inner.memory.alloc(SIZE)  # the sim has it; the limits never saw it
+    memset = CALLS["cuMemsetD8Async"]
+    lane = b"".join(struct.pack("<IHHIIQ4Q", memset.opcode, 4, 0xFFFF, 0, 0, CTX, address, 7, SIZE, 0)
+                    for address in (foreign, mine))
+    for batch in ([[memset.opcode, [foreign, 7, SIZE, 0]]], [[CALLS["xpuLane"].opcode, [lane, len(lane)]]]):
+        answer = session.run_batch(batch + [[CALLS["cuCtxSynchronize"].opcode, []]], True)
+        assert [d[0] for d in answer["deferred"]] == [memset.symbol], answer
+        assert "not inside one of this client's allocations" in answer["deferred"][0][2], answer
+    assert backend.inner.memory.read(foreign, SIZE) == bytes(SIZE)
+    assert backend.inner.memory.read(mine, SIZE) == b"\x07" * SIZE
 
 
 def test_the_remembered_buffer_is_forgotten_when_freed() -> None:
