@@ -85,7 +85,7 @@ def echo_server() -> int:
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     tcp = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=tcp_echo, args=(tcp,), daemon=True).start()
-    print(f"endpoint tcp://127.0.0.1:{port} {tcp.getsockname()[1]}", flush=True)
+    print(f"endpoint tcp://127.0.0.1:{port}\ntcp-port {tcp.getsockname()[1]}", flush=True)
     blobs: dict[int, bytes] = {}
     while True:
         frames = sock.recv_multipart(copy=False)
@@ -167,7 +167,7 @@ def calls_header(seq: int, calls: list[Any], reply: bool) -> dict[str, Any]:
 class RawAgent:
     """The baseline: bare pyzmq + msgpack against the echo server."""
 
-    def __init__(self, endpoint: str, tcp_port: str, bulk: int) -> None:
+    def __init__(self, endpoint: str, bulk: int, tcp_port: int = 0) -> None:
         import msgpack
         import zmq
 
@@ -180,8 +180,9 @@ class RawAgent:
             self.sock.curve_publickey, self.sock.curve_secretkey = keys
             self.sock.curve_serverkey = curve_keys("server")[0]
         self.sock.connect(endpoint)
-        self.tcp = socket.create_connection(("127.0.0.1", int(tcp_port)))
-        self.tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.tcp = socket.create_connection(("127.0.0.1", tcp_port)) if tcp_port else None  # the bare-TCP rows'
+        if self.tcp is not None:
+            self.tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.src = bytearray(os.urandom(bulk))
         self.dst = bytearray(bulk)
         self.seq = 0
@@ -281,7 +282,8 @@ class RawAgent:
         return time.perf_counter() - t0
 
     def close(self) -> None:
-        self.tcp.close()
+        if self.tcp is not None:
+            self.tcp.close()
         self.sock.send(b"Q")
         self.sock.recv()
         self.sock.close(0)
@@ -399,9 +401,9 @@ def _loaded_from(soname: str) -> str:
     return "?"
 
 
-def agent(kind: str, endpoint: str, bulk: int, profile_dir: str | None) -> int:
+def agent(kind: str, endpoint: str, bulk: int, profile_dir: str | None, tcp_port: int) -> int:
     """Serve the parent's commands (one JSON line each) until stdin closes."""
-    target: Any = RawAgent(*endpoint.split(), bulk) if kind == "raw" else ShimAgent(bulk)
+    target: Any = RawAgent(endpoint, bulk, tcp_port) if kind == "raw" else ShimAgent(bulk)
     hello = {"ready": kind, "pid": os.getpid()}
     if kind == "shim":
         hello["library"] = target.shim_path
@@ -531,10 +533,11 @@ def start_echo_server(keys: dict[str, str] | None = None) -> tuple[subprocess.Po
     env["GLIBC_TUNABLES"] = ":".join(filter(None, [tunables, env.get("GLIBC_TUNABLES")]))
     proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--role", "echo"],
                             stdout=subprocess.PIPE, text=True, env=env)
-    line = proc.stdout.readline()
-    if not line.startswith("endpoint "):
+    line, tcp = proc.stdout.readline(), proc.stdout.readline()
+    if not line.startswith("endpoint ") or not tcp.startswith("tcp-port "):
         raise RuntimeError(f"echo server did not start (exit {proc.poll()})")
-    return proc, line.split(maxsplit=1)[1].strip()  # the ZeroMQ endpoint and the bare-TCP port
+    proc.tcp_port = int(tcp.split()[1])  # type: ignore[attr-defined]  # the bare-TCP baseline's
+    return proc, line.split()[1]
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -646,7 +649,7 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
         echo, endpoint = start_echo_server(keys)
         procs.append(echo)
         extra = ["--bulk-mib", str(args.bulk_mib)] + (["--profile", str(profile_dir)] if profile_dir else [])
-        raw = Agent("raw", ["--endpoint", endpoint, *extra], clean_env(keys))  # endpoint: "ZMQ-ENDPOINT TCP-PORT"
+        raw = Agent("raw", ["--endpoint", endpoint, "--tcp-port", str(echo.tcp_port), *extra], clean_env(keys))
         raw.peer = echo.pid
         agents.append(raw)
         env = clean_env(keys)
@@ -796,11 +799,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="encrypt every connection with CURVE; both: a run without, then one with")
     parser.add_argument("--role", choices=["echo", "raw", "shim"], help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
+    parser.add_argument("--tcp-port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.role == "echo":
         return echo_server()
     if args.role:
-        return agent(args.role, args.endpoint, args.bulk_mib * MIB, args.profile)
+        return agent(args.role, args.endpoint, args.bulk_mib * MIB, args.profile, args.tcp_port)
     if args.quick:
         args.sync_n, args.async_n, args.repeats, args.bulk_repeats = 2000, 20000, 3, 3
 

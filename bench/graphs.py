@@ -92,17 +92,19 @@ def run_agent(ops: list[int], steps: int, server: str | None) -> dict[str, Any]:
 def raw_baseline(ops: list[int], steps: int) -> dict[int, dict[str, float]]:
     """Bare pyzmq + msgpack, the same wire shape: K memsets batched then a round trip; one call then one."""
     echo, endpoint = start_echo_server()
-    raw = RawAgent(endpoint, 256)
+    raw = None
     launch = [CALLS["cuGraphLaunch"].opcode, [0x7C00_0000_1000, 0x7C00_0000_2000]]
     try:
+        raw = RawAgent(endpoint, 256)
         out = {}
         for k in ops:
             eager = [raw.async_batched(k) for _ in range(steps)]
             graph = [raw.batched(1, launch) for _ in range(steps)]
             out[k] = {"eager_us": statistics.median(eager) * 1e6, "graph_us": statistics.median(graph) * 1e6}
         return out
-    finally:
-        raw.close()
+    finally:  # the echo server goes whatever failed: left behind, it would hold the caller's output open
+        if raw is not None:
+            raw.close()
         stop(echo)
 
 
