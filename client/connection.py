@@ -280,7 +280,7 @@ class Connection:
         for value in values:
             if not value.asked:
                 try:
-                    data.send(self.data, value.buffer)
+                    self.data.sendall(value.buffer)
                 except OSError as exc:
                     self._lose_data(f"sending: {exc}")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from typing import Any
 
 log = logging.getLogger("xpuremote.client")
 
@@ -35,10 +34,6 @@ def connect(host: str, port: int, key: bytes, timeout_s: float) -> socket.socket
         sock.close()
         raise
     return sock
-
-
-def send(sock: socket.socket, data: Any) -> None:
-    sock.sendall(data)
 
 
 def receive_into(sock: socket.socket, view: memoryview) -> None:

@@ -392,7 +392,7 @@ def copy(d: Driver, dst: int, src: int, size: int, stream: int | None) -> None:
     elif dst_dev:
         cu_memcpy_htod(d, CALLS[f"cuMemcpyHtoD{suffix}_v2"], [dst, src, size, *tail])
     elif src_dev and stream is None:
-        d.forward(CALLS["cuMemcpyDtoH_v2"], [dst, src, size])
+        cu_memcpy_dtoh(d, CALLS["cuMemcpyDtoH_v2"], [dst, src, size])
     elif src_dev:  # answered, as the call it is: its bytes come back
         cu_memcpy_dtoh_async(d, CALLS["cuMemcpyDtoHAsync_v2"], [dst, src, size, stream])
     else:

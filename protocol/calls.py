@@ -589,8 +589,8 @@ class Extent:
     def size(self, args: Sequence[Any]) -> int:
         """Bytes touched, at least 1 (the first byte where the table does not say); TypeError/ValueError
         where an argument it multiplies is not a number."""
-        if len(self.parts) == 1 and len(self.parts[0][1]) == 1:  # a constant times one argument: most calls
-            constant, (i,) = self.parts[0]
+        if self.length is not None:  # a constant times one argument: most calls
+            constant, i = self.length
             return max(constant * int(args[i]), 1)
         sizes = []
         for constant, indices in self.parts:

@@ -40,6 +40,8 @@ print("sync", both_ways(lambda d, n: cu.cuMemcpyHtoD_v2(c_uint64(ptr), d, c_size
 print("pageable async", both_ways(lambda d, n: cu.cuMemcpyHtoDAsync_v2(c_uint64(ptr), d, c_size_t(n), None),
                                   lambda n: cu.cuMemcpyDtoHAsync_v2(out, c_uint64(ptr), c_size_t(n), None),
                                   sync=True), flush=True)
+print("unified", both_ways(lambda d, n: cu.cuMemcpy(c_uint64(ptr), d, c_size_t(n)),
+                           lambda n: cu.cuMemcpy(out, c_uint64(ptr), c_size_t(n))), flush=True)
 print("unified async", both_ways(lambda d, n: cu.cuMemcpyAsync(c_uint64(ptr), d, c_size_t(n), None),
                                  lambda n: cu.cuMemcpyAsync(out, c_uint64(ptr), c_size_t(n), None),
                                  sync=True), flush=True)
@@ -53,9 +55,9 @@ check(cu.cuMemcpyDtoHAsync_v2(out, c_uint64(ptr), c_size_t(size), None), "cuMemc
 check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 print("pinned", out.raw == ctypes.string_at(pinned, size), flush=True)
 """.replace("SIZE", str(SIZE))
-# on the data connection: 2 copies each of the sync, pageable and unified pairs, and the pinned pair's
-# device-to-host copy (into pageable memory); the small pair and the pinned host-to-device copy go in messages
-BY_DATA = 7 * SIZE
+# on the data connection: 2 copies each of the sync, pageable, unified and unified async pairs, and the pinned
+# pair's device-to-host copy (into pageable memory); the small pair and the pinned host-to-device copy go in messages
+BY_DATA = 9 * SIZE
 
 
 @pytest.mark.parametrize("wanted", ["1", "0"], ids=["data-connection", "XPU_DATA_CONNECTION=0"])
@@ -65,7 +67,7 @@ def test_large_copies_go_on_the_data_connection(wanted: str, shim: Path, tmp_pat
         result = subprocess.run(program(COPIES), env=shim_env(shim, srv.address, XPU_DATA_CONNECTION=wanted),
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr
-        for line in ("sync", "pageable async", "unified async", "small", "pinned"):
+        for line in ("sync", "pageable async", "unified", "unified async", "small", "pinned"):
             assert f"{line} True" in result.stdout, result.stdout + result.stderr
         assert wait_for(lambda: "bytes on the data connection" in srv.log(), 10), srv.log()[-2000:]
         moved = int(re.search(r"(\d+) bytes on the data connection", srv.log()).group(1))
