@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import hashlib
+import json
 import os
 import shlex
 import site
@@ -58,12 +59,17 @@ uint64_t xpu_lane_waiting(void);
 uint64_t xpu_lane_appended(void);
 """
 
-# Runs in the core's own interpreter on the first driver call.
-INIT = """
+# Runs in the core's interpreter as it starts, before cffi imports _cffi_backend: the install's
+# folders may not be on the build Python's own path (pip install --target, PYTHONPATH).
+SITE = """
 import site, sys
 for path in {paths!r}:
     if path not in sys.path:
         site.addsitedir(path)
+"""
+
+# Runs in the core's own interpreter on the first driver call.
+INIT = """
 from _xpuremote_core import ffi, lib
 from xpuremote.interpose import entry
 entry.install(ffi, lib)
@@ -75,8 +81,12 @@ def python_paths() -> list[str]:
     import xpuremote.client  # noqa: F401  (the package must be importable from here)
 
     paths = [*site.getsitepackages(), site.getusersitepackages()]
-    package_root = Path(sys.modules["xpuremote.client"].__file__).resolve().parent.parent
-    return [p for p in dict.fromkeys([*paths, str(package_root)]) if os.path.isdir(p)]
+    # The folder holding the package (pip install --target, PYTHONPATH); an editable install's
+    # package is the checkout itself and is found through site-packages.
+    holder = Path(sys.modules["xpuremote.client"].__file__).resolve().parents[2]
+    if (holder / "xpuremote").is_dir():
+        paths.append(str(holder))
+    return [p for p in dict.fromkeys(paths) if os.path.isdir(p)]
 
 
 def cache_key() -> str:
@@ -108,11 +118,12 @@ def build_core(tmp: Path) -> Path:
         "_xpuremote_core",
         "static int xpu_dispatch(int op, uint64_t *slots);\n#include \"core.c\"\n",
         include_dirs=[str(HERE)],
-        define_macros=[("XPU_PYTHON", f'"{sys.executable}"')],
+        define_macros=[("XPU_PYTHON", json.dumps(sys.executable)),
+                       ("XPU_PYTHON_SITE", json.dumps(SITE.format(paths=python_paths())))],
         extra_compile_args=["-O2", "-fvisibility=hidden", "-Wno-unused-function"],
         extra_link_args=["-ldl", "-lpthread"],
     )
-    ffi.embedding_init_code(INIT.format(paths=python_paths()))
+    ffi.embedding_init_code(INIT)
     return Path(ffi.compile(tmpdir=str(tmp), target=CORE_NAME, verbose=False))
 
 

@@ -102,6 +102,8 @@ static int xpu_start_python(void) {
                 status.err_msg ? status.err_msg : "(no reason given)");
         return -1;
     }
+    if (PyRun_SimpleString(XPU_PYTHON_SITE) != 0)  /* the error is printed; the first call says so */
+        fprintf(stderr, "xpuremote: ERROR could not add xpuremote's folders to Python's path\n");
     PyEval_SaveThread();  /* the GIL is taken by each call in, from any thread */
     return 0;
 }
