@@ -106,8 +106,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def two_devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A sim server of two devices, for one test module."""
-    srv = start_server(tmp_path_factory.mktemp("two-devices"), env={"XPU_SIM_DEVICES": "2"})
+    """A sim server of two devices, for one test module (the sim on a GPU too, which may have one)."""
+    srv = start_server(tmp_path_factory.mktemp("two-devices"), backend="sim", env={"XPU_SIM_DEVICES": "2"})
     yield srv
     srv.stop()
 

@@ -7,12 +7,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Server, shim_env, start_server
+from conftest import Server, shim_env
 from toolchain import cudart_path
 
 # Two devices (XPU_SIM_DEVICES=2), memory held on the second, backend "sim" in the listing.
@@ -28,13 +27,6 @@ assert rt.cudaMalloc(ctypes.byref(p), ctypes.c_size_t(int(sys.argv[2]))) == 0
 print("ready", flush=True)
 sys.stdin.readline()
 """
-
-
-@pytest.fixture(scope="module")
-def two_devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("smi-server"), env={"XPU_SIM_DEVICES": "2"})
-    yield srv
-    srv.stop()
 
 
 def xpu_smi(*args: str, **env: str) -> subprocess.CompletedProcess:
