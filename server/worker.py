@@ -170,9 +170,9 @@ class Session:
         if entry is None:
             return
         self.held[entry[0]] -= 1
-        if entry[0] == "CUgraphNode":
+        if entry[0] in ("CUgraphNode", "CUgraph"):  # the named kinds; the driver may reuse the address
             self.named.pop(entry, None)
-        elif entry[0] == "CUgraph":
+        if entry[0] == "CUgraph":
             for owned in self.owned.pop(entry[1], ()):
                 self.drop_handle(owned)
 

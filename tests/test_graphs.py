@@ -13,6 +13,8 @@ from pyclient import CTX, PyClient
 
 from xpuremote.protocol import errors
 from xpuremote.protocol.calls import CALLS
+from xpuremote.server.backends import sim
+from xpuremote.server.worker import Session
 
 pytest.importorskip("cuda.bindings.driver", reason="cuda-python (cuda-bindings) is not installed")
 
@@ -132,3 +134,21 @@ def test_conditional_nodes_and_green_contexts_are_bounded(server) -> None:
             assert deferred == [["xpuGreenCtxCreate", errors.INVALID_VALUE]]
     finally:
         client.close()
+
+
+def test_an_address_the_driver_gives_again_gets_a_live_handle() -> None:
+    """In process: the cuda backend names objects the driver made by their addresses (a conditional node's
+    body graphs), and the driver reuses an address once its graph is destroyed. The handle named for it
+    then must be a new live one, not the one that went with the first graph (an H100 refused every
+    conditional node after the first graph's bodies were destroyed)."""
+    session = Session(sim.SimBackend())
+    session.execute(CALLS["cuDevicePrimaryCtxRetain"], [CTX, 0])
+    session.execute(CALLS["cuCtxSetCurrent"], [CTX])
+    body = 0x7F00_0000_1000  # an address, as the real driver's body graphs are
+    for round_ in range(2):
+        graph = GRAPH + 0x100 * round_
+        session.execute(CALLS["cuGraphCreate"], [graph, 0])
+        named = session.name_handle("CUgraph", body, session.handles[graph][1])
+        assert session.handles[named] == ("CUgraph", body)
+        session.execute(CALLS["cuGraphDestroy"], [graph])
+        assert named not in session.handles

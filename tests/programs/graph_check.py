@@ -265,6 +265,11 @@ def node_queries_clone_and_children() -> None:
           "a short array gets the first nodes")
     check(sorted(node_list(cu.cuGraphNodeGetDependentNodes, set_node, "cuGraphNodeGetDependentNodes"))
           == sorted([int(child_node), int(extra)]), "the memset's dependents")
+    # asked for the count with an edge array but no node array (cuda-bindings 13.0 does): the driver answers
+    edges_room, count = ctypes.create_string_buffer(64), ctypes.c_size_t(0)
+    status = ctypes.CDLL("libcuda.so.1").cuGraphNodeGetDependentNodes_v2(
+        ctypes.c_void_p(int(set_node)), None, edges_room, ctypes.byref(count))
+    check(status == 0 and count.value == 2, "the dependents' count beside an edge array", f"{status} {count.value}")
     check(node_list(cu.cuGraphNodeGetDependencies, copy_node, "cuGraphNodeGetDependencies") == [int(child_node)],
           "the copy's dependency")
     count = ok(cu.cuGraphGetEdges(graph), "cuGraphGetEdges count")[-1]
