@@ -217,8 +217,15 @@ def measure(name: str, steps: int, remote: bool, server: str | None, timeout_s: 
     wall = time.perf_counter() - started
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        return {"workload": name, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}", "wall_s": wall}
+        return {"workload": name, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}", "wall_s": wall,
+                "said": _xpuremote_lines(proc.stderr)}
     return {**json.loads(lines[-1]), "wall_s": wall}
+
+
+def _xpuremote_lines(stderr: str, most: int = 30) -> list[str]:
+    """What xpuremote and its local server said (an earlier call's failure, say): a failure at one call is
+    often an earlier asynchronous call's, and the traceback's tail does not name it."""
+    return [line for line in stderr.splitlines() if line.startswith(("xpuremote:", "xpu-server"))][:most]
 
 
 def _said(run: dict[str, Any]) -> str:
@@ -271,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         remote = measure(name, args.steps, True, args.server, args.timeout, args.size, args.warmup, args.backend)
         results.append({"workload": name, "native": native, "remote": remote})
         print(f"{name}: native {_said(native)}, xpuremote {_said(remote)}", file=sys.stderr)
+        print("".join(f"  {line}\n" for line in remote.get("said", [])), end="", file=sys.stderr)
     report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv),
               "machine": f"{platform.node()} {platform.platform()} {os.cpu_count()} cpus",
               "server": args.server or f"local xpu-server --backend {args.backend}", "steps": args.steps,

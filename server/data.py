@@ -152,7 +152,13 @@ class Incoming:
     def readinto(self, view: memoryview) -> None:
         if len(view) != self.size or self.left != self.size:
             raise DataError(f"{self.size} bytes on the data connection, read once and whole")
-        self.left = 0
+        self.read_part(view)
+
+    def read_part(self, view: memoryview) -> None:
+        """The next len(view) bytes: a large input taken in pieces, each passed on while the next arrives."""
+        if len(view) > self.left:
+            raise DataError(f"{len(view)} bytes asked of an input with {self.left} left")
+        self.left -= len(view)
         self.conn.read_into(view)
 
     def read(self) -> bytearray:

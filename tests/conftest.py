@@ -117,17 +117,22 @@ def chained(tmp_path_factory: pytest.TempPathFactory, shim: Path) -> Iterator[tu
     """(cuda, sim): a cuda-backend server whose libcuda and math libraries are xpuremote's own
     (stand-ins, named as such) talking to a sim server. The cuda backend's generic replay of every
     call shape, without a GPU; its tests are sim_only (on a GPU the other tests run it for real)."""
+    cuda, sim = start_chain(tmp_path_factory.mktemp("chain"), shim)
+    yield cuda, sim
+    cuda.stop()
+    sim.stop()
+
+
+def start_chain(tmp: Path, shim: Path) -> tuple[Server, Server]:
+    """(cuda, sim) as `chained` has them, for a test that needs its own."""
     from xpuremote.interpose.build import LIBRARY_NAMES
 
-    tmp = tmp_path_factory.mktemp("chain")
     sim = start_server(tmp, backend="sim", env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS})
     stand_ins = {f"XPU_{name.upper()}_LIBRARY": str(shim.parent / soname)
                  for name, soname in zip(("cublas", "cublasLt", "cudnn"), LIBRARY_NAMES)}
     cuda = start_server(tmp, backend="cuda", env={"XPU_CUDA_LIBRARY": str(shim), "XPU_SERVER": sim.address,
                                                   **stand_ins})
-    yield cuda, sim
-    cuda.stop()
-    sim.stop()
+    return cuda, sim
 
 
 def shim_env(shim: Path, address: str, **extra: str) -> dict[str, str]:

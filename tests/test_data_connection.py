@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from conftest import Server, shim_env, start_server
+from conftest import Server, shim_env, start_chain, start_server
 from pyclient import wait_for
 from test_faults import program
 
@@ -21,7 +21,7 @@ from xpuremote.protocol.calls import CALLS
 from xpuremote.protocol.link import NO_LINK
 
 MIB = 1 << 20
-SIZE = 8 * MIB  # over client/data.py's DATA_MIN
+SIZE = 8 * MIB + 4097  # over client/data.py's DATA_MIN; the cuda backend's pieces (cuda_upload.py), the last short
 CTX = 0x7C00_0000_1000
 
 COPIES = """
@@ -60,9 +60,13 @@ print("pinned", out.raw == ctypes.string_at(pinned, size), flush=True)
 BY_DATA = 9 * SIZE
 
 
-@pytest.mark.parametrize("wanted", ["1", "0"], ids=["data-connection", "XPU_DATA_CONNECTION=0"])
-def test_large_copies_go_on_the_data_connection(wanted: str, shim: Path, tmp_path: Path) -> None:
-    srv = start_server(tmp_path)
+@pytest.mark.parametrize("wanted, backend", [
+    ("1", "sim"), ("0", "sim"),
+    pytest.param("1", "cuda", marks=pytest.mark.sim_only(reason="the cuda backend on a stand-in libcuda"))],
+    ids=["data-connection", "XPU_DATA_CONNECTION=0", "cuda backend"])
+def test_large_copies_go_on_the_data_connection(wanted: str, backend: str, shim: Path, tmp_path: Path) -> None:
+    """On the cuda backend an input goes to the GPU in pieces through page-locked buffers (cuda_upload.py)."""
+    srv, inner = start_chain(tmp_path, shim) if backend == "cuda" else (start_server(tmp_path), None)
     try:
         result = subprocess.run(program(COPIES), env=shim_env(shim, srv.address, XPU_DATA_CONNECTION=wanted),
                                 capture_output=True, text=True, timeout=120)
@@ -74,8 +78,16 @@ def test_large_copies_go_on_the_data_connection(wanted: str, shim: Path, tmp_pat
         assert moved == (BY_DATA if wanted == "1" else 0), (moved, BY_DATA)
         assert ("data connection open" in srv.log()) == (wanted == "1")
         assert "Traceback" not in srv.log()
+        if inner is not None:  # the pieces went from page-locked memory, so the stand-in libcuda sends them
+            # in messages; on its own data connection: the 5 device-to-host copies, and the pinned pair's
+            # host-to-device copy, which reached the cuda backend in a message (9 more without the pieces)
+            assert wait_for(lambda: "bytes on the data connection" in inner.log(), 10), inner.log()[-2000:]
+            stand_in = int(re.search(r"(\d+) bytes on the data connection", inner.log()).group(1))
+            assert stand_in == 6 * SIZE, (stand_in, 6 * SIZE)
     finally:
         srv.stop()
+        if inner is not None:
+            inner.stop()
 
 
 class RawSession:

@@ -46,6 +46,7 @@ from xpuremote.protocol.layouts import (
 
 from ..data import Incoming
 from .base import CAPTURE_REFUSED, Backend, DeviceInfo, Inventory, check_module_image, launch_attributes
+from .cuda_upload import Upload
 from .nvml_status import NvmlStatus
 
 RELAXED = ENUMS["CU_STREAM_CAPTURE_MODE_RELAXED"]
@@ -112,6 +113,7 @@ class CudaBackend(Backend):
         self.nvml: NvmlStatus | None = None  # loaded on the first xpuDeviceStatus
         self.libraries: dict[str, Any] = {}  # math library name -> its cffi handle, loaded on first use
         self.green_contexts: dict[int, Any] = {}  # green context -> the CUcontext that stands for it
+        self.upload: Upload | None = None  # made on the first large input from the data connection
         self.check(self.lib.cuInit(0), "cuInit")
 
     def check(self, status: int, what: str, library: str = "cuda") -> None:
@@ -230,6 +232,8 @@ class CudaBackend(Backend):
         own = getattr(self, call.family, None) if call.family.startswith("xpu") or call.family in OWN else None
         if own is not None:
             return Backend.execute(self, call, args)
+        if call.family in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync") and isinstance(args[1], Incoming):
+            return self.upload_from_network(call, args)
         lib = self.lib if call.library == "cuda" else self.library(call.library)
         if not hasattr(lib, call.symbol):
             raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not in the server's {call.library}")
@@ -250,6 +254,18 @@ class CudaBackend(Backend):
         elif call.family in ("cuArrayCreate", "cuArray3DCreate"):
             self.clear_array(call, args, results)
         return results
+
+    def upload_from_network(self, call: Call, args: list[Any]) -> list[Any]:
+        """A copy whose bytes come on the data connection, in pieces (cuda_upload.py). Not into a capture: its
+        buffers would become the graph's."""
+        default = 2 if call.symbol.endswith(("_ptds", "_ptsz")) else 0  # CU_STREAM_PER_THREAD, or legacy
+        stream = (args[3] if len(args) > 3 else None) or default
+        if self.capture_graph(stream) is not None:
+            raise CudaError(errors.NOT_SUPPORTED, f"{call.family} from pageable memory cannot be captured")
+        if self.upload is None:
+            self.upload = Upload(self.ffi, self.lib, self.check)
+        self.upload(args[0], args[1], stream)
+        return []
 
     def clear_array(self, call: Call, args: list[Any], results: list[Any]) -> None:
         """A new array is zeroed (a copy of zeros from the worker's memory), as new allocations are."""
