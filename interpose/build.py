@@ -83,7 +83,7 @@ def python_paths() -> list[str]:
     paths = [*site.getsitepackages(), site.getusersitepackages()]
     # The folder holding the package (pip install --target, PYTHONPATH); an editable install's
     # package is the checkout itself and is found through site-packages.
-    holder = Path(sys.modules["xpuremote.client"].__file__).resolve().parents[2]
+    holder = Path(sys.modules["xpuremote.client"].__file__).parents[2]  # as found, links and all
     if (holder / "xpuremote").is_dir():
         paths.append(str(holder))
     return [p for p in dict.fromkeys(paths) if os.path.isdir(p)]

@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,3 +114,27 @@ def test_threads_calling_the_driver(run_on, case: str) -> None:
 @pytest.mark.parametrize("case, rounds", [("torch_streams", 100), ("dataloader", 200), ("autograd", 200)])
 def test_threads_in_pytorch(torch_server: Server, case: str, rounds: int) -> None:
     assert_all_ok(run_torch(torch_server, [str(THREADS), case, str(rounds)]), at_least=1)
+
+
+def test_an_install_reached_through_pythonpath_serves_a_python_without_cffi(server: Server, tmp_path: Path) -> None:
+    """xpuremote and its dependencies in a folder of their own (as `pip install --target` leaves them),
+    reached through PYTHONPATH from a Python whose environment lacks cffi: the core's interpreter is
+    given that folder before cffi starts (on the first GPU machine every call failed NOT_INITIALIZED)."""
+    cudart = cudart_path(13)
+    if cudart is None:
+        pytest.skip("the CUDA 13 runtime wheel is not installed")
+    folder = tmp_path / "site"
+    folder.mkdir()
+    (folder / "xpuremote").symlink_to(ROOT)  # the checkout is the package
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith(("xpuremote", "__editable__", "_xpuremote")):
+            (folder / entry.name).symlink_to(entry)
+    bare = tmp_path / "bare"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    python = str(bare / "bin" / "python")
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "VIRTUAL_ENV")}
+    env["PYTHONPATH"] = str(folder)
+    proc = subprocess.run([python, "-m", "xpuremote.interpose.run", "--server", server.address, "--",
+                           python, str(CUDART_SCRIPT), cudart, "roundtrip"],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and '"copy_mismatch_at": null' in proc.stdout, proc.stderr[-3000:]
