@@ -145,8 +145,8 @@ NOT_FORWARDED = frozenset(ENUMS[f"CU_DEVICE_ATTRIBUTE_{name}"] for name in (
 def cu_device_get_attribute(d: Driver, call: Call, args: list[Any]) -> None:
     address, attrib, dev = args
     device = d.device(dev)
-    if not 0 < attrib <= MAX_DEVICE_ATTRIBUTE:
-        raise CudaError(errors.INVALID_VALUE, f"device attribute {attrib}")
+    if not 0 < attrib <= MAX_DEVICE_ATTRIBUTE or attrib in device.refused:
+        raise CudaError(errors.INVALID_VALUE, f"device attribute {attrib} (unknown to the server's driver)")
     out(call, "pi", address, 0 if attrib in NOT_FORWARDED else device.attributes.get(attrib, 0))
 
 

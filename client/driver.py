@@ -93,6 +93,7 @@ class Device:
     attributes: dict[int, int]
     pci: tuple[int, int, int]
     sm: int
+    refused: frozenset[int] = frozenset()  # attributes the server's driver does not know
 
 
 @dataclass
@@ -151,7 +152,8 @@ class Driver:
     def _adopt(self, conn: Connection) -> None:
         inv = conn.inventory
         servers = [Device(i, d["name"], bytes(d["uuid"]), d["total_mem"], dict(d["attributes"]),
-                          tuple(d["pci"]), d["sm"]) for i, d in enumerate(inv["devices"])]
+                          tuple(d["pci"]), d["sm"], frozenset(d.get("refused", ())))
+                   for i, d in enumerate(inv["devices"])]
         self.devices = visible_devices(servers, os.environ.get("CUDA_VISIBLE_DEVICES"))
         self.driver_version = inv["driver_version"]
         self.primaries = [Primary(self.new_handle()) for _ in self.devices]

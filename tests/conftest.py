@@ -123,11 +123,11 @@ def chained(tmp_path_factory: pytest.TempPathFactory, shim: Path) -> Iterator[tu
     sim.stop()
 
 
-def start_chain(tmp: Path, shim: Path) -> tuple[Server, Server]:
-    """(cuda, sim) as `chained` has them, for a test that needs its own."""
+def start_chain(tmp: Path, shim: Path, sim_env: dict[str, str] | None = None) -> tuple[Server, Server]:
+    """(cuda, sim) as `chained` has them, for a test that needs its own (and its sim settings)."""
     from xpuremote.interpose.build import LIBRARY_NAMES
 
-    sim = start_server(tmp, backend="sim", env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS})
+    sim = start_server(tmp, backend="sim", env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS, **(sim_env or {})})
     stand_ins = {f"XPU_{name.upper()}_LIBRARY": str(shim.parent / soname)
                  for name, soname in zip(("cublas", "cublasLt", "cudnn"), LIBRARY_NAMES)}
     cuda = start_server(tmp, backend="cuda", env={"XPU_CUDA_LIBRARY": str(shim), "XPU_SERVER": sim.address,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import shim_env, start_chain
 from pyclient import PyClient
 from test_isolation import HOSTILE, SIZE, host_pointer_statuses, load
 from toolchain import nvcc_lib_dir, nvcc_path
@@ -82,3 +83,24 @@ def test_host_pointers_never_reach_the_driver(chained) -> None:
         assert client.read(mine, 64) == b"ok" * 32  # the session goes on
     finally:
         client.close()
+
+
+def test_an_attribute_the_driver_refuses_is_refused_to_the_application(shim: Path, tmp_path: Path) -> None:
+    """A driver older than cuda.h refuses the newer attributes (an H100's 580 driver: 148-161). The cuda
+    backend's inventory lists what its driver refused and the client refuses them too, where it answered
+    0 with success; the sim stands for such a driver with XPU_SIM_REFUSED_ATTRIBUTES."""
+    cuda, sim = start_chain(tmp_path, shim, {"XPU_SIM_REFUSED_ATTRIBUTES": "148,150"})
+    body = ("import ctypes\ncu = ctypes.CDLL('libcuda.so.1')\nv = ctypes.c_int(-1)\nprint(cu.cuInit(0))\n"
+            "for code in (1, 148, 149, 150):\n"
+            "    v.value = -1\n"
+            "    print(code, cu.cuDeviceGetAttribute(ctypes.byref(v), code, 0), v.value)\n")
+    try:
+        for server in (sim, cuda):
+            proc = subprocess.run([sys.executable, "-c", body], env=shim_env(shim, server.address),
+                                  capture_output=True, text=True, timeout=120)
+            lines = proc.stdout.split("\n")
+            assert lines[0] == "0" and lines[1].startswith("1 0 ") and lines[1] != "1 0 0", proc.stdout + proc.stderr
+            assert lines[2:5] == ["148 1 -1", "149 0 0", "150 1 -1"], proc.stdout + proc.stderr
+    finally:
+        cuda.stop()
+        sim.stop()

@@ -66,10 +66,11 @@ class DeviceInfo:
     attributes: dict[int, int]  # CUdevice_attribute -> value
     pci: tuple[int, int, int]  # domain, bus, device
     sm: int  # compute capability as major*10+minor, e.g. 90
+    refused: list[int] = field(default_factory=list)  # attributes the driver does not know (older than cuda.h)
 
     def to_wire(self) -> dict[str, Any]:
         return {"name": self.name, "uuid": self.uuid, "total_mem": self.total_mem,
-                "attributes": self.attributes, "pci": list(self.pci), "sm": self.sm}
+                "attributes": self.attributes, "pci": list(self.pci), "sm": self.sm, "refused": self.refused}
 
 
 @dataclass

@@ -211,18 +211,21 @@ class CudaBackend(Backend):
             uuid = self.ffi.new("char[16]")
             self.check(lib.cuDeviceGetUuid_v2(uuid, i), "cuDeviceGetUuid")
             total = self.out("uint64_t *", "cuDeviceTotalMem", lib.cuDeviceTotalMem_v2, i)
-            attrs = {}
+            attrs, refused = {}, []
             for code in sorted({v for k, v in ENUMS.items() if k.startswith("CU_DEVICE_ATTRIBUTE_")}):
                 value = self.ffi.new("int32_t *")
                 if lib.cuDeviceGetAttribute(value, code, i) == 0:
                     attrs[code] = value[0]
+                else:
+                    refused.append(code)
 
             def attr(key: str, attrs: dict[int, int] = attrs) -> int:
                 return attrs.get(ENUMS[f"CU_DEVICE_ATTRIBUTE_{key}"], 0)
 
             devices.append(DeviceInfo(self.ffi.string(name).decode(), bytes(self.ffi.buffer(uuid, 16)), total, attrs,
                                       (attr("PCI_DOMAIN_ID"), attr("PCI_BUS_ID"), attr("PCI_DEVICE_ID")),
-                                      attr("COMPUTE_CAPABILITY_MAJOR") * 10 + attr("COMPUTE_CAPABILITY_MINOR")))
+                                      attr("COMPUTE_CAPABILITY_MAJOR") * 10 + attr("COMPUTE_CAPABILITY_MINOR"),
+                                      refused))
         return Inventory(version, devices, self.name)
 
     # ---- the generic path ----------------------------------------------------------------------

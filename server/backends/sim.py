@@ -304,6 +304,12 @@ def _attribute_ids() -> dict[int, int]:
     return out
 
 
+def _refused_attributes() -> list[int]:
+    """XPU_SIM_REFUSED_ATTRIBUTES (`148,149`): codes the sim's driver does not know, as a driver older than
+    the headers refuses the newer ones (an H100's 580 driver refused 148-161)."""
+    return [int(code) for code in filter(None, os.environ.get("XPU_SIM_REFUSED_ATTRIBUTES", "").split(","))]
+
+
 class SimBackend(SimGraphs, SimArrays):
     name = "sim"
 
@@ -336,7 +342,7 @@ class SimBackend(SimGraphs, SimArrays):
             attrs[ENUMS["CU_DEVICE_ATTRIBUTE_PCI_BUS_ID"]] = 0x10 + i
             uuid = bytes.fromhex("5349d0d0") + i.to_bytes(4, "little") + b"xpuremot"
             devices.append(DeviceInfo(f"xpuremote sim device {i} (sm_{SIM_SM})", uuid, self.memory_bytes,
-                                      attrs, (0, 0x10 + i, 0), SIM_SM))
+                                      attrs, (0, 0x10 + i, 0), SIM_SM, _refused_attributes()))
         return Inventory(SIM_DRIVER_VERSION, devices, self.name)
 
     def close(self) -> None:
