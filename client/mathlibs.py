@@ -16,7 +16,7 @@ from typing import Any
 from xpuremote.protocol import errors, mathlibs, wire
 from xpuremote.protocol.calls import CALLS, LIBRARY_SYMBOLS, Call, Param
 
-from . import marshal
+from . import marshal, memory
 from .driver import Driver, handler, implements
 
 log = logging.getLogger("xpuremote.client")
@@ -28,6 +28,7 @@ ATTR_SCALE_TYPE = LT_DESC["CUBLASLT_MATMUL_DESC_SCALE_TYPE"]
 DNN = mathlibs.api(mathlibs.CUDNN).ENUMS
 DNN_DOUBLE, TYPE_DESCRIPTOR = DNN["CUDNN_DATA_DOUBLE"], DNN["CUDNN_TYPE_BACKEND_DESCRIPTOR"]
 VARIANT_PACK = DNN["CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR"]
+DATA_POINTERS, VOID_PTR = DNN["CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"], DNN["CUDNN_TYPE_VOID_PTR"]
 DNN_ELEMENT_BYTES = {DNN[f"CUDNN_DATA_{t}"]: size for t, size in (
     ("FLOAT", 4), ("DOUBLE", 8), ("HALF", 2), ("BFLOAT16", 2), ("INT8", 1), ("INT32", 4), ("INT64", 8))}
 # value of a cudaDataType_t or cublasComputeType_t -> bytes of one scalar of it
@@ -316,8 +317,24 @@ def backend_set_attribute(d: Driver, call: Call, args: list[Any]) -> None:
     size = _elements_bytes(attribute_type, count)
     if size and not array:
         raise errors.library_error("cudnn", "invalid_value", "NULL arrayOfElements")
-    data = wire.frame(marshal.read(array, size)) if size else None
-    d.post(call, [descriptor, name, attribute_type, count, data], size)
+    raw = marshal.read(array, size) if size else b""
+    if name == DATA_POINTERS and attribute_type == VOID_PTR and (scalars := _by_value_scalars(d, raw)):
+        d.post(CALLS["xpuCudnnSetDataPointers"], [descriptor, count, wire.frame(raw), *map(wire.frame, scalars)],
+               size)
+        return
+    d.post(call, [descriptor, name, attribute_type, count, wire.frame(raw) if size else None], size)
+
+
+def _by_value_scalars(d: Driver, pointers: bytes) -> tuple[bytes, bytes] | None:
+    """A variant pack's pointer outside device memory, readable here, is a by-value scalar's (cudnn-frontend
+    passes attention scales so): which ones, and their bytes, 8 each (the widest scalar), for the server to
+    hold where its cuDNN reads them. None where there is none."""
+    addresses = [p for (p,) in struct.iter_unpack("<Q", pointers)]
+    flags, scalars = bytearray(len(addresses)), bytearray(8 * len(addresses))
+    for i, address in enumerate(addresses):
+        if address and not memory.is_device(d, address) and (found := memory.host_bytes(address, 8)) is not None:
+            flags[i], scalars[8 * i:8 * i + len(found)] = 1, found
+    return (bytes(flags), bytes(scalars)) if any(flags) else None
 
 
 @implements("cudnnBackendGetAttribute")

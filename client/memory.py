@@ -7,6 +7,8 @@ pools' (client/pools.py) and mapped VMM ranges (client/vmm.py)."""
 from __future__ import annotations
 
 import bisect
+import mmap
+import os
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -374,6 +376,22 @@ def cu_memcpy_htod(d: Driver, call: Call, args: list[Any]) -> None:
 # ---- copies whose direction depends on where the pointers point ------------------------------------
 def is_device(d: Driver, address: int) -> bool:
     return maps(d)[0].find(address) is not None
+
+
+_self_memory: dict[int, int] = {}  # pid -> a descriptor of its /proc/self/mem
+
+
+def host_bytes(address: int, most: int) -> bytes | None:
+    """Up to `most` bytes at an address of this process, within its page; None where nothing is mapped
+    there. Read through /proc/self/mem, where an unmapped address fails the read, not the process."""
+    n = min(most, mmap.PAGESIZE - address % mmap.PAGESIZE)
+    try:
+        if os.getpid() not in _self_memory:
+            _self_memory[os.getpid()] = os.open("/proc/self/mem", os.O_RDONLY | os.O_CLOEXEC)
+        found = os.pread(_self_memory[os.getpid()], n, address)
+    except (OSError, OverflowError, ValueError):
+        return None
+    return found if len(found) == n else None
 
 
 def copy(d: Driver, dst: int, src: int, size: int, stream: int | None) -> None:

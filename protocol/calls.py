@@ -438,6 +438,9 @@ xpuDeviceStatus(unsigned int index, void *status)                               
 xpuLibraryVersion(const char *library, void *version)                               sync   library=str version=out:*
 xpuCudnnGetDescriptors(unsigned long long descriptor, unsigned int attributeName, size_t requested, \
   const void *handles, unsigned long long *count)                                    sync   handles=in:requested*8
+xpuCudnnSetDataPointers(unsigned long long descriptor, size_t count, const void *pointers, const void *byValue, \
+  const void *scalars)                                                               async \
+  pointers=in:count*8 byValue=in:count scalars=in:count*8
 """
 
 # Stream handles that are not handles: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD.

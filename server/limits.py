@@ -303,7 +303,8 @@ class Accounted(Backend):
             if _by_value(call, args) and not self.regions.holds(address, 1):
                 self.check_by_value(address)
             else:
-                self.check_address(call, f"attribute {args[1]}", address, 1)
+                self.check_address(call, "a data pointer" if call.symbol.startswith("xpu") else f"attribute {args[1]}",
+                                   address, 1)
 
     def check_params(self, call: Call, args: list[Any], params: tuple[tuple[int, Param, Extent], ...]) -> None:
         """The address parameters' part of check_addresses."""
@@ -320,10 +321,11 @@ class Accounted(Backend):
     def check_by_value(self, address: int) -> None:
         """A variant pack's pointer outside device memory is a by-value scalar's (cudnn-frontend passes
         attention scales so): the application's host address, which a real cuDNN would read in the
-        worker's own memory. Refused there until its bytes travel; the sim never follows it."""
+        worker's own memory. The client sends its bytes instead (xpuCudnnSetDataPointers); a host address
+        itself is refused where a library would follow it, and the sim never does."""
         if getattr(self.inner, "follows_host_pointers", False):
-            raise errors.library_error("cudnn", "not_supported", f"a by-value tensor (host pointer {address:#x} in "
-                                       "a variant pack) is not forwarded yet")
+            raise errors.library_error("cudnn", "not_supported", f"a by-value tensor's host pointer {address:#x} "
+                                       "in a variant pack: its bytes go in xpuCudnnSetDataPointers")
 
     def check_address(self, call: Call, what: str, address: int, size: int) -> None:
         if address and not self.regions.holds(address, max(size, 1)):
@@ -668,7 +670,8 @@ def _ptx_variable_bytes(ptx: bytes) -> int:
 _ACCOUNTED = frozenset((*ALLOCATIONS, *VMM_CALLS, *ARRAY_CALLS, *LAUNCHES, *FREES, *GRAPH_LIFE, "xpuModuleLoad",
                         "cuModuleUnload",
                         "cuMemPoolCreate", "cuMemPoolSetAttribute", "cuModuleGetGlobal"))
-EMBEDDING = ("cudnnBackendSetAttribute", "cublasLtMatmulDescSetAttribute")  # addresses inside attributes
+EMBEDDING = ("cudnnBackendSetAttribute", "cublasLtMatmulDescSetAttribute",  # addresses inside attributes
+             "xpuCudnnSetDataPointers")
 _ADDRESS_PARAMS: dict[str, tuple[tuple[int, Param, Extent], ...]] = {}
 
 
@@ -686,6 +689,9 @@ def _embedded_addresses(call: Call, args: list[Any]) -> list[int]:
     if call.family == "cudnnBackendSetAttribute" and args[2] == DNN_VOID_PTR and args[4] is not None:
         data = bytes(args[4])
         return [a for (a,) in struct.iter_unpack("<Q", data[: len(data) // 8 * 8])]
+    if call.family == "xpuCudnnSetDataPointers":  # the data pointers but the by-value scalars' (sizes: the table's)
+        pointers, by_value = bytes(args[2] or b""), bytes(args[3] or b"")
+        return [p for (p,), flag in zip(struct.iter_unpack("<Q", pointers), by_value) if not flag]
     if call.family == "cublasLtMatmulDescSetAttribute" and args[1] in LT_POINTER_ATTRIBUTES and args[2] is not None:
         data = bytes(args[2])
         return [int.from_bytes(data[:8], "little")] if len(data) >= 8 else []

@@ -3,6 +3,7 @@ server: what they write into the application's memory."""
 
 from __future__ import annotations
 
+import struct
 import sys
 
 import pytest
@@ -75,3 +76,32 @@ def test_the_version_is_a_number_even_with_no_server(run_on) -> None:
     result = run_on([sys.executable, "-c", program], timeout=60, address=f"tcp://127.0.0.1:{free_port()}")
     major, minor, patch = VERSION
     assert result.stdout.split() == [str(major * 10000 + minor * 100 + patch)], result.stderr[-3000:]
+
+
+def test_a_variant_packs_scalars_and_pointers_are_checked(server) -> None:
+    """What a client that does not use the client library may send as xpuCudnnSetDataPointers: arrays that
+    disagree with the count are refused, a data pointer outside the client's memory is refused, and a
+    by-value entry's pointer is not an address at all (its bytes travel and the server holds them)."""
+    from pyclient import CTX, PyClient
+
+    from xpuremote.protocol.calls import CALLS
+    from xpuremote.protocol.cudnn_api import ENUMS as E
+
+    client, pack = PyClient(server.address), 0x7C00_0000_5000
+    try:
+        client.post("cudnnBackendCreateDescriptor", E["CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR"], pack)
+        mine, scale = client.alloc(256), struct.pack("<f", 0.125).ljust(8, b"\0")
+        cases = {  # pointers, by-value flags, scalars -> what the next call reports
+            "sizes": ([mine, 0xDEAD], b"\1", scale * 2, "byValue: 1 bytes, expected 2"),
+            "stranger": ([mine, 0xDEAD_0000], b"\0\0", bytes(16), "not inside one of this client's allocations"),
+            "scalar": ([mine, 0xDEAD_0000], b"\0\1", bytes(8) + scale, None),
+        }
+        for name, (pointers, flags, scalars, refusal) in cases.items():
+            data = struct.pack(f"<{len(pointers)}Q", *pointers)
+            client.post("xpuCudnnSetDataPointers", pack, len(pointers), data, flags, scalars)
+            _, _, deferred = client.conn.call(CALLS["cuCtxSynchronize"], [], CTX)
+            details = [d[2] for d in deferred]
+            assert (refusal is None and not details) or (len(details) == 1 and refusal in details[0]), (name, details)
+    finally:
+        client.close()
+    assert "variant pack: by-value scalars 0000003e00000000" in server.log(), server.log()[-2000:]

@@ -15,13 +15,14 @@ import json
 import math
 import os
 import re
+import struct
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BACKEND, ROOT, TORCH_SIM_KERNELS, Server, start_server
+from conftest import BACKEND, ROOT, TORCH_SIM_KERNELS, Server, start_chain, start_server
 from test_torch import run_torch, torch_python
 
 MATH = ROOT / "tests" / "programs" / "torch_math_check.py"
@@ -187,3 +188,34 @@ def test_the_servers_library_version_is_what_the_program_gets(tmp_path: Path, se
         assert proc.returncode != 0
         assert f"cannot serve cublas {major}.x" in proc.stderr, proc.stderr[-3000:]
         assert f"the server has {major - 1}.9.0" in proc.stderr, proc.stderr[-3000:]
+
+
+SDPA = """
+import torch, torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+q = torch.randn(2, 2, 64, 32, device="cuda", dtype=torch.bfloat16)
+with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+    y = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+torch.cuda.synchronize()
+print("ok", tuple(y.shape))
+"""
+
+
+@pytest.mark.sim_only(reason="the cuda backend on stand-in libraries chained to a sim server")
+def test_attention_through_cudnn_sends_its_by_value_scale(shim: Path, tmp_path: Path) -> None:
+    """cuDNN attention (PyTorch's choice for bf16 on sm_90) names its scale by value: a host pointer in the
+    variant pack. The client sends the scalar's bytes and the cuda backend puts them where NVIDIA's cuDNN
+    reads them; refused before, which an H100 reported only at the next cuBLASLt call (gpt2_step_bf16)."""
+    cuda, sim = start_chain(tmp_path, shim, {"XPU_SIM_SKIP_KERNELS": "1"})
+    program = tmp_path / "sdpa.py"
+    program.write_text(SDPA)
+    try:
+        proc = run_torch(cuda, [str(program)])
+    finally:
+        cuda.stop()
+        sim.stop()
+    assert proc.returncode == 0 and "ok (2, 2, 64, 32)" in proc.stdout, proc.stderr[-3000:]
+    assert "by-value" not in cuda.log() and "failed" not in cuda.log(), cuda.log()[-3000:]
+    said = re.findall(r"by-value scalars ([0-9a-f ]+)", sim.log())  # 8 bytes each, a float32 in the first 4
+    scalars = [struct.unpack("<f", bytes.fromhex(h)[:4])[0] for h in " ".join(said).split()]
+    assert any(v == pytest.approx(32 ** -0.5) for v in scalars), (scalars, sim.log()[-3000:])  # the scale

@@ -114,6 +114,7 @@ class CudaBackend(Backend):
         self.libraries: dict[str, Any] = {}  # math library name -> its cffi handle, loaded on first use
         self.green_contexts: dict[int, Any] = {}  # green context -> the CUcontext that stands for it
         self.upload: Upload | None = None  # made on the first large input from the data connection
+        self.scalars: dict[int, Any] = {}  # cuDNN variant pack -> its by-value scalars (xpuCudnnSetDataPointers)
         self.check(self.lib.cuInit(0), "cuInit")
 
     def check(self, status: int, what: str, library: str = "cuda") -> None:
@@ -156,6 +157,20 @@ class CudaBackend(Backend):
             mathlibs.api(mathlibs.CUDNN).ENUMS["CUDNN_TYPE_BACKEND_DESCRIPTOR"], len(real), count, array)
         self.check(status, "cudnnBackendGetAttribute", "cudnn")
         return (count[0],)
+
+    def xpuCudnnSetDataPointers(self, descriptor: int, count: int, pointers: bytes, by_value: bytes,
+                                scalars: bytes) -> None:
+        """A variant pack's data pointers, a by-value scalar's pointing at its bytes in this process, where
+        NVIDIA's cuDNN reads them when the pack executes: they live as long as the pack."""
+        real, dnn = self.real_descriptor(descriptor), mathlibs.api(mathlibs.CUDNN).ENUMS
+        held = self.ffi.new("char[]", bytes(scalars) or b"\0")
+        base = int(self.ffi.cast("uintptr_t", held))
+        addresses = [base + 8 * i if by_value[i] else p for i, (p,) in enumerate(struct.iter_unpack("<Q", pointers))]
+        array = self.ffi.new("uint64_t[]", addresses or [0])
+        self.check(self.library("cudnn").cudnnBackendSetAttribute(
+            self.ffi.cast("void *", real), dnn["CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"], dnn["CUDNN_TYPE_VOID_PTR"],
+            count, array), "cudnnBackendSetAttribute", "cudnn")
+        self.scalars[real] = held
 
     def real_descriptor(self, handle: int) -> int:
         found = self.handles.get(handle)
@@ -237,6 +252,8 @@ class CudaBackend(Backend):
             return Backend.execute(self, call, args)
         if call.family in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync") and isinstance(args[1], Incoming):
             return self.upload_from_network(call, args)
+        if call.family == "cudnnBackendDestroyDescriptor":
+            self.scalars.pop(args[0], None)
         lib = self.lib if call.library == "cuda" else self.library(call.library)
         if not hasattr(lib, call.symbol):
             raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not in the server's {call.library}")

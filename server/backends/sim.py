@@ -550,6 +550,11 @@ class SimBackend(SimGraphs, SimArrays):
         dnn = self.library("cudnn")
         return (dnn.get_descriptors(dnn.descriptor(descriptor), name, requested, handles),)
 
+    def xpuCudnnSetDataPointers(self, descriptor: int, count: int, pointers: bytes, by_value: bytes,
+                                scalars: bytes) -> None:
+        dnn = self.library("cudnn")
+        dnn.set_data_pointers(dnn.descriptor(descriptor, "VARIANT_PACK_DESCRIPTOR"), count, pointers, by_value, scalars)
+
     def cuMemcpyHtoD(self, dst: int, src: bytes | Incoming, count: int) -> None:
         if len(src) != count:
             raise CudaError(errors.INVALID_VALUE, f"{len(src)} bytes sent for a {count}-byte copy")

@@ -45,6 +45,7 @@ class Descriptor:
     kind: str  # e.g. TENSOR_DESCRIPTOR
     values: dict[int, tuple[int, list[Any]]] = field(default_factory=dict)  # name -> (type, elements)
     finalized: bool = False
+    by_value: dict[int, bytes] = field(default_factory=dict)  # a variant pack's scalars, by data pointer index
 
     def get(self, name: str, default: Any = None) -> Any:
         """The one element of attribute CUDNN_ATTR_<name>, or `default`."""
@@ -116,6 +117,14 @@ class GraphDnn:
         fmt = "<" + mathlibs.cudnn_format(kind)
         chosen = elements[: max(requested, 0)]
         return len(elements), b"".join(struct.pack(fmt, *(e if isinstance(e, tuple) else (e,))) for e in chosen)
+
+    def set_data_pointers(self, pack: Descriptor, count: int, pointers: bytes, by_value: bytes, scalars: bytes) -> None:
+        """xpuCudnnSetDataPointers: a by-value scalar's bytes are kept beside its (NULL) pointer; the sim's
+        graphs take none, so it logs them (tests read them there)."""
+        self.cudnnBackendSetAttribute(pack, E["CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"], E["CUDNN_TYPE_VOID_PTR"],
+                                      count, pointers)
+        pack.by_value = {i: bytes(scalars[8 * i:8 * i + 8]) for i in range(count) if by_value[i]}
+        log.info("variant pack: by-value scalars %s", " ".join(v.hex() for v in pack.by_value.values()))
 
     def get_descriptors(self, descriptor: Descriptor, name: int, requested: int, handles: bytes | None) -> int:
         """GetAttribute of descriptors: fill the caller's own (`handles`) with ours; the count."""
