@@ -127,13 +127,20 @@ def build_core(tmp: Path) -> Path:
     return Path(ffi.compile(tmpdir=str(tmp), target=CORE_NAME, verbose=False))
 
 
+# The libraries the core calls back into stay mapped until the process ends: loaded with dlopen and
+# closed (cffi closes a library its interpreter frees at shutdown), libcuda.so.1 was gone when the
+# core namespace's exit handlers (OpenSSL's) reached its thread-key functions.
+NEVER_UNLOADED = "-Wl,-z,nodelete"
+
+
 def build_front(tmp: Path) -> Path:
     """libcuda.so.1 itself: C only, no Python, so any program can load it."""
     target = tmp / NAME
     built_for = f"{sys.version.split()[0]} ({sys.executable})"
     subprocess.run([*cc(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-Wno-unused-function",
                     f"-I{HERE}", f'-DXPU_CORE_NAME="{CORE_NAME}"', f'-DXPU_BUILT_FOR="{built_for}"',
-                    str(HERE / "shim.c"), "-o", str(target), f"-Wl,-soname,{NAME}", "-ldl", "-lpthread"], check=True)
+                    str(HERE / "shim.c"), "-o", str(target), f"-Wl,-soname,{NAME}", NEVER_UNLOADED,
+                    "-ldl", "-lpthread"], check=True)
     return target
 
 
@@ -170,7 +177,7 @@ def build_nvml(tmp: Path) -> Path:
     (tmp / "nvml_entry_points.c").write_text(nvml_entry_points())
     target = tmp / NVML_NAME
     subprocess.run([*cc(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden", f"-I{tmp}", str(HERE / "nvml.c"),
-                    "-o", str(target), f"-Wl,-soname,{NVML_NAME}", "-ldl", "-lpthread"], check=True)
+                    "-o", str(target), f"-Wl,-soname,{NVML_NAME}", NEVER_UNLOADED, "-ldl", "-lpthread"], check=True)
     return target
 
 
@@ -184,7 +191,7 @@ def build_library(lib: mathlibs.Library, tmp: Path) -> Path:
     subprocess.run([*cc(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden", f"-I{HERE}",
                     f'-DXPU_ENTRY_POINTS="{lib.name}_entry_points.c"', f"-DXPU_NOT_INITIALIZED={not_initialized}",
                     str(HERE / "mathlib.c"), "-o", str(target), f"-Wl,-soname,{lib.soname}",
-                    f"-Wl,--version-script={script}", "-ldl", "-lpthread"], check=True)
+                    f"-Wl,--version-script={script}", NEVER_UNLOADED, "-ldl", "-lpthread"], check=True)
     return target
 
 

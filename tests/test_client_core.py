@@ -138,3 +138,15 @@ def test_an_install_reached_through_pythonpath_serves_a_python_without_cffi(serv
                            python, str(CUDART_SCRIPT), cudart, "roundtrip"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and '"copy_mismatch_at": null' in proc.stdout, proc.stderr[-3000:]
+
+
+def test_a_program_that_loads_and_frees_the_library_itself_exits_cleanly(server: Server, shim: Path) -> None:
+    """Loaded with cffi's dlopen (no LD_PRELOAD, as the cuda backend loads a libcuda), libcuda.so.1 was
+    closed when that interpreter shut down, and the core's exit handlers then jumped into it (SIGSEGV)."""
+    body = ("import cffi, sys\nffi = cffi.FFI()\nffi.cdef('int cuInit(unsigned); int cuDeviceGetCount(int *);')\n"
+            "lib = ffi.dlopen(sys.argv[1])\nn = ffi.new('int *')\n"
+            "print(lib.cuInit(0), lib.cuDeviceGetCount(n), n[0])\n")
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    proc = subprocess.run([sys.executable, "-c", body, str(shim)], env={**env, "XPU_SERVER": server.address},
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["0", "0", "1"], (proc.returncode, proc.stderr[-3000:])
