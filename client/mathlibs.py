@@ -28,7 +28,6 @@ ATTR_SCALE_TYPE = LT_DESC["CUBLASLT_MATMUL_DESC_SCALE_TYPE"]
 DNN = mathlibs.api(mathlibs.CUDNN).ENUMS
 DNN_DOUBLE, TYPE_DESCRIPTOR = DNN["CUDNN_DATA_DOUBLE"], DNN["CUDNN_TYPE_BACKEND_DESCRIPTOR"]
 VARIANT_PACK = DNN["CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR"]
-DATA_POINTERS, VOID_PTR = DNN["CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"], DNN["CUDNN_TYPE_VOID_PTR"]
 DNN_ELEMENT_BYTES = {DNN[f"CUDNN_DATA_{t}"]: size for t, size in (
     ("FLOAT", 4), ("DOUBLE", 8), ("HALF", 2), ("BFLOAT16", 2), ("INT8", 1), ("INT32", 4), ("INT64", 8))}
 # value of a cudaDataType_t or cublasComputeType_t -> bytes of one scalar of it
@@ -318,7 +317,8 @@ def backend_set_attribute(d: Driver, call: Call, args: list[Any]) -> None:
     if size and not array:
         raise errors.library_error("cudnn", "invalid_value", "NULL arrayOfElements")
     raw = marshal.read(array, size) if size else b""
-    if name == DATA_POINTERS and attribute_type == VOID_PTR and (scalars := _by_value_scalars(d, raw)):
+    pointers = name == mathlibs.CUDNN_DATA_POINTERS and attribute_type == mathlibs.CUDNN_VOID_PTR
+    if pointers and (scalars := _by_value_scalars(d, raw)):
         d.post(CALLS["xpuCudnnSetDataPointers"], [descriptor, count, wire.frame(raw), *map(wire.frame, scalars)],
                size)
         return

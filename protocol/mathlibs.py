@@ -311,6 +311,12 @@ def api(lib: Library) -> ModuleType:
     return importlib.import_module(f"xpuremote.protocol.{lib.name}_api")
 
 
+# A cuDNN variant pack's data pointers as cudnnBackendSetAttribute names them (attribute, element type): device
+# addresses, or by-value scalars' host addresses, whose bytes xpuCudnnSetDataPointers carries instead.
+CUDNN_DATA_POINTERS = api(CUDNN).ENUMS["CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"]
+CUDNN_VOID_PTR = api(CUDNN).ENUMS["CUDNN_TYPE_VOID_PTR"]
+
+
 def status_code(lib: Library, outcome: str) -> int:
     """The library's status for a generic outcome (`success`, `not_supported`, ...)."""
     return api(lib).ENUMS[lib.status[outcome]]

@@ -55,8 +55,7 @@ DEFAULT_MAX_HANDLES = 1 << 16  # of each kind (allocations, streams, events, mod
 DEFAULT_CONNECT_TIMEOUT_S = 10.0  # a session's client has this long to connect after its hello
 # attribute values that are device addresses: cuDNN's VOID_PTR arrays (a variant pack's data), and
 # cuBLASLt's matmul descriptor pointers (bias, scales, epilogue auxiliaries)
-_DNN, _LT = mathlibs.api(mathlibs.CUDNN).ENUMS, mathlibs.api(mathlibs.CUBLASLT).ENUMS
-DNN_VOID_PTR, DNN_DATA_POINTERS = _DNN["CUDNN_TYPE_VOID_PTR"], _DNN["CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"]
+_LT = mathlibs.api(mathlibs.CUBLASLT).ENUMS
 LT_POINTER_ATTRIBUTES = frozenset(v for k, v in _LT.items()
                                   if k.startswith("CUBLASLT_MATMUL_DESC_") and k.endswith("_POINTER"))
 LAUNCHES = ("xpuLaunchKernel", "xpuLaunchKernelEx", "xpuGraphAddKernelNode", "xpuGraphNodeSetKernel")
@@ -686,7 +685,7 @@ def _address_params(call: Call) -> tuple[tuple[int, Param, Extent], ...]:
 
 def _embedded_addresses(call: Call, args: list[Any]) -> list[int]:
     """Device addresses inside an attribute's bytes."""
-    if call.family == "cudnnBackendSetAttribute" and args[2] == DNN_VOID_PTR and args[4] is not None:
+    if call.family == "cudnnBackendSetAttribute" and args[2] == mathlibs.CUDNN_VOID_PTR and args[4] is not None:
         data = bytes(args[4])
         return [a for (a,) in struct.iter_unpack("<Q", data[: len(data) // 8 * 8])]
     if call.family == "xpuCudnnSetDataPointers":  # the data pointers but the by-value scalars' (sizes: the table's)
@@ -699,7 +698,7 @@ def _embedded_addresses(call: Call, args: list[Any]) -> list[int]:
 
 
 def _by_value(call: Call, args: list[Any]) -> bool:
-    return call.family == "cudnnBackendSetAttribute" and args[1] == DNN_DATA_POINTERS
+    return call.family == "cudnnBackendSetAttribute" and args[1] == mathlibs.CUDNN_DATA_POINTERS
 
 
 def _ident(module: Any) -> int:

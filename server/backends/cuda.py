@@ -162,14 +162,14 @@ class CudaBackend(Backend):
                                 scalars: bytes) -> None:
         """A variant pack's data pointers, a by-value scalar's pointing at its bytes in this process, where
         NVIDIA's cuDNN reads them when the pack executes: they live as long as the pack."""
-        real, dnn = self.real_descriptor(descriptor), mathlibs.api(mathlibs.CUDNN).ENUMS
+        real = self.real_descriptor(descriptor)
         held = self.ffi.new("char[]", bytes(scalars) or b"\0")
         base = int(self.ffi.cast("uintptr_t", held))
         addresses = [base + 8 * i if by_value[i] else p for i, (p,) in enumerate(struct.iter_unpack("<Q", pointers))]
         array = self.ffi.new("uint64_t[]", addresses or [0])
         self.check(self.library("cudnn").cudnnBackendSetAttribute(
-            self.ffi.cast("void *", real), dnn["CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"], dnn["CUDNN_TYPE_VOID_PTR"],
-            count, array), "cudnnBackendSetAttribute", "cudnn")
+            self.ffi.cast("void *", real), mathlibs.CUDNN_DATA_POINTERS, mathlibs.CUDNN_VOID_PTR, count, array),
+            "cudnnBackendSetAttribute", "cudnn")
         self.scalars[real] = held
 
     def real_descriptor(self, handle: int) -> int:

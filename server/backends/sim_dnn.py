@@ -121,8 +121,7 @@ class GraphDnn:
     def set_data_pointers(self, pack: Descriptor, count: int, pointers: bytes, by_value: bytes, scalars: bytes) -> None:
         """xpuCudnnSetDataPointers: a by-value scalar's bytes are kept beside its (NULL) pointer; the sim's
         graphs take none, so it logs them (tests read them there)."""
-        self.cudnnBackendSetAttribute(pack, E["CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"], E["CUDNN_TYPE_VOID_PTR"],
-                                      count, pointers)
+        self.cudnnBackendSetAttribute(pack, mathlibs.CUDNN_DATA_POINTERS, mathlibs.CUDNN_VOID_PTR, count, pointers)
         pack.by_value = {i: bytes(scalars[8 * i:8 * i + 8]) for i in range(count) if by_value[i]}
         log.info("variant pack: by-value scalars %s", " ".join(v.hex() for v in pack.by_value.values()))
 
