@@ -112,7 +112,10 @@ def echo_server() -> int:
 
 def tcp_echo(listener: socket.socket) -> None:
     """The bare-TCP baseline's server: `U` + size: read that many bytes, answer one byte; `D` + size: send
-    that many bytes."""
+    that many bytes; `M` + size: a msgpack message of that many bytes, echoed as the ZeroMQ echo does
+    (decoded and packed again), after its size."""
+    import msgpack
+
     blobs: dict[int, bytes] = {}
     while True:
         conn, _ = listener.accept()
@@ -120,7 +123,10 @@ def tcp_echo(listener: socket.socket) -> None:
         buf = memoryview(bytearray(0))
         while head := conn.recv(9, socket.MSG_WAITALL):
             size = int.from_bytes(head[1:], "little")
-            if head[:1] == b"U":
+            if head[:1] == b"M":
+                answer = msgpack.packb(msgpack.unpackb(conn.recv(size, socket.MSG_WAITALL)))
+                conn.sendall(len(answer).to_bytes(8, "little") + answer)
+            elif head[:1] == b"U":
                 if len(buf) < size:
                     buf = memoryview(bytearray(size))
                 _recv_into(conn, buf[:size])
@@ -207,6 +213,18 @@ class RawAgent:
         elapsed = time.perf_counter() - t0
         self.seq += n
         return elapsed
+
+    def sync_tcp(self, n: int) -> float:
+        """The sync echo on a bare TCP connection: what ZeroMQ's own threads cost a round trip."""
+        conn, packb, unpackb, op = self.tcp, self.msgpack.packb, self.msgpack.unpackb, self.sync_op
+        t0 = time.perf_counter()
+        for seq in range(n):
+            message = packb(calls_header(seq, [[op, []]], True))
+            conn.sendall(b"M" + len(message).to_bytes(8, "little") + message)
+            size = int.from_bytes(conn.recv(8, socket.MSG_WAITALL), "little")
+            if unpackb(conn.recv(size, socket.MSG_WAITALL))["seq"] != seq:
+                raise RuntimeError("echo out of order")
+        return time.perf_counter() - t0
 
     def async_batched(self, n: int) -> float:
         """n memsets queued as the client queues them, sent MAX_BATCH_CALLS at a time, then one echo."""
@@ -671,6 +689,7 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
             a("d2h", bulk)
         raw("h2d_tcp", bulk)
         raw("d2h_tcp", bulk)
+        raw("sync_tcp", min(args.sync_n, 2000))
 
         samples: dict[str, list[float]] = {}
         cpu: dict[str, list[list[float]]] = {}
@@ -688,7 +707,8 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
         n, m = args.sync_n, args.async_n
         phases = [
             (args.repeats, [("sync_raw", raw, "sync", n, n, lambda t: t / n * 1e6),
-                            ("sync_shim", shim_agent, "sync", n, n, lambda t: t / n * 1e6)]),
+                            ("sync_shim", shim_agent, "sync", n, n, lambda t: t / n * 1e6),
+                            ("sync_tcp", raw, "sync_tcp", n, n, lambda t: t / n * 1e6)]),
             (args.repeats, [("async_raw_batched", raw, "async_batched", m, m, lambda t: m / t),
                             ("async_raw_single", raw, "async_single", m, m, lambda t: m / t),
                             ("async_shim", shim_agent, "async_batched", m, m, lambda t: m / t)]),
@@ -740,7 +760,8 @@ def figures(args: argparse.Namespace, results: dict[str, Any]) -> list[dict[str,
 
     return [
         row(f"sync latency, cuCtxSynchronize x {args.sync_n}", "µs/call", "sync_shim", "sync_raw",
-            "pyzmq+msgpack echo round trip", "ratio <= 1.15", lambda r, v: r <= 1.15, "µs/call"),
+            "pyzmq+msgpack echo round trip", "ratio <= 1.15", lambda r, v: r <= 1.15, "µs/call",
+            **{"bare TCP+msgpack echo round trip, the transport the shim's sync calls take (µs/call)": "sync_tcp"}),
         row(f"async throughput, cuMemsetD8Async {SMALL} B x {args.async_n} + 1 sync", "calls/s", "async_shim",
             "async_raw_batched", f"pyzmq+msgpack, {MAX_BATCH_CALLS} calls a message, no answers, then 1 echo",
             ">= 150,000 calls/s", lambda r, v: v >= 150_000, "µs/call",

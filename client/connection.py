@@ -33,6 +33,7 @@ import getpass
 import logging
 import os
 import queue
+import select
 import socket
 import threading
 import time
@@ -90,6 +91,7 @@ class Connection:
         self.lane_seen = 0  # the lane's count of records when they were last taken
         self.batch_nap = self.batch_deadline = 0.0  # the flusher's next wait, and its last chance to wait
         self.seq = 0
+        self.zmq_sent = 0  # messages sent on ZeroMQ: one sent on the data connection is served after them
         self.last_ctx: int | None = None
         self.later: dict[int, Callable[[int, list[Any]], None]] = {}  # seq -> writer of a late answer
         self.late_errors: list[list[Any]] = []
@@ -113,6 +115,9 @@ class Connection:
         port = self.inventory.get("data_port")
         if port and data.wanted() and self.keys is None and not link.active and not measure:
             self.data = self._open_data(port, connect_timeout_s)
+        self.data_ready = select.poll()  # a wait for an answer there, in slices, as on ZeroMQ
+        if self.data is not None:
+            self.data_ready.register(self.data, select.POLLIN)
         self.request_budget = wire.request_budget(self.max_request_bytes)  # payload bytes a request may carry
         self.closed = False
         self.host_functions: queue.SimpleQueue | None = None  # (function, token), run by their own thread
@@ -200,10 +205,14 @@ class Connection:
             self._check()
             values = self._data_values(args) if by_data else ()
             self._queue(call, args, ctx, 0)
-            seq = self._send(reply=True)
+            stream = self.data is not None
+            seq = self._send(reply=True, stream=stream)
+            stream = stream and self.data is not None  # not if it failed there (then it went on ZeroMQ)
             if values:
                 self._send_data(values)
-            answer = self._receive(seq)
+            answer = self._receive_stream(seq) if stream else self._receive(seq)
+            if stream and self.later:
+                self._read_later()
             if values and answer.get("outs"):
                 self._receive_data(answer["outs"], values)
             if trace.RECORDER:
@@ -258,6 +267,7 @@ class Connection:
         with self.lock:
             self._check()
             self.sock.send_multipart(wire.encode(self._stamped(header)))
+            self.zmq_sent += 1
             answer = self._receive(None, timeout_s)
         if answer.get("status"):
             raise CudaError(answer["status"], answer.get("error", ""))
@@ -278,7 +288,7 @@ class Connection:
         """An input's bytes, after its message. If the stream fails the server sees it end, and answers
         the call with an error."""
         for value in values:
-            if not value.asked:
+            if not value.asked and self.data is not None:  # lost meanwhile: the server fails the call
                 try:
                     self.data.sendall(value.buffer)
                 except OSError as exc:
@@ -301,8 +311,9 @@ class Connection:
             outs[i] = None  # written already
 
     def _lose_data(self, why: str) -> None:
-        log.warning("the data connection to %s failed (%s); copies go in messages from now on", self.address, why)
+        log.warning("the data connection to %s failed (%s); ZeroMQ carries everything from now on", self.address, why)
         if self.data is not None:
+            self.data_ready.unregister(self.data)
             self.data.close()
             self.data = None
 
@@ -369,13 +380,16 @@ class Connection:
         self.batch_open, self.batch_seen, self.batch_nap = True, seen, self.batch_window_s
         self.batch_deadline = began + max(MAX_BATCH_DELAY_S, self.batch_window_s)
 
-    def _send(self, reply: bool, kind: str = "sync") -> int:
+    def _send(self, reply: bool, kind: str = "sync", stream: bool = False) -> int:
+        """Send the batch, on the data connection if `stream` (the answer then comes there), else on ZeroMQ."""
         if not self.later:  # nothing for the flusher to send or read
             self.alarm.disarm()
             if self._lane_waiting():  # a record queued in C since the lane was taken: its alarm stands
                 self.alarm.arm(self.batch_window_s)
         self.seq += 1
         header = {"op": "calls", "seq": self.seq, "calls": self.pending, "reply": reply}
+        if stream:
+            header["after"] = self.zmq_sent
         calls, self.pending, self.pending_bytes = self.pending_calls, [], 0
         self.pending_calls, self.batch_open = 0, False
         try:
@@ -387,12 +401,49 @@ class Connection:
             if trace.RECORDER:  # when it went out, for the answer's round trip
                 self.sent_ns = header.get("sent") or time.monotonic_ns()
                 trace.RECORDER.sent(self.seq, kind if reply else "async", self.sent_ns, wire.size_of(frames), calls)
+            if stream:
+                if self._send_stream(frames):
+                    return self.seq
+                self._data_values(header["calls"][-1][1])  # ZeroMQ carries it instead, its bytes inline
+                frames = wire.encode(header)
             for frame in frames[:-1]:  # send_multipart(copy=False) without its per-frame checks
                 self.sock.send(frame, zmq.SNDMORE, copy=False)
             self.sock.send(frames[-1], copy=False)
+            self.zmq_sent += 1
         except zmq.ZMQError as exc:
             self._die(f"cannot send to the server at {self.address}: {exc}")
         return self.seq
+
+    def _send_stream(self, frames: list[Any]) -> bool:
+        """A message on the data connection; False if it failed there (the worker drops what it read of it:
+        the message goes on ZeroMQ instead)."""
+        try:
+            wire.send_buffers(self.data, wire.stream_buffers(frames))
+        except OSError as exc:
+            self._lose_data(f"sending a message: {exc}")
+            return False
+        return True
+
+    def _receive_stream(self, seq: int) -> dict[str, Any]:
+        """The answer to message `seq`, sent on the data connection: it comes there, or, if the stream is lost
+        on the way, on ZeroMQ (the worker sends it there when it cannot send it on the stream)."""
+        while self.data is not None and not self.data_ready.poll(RECEIVE_SLICE_MS):
+            self._watch()
+        try:
+            if self.data is None:  # lost while the message's input was sent
+                raise OSError("it failed while the call's input was sent")
+            answer = wire.decode(data.receive_message(self.data), self._data_ref)
+        except (OSError, wire.WireError) as exc:
+            self._lose_data(f"receiving an answer: {exc}")
+            return self._receive(seq)
+        return answer
+
+    def _watch(self) -> None:
+        """Whether the server is still there (ZeroMQ's monitor); the session dies if not."""
+        if self.monitor.poll(0):
+            event = zmq.utils.monitor.recv_monitor_message(self.monitor)
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._die(f"lost the connection to the server at {self.address}")
 
     def _receive(self, seq: int | None, timeout_s: float | None = None) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s if timeout_s else None
@@ -402,10 +453,7 @@ class Connection:
             try:
                 answer = self._recv()
             except zmq.Again:  # nothing for RECEIVE_SLICE_MS: is the server still there?
-                if self.monitor.poll(0):
-                    event = zmq.utils.monitor.recv_monitor_message(self.monitor)
-                    if event["event"] == zmq.EVENT_DISCONNECTED:
-                        self._die(f"lost the connection to the server at {self.address}")
+                self._watch()
             else:
                 if answer.get("op") == "closing":  # the server is going away: this and every later call fail
                     self._die(f"the server at {self.address} ended this session: {answer.get('error')}")
@@ -415,6 +463,22 @@ class Connection:
                     return answer
             if deadline and time.monotonic() > deadline:
                 self._die(f"the server at {self.address} did not answer within {timeout_s:g} s")
+
+    def _read_later(self) -> None:
+        """The answers to calls sent before the one just answered on the data connection: the worker sent
+        them on ZeroMQ first, and they are read before that call returns."""
+        while self.later:
+            try:
+                answer = self._recv()
+            except zmq.Again:
+                self._watch()
+                continue
+            if answer.get("op") == "closing":
+                self._die(f"the server at {self.address} ended this session: {answer.get('error')}")
+            if answer.get("seq") in self.later:
+                self._answer_later(answer)
+            else:
+                log.warning("dropped an answer nobody waits for (seq %s)", answer.get("seq"))
 
     def _recv(self) -> dict[str, Any]:
         if self.downlink:

@@ -5,6 +5,10 @@ ZeroMQ message (which lands in a buffer of its own, one more copy on each end).
 Opened after `init` when the worker offers it (a plain-TCP session) and nothing needs every byte in the
 messages: not with CURVE, an emulated link or a trace (they account for what messages carry), nor with
 XPU_DATA_CONNECTION=0. A connection that fails later is closed; the session goes on without it.
+
+A synchronous call's message goes there too, and its answer comes back there, when no answer is due on
+ZeroMQ first: a round trip on a plain stream skips ZeroMQ's I/O threads, a thread wake-up each way on
+each end.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
+
+from xpuremote.protocol import wire
 
 log = logging.getLogger("xpuremote.client")
 
@@ -28,12 +34,22 @@ def connect(host: str, port: int, key: bytes, timeout_s: float) -> socket.socket
     sock = socket.create_connection((host, port), timeout=timeout_s)
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(TIMEOUT_S)
         sock.sendall(key)
+        wire.set_stall_timeout(sock, TIMEOUT_S)
     except OSError:
         sock.close()
         raise
     return sock
+
+
+def receive_message(sock: socket.socket) -> list[memoryview]:
+    """An answer the worker sent here (wire.stream_buffers)."""
+    head = bytearray(wire.STREAM_HEAD.size)
+    receive_into(sock, memoryview(head))
+    count, size = wire.STREAM_HEAD.unpack(head)
+    body = memoryview(bytearray(size))
+    receive_into(sock, body)
+    return wire.stream_frames(count, body)
 
 
 def receive_into(sock: socket.socket, view: memoryview) -> None:

@@ -25,12 +25,17 @@ Ops (client -> server):
   data    {}: the client has opened the session's data connection (a TCP connection to the port
           `init` answered as `data_port`, on which it sent the session's key first)   -> {}
   bye     the client is leaving; its resources are released
-With a data connection (server/data.py), the last call of a `reply` batch may name bytes there instead
-of carrying them: ExtType(DATA, size) in an input's place says its bytes follow the message on the data
+With a data connection (server/data.py), the last call of a `reply` batch sent there may name bytes there
+instead of carrying them: ExtType(DATA, size) in an input's place says its bytes follow the message on the data
 connection; ExtType(DATA_ASKED, size) in an output's place asks for that output there, and the answer
 then has ExtType(DATA, size) in its place, its bytes following the answer. One input a message.
 A request over the worker's `max_request_bytes` (0: no limit; all its frames counted) is refused
 whole: the client splits bulk copies so that each request fits (request_budget()).
+With a data connection, the client sends every batch it waits for there, and its answer comes back there:
+ZeroMQ's I/O threads cost a synchronous call a thread wake-up each way on each end. Batches nobody waits
+for, answers due later and the other ops stay on ZeroMQ.
+On the stream a message is STREAM_HEAD (frame count, bytes after the head), each frame's length (u64),
+then the frames. Its header says `after`: the last batch sent on ZeroMQ, which the worker serves first.
 With an emulated link, every message carries `sent` (its send time, CLOCK_MONOTONIC ns).
 Every answer carries `op: "reply"`; a request the server cannot serve is answered with
 `status` set and `error` saying why.
@@ -41,6 +46,7 @@ Server -> client, unasked:
 from __future__ import annotations
 
 import hmac
+import socket
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -55,6 +61,7 @@ BULK = 1  # msgpack ext type code of a reference to a bulk frame
 DATA, DATA_ASKED = 2, 3  # ext type codes of bytes on the data connection, and of an output asked for there
 INLINE_MAX = 64 * 1024
 PROBE_BUSY_MAX_NS = 10_000_000
+STREAM_HEAD = struct.Struct("<IQ")  # a message on the data connection: frame count, bytes after the head
 HEADER_ALLOWANCE = 64 * 1024  # of a request's size limit, kept for what is not payload (header, opcodes)
 
 
@@ -177,7 +184,7 @@ def decode(frames: Sequence[Any], data: Callable[[int, bool], Any] | None = None
     def ext_hook(code: int, payload: bytes) -> Any:
         if code in (DATA, DATA_ASKED) and len(payload) == 8:
             if data is None:
-                raise WireError("a value on the data connection, which this session does not have")
+                raise WireError("a reference to the data connection, which this message may not make")
             return data(int.from_bytes(payload, "little"), code == DATA_ASKED)
         if code != BULK or len(payload) != 4:
             raise WireError(f"unknown ext type {code}")
@@ -260,3 +267,48 @@ def receive(sock: Any, max_bytes: int = 0, max_frames: int = 0) -> tuple[list[An
     if max_bytes and size > max_bytes:
         return frames, f"request of {size} bytes is over the server's limit of {max_bytes} bytes"
     return frames, None
+
+
+# ---- messages on the data connection ------------------------------------------------------------------
+def stream_buffers(frames: Sequence[Any]) -> list[memoryview]:
+    """A message as the buffers to write on the data connection: its head, the frames' lengths, the frames."""
+    views = [memoryview(f).cast("B") for f in frames]
+    lengths = struct.pack(f"<{len(views)}Q", *(len(v) for v in views))
+    head = STREAM_HEAD.pack(len(views), len(lengths) + sum(len(v) for v in views))
+    return [memoryview(head), memoryview(lengths), *views]
+
+
+def send_buffers(sock: socket.socket, buffers: list[memoryview]) -> None:
+    """Write all of `buffers` (scatter-gather: a small message is one system call)."""
+    while buffers:
+        sent = sock.sendmsg(buffers)
+        while buffers and sent >= len(buffers[0]):
+            sent -= len(buffers[0])
+            buffers = buffers[1:]
+        if buffers and sent:
+            buffers = [buffers[0][sent:], *buffers[1:]]
+
+
+def stream_frames(count: int, body: memoryview) -> list[memoryview]:
+    """The frames of a message's body (after its head), checked against the lengths it declares."""
+    table = 8 * count
+    if table > len(body):
+        raise WireError(f"a message of {count} frames in {len(body)} bytes")
+    at, frames = table, []
+    for length in struct.unpack_from(f"<{count}Q", body):
+        if at + length > len(body):
+            raise WireError("a message's frames are longer than its body")
+        frames.append(body[at : at + length])
+        at += length
+    if at != len(body):
+        raise WireError("a message's body is longer than its frames")
+    return frames
+
+
+def set_stall_timeout(sock: socket.socket, seconds: float) -> None:
+    """Blocking reads and writes on `sock` that fail (EAGAIN) after moving no byte for `seconds`: one
+    system call each, where Python's own timeout polls before every call."""
+    sock.settimeout(None)
+    value = struct.pack("ll", int(seconds), int(seconds % 1 * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)

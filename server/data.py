@@ -51,9 +51,11 @@ def listen(bind: str) -> socket.socket | None:
 class DataConnection:
     def __init__(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(DATA_TIMEOUT_S)
+        wire.set_stall_timeout(sock, DATA_TIMEOUT_S)
         self.sock: socket.socket | None = sock
-        self.moved = 0  # bytes read and written
+        self.moved = 0  # bytes of copies read and written
+        self.messages = 0  # messages read there
+        self.head = memoryview(bytearray(wire.STREAM_HEAD.size))
 
     @classmethod
     def accept(cls, listener: socket.socket, key: bytes, session: str) -> DataConnection:
@@ -88,17 +90,47 @@ class DataConnection:
         incoming.append(value)
         return value
 
+    def read_message(self, max_bytes: int) -> tuple[list[memoryview], str | None]:
+        """A message the client sent here (wire.stream_buffers): its frames, and why it is refused (over
+        `max_bytes`, 0: no bound; read and dropped) or None. DataError if it does not follow the format."""
+        self._read(self.head)
+        self.messages += 1
+        count, size = wire.STREAM_HEAD.unpack(self.head)
+        if max_bytes and size > max_bytes + wire.HEADER_ALLOWANCE:
+            self.skip(size)
+            return [], f"request of {size} bytes is over the server's limit of {max_bytes} bytes"
+        try:
+            body = memoryview(bytearray(size))
+        except MemoryError:
+            self.fail(f"a message of {size} bytes does not fit in memory")
+        self._read(body)
+        try:
+            return wire.stream_frames(count, body), None
+        except wire.WireError as exc:  # its length was read whole: the stream is still in line
+            return [], str(exc)
+
+    def send_message(self, frames: list[Any]) -> None:
+        """An answer to a message that came here."""
+        buffers = wire.stream_buffers(frames)
+        try:
+            wire.send_buffers(self._live(), buffers)
+        except OSError as exc:
+            self.fail(f"writing: {exc}")
+
     def read_into(self, view: memoryview) -> None:
+        self._read(view)
+        self.moved += len(view)
+
+    def _read(self, view: memoryview) -> None:
         got, size = 0, len(view)
         try:
             while got < size:
                 n = self._live().recv_into(view[got:], size - got)
                 if not n:
-                    raise DataError("the client closed the data connection")
+                    self.fail("the client closed it")
                 got += n
         except OSError as exc:
             self.fail(f"reading: {exc}")
-        self.moved += size
 
     def skip(self, size: int) -> None:
         """Read and drop `size` bytes: an input the call never took (it failed first)."""

@@ -38,12 +38,13 @@ from xpuremote.protocol.link import LinkSpec, Wire, wait_until
 from . import auth, data, metrics
 from .backends import load_backend
 from .backends.base import Backend
-from .data import Asked, DataConnection, DataError, Incoming
+from .data import DATA_TIMEOUT_S, Asked, DataConnection, DataError, Incoming
 from .gpu_timer import GpuTimer, is_gpu_work
 from .limits import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_MAX_HANDLES, Accounted, Limits, give_back_memory, parse_size
 
 log = logging.getLogger("xpuremote.worker")
 
+RECEIVE_SLICE_MS = 100  # the loop looks at the rest (the watchdog, reports) after this long without a message
 MAX_REFUSALS_LOGGED = 256  # sources whose refused messages are logged (once each)
 MAX_OUTPUT_BYTES = 1 << 34  # a single reply larger than this is an error, not an attempt
 SERVER_HANDLE_BASE = 0x5E00_0000_0000
@@ -80,6 +81,8 @@ class Session:
         self.runners: dict[int, tuple[Call, Callable[[list[Any]], Any]]] = {}  # lane calls by opcode, compiled
         self.compiled: dict[int, Callable[[list[Any]], list[Any]]] = {}  # any call by opcode, as a batch runs it
         self.seq = 0  # the message being served
+        self.received = 0  # messages that came on ZeroMQ from the client's main connection (its `after` counts them)
+        self.stream_pending = False  # a message from the data connection not yet served: nothing more is read there
         self.peer: Any = None  # the client's socket identity: where a last word goes at shutdown
         self.peers: set[int] = set()  # connections (fds) that have sent messages with the key: the client's own
         self.refused: set[str] = set()  # sources of messages without the key, logged once each
@@ -500,22 +503,23 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
     watchdog = Watchdog(monitor, session)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
-    sock.setsockopt(zmq.RCVTIMEO, 100)
+    sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)
     started, look_at, reported = time.monotonic(), 0.0, None
     try:
         while not stopping and not watchdog.gone:
             if watchdog.connected.is_set() and time.monotonic() < look_at:
-                # serving: wait in recv on the socket alone, fewer system calls than polling it;
-                # the rest is looked at after 100 ms without a message, or each second
+                # serving: wait for the next message (_next); the rest is looked at after
+                # RECEIVE_SLICE_MS without a message, or each second
                 try:
-                    if not _handle(sock, session):
+                    if not _next(sock, session, poller):
                         break
                     continue
                 except zmq.Again:
                     pass
             look_at = time.monotonic() + 1.0
             reported = _report(session, reported)
-            ready = dict(poller.poll(1000))
+            stream = _stream_of(session)
+            ready = _poll(poller, stream, 1000)
             if watchdog.gone:
                 log.info("session %s: %s; ending", session_id, watchdog.gone)
                 break
@@ -523,6 +527,8 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
                 log.warning("session %s: no client connected within %g s", session_id, idle_connect_s)
                 break
             if sock in ready and not _handle(sock, session):
+                break
+            if sock not in ready and stream in ready and not _handle_stream(sock, session):
                 break
         if stopping:
             _say_closing(sock, session)
@@ -631,6 +637,63 @@ def _bind(sock: zmq.Socket, bind: str, session_id: str) -> str:
     return sock.getsockopt_string(zmq.LAST_ENDPOINT)
 
 
+def _stream_of(session: Session) -> socket.socket | None:
+    """The data connection, while a message may be read there."""
+    return session.data.sock if session.data is not None and not session.stream_pending else None
+
+
+def _next(sock: zmq.Socket, session: Session, poller: zmq.Poller) -> bool:
+    """Take the next message, from ZeroMQ or the data connection; zmq.Again after RECEIVE_SLICE_MS without one."""
+    stream = _stream_of(session)
+    if stream is None:
+        return _handle(sock, session)  # waiting in recv costs fewer system calls than a poll
+    ready = _poll(poller, stream, RECEIVE_SLICE_MS)
+    if sock in ready:  # first: a message there may be the one a message on the stream comes after
+        return _handle(sock, session)
+    if ready:
+        return _handle_stream(sock, session)
+    raise zmq.Again()
+
+
+def _poll(poller: zmq.Poller, stream: socket.socket | None, wait_ms: int) -> dict[Any, int]:
+    """What of ZeroMQ and the data connection (if given) has a message within `wait_ms`."""
+    if stream is None:
+        return dict(poller.poll(wait_ms))
+    poller.register(stream, zmq.POLLIN)
+    try:
+        return dict(poller.poll(wait_ms))
+    finally:
+        poller.unregister(stream)
+
+
+def _handle_stream(sock: zmq.Socket, session: Session) -> bool:
+    """Take a message from the data connection: a reply batch the client sent there to be answered there,
+    served after the messages it sent on ZeroMQ before it (`after` counts them)."""
+    try:
+        frames, too_big = session.data.read_message(session.limits.max_request_bytes)
+    except DataError as exc:  # the client sees the stream end and looks for the answer on ZeroMQ
+        log.warning("session %s: %s", session.name, exc)
+        if session.peer is not None:
+            _answer(sock, session.peer, session, {"op": "reply", "status": errors.INVALID_VALUE, "error": str(exc)})
+        return True
+    message = Message(None, frames, too_big, session.data)
+    header = message.header
+    if not message.error and (header.get("op") != "calls" or not header.get("reply")):
+        message.error = wire.WireError("only a batch to be answered may come on the data connection")
+    after = header.get("after")
+    deadline = time.monotonic() + DATA_TIMEOUT_S
+    while isinstance(after, int) and session.received < after:
+        if time.monotonic() > deadline:
+            message.error = wire.WireError(f"it comes after {after} messages on ZeroMQ; {session.received} came")
+            break
+        try:
+            if not _handle(sock, session):
+                return False
+        except zmq.Again:
+            pass
+    return _dispatch(sock, session, message)
+
+
 def _handle(sock: zmq.Socket, session: Session) -> bool:
     """Take one message; False when the client said goodbye.
 
@@ -644,9 +707,17 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
         give_back_memory()
     if not _admit(sock, session, frames):
         return True
-    message = Message(frames[0], frames[1:], too_big, session.data)
+    message = Message(frames[0], frames[1:], too_big)  # bytes on the data connection follow only a message there
     if session.uplink and isinstance(message.header.get("sent"), int):
         session.uplink.hold(message.header["sent"], wire.size_of(message.frames))  # see protocol/link.py
+    if len(frames[0]) == wire.KEY_BYTES:  # not the host-function thread's connection
+        session.received += 1
+    return _dispatch(sock, session, message)
+
+
+def _dispatch(sock: zmq.Socket, session: Session, message: Message) -> bool:
+    """Serve a message now, or stash it while the client runs a host function."""
+    session.stream_pending = session.stream_pending or message.by_stream
     if session.awaiting is None:
         return _serve(sock, session, message)
     if message.header.get("op") != "done" or message.header.get("token") != session.awaiting:
@@ -684,6 +755,7 @@ class Message:
     def __init__(self, identity: Any, frames: list[Any], too_big: str | None = None,
                  data: DataConnection | None = None) -> None:
         self.identity, self.frames = identity, frames
+        self.by_stream = identity is None  # it came on the data connection: answered there
         self.header: dict[str, Any] = {}
         self.error = wire.WireError(too_big) if too_big else None
         self.incoming: list[Incoming] = []  # its input on the data connection, which follows it there
@@ -709,11 +781,13 @@ def _serve(sock: zmq.Socket, session: Session, message: Message) -> bool:
     """Serve one message; False when the client said goodbye."""
     identity, header = message.identity, message.header
     began = time.monotonic_ns()
+    if message.by_stream:  # what follows it there is read as it is served, then the stream is free again
+        session.stream_pending = False
     try:
         if message.error:
             raise message.error
         op = header["op"]
-        if op != "done":
+        if op != "done" and not message.by_stream:
             session.peer = identity
         if op == "init":
             answer = session.start(header)
@@ -749,20 +823,50 @@ def _serve(sock: zmq.Socket, session: Session, message: Message) -> bool:
         answer = _settle(session, message, answer)
     if session.uplink:
         answer["sent"] = time.monotonic_ns()  # the client holds the answer from here
+    if message.by_stream:
+        _answer_on_stream(sock, session, answer)
+    else:
+        _answer(sock, identity, session, answer)
+    return True
+
+
+def _answer(sock: zmq.Socket, identity: Any, session: Session, answer: dict[str, Any]) -> None:
+    """An answer on ZeroMQ."""
+    frames = _encoded(session, answer)
+    sock.send(identity, zmq.SNDMORE, copy=False)  # send_multipart(copy=False) without its checks
+    trackers = [sock.send(frame, zmq.SNDMORE if i < len(frames) - 1 else 0, copy=False,
+                          track=isinstance(frame, memoryview)) for i, frame in enumerate(frames)]
+    for tracker in trackers:  # a view of device memory (the sim's): unchanged until ZeroMQ is done with it
+        if tracker is not None:
+            tracker.wait()
+
+
+def _answer_on_stream(sock: zmq.Socket, session: Session, answer: dict[str, Any]) -> None:
+    """An answer on the data connection, then the outputs it names there. If the stream is lost, the answer
+    goes on ZeroMQ, where the client looks when it sees the stream end."""
+    frames = _encoded(session, answer)
+    if session.data.sock is not None:
+        try:
+            session.data.send_message(frames)
+            _send_outgoing(session)
+            return
+        except DataError as exc:
+            log.warning("session %s: %s", session.name, exc)
+    if session.outgoing:
+        session.outgoing.clear()
+        answer = {"op": "reply", "status": errors.UNKNOWN, "seq": answer.get("seq"),
+                  "error": "the copy's bytes were lost with the data connection"}
+    if session.peer is not None:
+        _answer(sock, session.peer, session, answer)
+
+
+def _encoded(session: Session, answer: dict[str, Any]) -> list[Any]:
     try:
-        frames = wire.encode(answer)
-        sock.send(identity, zmq.SNDMORE, copy=False)  # send_multipart(copy=False) without its checks
-        trackers = [sock.send(frame, zmq.SNDMORE if i < len(frames) - 1 else 0, copy=False,
-                              track=isinstance(frame, memoryview)) for i, frame in enumerate(frames)]
-        for tracker in trackers:  # a view of device memory (the sim's): unchanged until ZeroMQ is done with it
-            if tracker is not None:
-                tracker.wait()
+        return wire.encode(answer)
     except TypeError as exc:  # an output no msgpack can carry: a backend bug, reported as such
         log.error("cannot encode reply: %s", exc)
-        sock.send_multipart([identity, *wire.encode({"op": "reply", "status": errors.UNKNOWN, "error": str(exc)})])
         session.outgoing.clear()
-    _send_outgoing(session)
-    return True
+        return wire.encode({"op": "reply", "status": errors.UNKNOWN, "seq": answer.get("seq"), "error": str(exc)})
 
 
 def _settle(session: Session, message: Message, answer: dict[str, Any]) -> dict[str, Any]:

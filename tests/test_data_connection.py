@@ -108,12 +108,14 @@ class RawSession:
         self.sock.setsockopt(zmq.ROUTING_ID, wire.routing_id(self.key))
         self.sock.connect(answer["worker"])
         self.host = answer["worker"].removeprefix("tcp://").rsplit(":", 1)[0]
+        self.zmq_sent = 0  # messages on ZeroMQ: a message on the data connection comes after them
         self.port = self.request({"op": "init", "link": NO_LINK.to_wire()})["data_port"]
         self.data: socket.socket | None = None
         self.seq = 0
 
     def request(self, header: dict) -> dict:
         self.sock.send_multipart(wire.encode(header))
+        self.zmq_sent += 1
         assert self.sock.poll(20_000), f"no answer to {header['op']}"
         return wire.decode(self.sock.recv_multipart(), lambda size, asked: wire.Data(size=size))
 
@@ -122,15 +124,30 @@ class RawSession:
         sock.sendall(key if key is not None else self.key)
         return sock
 
-    def calls(self, *calls: list, reply: bool = True, data: bytes = b"") -> dict:
+    def calls(self, *calls: list, reply: bool | None = True, data: bytes = b"", stream: bool | None = None) -> dict:
+        """A batch, sent on the data connection (as the client sends a batch it waits for, once the connection
+        is open) unless `stream` says otherwise; answered where it went, if `reply` (None: a reply batch whose
+        answer the caller reads itself)."""
         self.seq += 1
-        self.sock.send_multipart(wire.encode({"op": "calls", "seq": self.seq, "calls": list(calls), "reply": reply}))
+        header = {"op": "calls", "seq": self.seq, "calls": list(calls), "reply": reply is not False}
+        if stream is None:
+            stream = self.data is not None and reply
+        if not stream:
+            self.sock.send_multipart(wire.encode(header))
+            self.zmq_sent += 1
+            if not reply:
+                return {}
+            assert self.sock.poll(20_000), "no answer"
+            return wire.decode(self.sock.recv_multipart())
+        wire.send_buffers(self.data, wire.stream_buffers(wire.encode({**header, "after": self.zmq_sent})))
         if data:
             self.data.sendall(data)
-        if not reply:
-            return {}
-        assert self.sock.poll(20_000), "no answer"
-        return wire.decode(self.sock.recv_multipart(), lambda size, asked: wire.Data(size=size))
+        return self.answer_on_stream() if reply is not None else {}
+
+    def answer_on_stream(self) -> dict:
+        count, size = wire.STREAM_HEAD.unpack(self.receive(wire.STREAM_HEAD.size))
+        frames = wire.stream_frames(count, memoryview(self.receive(size)))
+        return wire.decode(frames, lambda size, asked: wire.Data(size=size))
 
     def receive(self, size: int) -> bytes:
         got = bytearray()
@@ -210,9 +227,13 @@ def test_bad_uses_of_the_data_connection_fail_the_call_and_keep_the_stream_in_li
         answer = s.calls(call, data=os.urandom(4096))
         assert answer["status"] == errors.INVALID_VALUE, answer
     # an output asked for on the data connection by a call nobody waits for: deferred as a failure
-    s.calls(op("cuMemcpyDtoH_v2", wire.Data(size=64, asked=True), ptr, 64), reply=False)
-    answer = s.calls(op("cuCtxSynchronize"))
+    answer = s.calls(op("cuMemcpyDtoH_v2", wire.Data(size=64, asked=True), ptr, 64), op("cuCtxSynchronize"))
     assert answer["deferred"] and "answered copy only" in answer["deferred"][0][2], answer
+    # bytes on the data connection follow only a message sent there, and only a batch to be answered goes there
+    answer = s.calls(op("cuMemcpyDtoH_v2", wire.Data(size=64, asked=True), ptr, 64), stream=False)
+    assert answer["status"] == errors.INVALID_VALUE and "may not make" in answer["error"], answer
+    answer = s.calls(op("cuMemsetD8_v2", ptr, 1, 8), reply=False, stream=True)
+    assert answer["status"] == errors.INVALID_VALUE and "only a batch to be answered" in answer["error"], answer
     data = os.urandom(size)
     assert _round_trip(s, ptr, data) == data
     # a copy into memory that is not the session's: refused before a byte lands, the bytes dropped
@@ -221,10 +242,15 @@ def test_bad_uses_of_the_data_connection_fail_the_call_and_keep_the_stream_in_li
     assert _round_trip(s, ptr, data[:4096]) == data[:4096]
     # two inputs in one message: the stream is given up, the session goes on over ZeroMQ
     two = [op("cuMemcpyHtoD_v2", ptr, wire.Data(size=8), 8), op("cuMemcpyHtoD_v2", ptr, wire.Data(size=8), 8)]
-    answer = s.calls(*two, data=bytes(16))
+    s.calls(*two, data=bytes(16), stream=True, reply=None)
+    s.data.settimeout(10)
+    assert s.data.recv(1) == b""  # closed by the worker, which answers on ZeroMQ instead
+    s.data = None
+    assert s.sock.poll(20_000), "no answer"
+    answer = wire.decode(s.sock.recv_multipart())
     assert answer["status"] == errors.INVALID_VALUE and "two values" in answer["error"], answer
     answer = s.calls(op("cuMemcpyHtoD_v2", ptr, wire.Data(size=8), 8))
-    assert answer["status"] == errors.INVALID_VALUE and "closed" in answer["error"], answer
+    assert answer["status"] == errors.INVALID_VALUE and "may not make" in answer["error"], answer
     answer = s.calls(op("cuMemcpyHtoD_v2", ptr, b"in-frame", 8))
     assert answer["status"] == 0, answer
     answer = s.calls(op("cuMemcpyDtoH_v2", 8, ptr, 8))
@@ -236,15 +262,16 @@ def test_a_data_connection_that_ends_in_the_middle_of_a_copy_fails_only_that_cop
         raw: tuple[Server, RawSession]) -> None:
     srv, s = raw
     ptr = _open(s, 4 * MIB)
-    s.sock.send_multipart(wire.encode({"op": "calls", "seq": 9, "reply": True,
-                                       "calls": [op("cuMemcpyHtoD_v2", ptr, wire.Data(size=4 * MIB), 4 * MIB)]}))
+    message = {"op": "calls", "seq": 9, "reply": True, "after": s.zmq_sent,
+               "calls": [op("cuMemcpyHtoD_v2", ptr, wire.Data(size=4 * MIB), 4 * MIB)]}
+    wire.send_buffers(s.data, wire.stream_buffers(wire.encode(message)))
     s.data.sendall(bytes(MIB))  # a quarter of the bytes, then the stream ends
     s.data.close()
     s.data = None
-    assert s.sock.poll(20_000), "no answer"
+    assert s.sock.poll(20_000), "no answer"  # on ZeroMQ: the stream is gone
     answer = wire.decode(s.sock.recv_multipart())
-    assert answer["status"] == errors.INVALID_VALUE, answer
-    assert "the client closed the data connection" in srv.log(), srv.log()[-2000:]
+    assert answer["status"] == errors.INVALID_VALUE and answer["seq"] == 9, answer
+    assert "the client closed it" in srv.log(), srv.log()[-2000:]
     answer = s.calls(op("cuMemcpyHtoD_v2", ptr, b"in-frame", 8))  # the session goes on over ZeroMQ
     assert answer["status"] == 0, answer
     assert bytes(s.calls(op("cuMemcpyDtoH_v2", 8, ptr, 8))["outs"][0]) == b"in-frame"
