@@ -427,7 +427,7 @@ class Connection:
     def _receive_stream(self, seq: int) -> dict[str, Any]:
         """The answer to message `seq`, sent on the data connection: it comes there, or, if the stream is lost
         on the way, on ZeroMQ (the worker sends it there when it cannot send it on the stream)."""
-        while self.data is not None and not self.data_ready.poll(RECEIVE_SLICE_MS):
+        while self.data is not None and not self._stream_ready():
             self._watch()
         try:
             if self.data is None:  # lost while the message's input was sent
@@ -464,6 +464,20 @@ class Connection:
             if deadline and time.monotonic() > deadline:
                 self._die(f"the server at {self.address} did not answer within {timeout_s:g} s")
 
+    def _stream_ready(self) -> bool:
+        """Whether the answer on the data connection has begun to arrive, within RECEIVE_SLICE_MS. Meanwhile the
+        answers due on ZeroMQ are read as they come: a host function's must be, or the worker waits for the
+        function before it serves the call this thread waits for."""
+        if not self.later:
+            return bool(self.data_ready.poll(RECEIVE_SLICE_MS))
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.data, zmq.POLLIN)
+        ready = dict(poller.poll(RECEIVE_SLICE_MS))
+        while self.later and self.sock.poll(0):
+            self._take_later(self._recv())
+        return self.data in ready
+
     def _read_later(self) -> None:
         """The answers to calls sent before the one just answered on the data connection: the worker sent
         them on ZeroMQ first, and they are read before that call returns."""
@@ -473,12 +487,15 @@ class Connection:
             except zmq.Again:
                 self._watch()
                 continue
-            if answer.get("op") == "closing":
-                self._die(f"the server at {self.address} ended this session: {answer.get('error')}")
-            if answer.get("seq") in self.later:
-                self._answer_later(answer)
-            else:
-                log.warning("dropped an answer nobody waits for (seq %s)", answer.get("seq"))
+            self._take_later(answer)
+
+    def _take_later(self, answer: dict[str, Any]) -> None:
+        if answer.get("op") == "closing":
+            self._die(f"the server at {self.address} ended this session: {answer.get('error')}")
+        if answer.get("seq") in self.later:
+            self._answer_later(answer)
+        else:
+            log.warning("dropped an answer nobody waits for (seq %s)", answer.get("seq"))
 
     def _recv(self) -> dict[str, Any]:
         if self.downlink:

@@ -8,14 +8,16 @@ import os
 import re
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import zmq
 from conftest import Server, shim_env, start_chain, start_server
-from pyclient import wait_for
+from pyclient import PyClient, wait_for
 from test_faults import program
 
+from xpuremote.client.connection import Connection
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import CALLS
 from xpuremote.protocol.link import NO_LINK
@@ -276,3 +278,53 @@ def test_a_data_connection_that_ends_in_the_middle_of_a_copy_fails_only_that_cop
     assert answer["status"] == 0, answer
     assert bytes(s.calls(op("cuMemcpyDtoH_v2", 8, ptr, 8))["outs"][0]) == b"in-frame"
     assert "Traceback" not in srv.log(), srv.log()[-3000:]
+
+
+def test_calls_waited_for_go_on_the_stream_in_order_with_the_batches_before_them(tmp_path: Path) -> None:
+    """Each memset goes out on ZeroMQ, the copy that reads it back right after on the data connection: the
+    worker serves the copy only after the batch it came after, however the two connections race."""
+    srv = start_server(tmp_path)
+    client = PyClient(srv.address)
+    try:
+        assert client.conn.data is not None
+        ptr = client.alloc(64)
+        for i in range(1000):
+            client.post("cuMemsetD8Async", ptr, i & 0xFF, 64, 0)
+            client.conn.flush()
+            assert client.read(ptr, 64) == bytes([i & 0xFF]) * 64, i
+        client.close()
+        assert wait_for(lambda: "messages there" in srv.log(), 10), srv.log()[-2000:]
+        assert int(re.search(r"(\d+) messages there", srv.log()).group(1)) >= 1000, srv.log()[-2000:]
+    finally:
+        srv.stop()
+
+
+def _send_half_then_end(conn: Connection) -> Callable[[list[wire.Data]], None]:
+    """Fault injection (the client's own stream failing mid-copy, which nothing outside can cause on
+    loopback): half of the input's bytes, then the stream ends."""
+    def send(values: list[wire.Data]) -> None:
+        conn.data.sendall(memoryview(values[0].buffer)[: len(values[0].buffer) // 2])
+        conn.data.shutdown(socket.SHUT_WR)
+    return send
+
+
+def test_a_stream_lost_in_a_call_fails_that_call_and_the_session_goes_on_over_zeromq(tmp_path: Path) -> None:
+    srv = start_server(tmp_path)
+    client = PyClient(srv.address)
+    try:
+        ptr = client.alloc(2 * MIB)
+        data = os.urandom(2 * MIB)
+        client.conn._send_data = _send_half_then_end(client.conn)
+        status, _, _ = client.conn.call(CALLS["cuMemcpyHtoD_v2"], [ptr, wire.Data(data), len(data)], CTX,
+                                        by_data=True)
+        assert status == errors.INVALID_VALUE  # the worker's answer, which came on ZeroMQ
+        assert client.conn.data is None and "data connection lost" in srv.log(), srv.log()[-2000:]
+        client.write(ptr, b"in-frame")
+        assert client.read(ptr, 8) == b"in-frame"
+        # the next large copy goes in messages
+        client.conn.call(CALLS["cuMemcpyHtoD_v2"], [ptr, wire.Data(data), len(data)], CTX, by_data=True)
+        assert client.read(ptr, len(data)) == data
+        assert "Traceback" not in srv.log(), srv.log()[-3000:]
+    finally:
+        client.close()
+        srv.stop()
