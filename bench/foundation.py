@@ -347,6 +347,13 @@ class ShimAgent:
         self.src_ptr = c.addressof(c.c_char.from_buffer(self.src))
         self.dst_ptr = c.addressof(c.c_char.from_buffer(self.dst))
         self.sync(100)
+        self.cudaMemcpy = None  # NVIDIA's libcudart, when the benchmark found one
+        if os.environ.get("XPU_BENCH_CUDART"):
+            rt = ctypes.CDLL(os.environ["XPU_BENCH_CUDART"])
+            self.cudaMemcpy = rt.cudaMemcpy
+            self.cudaMemcpy.restype, self.cudaMemcpy.argtypes = c.c_int, [c.c_void_p, c.c_void_p, c.c_size_t, c.c_int]
+            self.small_ptr = c.c_void_p(self.small)
+            self.sync_cudart(100)
 
     @staticmethod
     def check(name: str, rc: int) -> None:
@@ -362,6 +369,18 @@ class ShimAgent:
                 bad += 1
         elapsed = time.perf_counter() - t0
         self.check("cuCtxSynchronize", bad)
+        return elapsed
+
+    def sync_cudart(self, n: int) -> float:
+        """The issue's case: an 8-byte device-to-host cudaMemcpy through NVIDIA's libcudart."""
+        f, small, out = self.cudaMemcpy, self.small_ptr, (self.ctypes.c_ubyte * 8)()
+        bad = 0
+        t0 = time.perf_counter()
+        for _ in repeat(None, n):
+            if f(out, small, 8, 2):  # cudaMemcpyDeviceToHost
+                bad += 1
+        elapsed = time.perf_counter() - t0
+        self.check("cudaMemcpy", bad)
         return elapsed
 
     def async_batched(self, n: int) -> float:
@@ -405,6 +424,14 @@ class ShimAgent:
 
     def close(self) -> None:
         pass
+
+
+def _cudart() -> str | None:
+    """NVIDIA's libcudart 13 from the test extra's runtime wheel, if installed."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from toolchain import cudart_path
+
+    return cudart_path(13)
 
 
 def _loaded_from(soname: str) -> str:
@@ -674,6 +701,9 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
         env["LD_PRELOAD"] = str(shim)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [str(shim.parent), env.get("LD_LIBRARY_PATH")]))
         env["XPU_SERVER"] = address
+        cudart = _cudart()
+        if cudart:
+            env["XPU_BENCH_CUDART"] = cudart
         shim_agent = Agent("shim", extra, env)
         agents.append(shim_agent)
         if Path(shim_agent.hello["library"]).resolve() != shim.resolve():
@@ -705,10 +735,11 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
             cpu.setdefault(key, []).append([(y - x) * scale for x, y in zip(before, after)])
 
         n, m = args.sync_n, args.async_n
+        through_cudart = [("sync_cudart", shim_agent, "sync_cudart", n, n, lambda t: t / n * 1e6)] if cudart else []
         phases = [
             (args.repeats, [("sync_raw", raw, "sync", n, n, lambda t: t / n * 1e6),
                             ("sync_shim", shim_agent, "sync", n, n, lambda t: t / n * 1e6),
-                            ("sync_tcp", raw, "sync_tcp", n, n, lambda t: t / n * 1e6)]),
+                            ("sync_tcp", raw, "sync_tcp", n, n, lambda t: t / n * 1e6), *through_cudart]),
             (args.repeats, [("async_raw_batched", raw, "async_batched", m, m, lambda t: m / t),
                             ("async_raw_single", raw, "async_single", m, m, lambda t: m / t),
                             ("async_shim", shim_agent, "async_batched", m, m, lambda t: m / t)]),
@@ -762,6 +793,9 @@ def figures(args: argparse.Namespace, results: dict[str, Any]) -> list[dict[str,
         row(f"sync latency, cuCtxSynchronize x {args.sync_n}", "µs/call", "sync_shim", "sync_raw",
             "pyzmq+msgpack echo round trip", "ratio <= 1.15", lambda r, v: r <= 1.15, "µs/call",
             **{"bare TCP+msgpack echo round trip, the transport the shim's sync calls take (µs/call)": "sync_tcp"}),
+        *([row(f"sync latency, libcudart 13 cudaMemcpy 8 B device to host x {args.sync_n}", "µs/call",
+               "sync_cudart", "sync_raw", "pyzmq+msgpack echo round trip", "ratio <= 1.15", lambda r, v: r <= 1.15,
+               "µs/call", **{"bare TCP+msgpack echo round trip (µs/call)": "sync_tcp"})] if "sync_cudart" in m else []),
         row(f"async throughput, cuMemsetD8Async {SMALL} B x {args.async_n} + 1 sync", "calls/s", "async_shim",
             "async_raw_batched", f"pyzmq+msgpack, {MAX_BATCH_CALLS} calls a message, no answers, then 1 echo",
             ">= 150,000 calls/s", lambda r, v: v >= 150_000, "µs/call",

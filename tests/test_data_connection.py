@@ -238,6 +238,14 @@ def test_bad_uses_of_the_data_connection_fail_the_call_and_keep_the_stream_in_li
     assert answer["status"] == errors.INVALID_VALUE and "only a batch to be answered" in answer["error"], answer
     data = os.urandom(size)
     assert _round_trip(s, ptr, data) == data
+    # garbage in a message on the stream, and frame lengths that do not add up to the body: each answered
+    # there with an error, the stream still in line
+    s.data.sendall(wire.STREAM_HEAD.pack(1, 8 + 5) + (5).to_bytes(8, "little") + b"\xc1junk")
+    answer = s.answer_on_stream()
+    assert answer["status"] == errors.INVALID_VALUE and "undecodable" in answer["error"], answer
+    s.data.sendall(wire.STREAM_HEAD.pack(2, 16 + 4) + (9).to_bytes(8, "little") + (1).to_bytes(8, "little") + b"abcd")
+    answer = s.answer_on_stream()
+    assert answer["status"] == errors.INVALID_VALUE and "longer than its body" in answer["error"], answer
     # a copy into memory that is not the session's: refused before a byte lands, the bytes dropped
     answer = s.calls(op("cuMemcpyHtoD_v2", ptr + size, wire.Data(size=4096), 4096), data=bytes(4096))
     assert answer["status"] == errors.INVALID_VALUE, answer
@@ -327,4 +335,23 @@ def test_a_stream_lost_in_a_call_fails_that_call_and_the_session_goes_on_over_ze
         assert "Traceback" not in srv.log(), srv.log()[-3000:]
     finally:
         client.close()
+        srv.stop()
+
+
+def test_a_message_on_the_stream_over_the_request_limit_is_refused_and_dropped(tmp_path: Path) -> None:
+    srv = start_server(tmp_path, args=("--max-request-bytes", str(MIB)))
+    s = RawSession(srv.address)
+    try:
+        ptr = _open(s, 8)
+        big = wire.encode({"op": "calls", "seq": 99, "reply": True, "after": s.zmq_sent,
+                           "calls": [op("cuMemcpyHtoD_v2", ptr, wire.frame(bytes(2 * MIB)), 2 * MIB)]})
+        wire.send_buffers(s.data, wire.stream_buffers(big))
+        answer = s.answer_on_stream()
+        assert answer["status"] == errors.INVALID_VALUE and "over the server's limit" in answer["error"], answer
+        answer = s.calls(op("cuMemcpyHtoD_v2", ptr, b"in-frame", 8))  # the stream is still in line
+        assert answer["status"] == 0, answer
+        assert bytes(s.calls(op("cuMemcpyDtoH_v2", 8, ptr, 8))["outs"][0]) == b"in-frame"
+        assert "Traceback" not in srv.log(), srv.log()[-3000:]
+    finally:
+        s.close()
         srv.stop()
