@@ -50,9 +50,15 @@ assert cu.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20) == 0
 data = os.urandom(1 << 20)
 assert cu.cuMemcpyHtoD_v2(ptr, data, len(data)) == 0
 assert cu.cuMemsetD8_v2(ctypes.c_uint64(ptr.value + 10), 7, 5) == 0
+# the fast lane's calls, which the cuda backend runs compiled (CudaBackend.runner)
+stream, event = ctypes.c_void_p(), ctypes.c_void_p()
+assert cu.cuStreamCreate(ctypes.byref(stream), 1) == 0 and cu.cuEventCreate(ctypes.byref(event), 0) == 0
+for i in range(300):
+    assert cu.cuMemsetD8Async(ctypes.c_uint64(ptr.value + 100 + i), i & 0xFF, 1, stream) == 0
+assert cu.cuEventRecord(event, stream) == 0 and cu.cuStreamWaitEvent(None, event, 0) == 0
 back = ctypes.create_string_buffer(len(data))
 assert cu.cuMemcpyDtoH_v2(back, ptr, len(data)) == 0
-expected = data[:10] + bytes([7] * 5) + data[15:]
+expected = data[:10] + bytes([7] * 5) + data[15:100] + bytes(i & 0xFF for i in range(300)) + data[400:]
 assert back.raw == expected
 free, total = ctypes.c_size_t(), ctypes.c_size_t()
 assert cu.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0 and free.value < total.value

@@ -275,6 +275,28 @@ class CudaBackend(Backend):
             self.clear_array(call, args, results)
         return results
 
+    def runner(self, call: Call) -> Callable[[list[Any]], Any]:
+        """A call of integers and handles (the lane's and most of a batch's, as the session compiles them)
+        straight to its driver function: what `execute` looks up per call (its family's special cases,
+        the function, each argument's conversion) is found once here."""
+        if (call.library != "cuda" or call.family in CAPTURE_REFUSED or call.family in OWN or call.outputs
+                or call.family.startswith("xpu") or any(p.kind not in ("int", "handle") for p in call.params)
+                or not hasattr(self.lib, call.symbol)):
+            return super().runner(call)
+        fn, check, symbol, cast = getattr(self.lib, call.symbol), self.check, call.symbol, self.ffi.cast
+        handles = [i for i, p in enumerate(call.params) if p.kind == "handle" and p.ctype != "CUcontext"]
+        contexts, green = [i for i, p in enumerate(call.params) if p.ctype == "CUcontext"], self.green_contexts
+        void_p = self.ffi.typeof("void *")  # looked up once: by name, cffi parses it on every cast
+
+        def run(args: list[Any]) -> None:
+            args = list(args)
+            for i in handles:
+                args[i] = cast(void_p, args[i] or 0)
+            for i in contexts:  # a green context stands in for a CUcontext, as in argument()
+                args[i] = green[args[i]] if args[i] in green else cast(void_p, args[i] or 0)
+            check(fn(*args), symbol)
+        return run
+
     def upload_from_network(self, call: Call, args: list[Any]) -> list[Any]:
         """A copy whose bytes come on the data connection, in pieces (cuda_upload.py). Not into a capture: its
         buffers would become the graph's."""
