@@ -1,6 +1,6 @@
 """Async calls through NVIDIA's libcudart: what each costs the application, the client and the server.
 
-    python bench/async_calls.py [--out bench/results/async-calls.json] [--calls N] [--repeats R]
+    python bench/async_calls.py [--out bench/results/async-calls.json] [--calls N] [--repeats R] [--backend cuda]
 
 A C program (`bench/async_calls.c`, compiled here) makes N `cudaMemsetAsync` calls of 256 bytes through
 the libcudart 13 of the test extra, under the shim, then one `cudaStreamSynchronize`; against a sim
@@ -10,6 +10,7 @@ the libcudart 13 of the test extra, under the shim, then one `cudaStreamSynchron
   no lane   XPU_LANE=0: each call enters the client core's Python (the path before the lane)
   raw       the baseline: the same records, already encoded, sent by bare pyzmq to a ROUTER that only
             receives them (what the transport alone costs per call; no client, no server work)
+  native    with `--backend cuda` (a machine with a GPU): the program on the real driver, no xpuremote
 
 Figures per call: the application thread's CPU (libcudart and the shim's entry), the whole client process's
 CPU (the core's threads too), the server worker's CPU (from /proc, around the calls only), and calls/s from
@@ -63,28 +64,35 @@ def compile_program(tmp: Path) -> Path:
     return exe
 
 
-def shim_run(exe: Path, cudart: str, calls: int, shim: Path, address: str, daemon: int, lane: bool) -> dict[str, float]:
-    env = {**clean_env(), "LD_PRELOAD": str(shim), "LD_LIBRARY_PATH": str(shim.parent), "XPU_SERVER": address,
-           "XPU_LANE": "1" if lane else "0"}
+def shim_run(exe: Path, cudart: str, calls: int, shim: Path | None, address: str, daemon: int | None,
+             lane: bool = True) -> dict[str, float]:
+    """One run of the program: through the shim, or natively (`shim` None: the real driver, no server)."""
+    env = clean_env()
+    if shim is not None:
+        env.update({"LD_PRELOAD": str(shim), "LD_LIBRARY_PATH": str(shim.parent), "XPU_SERVER": address,
+                    "XPU_LANE": "1" if lane else "0"})
     proc = subprocess.Popen([str(exe), cudart, str(calls)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env=env)
     try:
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the program did not start (exit {proc.wait()})")
-        worker = worker_of(daemon)
-        before = cpu_seconds(worker)
+        worker = worker_of(daemon) if daemon is not None else None
+        before = cpu_seconds(worker) if worker is not None else 0.0
         proc.stdin.write("go\n")
         proc.stdin.flush()
         issue, total, app, process = map(float, proc.stdout.readline().split())
-        server = cpu_seconds(worker) - before
+        server = cpu_seconds(worker) - before if worker is not None else None
         proc.stdin.write("end\n")
         proc.stdin.flush()
         proc.wait(60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    return {"calls_per_s": calls / total, "issue_ns": issue / calls * 1e9, "app_ns": app / calls * 1e9,
-            "client_ns": process / calls * 1e9, "server_ns": server / calls * 1e9}
+    figures = {"calls_per_s": calls / total, "issue_ns": issue / calls * 1e9, "app_ns": app / calls * 1e9,
+               "client_ns": process / calls * 1e9}
+    if server is not None:
+        figures["server_ns"] = server / calls * 1e9
+    return figures
 
 
 def raw_run(calls: int) -> dict[str, float]:
@@ -118,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write JSON here and Markdown beside it")
+    parser.add_argument("--backend", choices=["sim", "cuda"], default="sim",
+                        help="the xpu-server's; cuda also runs the program natively (default sim)")
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(HERE.parent / "tests"))
@@ -130,19 +140,23 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("the CUDA 13 runtime wheel is not installed (pip install -e '.[test]')")
     shim = ensure_shim()
     samples: dict[str, list[dict[str, float]]] = {"lane": [], "no lane": [], "raw": []}
+    if args.backend == "cuda":
+        samples["native"] = []
     with tempfile.TemporaryDirectory() as tmp:
         exe = compile_program(Path(tmp))
-        server, address = start_server(Path(tmp) / "server.log", "sim")
+        server, address = start_server(Path(tmp) / "server.log", args.backend)
         try:
             for _ in range(args.repeats):
                 samples["lane"].append(shim_run(exe, cudart, args.calls, shim, address, server.pid, True))
                 samples["no lane"].append(shim_run(exe, cudart, args.calls // 4, shim, address, server.pid, False))
                 samples["raw"].append(raw_run(args.calls))
+                if "native" in samples:
+                    samples["native"].append(shim_run(exe, cudart, args.calls, None, "", None))
         finally:
             stop(server)
     rows = {way: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for way, runs in samples.items()}
     result = {"calls": args.calls, "repeats": args.repeats, "rows": rows, "load": os.getloadavg(),
-              "python": sys.version.split()[0]}
+              "python": sys.version.split()[0], "backend": args.backend}
     table = markdown(result)
     print(table)
     if args.out:
@@ -153,9 +167,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(result: dict[str, Any]) -> str:
     head = ("# Async calls through libcudart: application, client and server CPU per call\n\n"
-            "`python bench/async_calls.py --out bench/results/async-calls.json`\n\n"
+            f"`python bench/async_calls.py{' --backend cuda' if result.get('backend') == 'cuda' else ''} "
+            "--out bench/results/async-calls.json`\n\n"
             f"Python {result['python']}, cudaMemsetAsync of 256 B x {result['calls']:,} (no lane: a quarter as many), "
-            f"sim server on loopback, medians of {result['repeats']} interleaved runs; load average after "
+            f"{result.get('backend', 'sim')} server on loopback, medians of {result['repeats']} interleaved runs; "
+            "load average after "
             f"{[round(x, 2) for x in result['load']]}.\n\n"
             "| way | calls/s | app thread ns/call | client process ns/call | server worker ns/call |\n"
             "|---|---:|---:|---:|---:|\n")
