@@ -94,6 +94,7 @@ class Connection:
         self.zmq_sent = 0  # messages sent on ZeroMQ: one sent on the data connection is served after them
         self.last_ctx: int | None = None
         self.later: dict[int, Callable[[int, list[Any]], None]] = {}  # seq -> writer of a late answer
+        self.early: dict[str, Any] | None = None  # an answer read on ZeroMQ before its call looked there
         self.late_errors: list[list[Any]] = []
         self.dead: str | None = None
         self.batch_window_s = batch_window_us / 1e6
@@ -446,6 +447,9 @@ class Connection:
                 self._die(f"lost the connection to the server at {self.address}")
 
     def _receive(self, seq: int | None, timeout_s: float | None = None) -> dict[str, Any]:
+        early, self.early = self.early, None
+        if early is not None and (seq is None or early.get("seq") in (seq, None)):
+            return early
         deadline = time.monotonic() + timeout_s if timeout_s else None
         while True:
             # blocking in recv costs fewer system calls than polling the socket and the monitor;
@@ -494,8 +498,8 @@ class Connection:
             self._die(f"the server at {self.address} ended this session: {answer.get('error')}")
         if answer.get("seq") in self.later:
             self._answer_later(answer)
-        else:
-            log.warning("dropped an answer nobody waits for (seq %s)", answer.get("seq"))
+        else:  # the answer to the call in flight, sent here because the stream failed: _receive takes it
+            self.early = answer
 
     def _recv(self) -> dict[str, Any]:
         if self.downlink:

@@ -855,8 +855,7 @@ def _answer_on_stream(sock: zmq.Socket, session: Session, answer: dict[str, Any]
             log.warning("session %s: %s", session.name, exc)
     if session.outgoing:
         session.outgoing.clear()
-        answer = {"op": "reply", "status": errors.UNKNOWN, "seq": answer.get("seq"),
-                  "error": "the copy's bytes were lost with the data connection"}
+        answer = _failure(answer, "the copy's bytes were lost with the data connection")
     if session.peer is not None:
         _answer(sock, session.peer, session, answer)
 
@@ -867,7 +866,12 @@ def _encoded(session: Session, answer: dict[str, Any]) -> list[Any]:
     except TypeError as exc:  # an output no msgpack can carry: a backend bug, reported as such
         log.error("cannot encode reply: %s", exc)
         session.outgoing.clear()
-        return wire.encode({"op": "reply", "status": errors.UNKNOWN, "seq": answer.get("seq"), "error": str(exc)})
+        return wire.encode(_failure(answer, str(exc)))
+
+
+def _failure(answer: dict[str, Any], error: str) -> dict[str, Any]:
+    """An UNKNOWN error in place of `answer`, for the same message (its seq, if it has one)."""
+    return {"op": "reply", "status": errors.UNKNOWN, "error": error, **{k: answer[k] for k in ("seq",) if k in answer}}
 
 
 def _settle(session: Session, message: Message, answer: dict[str, Any]) -> dict[str, Any]:
