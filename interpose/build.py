@@ -27,8 +27,8 @@ from pathlib import Path
 from xpuremote.protocol import errors, mathlibs
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("shim.c", "entry_points.c", "front.h", "lane.h", "core.c", "first_call.h", "nvml.c", "mathlib.c",
-           *(f"{lib.name}_entry_points.c" for lib in mathlibs.LIBRARIES))
+SOURCES = ("shim.c", "entry_points.c", "front.h", "lane.h", "answers.h", "core.c", "first_call.h", "nvml.c",
+           "mathlib.c", *(f"{lib.name}_entry_points.c" for lib in mathlibs.LIBRARIES))
 NAME = "libcuda.so.1"
 CORE_NAME = "libxpuremote-core.so"
 NVML_NAME = "libnvidia-ml.so.1"
@@ -39,7 +39,9 @@ extern "Python" int xpu_dispatch(int op, uint64_t *slots);
 int xpu_symbol_count(void);
 void xpu_set_finalized(void);
 void xpu_thread_init(void);
-void xpu_remember_ctx_device(uint64_t ctx, int device);
+void xpu_known_set(const uint64_t *ctx, const int *device, int contexts, const unsigned *flags, const int *active,
+                   int devices);
+void xpu_mark_ask(int op, int kind);
 void xpu_mark_release(int op);
 void xpu_set_python_ready(void);
 int xpu_requested_version(void);

@@ -55,7 +55,11 @@ static void xpu_ctx_set_current(uint64_t ctx) { front->ctx_set_current(ctx); }
 static int xpu_ctx_push(uint64_t ctx) { return front->ctx_push(ctx); }
 static uint64_t xpu_ctx_pop(void) { return front->ctx_pop(); }
 static void xpu_cls_release(uint64_t ctx) { front->cls_release(ctx); }
-static void xpu_remember_ctx_device(uint64_t ctx, int device) { front->remember_ctx_device(ctx, device); }
+static void xpu_known_set(const uint64_t *ctx, const int *device, int contexts, const unsigned *flags,
+                          const int *active, int devices) {
+    front->known_set(ctx, device, contexts, flags, active, devices);
+}
+static void xpu_mark_ask(int op, int kind) { front->mark_ask(op, kind); }
 static void xpu_mark_release(int op) { front->mark_release(op); }
 static void xpu_set_finalized(void) { front->set_finalized(); }
 static void xpu_thread_init(void) { front->thread_init(); }

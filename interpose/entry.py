@@ -105,6 +105,24 @@ def unknown_table(ffi: Any, slots: Any) -> int:
     return errors.INVALID_VALUE
 
 
+# The questions answered in C (answers.h), by symbol: XPU_ASK_CURRENT, _DEVICE, _DEVICE_OF, _PRIMARY_STATE.
+ASKED = {"cuCtxGetCurrent": 1, "cuCtxGetDevice": 2, "cuCtxGetDevice_v2": 3, "cuDevicePrimaryCtxGetState": 4}
+# Calls after which the C side's table of contexts and primary contexts is set again.
+CONTEXT_FAMILIES = frozenset({
+    "cuInit", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",
+    "cuDevicePrimaryCtxSetFlags", "cuCtxCreate", "cuCtxDestroy", "cuCtxSetFlags", "cuGreenCtxCreate",
+    "cuGreenCtxDestroy"})
+
+
+def publish_contexts(ffi: Any, lib: Any, d: driver.Driver) -> None:
+    """The C side's table (answers.h): each context's device, each device's primary context state."""
+    contexts = list(d.ctxs.items())
+    lib.xpu_known_set(ffi.new("uint64_t[]", [h for h, _ in contexts] or [0]),
+                      ffi.new("int[]", [c.device for _, c in contexts] or [0]), len(contexts),
+                      ffi.new("unsigned[]", [p.flags for p in d.primaries] or [0]),
+                      ffi.new("int[]", [int(p.retains > 0) for p in d.primaries] or [0]), len(d.primaries))
+
+
 def setup_logging() -> None:
     level = logs.level("WARNING")
     logger = logging.getLogger("xpuremote")
@@ -126,13 +144,17 @@ def install(ffi: Any, lib: Any) -> None:
     d.contexts = ShimContexts(lib)
     d.lane = Lane(ffi, lib)
     d.state["requested_version"] = lib.xpu_requested_version
-    for op, symbol in enumerate(SYMBOLS):  # what the C side answers with success after the session
-        if CALLS[symbol].releases:
+    publishing = set()  # the ops after which the C side's table of contexts is set again
+    for op, symbol in enumerate(SYMBOLS):
+        if CALLS[symbol].releases:  # what the C side answers with success after the session
             lib.xpu_mark_release(op)
+        if symbol in ASKED:
+            lib.xpu_mark_ask(op, ASKED[symbol])
+        if CALLS[symbol].family in CONTEXT_FAMILIES:
+            publishing.add(op)
 
     def exiting(ffi: Any, slots: Any) -> int:  # C's exit(): the core's interpreter never finalizes
-        for handle, ctx in d.ctxs.items():  # what the C side answers a teardown's cuCtxGetDevice with
-            lib.xpu_remember_ctx_device(handle, ctx.device)
+        publish_contexts(ffi, lib, d)  # what the C side answers a teardown's cuCtxGetDevice with
         lib.xpu_set_finalized()
         if d.conn is not None:
             d.conn.close()
@@ -144,7 +166,10 @@ def install(ffi: Any, lib: Any) -> None:
     @ffi.def_extern(error=errors.UNKNOWN)
     def xpu_dispatch(op: int, slots: Any) -> int:
         if op < count:
-            return table[op](slots)
+            status = table[op](slots)
+            if op in publishing:
+                publish_contexts(ffi, lib, d)
+            return status
         if op < count + len(internal):
             return internal[op - count](ffi, slots)
         op -= count

@@ -6,7 +6,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#define XPU_FRONT_VERSION 2
+#define XPU_FRONT_VERSION 3
 #define XPU_LANE_BYTES (48 << 10)  /* the fast lane's buffer (lane.h): full, it declines and the core sends it */
 
 typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
@@ -20,7 +20,10 @@ struct xpu_front {
     int (*ctx_push)(uint64_t ctx);
     uint64_t (*ctx_pop)(void);
     void (*cls_release)(uint64_t ctx);
-    void (*remember_ctx_device)(uint64_t ctx, int device);
+    /* the questions answered in C (answers.h) */
+    void (*known_set)(const uint64_t *ctx, const int *device, int contexts, const unsigned *flags, const int *active,
+                      int devices);
+    void (*mark_ask)(int op, int kind);
     void (*mark_release)(int op);
     void (*set_finalized)(void);
     void (*set_python_ready)(void);

@@ -121,13 +121,15 @@ static int xpu_start(int op, uint64_t *slots) {
 
 static int xpu_after_session(int op, uint64_t *slots);
 static int xpu_lane_try(int op, const uint64_t *slots);
+static int xpu_answer_try(int op, uint64_t *slots);
 
 static int xpu_enter(int op, uint64_t *slots) {
     if (xpu_forked && xpu_refuse_forked()) return CUDA_ERROR_NOT_INITIALIZED;
     if (xpu_finalized) return xpu_after_session(op, slots);
     if (!xpu_python_ready) return xpu_start(op, slots);
     if (!xpu_lane_try(op, slots)) return CUDA_SUCCESS;  /* queued in C (lane.h) */
-    return xpu_core_dispatch(op, slots);
+    int rc = xpu_answer_try(op, slots);  /* answered in C (answers.h) */
+    return rc >= 0 ? rc : xpu_core_dispatch(op, slots);
 }
 
 static int xpu_internal(int op, uint64_t *slots) { return xpu_enter(xpu_symbol_count + op, slots); }
@@ -186,24 +188,23 @@ static int xpu_ctx_push(uint64_t ctx) {
 }
 static uint64_t xpu_ctx_pop(void) { return ctx_depth ? ctx_stack[--ctx_depth] : 0; }
 
+#define XPU_MAX_OPS 4096 /* more than the driver's symbols */
+
+/* ---- the fast lane, and the questions answered in C ---------------------------------- */
+#include "lane.h"
+#include "answers.h"
+
+static int xpu_lane_try(int op, const uint64_t *slots) {
+    return op < XPU_MAX_OPS && xpu_lane_ops[op].kind ? xpu_lane_put(op, slots) : -1;
+}
+
 /* ---- after the session -----------------------------------------------------------
  * The session ends at the application's exit (Python's atexit, or C's exit()), and the server
  * then releases everything it held. A program may still be tearing down: PyTorch frees tensors
  * while Python unloads its modules, and under cudaMallocAsync each free is a driver call. Those
  * calls get the truth: a release succeeds (there is nothing left to release), no primary context
  * is active, the context stack is this side's own, and a context's device is what the client told
- * this side at exit. Every other call answers CUDA_ERROR_DEINITIALIZED. */
-#define XPU_EXIT_CONTEXTS 256
-#define XPU_MAX_OPS 4096 /* more than the driver's symbols */
-static uint64_t xpu_exit_ctx[XPU_EXIT_CONTEXTS];
-static int xpu_exit_device[XPU_EXIT_CONTEXTS], xpu_exit_contexts;
-
-static void xpu_remember_ctx_device(uint64_t ctx, int device) {
-    if (xpu_exit_contexts < XPU_EXIT_CONTEXTS) {
-        xpu_exit_ctx[xpu_exit_contexts] = ctx;
-        xpu_exit_device[xpu_exit_contexts++] = device;
-    }
-}
+ * this side at exit (answers.h's table). Every other call answers CUDA_ERROR_DEINITIALIZED. */
 
 /* `name` is `family` or a version/per-thread variant of it (cuMemFreeAsync_ptsz, cuCtxDestroy_v2). */
 static int xpu_family_is(const char *name, const char *family) {
@@ -240,24 +241,14 @@ static int xpu_after_session(int op, uint64_t *slots) {
         *flags = 0;
         *active = 0;
     } else if (xpu_family_is(name, "cuCtxGetDevice")) {  /* _v2 names the context; 0 is the current one */
-        uint64_t ctx = strcmp(name, "cuCtxGetDevice") && slots[1] ? slots[1] : xpu_ctx_current();
-        int i = 0;
-        while (i < xpu_exit_contexts && xpu_exit_ctx[i] != ctx) i++;
         if (!out) return CUDA_ERROR_INVALID_VALUE;
-        if (i == xpu_exit_contexts) return CUDA_ERROR_INVALID_CONTEXT;
-        *(int *)out = xpu_exit_device[i];
+        if (xpu_answer_device(slots, strcmp(name, "cuCtxGetDevice") != 0)) return CUDA_ERROR_INVALID_CONTEXT;
     } else {
         return CUDA_ERROR_DEINITIALIZED;
     }
     return CUDA_SUCCESS;
 }
 
-/* ---- the fast lane --------------------------------------------------------------- */
-#include "lane.h"
-
-static int xpu_lane_try(int op, const uint64_t *slots) {
-    return op < XPU_MAX_OPS && xpu_lane_ops[op].kind ? xpu_lane_put(op, slots) : -1;
-}
 
 /* ---- cuGetProcAddress ------------------------------------------------------------- */
 static int variant_cmp(const void *key, const void *elem) {
@@ -497,7 +488,7 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid) {
 static struct xpu_front xpu_front_table = {
     .version = XPU_FRONT_VERSION, .requested_version = xpu_requested_version,
     .ctx_current = xpu_ctx_current, .ctx_set_current = xpu_ctx_set_current, .ctx_push = xpu_ctx_push,
-    .ctx_pop = xpu_ctx_pop, .cls_release = xpu_cls_release, .remember_ctx_device = xpu_remember_ctx_device,
+    .ctx_pop = xpu_ctx_pop, .cls_release = xpu_cls_release, .known_set = xpu_known_set, .mark_ask = xpu_mark_ask,
     .mark_release = xpu_mark_release, .set_finalized = xpu_set_finalized,
     .set_python_ready = xpu_set_python_ready, .thread_init = xpu_libc_thread_init,
     .key_create = pthread_key_create, .key_delete = pthread_key_delete, .getspecific = pthread_getspecific,

@@ -82,3 +82,67 @@ def test_the_server_runs_lane_records_and_refuses_bad_ones(server: Server) -> No
         assert client.read(base, 2) == b"\xaa\xaa"
     finally:
         client.close()
+
+
+# Context questions asked after each step of a context's life: answered in C (interpose/answers.h) while the
+# lane is open, by the client with XPU_LANE=0; the two runs must print the same.
+CONTEXT_QUESTIONS = r"""
+import ctypes, sys
+cu = ctypes.CDLL("libcuda.so.1")
+c_int, c_uint, c_void_p, byref = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p, ctypes.byref
+
+def ask(step):
+    cur, dev, flags, active = c_void_p(), c_int(-1), c_uint(), c_int()
+    answers = [cu.cuCtxGetCurrent(byref(cur)), cu.cuCtxGetDevice(byref(dev)), dev.value]
+    dev.value = -1
+    answers += [cu.cuCtxGetDevice_v2(byref(dev), c_void_p(0)), dev.value]
+    for d in (0, 1, 2):
+        flags.value, active.value = 99, 99
+        answers += [cu.cuDevicePrimaryCtxGetState(d, byref(flags), byref(active)), flags.value, active.value]
+    answers += [cu.cuCtxGetDevice(None), cu.cuDevicePrimaryCtxGetState(0, None, byref(active))]
+    print(step, cur.value is not None, answers, flush=True)
+
+def check(rc, what):
+    if rc:
+        sys.exit(f"{what} failed: {rc}")
+
+ask("before cuInit")
+check(cu.cuInit(0), "cuInit")
+ask("after cuInit")
+primary, ctx, popped = c_void_p(), c_void_p(), c_void_p()
+check(cu.cuDevicePrimaryCtxSetFlags(1, 4), "cuDevicePrimaryCtxSetFlags")
+check(cu.cuDevicePrimaryCtxRetain(byref(primary), 1), "cuDevicePrimaryCtxRetain")
+ask("primary 1 retained, not current")
+check(cu.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+ask("primary 1 current")
+check(cu.cuCtxCreate_v2(byref(ctx), 0, 0), "cuCtxCreate")
+ask("a context of device 0 pushed")
+dev = c_int(-1)
+print("of the primary", cu.cuCtxGetDevice_v2(byref(dev), primary), dev.value, flush=True)
+check(cu.cuCtxPopCurrent_v2(byref(popped)), "cuCtxPopCurrent")
+ask("popped")
+check(cu.cuCtxDestroy_v2(ctx), "cuCtxDestroy")
+print("of the destroyed", cu.cuCtxGetDevice_v2(byref(dev), ctx), flush=True)
+check(cu.cuCtxSetFlags(8), "cuCtxSetFlags")
+ask("primary 1 flags set through its context")
+check(cu.cuDevicePrimaryCtxRelease_v2(1), "cuDevicePrimaryCtxRelease")
+ask("primary 1 released")
+check(cu.cuDevicePrimaryCtxRetain(byref(primary), 0), "cuDevicePrimaryCtxRetain")
+check(cu.cuDevicePrimaryCtxReset_v2(0), "cuDevicePrimaryCtxReset")
+ask("primary 0 reset")
+check(cu.cuCtxSetCurrent(None), "cuCtxSetCurrent")
+ask("none current")
+"""
+
+
+def test_context_questions_answered_in_c_match_the_clients_answers(two_devices: Server, shim: Path) -> None:
+    runs = {}
+    for lane in ("1", "0"):
+        proc = subprocess.run([sys.executable, "-c", CONTEXT_QUESTIONS], capture_output=True, text=True, timeout=120,
+                              env=shim_env(shim, two_devices.address, XPU_LANE=lane))
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+        runs[lane] = proc.stdout
+    assert runs["1"] == runs["0"], (runs["1"], runs["0"])
+    lines = runs["1"].splitlines()
+    assert len(lines) == 12 and "of the primary 0 1" in runs["1"], runs["1"]
+    assert lines[3].startswith("primary 1 current True [0, 0, 1, 0, 1, 0, 0, 0, 0, 4, 1, 101"), lines[3]
