@@ -1,9 +1,10 @@
 /* What a driver call costs the application's thread on each path the client could take
  * (issue: a client that never needs the application's GIL). Driven by bench/client_paths.py.
  *
- *   client_paths shim N         through the shim as built today: cuCtxGetDevice (answered in
- *                               the client core's Python), cuMemsetD8Async (queued in Python), and
- *                               cuGetProcAddress (answered in C) for the floor of an entry point
+ *   client_paths shim N         through the shim as built today: cuCtxGetFlags (answered in the
+ *                               client core's Python), cuMemsetD8Async (queued in C, the lane),
+ *                               cuGetProcAddress (answered in C) for the floor of an entry point,
+ *                               and cuCtxGetDevice (answered in C from the core's table, answers.h)
  *   client_paths futex N        a round trip to another process over shared memory and futexes,
  *                               the peer in C: the floor of any out-of-process client
  *   client_paths peer N CMD...  the same round trip with CMD as the peer (a Python helper), the
@@ -16,6 +17,7 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,6 +161,7 @@ static int run_ring(long n, char **cmd) {
 }
 
 typedef int (*fn_ctx_get_device)(int *);
+typedef int (*fn_ctx_get_flags)(unsigned *);
 typedef int (*fn_memset_async)(uint64_t, unsigned char, size_t, void *);
 typedef int (*fn_proc_address)(const char *, void **, int, uint64_t, int *);
 
@@ -172,6 +175,8 @@ static int run_shim(long n) {
     int (*alloc)(uint64_t *, size_t) = dlsym(cuda, "cuMemAlloc_v2");
     int (*sync)(void) = dlsym(cuda, "cuCtxSynchronize");
     fn_ctx_get_device get_device = (fn_ctx_get_device)dlsym(cuda, "cuCtxGetDevice");
+    fn_ctx_get_flags get_flags = (fn_ctx_get_flags)dlsym(cuda, "cuCtxGetFlags");
+    unsigned flags;
     fn_memset_async memset_async = (fn_memset_async)dlsym(cuda, "cuMemsetD8Async");
     fn_proc_address proc_address = (fn_proc_address)dlsym(cuda, "cuGetProcAddress_v2");
     int dev;
@@ -184,13 +189,16 @@ static int run_shim(long n) {
     double t0 = now_ns();
     for (long i = 0; i < n; i++) proc_address("cuMemsetD8Async", &pfn, 12000, 0, NULL);
     double t1 = now_ns();
-    for (long i = 0; i < n; i++) get_device(&dev);
+    for (long i = 0; i < n; i++) get_flags(&flags);
     double t2 = now_ns();
     for (long i = 0; i < n; i++) memset_async(ptr, 1, 256, NULL);
     double t3 = now_ns();
     sync();
     double t4 = now_ns();
-    printf("shim %.0f %.0f %.0f %.0f\n", (t1 - t0) / n, (t2 - t1) / n, (t3 - t2) / n, n / ((t4 - t2) / 1e9));
+    for (long i = 0; i < n; i++) get_device(&dev);
+    double t5 = now_ns();
+    printf("shim %.0f %.0f %.0f %.0f %.0f\n", (t1 - t0) / n, (t2 - t1) / n, (t3 - t2) / n, n / ((t4 - t2) / 1e9),
+           (t5 - t4) / n);
     return 0;
 }
 

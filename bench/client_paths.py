@@ -9,8 +9,9 @@ asynchronous calls into a shared ring that Python drains. This compares, in one 
 program (`bench/client_paths.c`, compiled here with the system's C compiler):
 
   shim C entry        cuGetProcAddress through the shim: answered in C, the floor of an entry point
-  shim Python local   cuCtxGetDevice through the shim: the call into the client core's Python
-  shim async          cuMemsetD8Async through the shim: queued by the client core
+  shim Python local   cuCtxGetFlags through the shim: the call into the client core's Python
+  shim async          cuMemsetD8Async through the shim: queued in C (the fast lane)
+  shim C answer       cuCtxGetDevice through the shim: answered in C from the core's table (answers.h)
   futex, C peer       a round trip to another process (shared page, futexes): the floor of a helper
   futex, Python peer  the same with a Python helper (ctypes futex calls): what a Python helper adds
   ring, Python peer   a 64-byte record enqueued in C, drained by Python: a C-encoded async call
@@ -115,9 +116,9 @@ def shim_env(tmp: Path) -> tuple[dict[str, str], subprocess.Popen]:
     from xpuremote.interpose.run import child_env
 
     sys.path.insert(0, str(HERE))
-    from foundation import start_sim_server
+    from foundation import start_server
 
-    server, address = start_sim_server(tmp / "server.log")
+    server, address = start_server(tmp / "server.log", "sim")
     env = child_env(str(ensure_shim().parent), address)
     for name in ("XPU_CLIENT_KEY", "XPU_SERVER_KEY", "XPU_TRACE"):
         env.pop(name, None)
@@ -126,9 +127,10 @@ def shim_env(tmp: Path) -> tuple[dict[str, str], subprocess.Popen]:
 
 ROWS = (  # (figure, mode, peer, index of the figure in the probe's output, unit)
     ("shim C entry (cuGetProcAddress)", "shim", None, 0, "ns/call"),
-    ("shim Python local (cuCtxGetDevice)", "shim", None, 1, "ns/call"),
+    ("shim Python local (cuCtxGetFlags)", "shim", None, 1, "ns/call"),
     ("shim async (cuMemsetD8Async), caller", "shim", None, 2, "ns/call"),
     ("shim async (cuMemsetD8Async), through the sync", "shim", None, 3, "calls/s"),
+    ("shim C answer (cuCtxGetDevice)", "shim", None, 4, "ns/call"),
     ("round trip, C peer", "futex", None, 0, "ns/call"),
     ("round trip, Python peer", "peer", "futex", 0, "ns/call"),
     ("ring enqueue, caller", "ring", "ring", 0, "ns/call"),
