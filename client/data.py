@@ -6,9 +6,9 @@ Opened after `init` when the worker offers it (a plain-TCP session) and nothing 
 messages: not with CURVE, an emulated link or a trace (they account for what messages carry), nor with
 XPU_DATA_CONNECTION=0. A connection that fails later is closed; the session goes on without it.
 
-A synchronous call's message goes there too, and its answer comes back there, when no answer is due on
-ZeroMQ first: a round trip on a plain stream skips ZeroMQ's I/O threads, a thread wake-up each way on
-each end.
+A call the application waits for goes there too, as a message, and its answer comes back there: a round
+trip on a plain stream skips ZeroMQ's I/O threads, a thread wake-up each way on each end
+(client/connection.py).
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ class DataConnection:
         self.messages += 1
         count, size = wire.STREAM_HEAD.unpack(self.head)
         if max_bytes and size > max_bytes + wire.HEADER_ALLOWANCE:
-            self.skip(size)
+            self.skip(size, copy=False)
             return [], f"request of {size} bytes is over the server's limit of {max_bytes} bytes"
         try:
             body = memoryview(bytearray(size))
@@ -132,12 +132,13 @@ class DataConnection:
         except OSError as exc:
             self.fail(f"reading: {exc}")
 
-    def skip(self, size: int) -> None:
-        """Read and drop `size` bytes: an input the call never took (it failed first)."""
+    def skip(self, size: int, copy: bool = True) -> None:
+        """Read and drop `size` bytes: an input the call never took (it failed first), or (`copy` false) a
+        message refused unread."""
         scratch = memoryview(bytearray(min(size, SKIP_CHUNK)))
         while size > 0:
             chunk = min(size, len(scratch))
-            self.read_into(scratch[:chunk])
+            (self.read_into if copy else self._read)(scratch[:chunk])
             size -= chunk
 
     def send(self, data: Any) -> None:
