@@ -91,7 +91,7 @@ class Connection:
         self.lane_seen = 0  # the lane's count of records when they were last taken
         self.batch_nap = self.batch_deadline = 0.0  # the flusher's next wait, and its last chance to wait
         self.seq = 0
-        self.zmq_sent = 0  # messages sent on ZeroMQ: one sent on the data connection is served after them
+        self.zmq_seq = 0  # the last batch sent on ZeroMQ: one sent on the data connection is served after it
         self.last_ctx: int | None = None
         self.later: dict[int, Callable[[int, list[Any]], None]] = {}  # seq -> writer of a late answer
         self.early: dict[str, Any] | None = None  # an answer read on ZeroMQ before its call looked there
@@ -268,7 +268,6 @@ class Connection:
         with self.lock:
             self._check()
             self.sock.send_multipart(wire.encode(self._stamped(header)))
-            self.zmq_sent += 1
             answer = self._receive(None, timeout_s)
         if answer.get("status"):
             raise CudaError(answer["status"], answer.get("error", ""))
@@ -390,7 +389,7 @@ class Connection:
         self.seq += 1
         header = {"op": "calls", "seq": self.seq, "calls": self.pending, "reply": reply}
         if stream:
-            header["after"] = self.zmq_sent
+            header["after"] = self.zmq_seq
         calls, self.pending, self.pending_bytes = self.pending_calls, [], 0
         self.pending_calls, self.batch_open = 0, False
         try:
@@ -410,7 +409,7 @@ class Connection:
             for frame in frames[:-1]:  # send_multipart(copy=False) without its per-frame checks
                 self.sock.send(frame, zmq.SNDMORE, copy=False)
             self.sock.send(frames[-1], copy=False)
-            self.zmq_sent += 1
+            self.zmq_seq = self.seq
         except zmq.ZMQError as exc:
             self._die(f"cannot send to the server at {self.address}: {exc}")
         return self.seq

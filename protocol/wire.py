@@ -35,7 +35,8 @@ With a data connection, the client sends every batch it waits for there, and its
 ZeroMQ's I/O threads cost a synchronous call a thread wake-up each way on each end. Batches nobody waits
 for, answers due later and the other ops stay on ZeroMQ.
 On the stream a message is STREAM_HEAD (frame count, bytes after the head), each frame's length (u64),
-then the frames. Its header says `after`: the last batch sent on ZeroMQ, which the worker serves first.
+then the frames. Its header says `after`: the seq of the last batch sent on ZeroMQ (0: none), which the
+worker serves first.
 With an emulated link, every message carries `sent` (its send time, CLOCK_MONOTONIC ns).
 Every answer carries `op: "reply"`; a request the server cannot serve is answered with
 `status` set and `error` saying why.

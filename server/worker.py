@@ -81,7 +81,8 @@ class Session:
         self.runners: dict[int, tuple[Call, Callable[[list[Any]], Any]]] = {}  # lane calls by opcode, compiled
         self.compiled: dict[int, Callable[[list[Any]], list[Any]]] = {}  # any call by opcode, as a batch runs it
         self.seq = 0  # the message being served
-        self.received = 0  # messages that came on ZeroMQ from the client's main connection (its `after` counts them)
+        self.zmq_seqs: set[int] = set()  # batches that came on ZeroMQ, after `stream_after`
+        self.stream_after = 0  # the batch the last message on the data connection came after
         self.stream_pending = False  # a message from the data connection not yet served: nothing more is read there
         self.peer: Any = None  # the client's socket identity: where a last word goes at shutdown
         self.peers: set[int] = set()  # connections (fds) that have sent messages with the key: the client's own
@@ -669,7 +670,8 @@ def _poll(poller: zmq.Poller, stream: socket.socket | None, wait_ms: int) -> dic
 
 def _handle_stream(sock: zmq.Socket, session: Session) -> bool:
     """Take a message from the data connection: a reply batch the client sent there to be answered there,
-    served after the messages it sent on ZeroMQ before it (`after` counts them)."""
+    served after the batches it sent on ZeroMQ before it (`after`: the seq of the last of them, 0 for none;
+    they came in order, so once that one has come, all have)."""
     try:
         frames, too_big = session.data.read_message(session.limits.max_request_bytes)
     except DataError as exc:  # the client sees the stream end and looks for the answer on ZeroMQ
@@ -683,15 +685,18 @@ def _handle_stream(sock: zmq.Socket, session: Session) -> bool:
         message.error = wire.WireError("only a batch to be answered may come on the data connection")
     after = header.get("after")
     deadline = time.monotonic() + DATA_TIMEOUT_S
-    while isinstance(after, int) and session.received < after:
+    while isinstance(after, int) and after > session.stream_after and after not in session.zmq_seqs:
         if time.monotonic() > deadline:
-            message.error = wire.WireError(f"it comes after {after} messages on ZeroMQ; {session.received} came")
+            message.error = wire.WireError(f"it comes after batch {after} on ZeroMQ, which never came")
             break
         try:
             if not _handle(sock, session):
                 return False
         except zmq.Again:
             pass
+    if isinstance(after, int) and after > session.stream_after:  # what came before it is behind it now
+        session.stream_after = after
+        session.zmq_seqs = {seq for seq in session.zmq_seqs if seq > after}
     return _dispatch(sock, session, message)
 
 
@@ -711,8 +716,8 @@ def _handle(sock: zmq.Socket, session: Session) -> bool:
     message = Message(frames[0], frames[1:], too_big)  # bytes on the data connection follow only a message there
     if session.uplink and isinstance(message.header.get("sent"), int):
         session.uplink.hold(message.header["sent"], wire.size_of(message.frames))  # see protocol/link.py
-    if len(frames[0]) == wire.KEY_BYTES:  # not the host-function thread's connection
-        session.received += 1
+    if message.header.get("op") == "calls" and isinstance(message.header.get("seq"), int):
+        session.zmq_seqs.add(message.header["seq"])
     return _dispatch(sock, session, message)
 
 
@@ -763,10 +768,17 @@ class Message:
         began = time.monotonic_ns()
         try:
             if not too_big:  # not even decoded
-                self.header = wire.decode(frames, data and (lambda size, asked: data.value(size, asked, self.incoming)))
+                self.header = wire.decode(frames, self._on_stream if data is None else
+                                          lambda size, asked: data.value(size, asked, self.incoming))
         except wire.WireError as exc:
             self.error = exc
         self.decode_ns = time.monotonic_ns() - began  # part of the server's time on it
+
+    def _on_stream(self, size: int, asked: bool) -> None:
+        """A reference to the data connection in a message on ZeroMQ: refused, the rest still read (its seq
+        orders the data connection's messages)."""
+        self.error = self.error or wire.WireError("a reference to the data connection, which a message on "
+                                                  "ZeroMQ may not make")
 
 
 def _probe(header: dict[str, Any]) -> dict[str, Any]:

@@ -110,14 +110,13 @@ class RawSession:
         self.sock.setsockopt(zmq.ROUTING_ID, wire.routing_id(self.key))
         self.sock.connect(answer["worker"])
         self.host = answer["worker"].removeprefix("tcp://").rsplit(":", 1)[0]
-        self.zmq_sent = 0  # messages on ZeroMQ: a message on the data connection comes after them
+        self.zmq_seq = 0  # the last batch on ZeroMQ: a message on the data connection comes after it
         self.port = self.request({"op": "init", "link": NO_LINK.to_wire()})["data_port"]
         self.data: socket.socket | None = None
         self.seq = 0
 
     def request(self, header: dict) -> dict:
         self.sock.send_multipart(wire.encode(header))
-        self.zmq_sent += 1
         assert self.sock.poll(20_000), f"no answer to {header['op']}"
         return wire.decode(self.sock.recv_multipart(), lambda size, asked: wire.Data(size=size))
 
@@ -136,12 +135,12 @@ class RawSession:
             stream = self.data is not None and reply
         if not stream:
             self.sock.send_multipart(wire.encode(header))
-            self.zmq_sent += 1
+            self.zmq_seq = self.seq
             if not reply:
                 return {}
             assert self.sock.poll(20_000), "no answer"
             return wire.decode(self.sock.recv_multipart())
-        wire.send_buffers(self.data, wire.stream_buffers(wire.encode({**header, "after": self.zmq_sent})))
+        wire.send_buffers(self.data, wire.stream_buffers(wire.encode({**header, "after": self.zmq_seq})))
         if data:
             self.data.sendall(data)
         return self.answer_on_stream() if reply is not None else {}
@@ -272,7 +271,7 @@ def test_a_data_connection_that_ends_in_the_middle_of_a_copy_fails_only_that_cop
         raw: tuple[Server, RawSession]) -> None:
     srv, s = raw
     ptr = _open(s, 4 * MIB)
-    message = {"op": "calls", "seq": 9, "reply": True, "after": s.zmq_sent,
+    message = {"op": "calls", "seq": 9, "reply": True, "after": s.zmq_seq,
                "calls": [op("cuMemcpyHtoD_v2", ptr, wire.Data(size=4 * MIB), 4 * MIB)]}
     wire.send_buffers(s.data, wire.stream_buffers(wire.encode(message)))
     s.data.sendall(bytes(MIB))  # a quarter of the bytes, then the stream ends
@@ -343,7 +342,7 @@ def test_a_message_on_the_stream_over_the_request_limit_is_refused_and_dropped(t
     s = RawSession(srv.address)
     try:
         ptr = _open(s, 8)
-        big = wire.encode({"op": "calls", "seq": 99, "reply": True, "after": s.zmq_sent,
+        big = wire.encode({"op": "calls", "seq": 99, "reply": True, "after": s.zmq_seq,
                            "calls": [op("cuMemcpyHtoD_v2", ptr, wire.frame(bytes(2 * MIB)), 2 * MIB)]})
         wire.send_buffers(s.data, wire.stream_buffers(big))
         answer = s.answer_on_stream()
