@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from xpuremote.client import connection, driver, integrity, mathlibs, nvml, trace
@@ -114,6 +115,15 @@ CONTEXT_FAMILIES = frozenset({
     "cuGreenCtxDestroy"})
 
 
+def publishing(handle: Callable[[Any], int], ffi: Any, lib: Any, d: driver.Driver) -> Callable[[Any], int]:
+    """`handle`, then the C side's table set again: for the calls that make, end or change a context."""
+    def run(slots: Any) -> int:
+        status = handle(slots)
+        publish_contexts(ffi, lib, d)
+        return status
+    return run
+
+
 def publish_contexts(ffi: Any, lib: Any, d: driver.Driver) -> None:
     """The C side's table (answers.h): each context's device, each device's primary context state."""
     contexts = list(d.ctxs.items())
@@ -144,14 +154,13 @@ def install(ffi: Any, lib: Any) -> None:
     d.contexts = ShimContexts(lib)
     d.lane = Lane(ffi, lib)
     d.state["requested_version"] = lib.xpu_requested_version
-    publishing = set()  # the ops after which the C side's table of contexts is set again
     for op, symbol in enumerate(SYMBOLS):
         if CALLS[symbol].releases:  # what the C side answers with success after the session
             lib.xpu_mark_release(op)
         if symbol in ASKED:
             lib.xpu_mark_ask(op, ASKED[symbol])
-        if CALLS[symbol].family in CONTEXT_FAMILIES:
-            publishing.add(op)
+        if CALLS[symbol].family in CONTEXT_FAMILIES:  # wrapped here, so other calls pay nothing for it
+            table[op] = publishing(table[op], ffi, lib, d)
 
     def exiting(ffi: Any, slots: Any) -> int:  # C's exit(): the core's interpreter never finalizes
         publish_contexts(ffi, lib, d)  # what the C side answers a teardown's cuCtxGetDevice with
@@ -166,10 +175,7 @@ def install(ffi: Any, lib: Any) -> None:
     @ffi.def_extern(error=errors.UNKNOWN)
     def xpu_dispatch(op: int, slots: Any) -> int:
         if op < count:
-            status = table[op](slots)
-            if op in publishing:
-                publish_contexts(ffi, lib, d)
-            return status
+            return table[op](slots)
         if op < count + len(internal):
             return internal[op - count](ffi, slots)
         op -= count
