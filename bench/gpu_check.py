@@ -56,6 +56,7 @@ from typing import Any, TextIO
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("protocol", "client", "server", "interpose", "perfmodel", "pyproject.toml")
 WORK = ROOT / "build" / "gpu-check"
+FAILURE_HEAD = "===== failed: "  # how tests/conftest.py heads each failure in XPU_FAILURE_LOG
 # pip's names for the platforms of x86-64 Linux wheels, newest first (pip matches each exactly)
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)] + ["manylinux2014_x86_64",
                                                                                    "manylinux1_x86_64", "any"]
@@ -283,23 +284,37 @@ def _python_fallback(ctx: Context, facts: dict[str, Any]) -> str:
 
 # ---- stage 1: the test suite ----------------------------------------------------------------------
 def stage_suite(ctx: Context) -> dict[str, Any]:
-    torch_python = shutil.which(ctx.torch_python) or ctx.torch_python
-    env = {**ctx.env, "XPU_TEST_BACKEND": "cuda", "XPU_TORCH_PYTHON": torch_python}
+    env = {**ctx.env, "XPU_TEST_BACKEND": "cuda", "XPU_TORCH_PYTHON": ctx.torch_python}
     select = ["-m", "pytest", "-m", "not sim_only", "-p", "no:cacheprovider"]
     if not ctx.gpu:  # CI has just run the whole suite on the sim: check that the GPU's selection collects
         step = ctx.run("collect the GPU selection", [ctx.python, *select, "--collect-only", "-q"], 300, env)
         counts = _pytest_counts(step["output"])
         return {"ok": step["rc"] == 0 and counts.get("collected", 0) > 0, "counts": counts, "steps": [_brief(step)]}
-    junit = WORK / "suite.xml"
+    junit, failure_log = WORK / "suite.xml", WORK / "suite-failures.txt"
     junit.unlink(missing_ok=True)
+    failure_log.unlink(missing_ok=True)
+    env["XPU_FAILURE_LOG"] = str(failure_log)  # tests/conftest.py adds each failure there as it happens
     # one process: tests compare the GPU's device-wide free memory, which parallel workers would move;
     # -v names each test's outcome as it ends, so a run cut short at its limit still says what passed
     step = ctx.run("pytest", [ctx.python, *select, "-v", "-rfE", f"--junitxml={junit}"], ctx.suite_limit, env)
     verdicts = re.findall(_VERDICT, step["output"], re.M)
     counts = _pytest_counts(step["output"]) if step["rc"] is not None else _tally(verdicts)
-    failures = _junit_failures(junit) or [{"test": test, "message": "(cut short: see the log)"}
-                                          for test, verdict in verdicts if verdict in ("FAILED", "ERROR")]
+    failures = _junit_failures(junit) or _logged_failures(failure_log)
+    if failure_log.is_file():
+        ctx.log.write(f"\n===== each failure as it happened\n{failure_log.read_text(errors='replace')}")
     return {"ok": step["rc"] == 0, "counts": counts, "failures": failures, "steps": [_brief(step, 60)]}
+
+
+def _logged_failures(path: Path) -> list[dict[str, str]]:
+    """The failures of a run cut short, from XPU_FAILURE_LOG: each test's assertion lines ("E   ...")."""
+    if not path.is_file():
+        return []
+    failures = []
+    for entry in path.read_text(errors="replace").split(FAILURE_HEAD)[1:]:
+        head, _, body = entry.partition("\n")
+        said = [line[1:].strip() for line in body.splitlines() if line.startswith("E ")]
+        failures.append({"test": head, "message": ("\n".join(said) or body[-400:])[:1200]})
+    return failures
 
 
 _VERDICT = r"^(tests/\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)"
@@ -441,10 +456,13 @@ def stage_programs(ctx: Context) -> dict[str, Any]:
     shutil.rmtree(WORK / "programs", ignore_errors=True)
     (WORK / "programs").mkdir()  # each program's output through xpu-run, which stage 5 reads
     env = {**ctx.env, "XPU_TEST_BACKEND": ctx.backend}  # the programs expect the backend's device names
+    # through xpu-run, each call that fails is logged with the client's reason: a check that fails only
+    # there says why in the log, not only which status it got
+    remote_env = {**env, "XPU_LOG": "DEBUG"}
     try:
         for prog in programs(ctx):
             remote = ctx.run(f"{prog.name} via xpu-run", [ctx.python, "-m", "xpuremote.interpose.run", "--server",
-                                                          address, "--", *prog.argv], 240, env)
+                                                          address, "--", *prog.argv], 240, remote_env)
             (WORK / "programs" / f"{re.sub(r'[^a-z0-9]+', '-', prog.name.lower())}.log").write_text(remote["output"])
             row = {"program": prog.name, "xpuremote": prog.verdict(remote) or "pass", "xpuremote_s": remote["seconds"],
                    "xpuremote_checks": _checks_of(remote) if prog.verdict is _json_checks else None}
@@ -640,7 +658,9 @@ def run(args: argparse.Namespace) -> int:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "XPU_SERVER", "XPU_TEST_BACKEND")}
     env["PYTHONUNBUFFERED"] = "1"
     with open(args.out / "gpu-check.log", "w") as log:
-        ctx = Context(args.backend, args.python, args.torch_python or args.python, args.bundle.resolve(), log,
+        # a path, since the benches that take XPU_TORCH_PYTHON look for the file
+        torch_python = args.torch_python or args.python
+        ctx = Context(args.backend, args.python, shutil.which(torch_python) or torch_python, args.bundle.resolve(), log,
                       args.suite_limit, args.bench_limit, env)
         facts = environment(ctx)
         report: dict[str, Any] = {"command": shlex.join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),

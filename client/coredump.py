@@ -42,6 +42,7 @@ def defaults() -> dict[int, Any]:
     host, pid = socket.gethostname(), os.getpid()
     values: dict[int, Any] = {attrib: attrib == TRIGGER_HOST for attrib in BOOLS}
     values.update({attrib: f"{stem}.cuda.{host}.{pid}".encode() for attrib, stem in STRINGS.items()})
+    values[FILE] = b""  # the driver (580.159) reads its file as empty until one is set, though it names dumps so
     values[FLAGS] = 0
     return values
 

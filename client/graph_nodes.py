@@ -268,14 +268,16 @@ def _set_memset(d: Driver, graph_exec: int, node: int, params: int) -> None:
 
 
 def _set_memcpy(d: Driver, graph_exec: int, node: int, params: int) -> None:
-    """An instantiation's copy node keeps its kind of memory on each side, as the driver requires; a graph's may
-    change it."""
+    """An instantiation's copy node keeps its kind of memory on each side, and only a 1-dimensional one is
+    updated, as the driver requires (cuda.h; measured on an H200); a graph's node may change either."""
     old = graph_state.of_node(d, graph_exec, node)
     rect, copies = _memcpy_params(d, params, graph_state.graph_of(d, node), old)
-    if graph_exec and [c.to_device for c in old] != [c.to_device for c in copies]:
+    if graph_exec and ([c.to_device for c in old] != [c.to_device for c in copies]
+                       or rect[-1] > 1 or any(c.rows > 1 for c in old)):
         for c in copies:
             graph_state.drop_unheld(d, c)
-        raise CudaError(errors.INVALID_VALUE, "an instantiation's copy node cannot change which side is host memory")
+        raise CudaError(errors.INVALID_VALUE, "an instantiation's copy node keeps which side is host memory, and "
+                        "is updated only where the old and the new copy are 1-dimensional")
     d.post(CALLS["xpuGraphNodeSetMemcpy"], [graph_exec, node, *rect])
     graph_state.set_node(d, graph_exec, node, copies)
     if not graph_exec:

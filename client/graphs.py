@@ -257,11 +257,13 @@ def cu_graph_get_nodes(d: Driver, call: Call, args: list[Any]) -> None:
 
 @implements("cuGraphNodeGetDependencies", "cuGraphNodeGetDependentNodes")
 def cu_graph_node_get_edges(d: Driver, call: Call, args: list[Any]) -> None:
-    """A node's dependencies or dependents; the edges' data (_v2) are the plain edges'. Asked for the count,
-    the driver ignores an edgeData array (cuda-bindings 13.0 passes one), and so does this."""
+    """A node's dependencies or dependents; the edges' data (_v2) are the plain edges'. An edgeData array
+    without a node array is refused, as the driver does (580.159 on an H200)."""
     node, nodes, *edge_data, count = args
     if not count:
         raise CudaError(errors.INVALID_VALUE, "the count pointer is NULL")
+    if edge_data and edge_data[0] and not nodes:
+        raise CudaError(errors.INVALID_VALUE, "edgeData needs the node array")
     dependents = int(call.family == "cuGraphNodeGetDependentNodes")
     (found,) = d.call(CALLS["xpuGraphNodeListEdges"], [node, dependents, 1])
     if nodes:

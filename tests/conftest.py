@@ -31,6 +31,18 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"XPU_TEST_BACKEND={BACKEND!r}: the tests run against one of {', '.join(BACKENDS)}")
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """XPU_FAILURE_LOG names a file that each failure's report is added to as it happens: pytest writes
+    them only at the end, and a run cut short at its time limit (the GPU check's suite) would not say why."""
+    path = os.environ.get("XPU_FAILURE_LOG")
+    if path and report.failed:
+        with open(path, "a") as log:
+            log.write(f"{FAILURE_HEAD}{report.nodeid} ({report.when})\n{report.longreprtext}\n")
+
+
+FAILURE_HEAD = "===== failed: "
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under another backend than the sim, tests marked sim_only(reason=...) are skipped, saying why."""
     for item in items:

@@ -801,6 +801,9 @@ class SimBackend(SimGraphs, SimArrays):
         if cluster > MAX_CLUSTER or (gx * gy * gz) % cluster:
             raise CudaError(errors.INVALID_CLUSTER_SIZE, f"clusters of {cluster} blocks in a grid of {gx}x{gy}x{gz}")
         events = [self.event_of(value) for ident, value in attributes if ident in EVENT_ATTRIBUTES]
+        if any(not event.flags & ENUMS["CU_EVENT_DISABLE_TIMING"] for event in events):
+            # cuda.h asks for one; the driver refuses a timing event so (580.159, measured on an H200)
+            raise CudaError(errors.NOT_SUPPORTED, "a launch attribute's event must be made with DISABLE_TIMING")
         self.xpuLaunchKernel(func, gx, gy, gz, bx, by, bz, shared, stream, params, param_bytes, 0)
         for event in events:
             event.recorded_at = time.perf_counter()

@@ -609,6 +609,10 @@ class SimGraphs(Backend):
     def xpuGraphNodeSetMemcpy(self, graph_exec: Exec | None, node: Node, dst: int, dst_pitch: int, src: int,
                               src_pitch: int, width: int, height: int) -> None:
         target = self.target(graph_exec, node, "MEMCPY")
+        rows = target.args[5] if target.call is CALLS["xpuMemcpy2DDevice"] else 1  # else a captured plain copy
+        if graph_exec is not None and max(height, rows) > 1:  # as cuda.h says, and the driver does
+            raise CudaError(errors.INVALID_VALUE, "an instantiation's copy node is updated only where the old and "
+                            "the new copy are 1-dimensional")
         target.call, target.args = memcpy_work(dst, dst_pitch, src, src_pitch, width, height)
 
     def cuGraphEventRecordNodeSetEvent(self, node: Node, event: Any) -> None:
