@@ -357,8 +357,7 @@ def cu_surf_object_create(d: Driver, call: Call, args: list[Any]) -> None:
     data, array = resource(d, res)
     if not array:
         raise CudaError(errors.INVALID_VALUE, "a surface object's resource is an array")
-    if not array_of(d, array).flags & SURFACE_LDST:
-        raise CudaError(errors.INVALID_VALUE, "the array was not made with CUDA_ARRAY3D_SURFACE_LDST")
+    array_of(d, array)  # a live array; the driver (580.159) takes one made without SURFACE_LDST too
     (value,) = d.call(CALLS["xpuSurfObjectCreate"], [8, array, data])
     value = int.from_bytes(bytes(value), "little")
     objects(d)[("surf", value)] = (data,)

@@ -25,7 +25,7 @@ from xpuremote.protocol.layouts import (
     RESOURCE_PITCH2D_TYPE,
 )
 
-LAYERED, SURFACE_LDST = 0x01, 0x02
+LAYERED = 0x01
 
 
 @dataclass(eq=False)
@@ -190,8 +190,8 @@ class SimArrays:
 
     def xpuSurfObjectCreate(self, array: Array | None, res: bytes) -> tuple[int]:
         self._resource(array, res)
-        if array is None or not array.flags & SURFACE_LDST:
-            raise CudaError(errors.INVALID_VALUE, "a surface object needs an array made with SURFACE_LDST")
+        if array is None:  # an array made without SURFACE_LDST is taken, as the driver (580.159) does
+            raise CudaError(errors.INVALID_VALUE, "a surface object's resource is an array")
         return self._new_object(TextureObject("surf", bytes(res), array))
 
     def _destroy_object(self, value: int, kind: str) -> None:

@@ -319,7 +319,9 @@ def surface_objects() -> None:
     ok(cu.cuArrayDestroy(arr), "cuArrayDestroy")
     plain = array_2d(32, 8)
     res.res.array.hArray = plain
-    fails(cu.cuSurfObjectCreate(res), (R.CUDA_ERROR_INVALID_VALUE,), "cuSurfObjectCreate without SURFACE_LDST")
+    # the driver takes an array made without SURFACE_LDST (580.159 on an H200), though cuda.h asks for the flag
+    surf = ok(cu.cuSurfObjectCreate(res), "cuSurfObjectCreate without SURFACE_LDST")
+    ok(cu.cuSurfObjectDestroy(surf), "cuSurfObjectDestroy")
     ok(cu.cuArrayDestroy(plain), "cuArrayDestroy")
 
 
