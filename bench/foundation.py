@@ -450,7 +450,7 @@ def agent(kind: str, endpoint: str, bulk: int, profile_dir: str | None, tcp_port
     """Serve the parent's commands (one JSON line each) until stdin closes."""
     target: Any = RawAgent(endpoint, bulk, tcp_port) if kind == "raw" else ShimAgent(bulk)
     hello = {"ready": kind, "pid": os.getpid()}
-    if kind == "shim":
+    if kind in ("shim", "native"):
         hello["library"] = target.shim_path
     _answer(hello)
     for line in sys.stdin:
@@ -709,10 +709,14 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
         if Path(shim_agent.hello["library"]).resolve() != shim.resolve():
             raise RuntimeError(f"the shim agent loaded {shim_agent.hello['library']}, not {shim}")
         shim_agent.peer = session_worker(server.pid)
+        native = None  # on a GPU, the same calls on the machine's own driver (the agent's class does not care)
+        if args.backend == "cuda":
+            native = Agent("native", extra, {**clean_env(), **({"XPU_BENCH_CUDART": cudart} if cudart else {})})
+            agents.append(native)
 
         results: dict[str, Any] = {}
         # warm-up: caches, allocator, TCP windows
-        for a in (raw, shim_agent):
+        for a in (raw, shim_agent, *([native] if native else [])):
             a("sync", min(args.sync_n, 2000))
             a("async_batched", min(args.async_n, 20000))
             a("h2d", bulk)
@@ -736,17 +740,25 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
 
         n, m = args.sync_n, args.async_n
         through_cudart = [("sync_cudart", shim_agent, "sync_cudart", n, n, lambda t: t / n * 1e6)] if cudart else []
+        natively: dict[str, list[tuple]] = {"sync": [], "async": [], "bulk": []}
+        if native:
+            natively["sync"] = [("sync_native", native, "sync", n, n, lambda t: t / n * 1e6)] + (
+                [("sync_cudart_native", native, "sync_cudart", n, n, lambda t: t / n * 1e6)] if cudart else [])
+            natively["async"] = [("async_native", native, "async_batched", m, m, lambda t: m / t)]
+            natively["bulk"] = [(key, native, op, bulk, 1, lambda t: bulk / t / 1e9)
+                                for key, op in (("h2d_native", "h2d"), ("d2h_native", "d2h"))]
         phases = [
             (args.repeats, [("sync_raw", raw, "sync", n, n, lambda t: t / n * 1e6),
                             ("sync_shim", shim_agent, "sync", n, n, lambda t: t / n * 1e6),
-                            ("sync_tcp", raw, "sync_tcp", n, n, lambda t: t / n * 1e6), *through_cudart]),
+                            ("sync_tcp", raw, "sync_tcp", n, n, lambda t: t / n * 1e6), *through_cudart,
+                            *natively["sync"]]),
             (args.repeats, [("async_raw_batched", raw, "async_batched", m, m, lambda t: m / t),
                             ("async_raw_single", raw, "async_single", m, m, lambda t: m / t),
-                            ("async_shim", shim_agent, "async_batched", m, m, lambda t: m / t)]),
+                            ("async_shim", shim_agent, "async_batched", m, m, lambda t: m / t), *natively["async"]]),
             (args.bulk_repeats, [(key, a, op, bulk, 1, lambda t: bulk / t / 1e9) for key, a, op in (
                 ("h2d_raw", raw, "h2d"), ("h2d_shim", shim_agent, "h2d"), ("d2h_raw", raw, "d2h"),
                 ("d2h_raw_copy", raw, "d2h_copy"), ("d2h_shim", shim_agent, "d2h"), ("h2d_tcp", raw, "h2d_tcp"),
-                ("d2h_tcp", raw, "d2h_tcp"))]),
+                ("d2h_tcp", raw, "d2h_tcp"))] + natively["bulk"]),
         ]
         for repeats, steps in phases:
             for r in range(repeats):  # every other repeat in reverse order: no step always follows another
@@ -777,6 +789,9 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
     return results
 
 
+NATIVE = "native CUDA, the same calls on the GPU machine's own driver ({})"
+
+
 def figures(args: argparse.Namespace, results: dict[str, Any]) -> list[dict[str, Any]]:
     m, cpu, mib = results["median"], results["cpu"], args.bulk_mib
 
@@ -786,28 +801,33 @@ def figures(args: argparse.Namespace, results: dict[str, Any]) -> list[dict[str,
         return {"figure": figure, "unit": unit, "shim": m[shim], "baseline": m[base],
                 "baseline_is": baseline_is, "ratio": ratio, "ratio_is": "shim / baseline", "target": target,
                 "met": bool(met(ratio, m[shim])),
-                "also": {k: m[v] for k, v in also.items()},
+                "also": {k: m[v] for k, v in also.items() if v in m},  # the native rows: on a GPU only
                 "cpu": {"unit": cpu_unit, "shim": cpu[shim], "baseline": cpu[base]}}
 
     return [
         row(f"sync latency, cuCtxSynchronize x {args.sync_n}", "µs/call", "sync_shim", "sync_raw",
             "pyzmq+msgpack echo round trip", "ratio <= 1.15", lambda r, v: r <= 1.15, "µs/call",
-            **{"bare TCP+msgpack echo round trip, the transport the shim's sync calls take (µs/call)": "sync_tcp"}),
+            **{"bare TCP+msgpack echo round trip, the transport the shim's sync calls take (µs/call)": "sync_tcp",
+               NATIVE.format("µs/call"): "sync_native"}),
         *([row(f"sync latency, libcudart 13 cudaMemcpy 8 B device to host x {args.sync_n}", "µs/call",
                "sync_cudart", "sync_raw", "pyzmq+msgpack echo round trip", "ratio <= 1.15", lambda r, v: r <= 1.15,
-               "µs/call", **{"bare TCP+msgpack echo round trip (µs/call)": "sync_tcp"})] if "sync_cudart" in m else []),
+               "µs/call", **{"bare TCP+msgpack echo round trip (µs/call)": "sync_tcp",
+                             NATIVE.format("µs/call"): "sync_cudart_native"})] if "sync_cudart" in m else []),
         row(f"async throughput, cuMemsetD8Async {SMALL} B x {args.async_n} + 1 sync", "calls/s", "async_shim",
             "async_raw_batched", f"pyzmq+msgpack, {MAX_BATCH_CALLS} calls a message, no answers, then 1 echo",
             ">= 150,000 calls/s", lambda r, v: v >= 150_000, "µs/call",
-            **{"pyzmq+msgpack, 1 call a message (calls/s)": "async_raw_single"}),
+            **{"pyzmq+msgpack, 1 call a message (calls/s)": "async_raw_single",
+               NATIVE.format("calls/s"): "async_native"}),
         row(f"H2D cuMemcpyHtoD_v2 {mib} MiB", "GB/s", "h2d_shim", "h2d_raw",
             "pyzmq: one frame to the echo server, ack back", "ratio >= 0.9", lambda r, v: r >= 0.9,
-            "ms/copy", **{"bare TCP, the bytes read into a buffer, one byte back (GB/s)": "h2d_tcp"}),
+            "ms/copy", **{"bare TCP, the bytes read into a buffer, one byte back (GB/s)": "h2d_tcp",
+                          NATIVE.format("GB/s"): "h2d_native"}),
         row(f"D2H cuMemcpyDtoH_v2 {mib} MiB", "GB/s", "d2h_shim", "d2h_raw",
             "pyzmq: request, one frame back from the echo server", "ratio >= 0.9", lambda r, v: r >= 0.9,
             "ms/copy",
             **{"pyzmq, the frame then copied into the application's buffer (GB/s)": "d2h_raw_copy",
-               "bare TCP, read straight into the application's buffer (GB/s)": "d2h_tcp"}),
+               "bare TCP, read straight into the application's buffer (GB/s)": "d2h_tcp",
+               NATIVE.format("GB/s"): "d2h_native"}),
     ]
 
 
@@ -852,7 +872,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", metavar="DIR", help="also profile each phase; .pstats files go here")
     parser.add_argument("--curve", choices=["off", "on", "both"], default="off",
                         help="encrypt every connection with CURVE; both: a run without, then one with")
-    parser.add_argument("--role", choices=["echo", "raw", "shim"], help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=["echo", "raw", "shim", "native"], help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", help=argparse.SUPPRESS)
     parser.add_argument("--tcp-port", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
