@@ -1,6 +1,7 @@
 """Async calls through NVIDIA's libcudart: what each costs the application, the client and the server.
 
-    python bench/async_calls.py [--out bench/results/async-calls.json] [--calls N] [--repeats R] [--backend cuda]
+    python bench/async_calls.py [--out bench/results/async-calls.json] [--calls N] [--repeats R]
+                                [--backend sim|cuda|stand-in]
 
 A C program (`bench/async_calls.c`, compiled here) makes N `cudaMemsetAsync` calls of 256 bytes through
 the libcudart 13 of the test extra, under the shim, then one `cudaStreamSynchronize`; against a sim
@@ -11,6 +12,12 @@ the libcudart 13 of the test extra, under the shim, then one `cudaStreamSynchron
   raw       the baseline: the same records, already encoded, sent by bare pyzmq to a ROUTER that only
             receives them (what the transport alone costs per call; no client, no server work)
   native    with `--backend cuda` (a machine with a GPU): the program on the real driver, no xpuremote
+  lane, records in Python
+            on the cuda backend, a second server with XPU_NATIVE_LANE=0: the worker runs each record in
+            Python, where it otherwise runs them in C (server/native_lane.py)
+
+`--backend stand-in` runs the cuda backend without a GPU: its libcuda is xpuremote's own shim (a stand-in,
+named as such) chained to a sim server. Its worker's CPU then includes the stand-in's own client.
 
 Figures per call: the application thread's CPU (libcudart and the shim's entry), the whole client process's
 CPU (the core's threads too), the server worker's CPU (from /proc, around the calls only), and calls/s from
@@ -121,12 +128,15 @@ def raw_run(calls: int) -> dict[str, float]:
     return {"calls_per_s": n / total, "client_ns": cpu / n * 1e9}
 
 
+IN_PYTHON = "lane, records in Python"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, help="write JSON here and Markdown beside it")
-    parser.add_argument("--backend", choices=["sim", "cuda"], default="sim",
+    parser.add_argument("--backend", choices=["sim", "cuda", "stand-in"], default="sim",
                         help="the xpu-server's; cuda also runs the program natively (default sim)")
     args = parser.parse_args(argv)
 
@@ -139,21 +149,40 @@ def main(argv: list[str] | None = None) -> int:
     if cudart is None:
         raise SystemExit("the CUDA 13 runtime wheel is not installed (pip install -e '.[test]')")
     shim = ensure_shim()
+    cuda = args.backend in ("cuda", "stand-in")
     samples: dict[str, list[dict[str, float]]] = {"lane": [], "no lane": [], "raw": []}
+    if cuda:
+        samples[IN_PYTHON] = []
     if args.backend == "cuda":
         samples["native"] = []
+    servers = []
     with tempfile.TemporaryDirectory() as tmp:
         exe = compile_program(Path(tmp))
-        server, address = start_server(Path(tmp) / "server.log", args.backend)
         try:
+            env: dict[str, str] = {}
+            if args.backend == "stand-in":  # the cuda backend's libcuda: the shim, talking to a sim server
+                sim, sim_address = start_server(Path(tmp) / "sim.log", "sim")
+                servers.append(sim)
+                env = {"XPU_CUDA_LIBRARY": str(shim), "XPU_SERVER": sim_address}
+            backend = "cuda" if cuda else "sim"
+            server, address = start_server(Path(tmp) / "server.log", backend, env=env)
+            servers.append(server)
+            if cuda:
+                python_server, python_address = start_server(Path(tmp) / "python.log", backend,
+                                                              env={**env, "XPU_NATIVE_LANE": "0"})
+                servers.append(python_server)
             for _ in range(args.repeats):
                 samples["lane"].append(shim_run(exe, cudart, args.calls, shim, address, server.pid, True))
+                if cuda:
+                    samples[IN_PYTHON].append(shim_run(exe, cudart, args.calls, shim, python_address,
+                                                       python_server.pid, True))
                 samples["no lane"].append(shim_run(exe, cudart, args.calls // 4, shim, address, server.pid, False))
                 samples["raw"].append(raw_run(args.calls))
                 if "native" in samples:
                     samples["native"].append(shim_run(exe, cudart, args.calls, None, "", None))
         finally:
-            stop(server)
+            for server in servers:
+                stop(server)
     rows = {way: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for way, runs in samples.items()}
     result = {"calls": args.calls, "repeats": args.repeats, "rows": rows, "load": os.getloadavg(),
               "python": sys.version.split()[0], "backend": args.backend}
@@ -166,11 +195,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(result: dict[str, Any]) -> str:
+    backend = result.get("backend", "sim")
     head = ("# Async calls through libcudart: application, client and server CPU per call\n\n"
-            f"`python bench/async_calls.py{' --backend cuda' if result.get('backend') == 'cuda' else ''} "
+            f"`python bench/async_calls.py{'' if backend == 'sim' else ' --backend ' + backend} "
             "--out bench/results/async-calls.json`\n\n"
             f"Python {result['python']}, cudaMemsetAsync of 256 B x {result['calls']:,} (no lane: a quarter as many), "
-            f"{result.get('backend', 'sim')} server on loopback, medians of {result['repeats']} interleaved runs; "
+            f"{backend} server on loopback, medians of {result['repeats']} interleaved runs; "
             "load average after "
             f"{[round(x, 2) for x in result['load']]}.\n\n"
             "| way | calls/s | app thread ns/call | client process ns/call | server worker ns/call |\n"

@@ -18,7 +18,7 @@ Ops (client -> server):
           a batch of calls executed in order; only `reply` batches are answered, by the last call;
           while measuring, answers carry `timing` [[seq, server_ns, per_call_ns], ...] and `gpu`
           [[seq, gpu_ns], ...] for the messages finished since the last answer; one call of a
-          batch may be `xpuLane` [records, bytes]: calls the shim queued in C (lane_records())
+          batch may be `xpuLane` [records, bytes]: calls the shim queued in C (lane_record())
   probe   {busy_ns}: answer after staying awake that long (at most PROBE_BUSY_MAX_NS), for
           the wake-up probe of a trace (client/wake.py)                -> {}
   done    {token}: the host function the server stopped for has run (no answer)
@@ -49,7 +49,7 @@ from __future__ import annotations
 import hmac
 import socket
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
@@ -73,23 +73,22 @@ LANE_NO_BLOB = 0xFFFF
 _LANE_ARGS = [struct.Struct(f"<{n}Q") for n in range(16)]
 
 
-def lane_records(data: bytes | memoryview) -> Iterator[tuple[int, int, list[Any]]]:
-    """(opcode, context, arguments) of each record; WireError at the first malformed one."""
-    view, at, end = memoryview(data), 0, len(data)
-    while at < end:
-        if at + LANE_RECORD.size > end:
-            raise WireError(f"a lane record is cut short at byte {at}")
-        opcode, count, blob_at, blob_len, _, ctx = LANE_RECORD.unpack_from(view, at)
-        at += LANE_RECORD.size
-        if count >= len(_LANE_ARGS) or at + 8 * count + blob_len > end \
-                or (blob_at != LANE_NO_BLOB and blob_at >= count):
-            raise WireError(f"a lane record at byte {at - LANE_RECORD.size} is malformed")
-        args = list(_LANE_ARGS[count].unpack_from(view, at))
-        at += 8 * count
-        if blob_at != LANE_NO_BLOB:
-            args[blob_at] = bytes(view[at : at + blob_len])
-            at += (blob_len + 7) & ~7
-        yield opcode, ctx, args
+def lane_record(view: memoryview, at: int) -> tuple[int, int, list[Any], int]:
+    """(opcode, context, arguments, where the next record begins) of the record at `at`; WireError if it is
+    malformed."""
+    end = len(view)
+    if at + LANE_RECORD.size > end:
+        raise WireError(f"a lane record is cut short at byte {at}")
+    opcode, count, blob_at, blob_len, _, ctx = LANE_RECORD.unpack_from(view, at)
+    at += LANE_RECORD.size
+    if count >= len(_LANE_ARGS) or at + 8 * count + blob_len > end or (blob_at != LANE_NO_BLOB and blob_at >= count):
+        raise WireError(f"a lane record at byte {at - LANE_RECORD.size} is malformed")
+    args = list(_LANE_ARGS[count].unpack_from(view, at))
+    at += 8 * count
+    if blob_at != LANE_NO_BLOB:
+        args[blob_at] = bytes(view[at : at + blob_len])
+        at += (blob_len + 7) & ~7
+    return opcode, ctx, args, at
 
 
 class WireError(ValueError):

@@ -115,6 +115,7 @@ class Regions:
         self.bases: list[int] = []
         self.sizes: dict[int, int] = {}
         self.last = (0, 0)  # the region a check found last: calls name one buffer again and again
+        self.gone = 0  # removals
 
     def add(self, base: int, size: int) -> None:
         if base not in self.sizes:
@@ -126,6 +127,7 @@ class Regions:
         if self.sizes.pop(base, None) is not None:
             self.bases.remove(base)
         self.last = (0, 0)
+        self.gone += 1  # the lane's C side forgets the ranges it was taught (server/native_lane.py)
 
     def holds(self, address: int, size: int) -> bool:
         """[address, address+size) lies in regions that follow each other without a gap (adjacent VMM
@@ -246,6 +248,20 @@ class Accounted(Backend):
             check(call, args, params)
             return inner(args)
         return run
+
+    def native_call(self, call: Call) -> tuple[int, int, int, int] | None:
+        """For the lane's C side (server/native_lane.py), a call this layer checks no more than run_one does:
+        (the inner backend's C function, the argument holding its device address or -1, its length's, bytes
+        per unit of the length). None: the call runs in Python."""
+        function = getattr(self.inner, "native_function", lambda call: None)(call)
+        params = _address_params(call)
+        if (function is None or call.family in _ACCOUNTED or call.family in EMBEDDING or len(params) > 1
+                or (params and params[0][2].length is None)):
+            return None
+        if not params:
+            return function, -1, -1, 0
+        (i, _, _), (scale, j) = params[0], params[0][2].length
+        return function, i, j, scale
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
         self.check_addresses(call, args)

@@ -41,6 +41,7 @@ from .backends.base import Backend
 from .data import DATA_TIMEOUT_S, Asked, DataConnection, DataError, Incoming
 from .gpu_timer import GpuTimer, is_gpu_work
 from .limits import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_MAX_HANDLES, Accounted, Limits, give_back_memory, parse_size
+from .native_lane import NativeLane, NativeOp
 
 log = logging.getLogger("xpuremote.worker")
 
@@ -56,6 +57,37 @@ HANDLE_FAMILIES = {"CUkernel": "CUfunction", "cudaStream_t": "CUstream", "cudaEv
                    "cublasLtHandle_t": "cublasHandle_t", "CUgreenCtx": "CUcontext"}
 
 
+class Handles(dict):
+    """The session's handles (client handle -> (family, object)), counting those that went or changed: the
+    lane's C side forgets what it was taught when the count moves."""
+
+    gone = 0
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.gone += key in self
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        self.gone += 1
+        super().__delitem__(key)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        self.gone += 1
+        return super().pop(key, *default)
+
+    def popitem(self) -> Any:
+        self.gone += 1
+        return super().popitem()
+
+    def clear(self) -> None:
+        self.gone += 1
+        super().clear()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        self.gone += 1
+        super().update(*args, **kwargs)
+
+
 class Session:
     """Executes batches of calls; owns the client's handles."""
 
@@ -63,7 +95,7 @@ class Session:
         self.backend = backend
         self.name = name
         self.key = key  # what every connection of this session presents as its routing id
-        self.handles: dict[int, tuple[str, Any]] = {}
+        self.handles = Handles()
         self.held: collections.Counter[str] = collections.Counter()  # live handles of each family
         self.next_handle = SERVER_HANDLE_BASE
         self.deferred: list[tuple[str, int, str]] = []  # async failures not yet reported
@@ -80,6 +112,8 @@ class Session:
         self.gpu_timer: GpuTimer | None = None  # events around GPU work, when the client asks
         self.runners: dict[int, tuple[Call, Callable[[list[Any]], Any]]] = {}  # lane calls by opcode, compiled
         self.compiled: dict[int, Callable[[list[Any]], list[Any]]] = {}  # any call by opcode, as a batch runs it
+        self.native: NativeLane | None = None  # the lane's records in C, once a lane names a call it can run
+        self.native_tried = False
         self.seq = 0  # the message being served
         self.zmq_seqs: set[int] = set()  # batches that came on ZeroMQ, after `stream_after`
         self.stream_after = 0  # the batch the last message on the data connection came after
@@ -107,6 +141,7 @@ class Session:
         self.gpu_timer = GpuTimer(self.backend) if header.get("gpu") else None
         self.runners.clear()
         self.compiled.clear()
+        self.native, self.native_tried = None, False  # its ops depend on the settings (the GPU timer)
         answer = {"op": "reply", "status": 0, **self.backend.inventory().to_wire(),
                   "max_request_bytes": self.limits.max_request_bytes}
         if self.listener is not None and self.data is None:
@@ -244,31 +279,93 @@ class Session:
 
     def run_lane(self, args: list[Any]) -> None:
         """The records of the shim's fast lane, each as the call it names, in its context; each failure is
-        deferred under its own call's name. A malformed record fails the rest of the lane."""
+        deferred under its own call's name. A malformed record fails the rest of the lane. Where the backend's
+        calls are C functions, runs of records go through native_lane.c, the session's checks taught to it."""
         if len(args) != 2 or not isinstance(args[0], (bytes, memoryview)) or args[1] != len(args[0]):
             raise CudaError(errors.INVALID_VALUE, "xpuLane takes [records, their size]")
-        ctx = None
+        view, at, ctx = memoryview(args[0]), 0, None
         try:
-            for opcode, record_ctx, record in wire.lane_records(args[0]):
-                entry = self.runners.get(opcode)
-                call = entry[0] if entry is not None else BY_OPCODE.get(opcode)
-                try:
-                    if entry is None:
-                        if call is None or not call.in_lane:
-                            raise CudaError(errors.NOT_SUPPORTED, f"opcode {opcode:#x} may not come in a lane")
-                        entry = self.runners[opcode] = (call, self.runner(call))
-                    if record_ctx != ctx:  # the context the record was made in, as the client's SET_CONTEXT does
-                        self.execute(SET_CONTEXT, [record_ctx])
-                        ctx = record_ctx
-                    self.lane_calls += 1
-                    entry[1](record)
-                except CudaError as exc:
-                    name = call.symbol if call is not None else "a lane record"
-                    self.errors += 1
-                    self.deferred.append((name, errors.status_for(exc, "cuda"), exc.detail))
-                    log.info("%s (lane) failed: %s", name, exc)
+            while at < len(view):
+                if self.native is not None and ctx is not None and self.native.ops.get(_opcode_at(view, at)):
+                    at = self.run_native(view, at, ctx)
+                    if at >= len(view):
+                        break
+                opcode, record_ctx, record, at = wire.lane_record(view, at)
+                ctx = self.run_record(opcode, record_ctx, record, ctx)
         except wire.WireError as exc:
             raise CudaError(errors.INVALID_VALUE, str(exc)) from None
+
+    def run_record(self, opcode: int, record_ctx: int, record: list[Any], ctx: int | None) -> int | None:
+        """One lane record, in Python; the context current after it."""
+        entry = self.runners.get(opcode)
+        call = entry[0] if entry is not None else BY_OPCODE.get(opcode)
+        try:
+            if entry is None:
+                if call is None or not call.in_lane:
+                    raise CudaError(errors.NOT_SUPPORTED, f"opcode {opcode:#x} may not come in a lane")
+                entry = self.runners[opcode] = (call, self.runner(call))
+                self.register_native(call)
+            if record_ctx != ctx:  # the context the record was made in, as the client's SET_CONTEXT does
+                self.execute(SET_CONTEXT, [record_ctx])
+                ctx = record_ctx
+            self.lane_calls += 1
+            entry[1](record)
+            if self.native is not None and (op := self.native.ops.get(opcode)):
+                self.teach(op, record)
+        except CudaError as exc:
+            self.defer_lane_failure(call.symbol if call is not None else "a lane record", exc)
+        return ctx
+
+    def defer_lane_failure(self, name: str, exc: CudaError) -> None:
+        self.errors += 1
+        self.deferred.append((name, errors.status_for(exc, "cuda"), exc.detail))
+        log.info("%s (lane) failed: %s", name, exc)
+
+    # ---- the lane in C (native_lane.py) ----------------------------------------------------------
+    def register_native(self, call: Call) -> None:
+        """Tell the C side how to run `call`, where the backend has it as a C function and the session checks
+        no more than numbers' bounds, handles and one device range (the backend's native_call)."""
+        plain, native_call = _plain(call), getattr(self.backend, "native_call", None)
+        if (plain is None or native_call is None or call.destroys or self.gpu_timer or not call.sent
+                or call.library != "cuda" or (found := native_call(call)) is None):
+            return
+        if self.native is None:
+            if self.native_tried:
+                return
+            self.native_tried, self.native = True, NativeLane.load()
+            if self.native is None:
+                return
+        function, address, length, scale = found
+        handles, bounds = set(plain.handles), {i: high - 1 for i, _, high in plain.ints}
+        self.native.register(call.opcode, NativeOp(
+            function, tuple(int(i in handles) for i in range(len(call.params))),
+            tuple(bounds.get(i, 0) for i in range(len(call.params))),
+            tuple(_family_number(call.params[i].ctype) if i in handles else 0 for i in range(len(call.params))),
+            address, length, scale))
+
+    def teach(self, op: NativeOp, record: list[Any]) -> None:
+        """What the record just run named, now checked: its handles and its device range."""
+        native = self.native
+        for i, family in enumerate(op.families):
+            if family and record[i] and (entry := self.handles.get(record[i])) and type(entry[1]) is int:
+                native.teach_handle(record[i], family, entry[1])
+        if op.address >= 0 and record[op.address]:
+            native.teach_range(*self.backend.regions.last)
+
+    def run_native(self, view: memoryview, at: int, ctx: int) -> int:
+        """The records from `at` that the C side runs; where it stopped."""
+        native = self.native
+        marks = (self.handles.gone, self.backend.regions.gone)
+        if marks != native.marks:  # a handle or a range went: forget them all
+            family = _family_number("CUstream")
+            native.forget(marks, [(s, family, s) for s in DEFAULT_STREAMS if s])
+        at, ran, failed = native.run(view, at, ctx)
+        self.calls += ran
+        self.lane_calls += ran
+        for opcode, status in failed:
+            symbol = BY_OPCODE[opcode].symbol
+            self.defer_lane_failure(symbol, CudaError(status, f"{symbol} on the server's GPU"))
+        return at
 
     def compile(self, call: Call) -> Callable[[list[Any]], list[Any]]:
         """What a batch runs for `call`: its runner, which leaves out the generic dispatch for the calls that
@@ -438,6 +535,18 @@ def _graph_of(call: Call, decoded: list[Any]) -> Any:
 
 def _handle_family(ctype: str) -> str:
     return HANDLE_FAMILIES.get(ctype, ctype)
+
+
+_FAMILY_NUMBERS: dict[str, int] = {}
+
+
+def _family_number(ctype: str) -> int:
+    """A handle family as the lane's C side names it (1 on)."""
+    return _FAMILY_NUMBERS.setdefault(_handle_family(ctype), len(_FAMILY_NUMBERS) + 1)
+
+
+def _opcode_at(view: memoryview, at: int) -> int:
+    return int.from_bytes(view[at : at + 4], "little")
 
 
 def _fits(p: Param, value: Any) -> bool:

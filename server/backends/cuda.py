@@ -279,9 +279,7 @@ class CudaBackend(Backend):
         """A call of integers and handles (the lane's and most of a batch's, as the session compiles them)
         straight to its driver function: what `execute` looks up per call (its family's special cases,
         the function, each argument's conversion) is found once here."""
-        if (call.library != "cuda" or call.family in CAPTURE_REFUSED or call.family in OWN or call.outputs
-                or call.family.startswith("xpu") or any(p.kind not in ("int", "handle") for p in call.params)
-                or not hasattr(self.lib, call.symbol)):
+        if not self.compiles(call):
             return super().runner(call)
         fn, check, symbol, cast = getattr(self.lib, call.symbol), self.check, call.symbol, self.ffi.cast
         handles = [i for i, p in enumerate(call.params) if p.kind == "handle" and p.ctype != "CUcontext"]
@@ -296,6 +294,19 @@ class CudaBackend(Backend):
                 args[i] = green[args[i]] if args[i] in green else cast(void_p, args[i] or 0)
             check(fn(*args), symbol)
         return run
+
+    def compiles(self, call: Call) -> bool:
+        """A driver call of integers and handles, with no outputs and no special case here."""
+        return not (call.library != "cuda" or call.family in CAPTURE_REFUSED or call.family in OWN or call.outputs
+                    or call.family.startswith("xpu") or any(p.kind not in ("int", "handle") for p in call.params)
+                    or not hasattr(self.lib, call.symbol))
+
+    def native_function(self, call: Call) -> int | None:
+        """The driver function's address, for the lane's C side (server/native_lane.py): a call `runner`
+        compiles that names no context (a green context stands in for one, which only Python maps)."""
+        if not self.compiles(call) or any(p.ctype == "CUcontext" for p in call.params):
+            return None
+        return int(self.ffi.cast("uintptr_t", self.ffi.addressof(self.lib, call.symbol)))
 
     def upload_from_network(self, call: Call, args: list[Any]) -> list[Any]:
         """A copy whose bytes come on the data connection, in pieces (cuda_upload.py). Not into a capture: its

@@ -1,0 +1,155 @@
+"""The fast lane's records, run in C where the backend's calls are C functions (the cuda backend).
+
+Why: on an H200 the worker spent 4.2 µs of CPU on each lane record in Python, where the driver's
+own call takes about 1.2 (bench/results/gpu/2026-11-26-h200): decoding the record, checking its
+numbers, resolving its handles, checking its device range, then calling through cffi. That bounds
+the lane at about 240k calls a second, and every launch-bound PyTorch step with it.
+
+How (native_lane.c): the session registers each op that may run in C (its driver function, each
+argument's kind and bound, its one device range), and teaches the C side each handle and each range
+only after a record that named them has passed the session's own checks in Python. Whenever a handle
+or a range goes away, the C side forgets all it was taught. A record the C side cannot vouch for
+goes back to the session, which runs it the usual way. So a record runs in C only where the
+session's Python would have run the same driver call with the same values.
+
+XPU_NATIVE_LANE=0 keeps every record in Python. The library is built once per source, with the
+compiler Python was built with, into the shim's cache folder; where that fails, the lane stays in
+Python and the worker says so once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+import shlex
+import subprocess
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cffi
+
+log = logging.getLogger("xpuremote.server")
+
+SOURCE = Path(__file__).with_name("native_lane.c")
+CDEF = """
+struct xpu_native;
+struct xpu_native *xpu_native_new(void);
+void xpu_native_free(struct xpu_native *n);
+int xpu_native_op(struct xpu_native *n, uint32_t opcode, void *fn, uint32_t count, const uint8_t *kind,
+                  const uint8_t *family, const uint64_t *max, int32_t address, int32_t length, uint64_t scale);
+void xpu_native_forget(struct xpu_native *n);
+void xpu_native_handle(struct xpu_native *n, uint64_t key, uint32_t family, uint64_t value);
+void xpu_native_range(struct xpu_native *n, uint64_t low, uint64_t high);
+int xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uint64_t *at, uint64_t ctx,
+                   uint64_t *ran, uint32_t *failed_op, int32_t *status, uint32_t room, uint32_t *failures);
+"""
+MAX_ARGS = 8  # native_lane.c's XPU_NATIVE_ARGS
+FAILURES = 64  # failures one run reports before it hands back
+_loaded: tuple[Any, Any] | None = None
+_tried = False
+
+
+@dataclass(frozen=True)
+class NativeOp:
+    """What the C side needs of a call: its driver function, each argument's kind (0: integer, 1: handle)
+    with its largest value or its handle family, and the device range it touches (-1: none)."""
+
+    function: int
+    kinds: tuple[int, ...]
+    bounds: tuple[int, ...]  # an integer's largest value; 0 for a handle
+    families: tuple[int, ...]  # a handle's family number; 0 for an integer
+    address: int = -1
+    length: int = -1
+    scale: int = 0
+
+
+def _library() -> tuple[Any, Any] | None:
+    """(ffi, lib), built on first use; None where it cannot be (said once)."""
+    global _loaded, _tried
+    if not _tried:
+        _tried = True
+        try:
+            ffi = cffi.FFI()
+            ffi.cdef(CDEF)
+            _loaded = ffi, ffi.dlopen(str(_build()))
+        except (OSError, subprocess.CalledProcessError, cffi.FFIError) as exc:
+            log.warning("the fast lane's records run in Python: native_lane.c did not build or load (%s)", exc)
+    return _loaded
+
+
+def _build() -> Path:
+    compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")
+    digest = hashlib.sha256(SOURCE.read_bytes() + repr(compiler).encode()).hexdigest()[:16]
+    root = Path(os.environ.get("XPU_SHIM_DIR") or Path.home() / ".cache" / "xpuremote")
+    target = root / f"native-lane-{digest}.so"
+    if target.exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            with tempfile.TemporaryDirectory(dir=root) as tmp:
+                built = Path(tmp) / target.name
+                subprocess.run([*compiler, "-shared", "-fPIC", "-O2", "-fvisibility=default", str(SOURCE), "-o",
+                                str(built)], check=True, capture_output=True)
+                os.replace(built, target)
+    return target
+
+
+class NativeLane:
+    """One session's C side: its registered ops, and the handles and ranges it was taught."""
+
+    def __init__(self, ffi: Any, lib: Any) -> None:
+        self.ffi, self.lib = ffi, lib
+        self.state = ffi.gc(lib.xpu_native_new(), lib.xpu_native_free)
+        self.ops: dict[int, NativeOp | None] = {}  # opcode -> its op, or None: it runs in Python
+        self.marks: tuple[int, int] = (-1, -1)  # the session's removals when the C side was last emptied
+        self.at, self.ran = ffi.new("uint64_t *"), ffi.new("uint64_t *")
+        self.failed_op, self.status = ffi.new("uint32_t[]", FAILURES), ffi.new("int32_t[]", FAILURES)
+        self.failures = ffi.new("uint32_t *")
+        self.calls = 0  # records run here
+
+    @classmethod
+    def load(cls) -> NativeLane | None:
+        if os.environ.get("XPU_NATIVE_LANE", "1") == "0":
+            return None
+        loaded = _library()
+        return cls(*loaded) if loaded else None
+
+    def register(self, opcode: int, op: NativeOp | None) -> None:
+        if op is not None and len(op.kinds) <= MAX_ARGS:
+            ffi = self.ffi
+            status = self.lib.xpu_native_op(
+                self.state, opcode, ffi.cast("void *", op.function), len(op.kinds), bytes(op.kinds),
+                bytes(op.families), ffi.new("uint64_t[]", list(op.bounds) or [0]), op.address, op.length, op.scale)
+            op = op if status == 0 else None
+        self.ops[opcode] = op
+
+    def forget(self, marks: tuple[int, int], defaults: list[tuple[int, int, int]]) -> None:
+        """Everything taught goes (a handle or a range went away); the handles every session has stay."""
+        self.lib.xpu_native_forget(self.state)
+        self.marks = marks
+        for key, family, value in defaults:
+            self.lib.xpu_native_handle(self.state, key, family, value)
+
+    def teach_handle(self, key: int, family: int, value: int) -> None:
+        self.lib.xpu_native_handle(self.state, key, family, value)
+
+    def teach_range(self, low: int, high: int) -> None:
+        if low < high:
+            self.lib.xpu_native_range(self.state, low, high)
+
+    def run(self, data: Any, at: int, ctx: int) -> tuple[int, int, list[tuple[int, int]]]:
+        """(where it stopped, records run, each failure's (opcode, status)): at the end, at a record for
+        Python, or after FAILURES failures."""
+        self.at[0], self.ran[0] = at, 0
+        buffer = self.ffi.from_buffer("uint8_t[]", data)
+        self.lib.xpu_native_run(self.state, buffer, len(data), self.at, ctx, self.ran, self.failed_op, self.status,
+                                FAILURES, self.failures)
+        self.calls += self.ran[0]
+        return self.at[0], self.ran[0], [(self.failed_op[i], self.status[i]) for i in range(self.failures[0])]
