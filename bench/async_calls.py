@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import struct
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
                 stop(server)
     rows = {way: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for way, runs in samples.items()}
     result = {"calls": args.calls, "repeats": args.repeats, "rows": rows, "load": os.getloadavg(),
-              "python": sys.version.split()[0], "backend": args.backend}
+              "python": sys.version.split()[0], "backend": args.backend,
+              "command": shlex.join(["python", "bench/async_calls.py", *(sys.argv[1:] if argv is None else argv)])}
     table = markdown(result)
     print(table)
     if args.out:
@@ -196,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def markdown(result: dict[str, Any]) -> str:
     backend = result.get("backend", "sim")
+    command = result.get("command", "python bench/async_calls.py --out bench/results/async-calls.json")
     head = ("# Async calls through libcudart: application, client and server CPU per call\n\n"
-            f"`python bench/async_calls.py{'' if backend == 'sim' else ' --backend ' + backend} "
-            "--out bench/results/async-calls.json`\n\n"
+            f"`{command}`\n\n"
             f"Python {result['python']}, cudaMemsetAsync of 256 B x {result['calls']:,} (no lane: a quarter as many), "
             f"{backend} server on loopback, medians of {result['repeats']} interleaved runs; "
             "load average after "

@@ -249,19 +249,23 @@ class Accounted(Backend):
             return inner(args)
         return run
 
-    def native_call(self, call: Call) -> tuple[int, int, int, int] | None:
-        """For the lane's C side (server/native_lane.py), a call this layer checks no more than run_one does:
-        (the inner backend's C function, the argument holding its device address or -1, its length's, bytes
-        per unit of the length). None: the call runs in Python."""
-        function = getattr(self.inner, "native_function", lambda call: None)(call)
+    def native_call(self, call: Call) -> tuple[int, int, int, int, int, int] | None:
+        """For the lane's C side (server/native_lane.py), a call this layer checks no more than run_one does,
+        or a launch it checks no more than the size of: (the inner backend's C function, how it takes the
+        arguments, the argument holding the one device address or -1, its length's, bytes per unit of the
+        length, a blob's largest size). None: the call runs in Python."""
+        found = getattr(self.inner, "native_function", lambda call: None)(call)
         params = _address_params(call)
-        if (function is None or call.family in _ACCOUNTED or call.family in EMBEDDING or len(params) > 1
-                or (params and params[0][2].length is None)):
+        if found is None or len(params) > 1 or (params and params[0][2].length is None):
+            return None
+        if call.family == "xpuLaunchKernel" and not params:
+            return *found, -1, -1, 0, MAX_KERNEL_PARAMETERS
+        if call.family in _ACCOUNTED or call.family in EMBEDDING:
             return None
         if not params:
-            return function, -1, -1, 0
+            return *found, -1, -1, 0, 0
         (i, _, _), (scale, j) = params[0], params[0][2].length
-        return function, i, j, scale
+        return *found, i, j, scale, 0
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
         self.check_addresses(call, args)

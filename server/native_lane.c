@@ -15,25 +15,32 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define XPU_NATIVE_ARGS 8
+#define XPU_NATIVE_ARGS 12
 #define XPU_NATIVE_OPS 64          /* registered ops: a power of two */
 #define XPU_NATIVE_HANDLES 1024    /* taught handles: a power of two; full, the table starts again */
 #define XPU_NATIVE_RANGES 16       /* taught ranges; full, the oldest goes */
 #define XPU_NO_BLOB 0xFFFF
 
-enum { XPU_ARG_INT = 0, XPU_ARG_HANDLE = 1 };
+enum { XPU_ARG_INT = 0, XPU_ARG_HANDLE = 1, XPU_ARG_BLOB = 2 };
 enum { XPU_RAN_ALL = 0, XPU_TO_PYTHON = 1, XPU_FAILURES_FULL = 2 };
+/* How the driver function takes the arguments: as they are (integers and handles, up to 8), or as
+ * cuLaunchKernel takes xpuLaunchKernel's (the blob, its kernel's arguments, through `extra`). */
+enum { XPU_PLAIN = 0, XPU_LAUNCH = 1 };
 
 typedef int (*xpu_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
+typedef int (*xpu_launch_fn)(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by,
+                             uint32_t bz, uint32_t shared, uint64_t stream, void **params, void **extra);
 
 struct xpu_native_op {
     uint32_t opcode;
     uint32_t count;
-    xpu_fn fn;
+    void *fn;
+    uint32_t convention;
     uint8_t kind[XPU_NATIVE_ARGS], family[XPU_NATIVE_ARGS];
-    uint64_t max[XPU_NATIVE_ARGS];  /* an integer's largest value */
+    uint64_t max[XPU_NATIVE_ARGS];  /* an integer's largest value; a blob's, in bytes */
     int32_t address, length;         /* the device address's argument and its length's, or -1 */
     uint64_t scale;                  /* bytes per unit of the length */
+    int32_t blob, blob_size;         /* the blob's argument and the one that says its size, or -1 */
 };
 
 struct xpu_native_handle { uint64_t key, value; uint32_t family, used; };
@@ -57,13 +64,17 @@ static struct xpu_native_op *op_slot(struct xpu_native *n, uint32_t opcode) {
     return NULL;
 }
 
-/* 0, or -1 where the op cannot be registered (too many arguments, the table full). */
-int xpu_native_op(struct xpu_native *n, uint32_t opcode, void *fn, uint32_t count, const uint8_t *kind,
-                  const uint8_t *family, const uint64_t *max, int32_t address, int32_t length, uint64_t scale) {
+/* 0, or -1 where the op cannot be registered (its shape, the table full). */
+int xpu_native_op(struct xpu_native *n, uint32_t opcode, void *fn, uint32_t convention, uint32_t count,
+                  const uint8_t *kind, const uint8_t *family, const uint64_t *max, int32_t address, int32_t length,
+                  uint64_t scale, int32_t blob, int32_t blob_size) {
     struct xpu_native_op *op = op_slot(n, opcode);
-    if (!op || !fn || count > XPU_NATIVE_ARGS) return -1;
-    *op = (struct xpu_native_op){.opcode = opcode, .count = count, .fn = (xpu_fn)fn, .address = address,
-                                 .length = length, .scale = scale};
+    int plain = convention == XPU_PLAIN && count <= 8 && blob < 0;
+    int launch = convention == XPU_LAUNCH && count == 12 && blob == 9 && blob_size == 10;
+    if (!op || !fn || !(plain || launch)) return -1;
+    *op = (struct xpu_native_op){.opcode = opcode, .count = count, .fn = fn, .convention = convention,
+                                 .address = address, .length = length, .scale = scale, .blob = blob,
+                                 .blob_size = blob_size};
     memcpy(op->kind, kind, count);
     memcpy(op->family, family, count);
     memcpy(op->max, max, count * sizeof(uint64_t));
@@ -106,12 +117,14 @@ static int in_range(const struct xpu_native *n, uint64_t address, uint64_t size)
     return 0;
 }
 
-/* The driver's arguments for a record, or 0 where Python must run it. */
+/* The driver's arguments for a record (its blob of `blob_len` bytes), or 0 where Python must run it. */
 static int arguments(const struct xpu_native *n, const struct xpu_native_op *op, const uint64_t *in,
-                     uint64_t *out) {
+                     uint64_t blob_len, uint64_t *out) {
     for (uint32_t i = 0; i < op->count; i++) {
         uint64_t v = in[i];
-        if (op->kind[i] == XPU_ARG_INT) {
+        if (op->kind[i] == XPU_ARG_BLOB) {
+            if (blob_len > op->max[i] || in[op->blob_size] != blob_len) return 0;
+        } else if (op->kind[i] == XPU_ARG_INT) {
             if (v > op->max[i]) return 0;
             out[i] = v;
         } else if (v == 0) {
@@ -128,6 +141,14 @@ static int arguments(const struct xpu_native *n, const struct xpu_native_op *op,
         if (!in_range(n, in[op->address], size ? size : 1)) return 0;
     }
     return 1;
+}
+
+static int call(const struct xpu_native_op *op, const uint64_t *a, const uint8_t *blob, uint64_t blob_len) {
+    if (op->convention == XPU_PLAIN) return ((xpu_fn)op->fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
+    size_t size = blob_len;
+    void *extra[] = {(void *)1, (void *)blob, (void *)2, &size, NULL};  /* CU_LAUNCH_PARAM_BUFFER_*, END */
+    return ((xpu_launch_fn)op->fn)(a[0], (uint32_t)a[1], (uint32_t)a[2], (uint32_t)a[3], (uint32_t)a[4],
+                                   (uint32_t)a[5], (uint32_t)a[6], (uint32_t)a[7], a[8], NULL, extra);
 }
 
 /* Run the records of data[*at, len) in context `ctx` until the end (XPU_RAN_ALL), a record Python
@@ -148,14 +169,17 @@ int xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uint
         memcpy(&blob_len, data + pos + 8, 4);
         memcpy(&record_ctx, data + pos + 16, 8);
         const struct xpu_native_op *op = op_slot(n, opcode);
-        if (!op || !op->fn || op->count != count || blob_at != XPU_NO_BLOB || blob_len || record_ctx != ctx
-            || len - pos - 24 < 8u * count)
+        int blob_ok = op && (op->blob < 0 ? blob_at == XPU_NO_BLOB && !blob_len : blob_at == op->blob);
+        if (!op || !op->fn || op->count != count || !blob_ok || record_ctx != ctx
+            || len - pos - 24 < 8u * count + (uint64_t)blob_len)
             break;
         uint64_t in[XPU_NATIVE_ARGS], out[XPU_NATIVE_ARGS] = {0};
         memcpy(in, data + pos + 24, 8u * count);
-        if (!arguments(n, op, in, out)) break;
-        int rc = op->fn(out[0], out[1], out[2], out[3], out[4], out[5], out[6], out[7]);
-        pos += 24 + 8u * count;
+        if (!arguments(n, op, in, blob_len, out)) break;
+        const uint8_t *blob = data + pos + 24 + 8u * count;
+        int rc = call(op, out, blob, blob_len);
+        uint64_t next = pos + 24 + 8u * count + (((uint64_t)blob_len + 7) & ~(uint64_t)7);
+        pos = next < len ? next : len;  /* the blob's padding may run past the end, as Python reads it */
         (*ran)++;
         if (rc) {
             failed_op[*failures] = opcode;

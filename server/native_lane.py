@@ -40,15 +40,17 @@ CDEF = """
 struct xpu_native;
 struct xpu_native *xpu_native_new(void);
 void xpu_native_free(struct xpu_native *n);
-int xpu_native_op(struct xpu_native *n, uint32_t opcode, void *fn, uint32_t count, const uint8_t *kind,
-                  const uint8_t *family, const uint64_t *max, int32_t address, int32_t length, uint64_t scale);
+int xpu_native_op(struct xpu_native *n, uint32_t opcode, void *fn, uint32_t convention, uint32_t count,
+                  const uint8_t *kind, const uint8_t *family, const uint64_t *max, int32_t address, int32_t length,
+                  uint64_t scale, int32_t blob, int32_t blob_size);
 void xpu_native_forget(struct xpu_native *n);
 void xpu_native_handle(struct xpu_native *n, uint64_t key, uint32_t family, uint64_t value);
 void xpu_native_range(struct xpu_native *n, uint64_t low, uint64_t high);
 int xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uint64_t *at, uint64_t ctx,
                    uint64_t *ran, uint32_t *failed_op, int32_t *status, uint32_t room, uint32_t *failures);
 """
-MAX_ARGS = 8  # native_lane.c's XPU_NATIVE_ARGS
+PLAIN, LAUNCH = 0, 1  # how the driver function takes the arguments (native_lane.c)
+INT, HANDLE, BLOB = 0, 1, 2  # an argument's kind
 FAILURES = 64  # failures one run reports before it hands back
 _loaded: tuple[Any, Any] | None = None
 _tried = False
@@ -56,16 +58,20 @@ _tried = False
 
 @dataclass(frozen=True)
 class NativeOp:
-    """What the C side needs of a call: its driver function, each argument's kind (0: integer, 1: handle)
-    with its largest value or its handle family, and the device range it touches (-1: none)."""
+    """What the C side needs of a call: its driver function and how it takes the arguments, each argument's
+    kind with its largest value (a blob's: bytes) or its handle family, the device range it touches (the
+    address's argument, its length's, bytes per unit; -1: none), and which argument says the blob's size."""
 
     function: int
+    convention: int
     kinds: tuple[int, ...]
-    bounds: tuple[int, ...]  # an integer's largest value; 0 for a handle
-    families: tuple[int, ...]  # a handle's family number; 0 for an integer
+    bounds: tuple[int, ...]
+    families: tuple[int, ...]  # a handle's family number; 0 for the rest
     address: int = -1
     length: int = -1
     scale: int = 0
+    blob: int = -1
+    blob_size: int = -1
 
 
 def _library() -> tuple[Any, Any] | None:
@@ -121,14 +127,13 @@ class NativeLane:
         loaded = _library()
         return cls(*loaded) if loaded else None
 
-    def register(self, opcode: int, op: NativeOp | None) -> None:
-        if op is not None and len(op.kinds) <= MAX_ARGS:
-            ffi = self.ffi
-            status = self.lib.xpu_native_op(
-                self.state, opcode, ffi.cast("void *", op.function), len(op.kinds), bytes(op.kinds),
-                bytes(op.families), ffi.new("uint64_t[]", list(op.bounds) or [0]), op.address, op.length, op.scale)
-            op = op if status == 0 else None
-        self.ops[opcode] = op
+    def register(self, opcode: int, op: NativeOp) -> None:
+        """The C side runs `opcode`'s records from now on, where it takes the op's shape."""
+        status = self.lib.xpu_native_op(
+            self.state, opcode, self.ffi.cast("void *", op.function), op.convention, len(op.kinds), bytes(op.kinds),
+            bytes(op.families), self.ffi.new("uint64_t[]", list(op.bounds) or [0]), op.address, op.length, op.scale,
+            op.blob, op.blob_size)
+        self.ops[opcode] = op if status == 0 else None
 
     def forget(self, marks: tuple[int, int], defaults: list[tuple[int, int, int]]) -> None:
         """Everything taught goes (a handle or a range went away); the handles every session has stay."""

@@ -35,7 +35,7 @@ from xpuremote.protocol.calls import BY_OPCODE, CALLS, DEFAULT_STREAMS, Call, Pa
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import LinkSpec, Wire, wait_until
 
-from . import auth, data, metrics
+from . import auth, data, metrics, native_lane
 from .backends import load_backend
 from .backends.base import Backend
 from .data import DATA_TIMEOUT_S, Asked, DataConnection, DataError, Incoming
@@ -324,9 +324,9 @@ class Session:
     # ---- the lane in C (native_lane.py) ----------------------------------------------------------
     def register_native(self, call: Call) -> None:
         """Tell the C side how to run `call`, where the backend has it as a C function and the session checks
-        no more than numbers' bounds, handles and one device range (the backend's native_call)."""
-        plain, native_call = _plain(call), getattr(self.backend, "native_call", None)
-        if (plain is None or native_call is None or call.destroys or self.gpu_timer or not call.sent
+        no more than numbers' bounds, handles, one device range and a blob's size (the backend's native_call)."""
+        shape, native_call = _native_shape(call), getattr(self.backend, "native_call", None)
+        if (shape is None or native_call is None or call.destroys or self.gpu_timer or not call.sent
                 or call.library != "cuda" or (found := native_call(call)) is None):
             return
         if self.native is None:
@@ -335,13 +335,12 @@ class Session:
             self.native_tried, self.native = True, NativeLane.load()
             if self.native is None:
                 return
-        function, address, length, scale = found
-        handles, bounds = set(plain.handles), {i: high - 1 for i, _, high in plain.ints}
-        self.native.register(call.opcode, NativeOp(
-            function, tuple(int(i in handles) for i in range(len(call.params))),
-            tuple(bounds.get(i, 0) for i in range(len(call.params))),
-            tuple(_family_number(call.params[i].ctype) if i in handles else 0 for i in range(len(call.params))),
-            address, length, scale))
+        function, convention, address, length, scale, blob_max = found
+        kinds, bounds, families, blob, blob_size = shape
+        if blob >= 0:
+            bounds = (*bounds[:blob], blob_max, *bounds[blob + 1:])
+        self.native.register(call.opcode, NativeOp(function, convention, kinds, bounds, families, address, length,
+                                                   scale, blob, blob_size))
 
     def teach(self, op: NativeOp, record: list[Any]) -> None:
         """What the record just run named, now checked: its handles and its device range."""
@@ -543,6 +542,33 @@ _FAMILY_NUMBERS: dict[str, int] = {}
 def _family_number(ctype: str) -> int:
     """A handle family as the lane's C side names it (1 on)."""
     return _FAMILY_NUMBERS.setdefault(_handle_family(ctype), len(_FAMILY_NUMBERS) + 1)
+
+
+def _native_shape(call: Call) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int, int] | None:
+    """(each argument's kind, largest value, handle family; the blob's argument and its size's) of a call
+    whose arguments are integers, handles and at most one input of bytes sized by one integer argument (a
+    launch's kernel arguments): what the session checks of them, for the lane's C side. None for others."""
+    kinds, bounds, families, blob, blob_size = [], [], [], -1, -1
+    names = [p.name for p in call.params]
+    for i, p in enumerate(call.params):
+        if p.kind == "int":
+            bits = 8 * p.size
+            kinds.append(native_lane.INT)
+            bounds.append((1 << (bits - 1) if p.signed else 1 << bits) - 1)
+        elif p.kind == "handle":
+            kinds.append(native_lane.HANDLE)
+            bounds.append(0)
+        elif (p.kind == "ptr" and p.direction == "in" and blob < 0 and p.count in names
+              and not (p.is_address or p.is_scalar or p.is_string)):
+            blob, blob_size = i, names.index(p.count)
+            kinds.append(native_lane.BLOB)
+            bounds.append(0)
+        else:
+            return None
+        families.append(_family_number(p.ctype) if p.kind == "handle" else 0)
+    if blob >= 0 and call.params[blob_size].kind != "int":
+        return None
+    return tuple(kinds), tuple(bounds), tuple(families), blob, blob_size
 
 
 def _opcode_at(view: memoryview, at: int) -> int:

@@ -126,9 +126,15 @@ def test_an_install_reached_through_pythonpath_serves_a_python_without_cffi(serv
     folder = tmp_path / "site"
     folder.mkdir()
     (folder / "xpuremote").symlink_to(ROOT)  # the checkout is the package
-    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        if not entry.name.startswith(("xpuremote", "__editable__", "_xpuremote")):
-            (folder / entry.name).symlink_to(entry)
+    # the dependencies from where this Python finds them: its environment, and a folder on PYTHONPATH (the
+    # GPU check installs them so, for a Python without pyzmq and cffi)
+    paths = sysconfig.get_paths()
+    places = [*os.environ.get("PYTHONPATH", "").split(os.pathsep), paths["purelib"], paths["platlib"]]
+    for place in dict.fromkeys(p for p in places if p and Path(p).is_dir()):
+        for entry in Path(place).iterdir():
+            linked = folder / entry.name
+            if not entry.name.startswith(("xpuremote", "__editable__", "_xpuremote")) and not linked.exists():
+                linked.symlink_to(entry)
     bare = tmp_path / "bare"
     subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
     python = str(bare / "bin" / "python")

@@ -51,7 +51,11 @@ def test_the_shim_side_answers_everything_asked(record: dict[str, Any]) -> None:
     assert answers["driver"]["cuDeviceGetCount"]["status"] == 0 and answers["driver"]["cuDeviceGetCount"]["value"] >= 1
     assert answers["device"]["dev0 name"]["value"].startswith(DEVICE_NAME)
     attributes = {int(key.split()[1]) for key in answers["attribute"]}
-    assert attributes == set(da.attribute_ids()) and all(a["status"] == 0 for a in answers["attribute"].values())
+    assert attributes == set(da.attribute_ids())
+    # refused only where the real driver refuses it too (a driver older than the headers: 148-161 on 580)
+    real = record["sides"].get("real", {}).get("answers", {}).get("attribute", {})
+    refused = {key: a["status"] for key, a in answers["attribute"].items() if a["status"] != 0}
+    assert refused == {key: real[key]["status"] for key in refused if key in real}, refused
     names = answers["cuGetErrorName"]
     assert len(names) == len(errors.NAMES) == len(answers["cuGetErrorString"])
     assert names[f"{errors.INVALID_VALUE} CUDA_ERROR_INVALID_VALUE"] == {"status": 0,

@@ -16,7 +16,7 @@ import pytest
 from conftest import BACKEND, TORCH_SIM_KERNELS, start_server
 
 SCENARIO = r"""
-import json, struct, sys
+import hashlib, json, struct, sys
 from xpuremote.protocol import wire
 from xpuremote.protocol.calls import CALLS
 from xpuremote.server.backends.cuda import CudaBackend
@@ -24,6 +24,8 @@ from xpuremote.server.limits import Accounted, Limits
 from xpuremote.server.worker import Session
 
 CTX, OTHER_CTX, STREAM, EVENT = 0x7C00_0000_1000, 0x7C00_0000_1100, 0x7C00_0000_2000, 0x7C00_0000_3000
+MODULE, SAXPY = 0x7C00_0000_4000, 0x7C00_0000_4010
+PTX = sys.argv[1].encode()
 backend = Accounted(CudaBackend(), Limits())
 session = Session(backend)
 session.limits = backend.limits
@@ -36,10 +38,19 @@ def batch(*calls):
     assert answer["status"] == 0, answer
     return answer["outs"]
 
+def record(symbol, args, ctx=CTX, blob=None):
+    head = wire.LANE_RECORD.pack(op(symbol), len(args), wire.LANE_NO_BLOB if blob is None else 9,
+                                 len(blob or b""), 0, ctx)
+    return head + struct.pack(f"<{len(args)}Q", *args) + (blob or b"") + bytes(-len(blob or b"") % 8)
+
 def lane(*records, ctx=CTX):
-    data = b"".join(wire.LANE_RECORD.pack(op(s), len(a), wire.LANE_NO_BLOB, 0, 0, ctx) + struct.pack(f"<{len(a)}Q", *a)
-                    for s, a in records)
+    data = b"".join(r if isinstance(r, bytes) else record(*r, ctx=ctx) for r in records)
     session.run_lane([data, len(data)])
+
+def saxpy(a, x, y, n, func=SAXPY, size=None):
+    blob = struct.pack("<f4xQQI", a, x, y, n)
+    return record("xpuLaunchKernel", [func, 1, 1, 1, n, 1, 1, 0, STREAM, 0, len(blob) if size is None else size, 0],
+                  blob=blob)
 
 def read(address, size):
     return batch(("cuMemcpyDtoH_v2", [size, address, size]))[0]
@@ -71,10 +82,57 @@ lane((memset, [base + 48, 8, 16, 0]), ctx=OTHER_CTX)
 after += [[name, status] for name, status, _ in session.deferred]
 session.deferred.clear()
 third = read(base, 64)
+# launches: y = 2 + 10 * 3x with x = 1 (a kernel's arguments as the lane's blob); refused: a foreign kernel,
+# a size that is not the blob's
+batch(("xpuModuleLoad", [MODULE, hashlib.sha256(PTX).digest(), PTX, len(PTX)]),
+      ("xpuModuleGetFunction", [SAXPY, MODULE, "saxpy"]))
+x, y = base + 4096, base + 8192
+lane(("cuMemsetD32Async", [x, 0x3F800000, 256, STREAM]), ("cuMemsetD32Async", [y, 0x40000000, 256, STREAM]),
+     *[saxpy(3.0, x, y, 256) for _ in range(10)], saxpy(3.0, x, y, 256, func=0x7C00_0000_4990),
+     saxpy(3.0, x, y, 256, size=8))
+launches = [[name, status] for name, status, _ in session.deferred]
+session.deferred.clear()
+ys = struct.unpack("<256f", read(y, 1024))
 native = session.native
 print(json.dumps({"first": first.hex(), "refusals": refusals, "second": second.hex(), "after": after,
-                  "third": third.hex(), "lane_calls": session.lane_calls,
+                  "third": third.hex(), "launches": launches, "y": sorted(set(ys)), "lane_calls": session.lane_calls,
                   "in_c": native.calls if native else 0}))
+"""
+
+
+# y = a * x + y for the first n elements, one thread each (tests/sim_kernels.py is the sim's saxpy)
+SAXPY_PTX = """
+.version 8.0
+.target sm_90
+.address_size 64
+.visible .entry saxpy(.param .f32 a, .param .u64 x, .param .u64 y, .param .u32 n)
+{
+    .reg .pred %p;
+    .reg .f32 %f<4>;
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<8>;
+    ld.param.f32 %f1, [a];
+    ld.param.u64 %rd1, [x];
+    ld.param.u64 %rd2, [y];
+    ld.param.u32 %r1, [n];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    setp.ge.s32 %p, %r5, %r1;
+    @%p bra DONE;
+    cvta.to.global.u64 %rd3, %rd1;
+    cvta.to.global.u64 %rd4, %rd2;
+    mul.wide.s32 %rd5, %r5, 4;
+    add.s64 %rd6, %rd3, %rd5;
+    add.s64 %rd7, %rd4, %rd5;
+    ld.global.f32 %f2, [%rd6];
+    ld.global.f32 %f3, [%rd7];
+    fma.rn.f32 %f3, %f1, %f2, %f3;
+    st.global.f32 [%rd7], %f3;
+DONE:
+    ret;
+}
 """
 
 
@@ -93,7 +151,8 @@ def driver_env(tmp_path_factory: pytest.TempPathFactory, shim: Path):
 def run_scenario(env: dict[str, str], native: str) -> dict:
     full = {**os.environ, **env, "XPU_NATIVE_LANE": native}
     full.pop("LD_PRELOAD", None)
-    proc = subprocess.run([sys.executable, "-c", SCENARIO], env=full, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", SCENARIO, SAXPY_PTX], env=full, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -110,3 +169,5 @@ def test_the_lane_in_c_does_what_the_lane_in_python_does(driver_env: dict[str, s
     assert bytes.fromhex(in_c["second"]) == bytes([1]) * 16 + expected[16:32] + bytes([5]) * 16
     assert in_c["after"] == [["cuMemsetD8Async", 1], ["cuEventRecord", 400]]
     assert bytes.fromhex(in_c["third"])[:16] == bytes([7]) * 16
+    assert in_c["launches"] == [["xpuLaunchKernel", 400], ["xpuLaunchKernel", 1]]
+    assert in_c["y"] == [32.0]

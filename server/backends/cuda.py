@@ -44,6 +44,7 @@ from xpuremote.protocol.layouts import (
     SM_RESOURCE,
 )
 
+from .. import native_lane
 from ..data import Incoming
 from .base import CAPTURE_REFUSED, Backend, DeviceInfo, Inventory, check_module_image, launch_attributes
 from .cuda_upload import Upload
@@ -301,12 +302,15 @@ class CudaBackend(Backend):
                     or call.family.startswith("xpu") or any(p.kind not in ("int", "handle") for p in call.params)
                     or not hasattr(self.lib, call.symbol))
 
-    def native_function(self, call: Call) -> int | None:
-        """The driver function's address, for the lane's C side (server/native_lane.py): a call `runner`
-        compiles that names no context (a green context stands in for one, which only Python maps)."""
+    def native_function(self, call: Call) -> tuple[int, int] | None:
+        """(the driver function's address, how it takes the arguments), for the lane's C side
+        (server/native_lane.py): a call `runner` compiles that names no context (a green context stands in
+        for one, which only Python maps), or a launch as xpuLaunchKernel runs it."""
+        if call.family == "xpuLaunchKernel":
+            return int(self.ffi.cast("uintptr_t", self.ffi.addressof(self.lib, "cuLaunchKernel"))), native_lane.LAUNCH
         if not self.compiles(call) or any(p.ctype == "CUcontext" for p in call.params):
             return None
-        return int(self.ffi.cast("uintptr_t", self.ffi.addressof(self.lib, call.symbol)))
+        return int(self.ffi.cast("uintptr_t", self.ffi.addressof(self.lib, call.symbol))), native_lane.PLAIN
 
     def upload_from_network(self, call: Call, args: list[Any]) -> list[Any]:
         """A copy whose bytes come on the data connection, in pieces (cuda_upload.py). Not into a capture: its

@@ -1,0 +1,160 @@
+"""The worker's CPU per lane record on the cuda backend: records run in C (server/native_lane.c) against the
+same records run in Python, in process, beside the driver calls alone made from cffi.
+
+    python bench/native_lane.py [--backend cuda|stand-in] [--records N] [--out bench/results/native-lane.json]
+
+A cuda-backend session (Accounted over CudaBackend, as a worker has it) runs lanes of `cuMemsetD8Async` records
+and lanes of `xpuLaunchKernel` records (a saxpy of n = 0, so the GPU does nothing): CPU time of this process
+per record. `cuda` uses NVIDIA's libcuda (a GPU); `stand-in` uses xpuremote's own shim chained to a sim server
+started here (named as such: its figures include the stand-in's own client, the same for both ways).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+CTX, STREAM, MODULE, SAXPY = 0x7C00_0000_1000, 0x7C00_0000_2000, 0x7C00_0000_4000, 0x7C00_0000_4010
+PER_LANE = 500
+
+
+def measure(records: int, repeats: int) -> dict[str, Any]:
+    """In this process, with XPU_NATIVE_LANE as the parent set it: CPU µs per record of each kind."""
+    from test_native_lane import SAXPY_PTX
+
+    from xpuremote.protocol import wire
+    from xpuremote.protocol.calls import CALLS
+    from xpuremote.server.backends.cuda import CudaBackend
+    from xpuremote.server.limits import Accounted, Limits
+    from xpuremote.server.worker import Session
+
+    backend = Accounted(CudaBackend(), Limits())
+    session = Session(backend)
+    session.limits = backend.limits
+
+    def batch(*calls: tuple[str, list[Any]]) -> list[Any]:
+        answer = session.run_batch([[CALLS[name].opcode, args] for name, args in calls], True)
+        if answer["status"]:
+            raise RuntimeError(f"set-up failed: {answer}")
+        return answer["outs"]
+
+    ptx = SAXPY_PTX.encode()
+    batch(("cuCtxCreate_v2", [CTX, 0, 0]))
+    base = int.from_bytes(batch(("cuMemAlloc_v2", [8, 1 << 20]))[0], "little")
+    batch(("cuStreamCreate", [STREAM, 1]), ("xpuModuleLoad", [MODULE, hashlib.sha256(ptx).digest(), ptx, len(ptx)]),
+          ("xpuModuleGetFunction", [SAXPY, MODULE, "saxpy"]))
+    memset = wire.LANE_RECORD.pack(CALLS["cuMemsetD8Async"].opcode, 4, wire.LANE_NO_BLOB, 0, 0, CTX)
+    lanes = {"cuMemsetD8Async": b"".join(memset + struct.pack("<4Q", base + 256 * (i % 4096), i & 0xFF, 256, STREAM)
+                                         for i in range(PER_LANE))}
+    blob = struct.pack("<f4xQQI", 1.0, base, base + 4096, 0)  # 28 bytes, padded to 32 in the lane
+    launch = (wire.LANE_RECORD.pack(CALLS["xpuLaunchKernel"].opcode, 12, 9, len(blob), 0, CTX)
+              + struct.pack("<12Q", SAXPY, 1, 1, 1, 32, 1, 1, 0, STREAM, 0, len(blob), 0) + blob + bytes(4))
+    lanes["xpuLaunchKernel"] = launch * PER_LANE
+    figures: dict[str, Any] = {}
+    for name, data in lanes.items():
+        session.run_lane([data, len(data)])  # warm: registered, taught
+        samples = []
+        for _ in range(repeats):
+            began = time.process_time()
+            for _ in range(records // PER_LANE):
+                session.run_lane([data, len(data)])
+            samples.append((time.process_time() - began) / (records // PER_LANE * PER_LANE) * 1e6)
+        figures[name] = statistics.median(samples)
+    if session.deferred:
+        raise RuntimeError(f"records failed: {session.deferred[:3]}")
+    figures["driver"] = driver_alone(backend.inner, base, records, repeats)
+    figures["in_c"] = session.native.calls if session.native else 0
+    return figures
+
+
+def driver_alone(cuda: Any, base: int, records: int, repeats: int) -> float:
+    """The same memsets called straight from cffi: the driver's own cost, with cffi's call on top."""
+    fn, stream = cuda.lib.cuMemsetD8Async, cuda.ffi.cast("void *", 0)
+    samples = []
+    for _ in range(repeats):
+        began = time.process_time()
+        for i in range(records):
+            fn(base + 256 * (i % 4096), i & 0xFF, 256, stream)
+        samples.append((time.process_time() - began) / records * 1e6)
+    return statistics.median(samples)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["cuda", "stand-in"], default="stand-in")
+    parser.add_argument("--records", type=int, default=50_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, help="write JSON here and Markdown beside it")
+    parser.add_argument("--measure", choices=["0", "1"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure:  # the child: one way
+        print(json.dumps(measure(args.records, args.repeats)))
+        return 0
+
+    from foundation import clean_env, start_server, stop
+
+    from xpuremote.interpose.build import ensure_shim
+
+    env, servers = clean_env(), []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            if args.backend == "stand-in":
+                sim, address = start_server(Path(tmp) / "sim.log", "sim",
+                                            env={"XPU_SIM_KERNELS": str(HERE.parent / "tests" / "sim_kernels.py")})
+                servers.append(sim)
+                env |= {"XPU_CUDA_LIBRARY": str(ensure_shim()), "XPU_SERVER": address}
+            rows = {}
+            for way, flag in (("in C", "1"), ("in Python", "0")):
+                proc = subprocess.run([sys.executable, __file__, "--measure", flag, "--records", str(args.records),
+                                       "--repeats", str(args.repeats)], env={**env, "XPU_NATIVE_LANE": flag},
+                                      capture_output=True, text=True, timeout=900)
+                if proc.returncode:
+                    raise SystemExit(f"the {way} run failed:\n{proc.stderr[-3000:]}")
+                rows[way] = json.loads(proc.stdout.strip().splitlines()[-1])
+    finally:
+        for server in servers:
+            stop(server)
+    result = {"backend": args.backend, "records": args.records, "repeats": args.repeats, "rows": rows,
+              "python": sys.version.split()[0], "load": os.getloadavg(),
+              "command": " ".join(["python bench/native_lane.py", *(sys.argv[1:] if argv is None else argv)])}
+    table = markdown(result)
+    print(table)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        args.out.with_suffix(".md").write_text(table)
+    return 0
+
+
+def markdown(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    lines = ["# Lane records on the cuda backend: the worker's CPU per record, in C and in Python", "",
+             f"`{result['command']}`", "",
+             f"Backend {result['backend']}, Python {result['python']}, {result['records']:,} records a kind, medians "
+             f"of {result['repeats']}; load average after {[round(x, 2) for x in result['load']]}. In process: "
+             "a cuda-backend session runs the lanes.", "",
+             "| record | in C, µs | in Python, µs | Python / C |", "|---|---:|---:|---:|"]
+    for kind in ("cuMemsetD8Async", "xpuLaunchKernel"):
+        c, py = rows["in C"][kind], rows["in Python"][kind]
+        lines.append(f"| {kind} | {c:.2f} | {py:.2f} | {py / c:.1f}x |")
+    lines += ["", f"The same memsets called straight from cffi (the driver's own cost with cffi's call on top): "
+              f"{rows['in C']['driver']:.2f} µs. Records run in C: {rows['in C']['in_c']:,} (in the Python run: "
+              f"{rows['in Python']['in_c']})."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
