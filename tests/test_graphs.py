@@ -3,6 +3,7 @@ on the session's server and through the cuda backend's generic replay; torch.cud
 
 from __future__ import annotations
 
+import struct
 import sys
 from pathlib import Path
 from typing import Any
@@ -152,3 +153,28 @@ def test_an_address_the_driver_gives_again_gets_a_live_handle() -> None:
         assert session.handles[named] == ("CUgraph", body)
         session.execute(CALLS["cuGraphDestroy"], [graph])
         assert named not in session.handles
+
+
+@pytest.mark.sim_only(reason="the sim's own refusal; on a GPU graph_check.py's launch with a timing-free event "
+                      "is the driver's side of it")
+def test_a_launch_attributes_event_must_not_time(server) -> None:
+    """cuda.h: a launch-completion or programmatic event is made with CU_EVENT_DISABLE_TIMING; the driver
+    refuses a timing one with NOT_SUPPORTED (an H200), and so does the sim."""
+    from test_isolation import FUNCTION, load
+
+    from xpuremote.protocol.cuda_api import ENUMS
+    from xpuremote.protocol.layouts import LAUNCH_ATTRIBUTE
+
+    client = PyClient(server.address)
+    try:
+        load(client)
+        buffer = client.alloc(64)
+        params = struct.pack("<f4xQQI", 1.0, buffer, buffer, 0)  # saxpy(a, x, y, n = 0)
+        for flags, status in ((0, errors.NOT_SUPPORTED), (ENUMS["CU_EVENT_DISABLE_TIMING"], errors.SUCCESS)):
+            event = 0x7C00_0000_5000 + 0x10 * flags
+            client.post("cuEventCreate", event, flags)
+            attrs = LAUNCH_ATTRIBUTE.pack(12, event.to_bytes(8, "little"))  # a launch-completion event
+            client.post("xpuLaunchKernelEx", FUNCTION, 1, 1, 1, 32, 1, 1, 0, 0, params, len(params), attrs, 1)
+            assert client.status_of("cuCtxSynchronize") == status, flags
+    finally:
+        client.close()
