@@ -27,7 +27,6 @@ the first call to the end of the synchronize. Medians of the repeats.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -42,7 +41,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from foundation import clean_env, start_server, stop  # noqa: E402
+from foundation import clean_env, publish, start_server, stop  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -188,11 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"calls": args.calls, "repeats": args.repeats, "rows": rows, "load": os.getloadavg(),
               "python": sys.version.split()[0], "backend": args.backend,
               "command": shlex.join(["python", "bench/async_calls.py", *(sys.argv[1:] if argv is None else argv)])}
-    table = markdown(result)
-    print(table)
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-        args.out.with_suffix(".md").write_text(table)
+    publish(args.out, result, markdown(result))
     return 0
 
 

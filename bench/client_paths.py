@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import mmap
 import os
 import shutil
@@ -182,11 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = measure(args.calls, args.repeats)
     command = "python bench/client_paths.py" + (f" --out {args.out}" if args.out else "")
-    text = markdown(result, command)
-    print(text)
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-        args.out.with_suffix(".md").write_text(text)
+    from foundation import publish
+
+    publish(args.out, result, markdown(result, command))
     return 0
 
 

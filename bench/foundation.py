@@ -545,6 +545,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def publish(out: Path | None, result: dict[str, Any], table: str) -> None:
+    """Print a benchmark's Markdown; with `out`, keep its JSON there and the Markdown beside it."""
+    print(table)
+    if out:
+        out.write_text(json.dumps(result, indent=1) + "\n")
+        out.with_suffix(".md").write_text(table)
+
+
 def clean_env(keys: dict[str, str] | None = None) -> dict[str, str]:
     drop = ("LD_PRELOAD", "XPU_SERVER", "XPU_CLIENT_KEY", "XPU_SERVER_KEY", "XPU_BENCH_KEYS")
     return {**{k: v for k, v in os.environ.items() if k not in drop}, **(keys or {})}

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.records, args.repeats)))
         return 0
 
-    from foundation import clean_env, start_server, stop
+    from foundation import clean_env, publish, start_server, stop
 
     from xpuremote.interpose.build import ensure_shim
 
@@ -131,11 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"backend": args.backend, "records": args.records, "repeats": args.repeats, "rows": rows,
               "python": sys.version.split()[0], "load": os.getloadavg(),
               "command": " ".join(["python bench/native_lane.py", *(sys.argv[1:] if argv is None else argv)])}
-    table = markdown(result)
-    print(table)
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-        args.out.with_suffix(".md").write_text(table)
+    publish(args.out, result, markdown(result))
     return 0
 
 

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from xpuremote.protocol import errors, mathlibs
@@ -197,19 +198,28 @@ def build_library(lib: mathlibs.Library, tmp: Path) -> Path:
     return target
 
 
-def ensure_shim() -> Path:
-    """The shim for this interpreter, built if missing. Safe to call from parallel processes."""
-    root = Path(os.environ.get("XPU_SHIM_DIR") or Path.home() / ".cache" / "xpuremote")
-    out_dir = root / f"shim-{cache_key()}"
-    target = out_dir / NAME
+def cache_root() -> Path:
+    """Where built libraries are kept, each under a name that changes with its sources."""
+    return Path(os.environ.get("XPU_SHIM_DIR") or Path.home() / ".cache" / "xpuremote")
+
+
+def built_once(target: Path, make: Callable[[], object]) -> Path:
+    """`target`, made by `make` if missing. Safe to call from parallel processes (one lock for the cache)."""
     if target.exists():
         return target
+    root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     with open(root / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not target.exists():
-            build(out_dir)
+            make()
     return target
+
+
+def ensure_shim() -> Path:
+    """The shim for this interpreter, built if missing."""
+    out_dir = cache_root() / f"shim-{cache_key()}"
+    return built_once(out_dir / NAME, lambda: build(out_dir))
 
 
 def main(argv: list[str] | None = None) -> int:

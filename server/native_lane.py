@@ -19,13 +19,10 @@ Python and the worker says so once.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import logging
 import os
-import shlex
 import subprocess
-import sysconfig
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,22 +86,18 @@ def _library() -> tuple[Any, Any] | None:
 
 
 def _build() -> Path:
-    compiler = shlex.split(sysconfig.get_config_var("CC") or "cc")
-    digest = hashlib.sha256(SOURCE.read_bytes() + repr(compiler).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("XPU_SHIM_DIR") or Path.home() / ".cache" / "xpuremote")
-    target = root / f"native-lane-{digest}.so"
-    if target.exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not target.exists():
-            with tempfile.TemporaryDirectory(dir=root) as tmp:
-                built = Path(tmp) / target.name
-                subprocess.run([*compiler, "-shared", "-fPIC", "-O2", "-fvisibility=default", str(SOURCE), "-o",
-                                str(built)], check=True, capture_output=True)
-                os.replace(built, target)
-    return target
+    from xpuremote.interpose.build import built_once, cache_root, cc
+
+    digest = hashlib.sha256(SOURCE.read_bytes() + repr(cc()).encode()).hexdigest()[:16]
+    target = cache_root() / f"native-lane-{digest}.so"
+
+    def make() -> None:
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            subprocess.run([*cc(), "-shared", "-fPIC", "-O2", str(SOURCE), "-o", str(built)], check=True,
+                           capture_output=True)
+            os.replace(built, target)
+    return built_once(target, make)
 
 
 class NativeLane:
