@@ -545,20 +545,31 @@ class Param:
     def byte_count(self, values: dict[str, Any]) -> int | None:
         """Bytes behind this pointer, given the call's scalar arguments by name; None when the
         size is not fixed by them (a string, a library scalar, or an output the server sizes)."""
-        if self.count in ("str", "*", "device") or self.is_scalar:
-            return None
         if self.count is None:
             return self.pointee_size
-        return _product(self.count, values, self.pointee_size)
+        factors = self.factors
+        if factors is None:
+            return None
+        total = factors[0]
+        for name in factors[1]:
+            total *= int(values[name])
+        return total
 
-
-def _product(expression: str, values: dict[str, Any], each: int = 0) -> int:
-    """`a*b*4` with the call's scalar arguments by name (`each`: the size of one pointee)."""
-    total = 1
-    for part in expression.split("*"):
-        part = part.strip()
-        total *= int(part) if part.isdigit() else each if part == "each" else int(values[part])
-    return total
+    @cached_property
+    def factors(self) -> tuple[int, tuple[str, ...]] | None:
+        """`count` as `a*b*4` parsed once (byte_count runs on every call that carries bytes): the constant
+        (`each`: the size of one pointee) and the arguments it multiplies; None where no count sizes it."""
+        if self.count in ("str", "*", "device") or self.is_scalar:
+            return None
+        constant, names = 1, []
+        for part in (p.strip() for p in self.count.split("*")):
+            if part.isdigit():
+                constant *= int(part)
+            elif part == "each":
+                constant *= self.pointee_size
+            else:
+                names.append(part)
+        return constant, tuple(names)
 
 
 @dataclass(frozen=True)
