@@ -93,15 +93,19 @@ void xpu_native_forget(struct xpu_native *n) {
     n->taught = n->ranges = n->next_range = 0;
 }
 
-/* A handle Python has resolved: the client's value, its family, the driver's object. */
-void xpu_native_handle(struct xpu_native *n, uint64_t key, uint32_t family, uint64_t value) {
-    if (n->taught >= XPU_NATIVE_HANDLES / 2) {  /* kept sparse, so a miss ends its probe soon */
+/* A handle Python has resolved: the client's value, its family, the driver's object. 1 where the table
+ * was emptied first (kept sparse, so that a miss ends its probe soon): Python teaches it again the
+ * handles every session has. */
+int xpu_native_handle(struct xpu_native *n, uint64_t key, uint32_t family, uint64_t value) {
+    int emptied = n->taught >= XPU_NATIVE_HANDLES / 2;
+    if (emptied) {
         memset(n->handles, 0, sizeof n->handles);
         n->taught = 0;
     }
     struct xpu_native_handle *h = handle_slot(n, key);
     if (!h->used) n->taught++;
     *h = (struct xpu_native_handle){key, value, family, 1};
+    return emptied;
 }
 
 /* Device memory [low, high) that Python found inside the client's allocations. */

@@ -41,7 +41,7 @@ int xpu_native_op(struct xpu_native *n, uint32_t opcode, void *fn, uint32_t conv
                   const uint8_t *kind, const uint8_t *family, const uint64_t *max, int32_t address, int32_t length,
                   uint64_t scale, int32_t blob, int32_t blob_size);
 void xpu_native_forget(struct xpu_native *n);
-void xpu_native_handle(struct xpu_native *n, uint64_t key, uint32_t family, uint64_t value);
+int xpu_native_handle(struct xpu_native *n, uint64_t key, uint32_t family, uint64_t value);
 void xpu_native_range(struct xpu_native *n, uint64_t low, uint64_t high);
 int xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uint64_t *at, uint64_t ctx,
                    uint64_t *ran, uint32_t *failed_op, int32_t *status, uint32_t room, uint32_t *failures);
@@ -108,6 +108,7 @@ class NativeLane:
         self.state = ffi.gc(lib.xpu_native_new(), lib.xpu_native_free)
         self.ops: dict[int, NativeOp | None] = {}  # opcode -> its op, or None: it runs in Python
         self.marks: tuple[int, int] = (-1, -1)  # the session's removals when the C side was last emptied
+        self.defaults: list[tuple[int, int, int]] = []  # (handle, family, object) every session has
         self.at, self.ran = ffi.new("uint64_t *"), ffi.new("uint64_t *")
         self.failed_op, self.status = ffi.new("uint32_t[]", FAILURES), ffi.new("int32_t[]", FAILURES)
         self.failures = ffi.new("uint32_t *")
@@ -131,12 +132,14 @@ class NativeLane:
     def forget(self, marks: tuple[int, int], defaults: list[tuple[int, int, int]]) -> None:
         """Everything taught goes (a handle or a range went away); the handles every session has stay."""
         self.lib.xpu_native_forget(self.state)
-        self.marks = marks
+        self.marks, self.defaults = marks, defaults
         for key, family, value in defaults:
             self.lib.xpu_native_handle(self.state, key, family, value)
 
     def teach_handle(self, key: int, family: int, value: int) -> None:
-        self.lib.xpu_native_handle(self.state, key, family, value)
+        if self.lib.xpu_native_handle(self.state, key, family, value):  # the table was full and emptied
+            for default in self.defaults:
+                self.lib.xpu_native_handle(self.state, *default)
 
     def teach_range(self, low: int, high: int) -> None:
         if low < high:
