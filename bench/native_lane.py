@@ -26,7 +26,6 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
 
 CTX, STREAM, MODULE, SAXPY = 0x7C00_0000_1000, 0x7C00_0000_2000, 0x7C00_0000_4000, 0x7C00_0000_4010
 PER_LANE = 500
@@ -34,8 +33,6 @@ PER_LANE = 500
 
 def measure(records: int, repeats: int) -> dict[str, Any]:
     """In this process, with XPU_NATIVE_LANE as the parent set it: CPU µs per record of each kind."""
-    from test_native_lane import SAXPY_PTX
-
     from xpuremote.protocol import wire
     from xpuremote.protocol.calls import CALLS
     from xpuremote.server.backends.cuda import CudaBackend
@@ -52,7 +49,7 @@ def measure(records: int, repeats: int) -> dict[str, Any]:
             raise RuntimeError(f"set-up failed: {answer}")
         return answer["outs"]
 
-    ptx = SAXPY_PTX.encode()
+    ptx = (HERE.parent / "tests" / "programs" / "saxpy.ptx").read_bytes()
     batch(("cuCtxCreate_v2", [CTX, 0, 0]))
     base = int.from_bytes(batch(("cuMemAlloc_v2", [8, 1 << 20]))[0], "little")
     batch(("cuStreamCreate", [STREAM, 1]), ("xpuModuleLoad", [MODULE, hashlib.sha256(ptx).digest(), ptx, len(ptx)]),
