@@ -23,7 +23,7 @@ from .driver import Driver, implements
 (ENABLE_ON_EXCEPTION, TRIGGER_HOST, LIGHTWEIGHT, ENABLE_USER_TRIGGER, FILE, PIPE, FLAGS) = range(
     ENUMS["CU_COREDUMP_ENABLE_ON_EXCEPTION"], ENUMS["CU_COREDUMP_ENABLE_ON_EXCEPTION"] + 7)
 BOOLS = (ENABLE_ON_EXCEPTION, TRIGGER_HOST, LIGHTWEIGHT, ENABLE_USER_TRIGGER)
-STRINGS = {FILE: "core", PIPE: "corepipe"}
+STRINGS = (FILE, PIPE)
 MAKE_DUMPS = (ENABLE_ON_EXCEPTION, ENABLE_USER_TRIGGER)
 STRING_BYTES = 1024  # up to 1023 characters and the NUL
 
@@ -41,8 +41,8 @@ def size_of(attrib: int) -> int:
 def defaults() -> dict[int, Any]:
     host, pid = socket.gethostname(), os.getpid()
     values: dict[int, Any] = {attrib: attrib == TRIGGER_HOST for attrib in BOOLS}
-    values.update({attrib: f"{stem}.cuda.{host}.{pid}".encode() for attrib, stem in STRINGS.items()})
     values[FILE] = b""  # the driver (580.159) reads its file as empty until one is set, though it names dumps so
+    values[PIPE] = f"corepipe.cuda.{host}.{pid}".encode()
     values[FLAGS] = 0
     return values
 

@@ -22,7 +22,6 @@
 #define XPU_NO_BLOB 0xFFFF
 
 enum { XPU_ARG_INT = 0, XPU_ARG_HANDLE = 1, XPU_ARG_BLOB = 2 };
-enum { XPU_RAN_ALL = 0, XPU_TO_PYTHON = 1, XPU_FAILURES_FULL = 2 };
 /* How the driver function takes the arguments: as they are (integers and handles, up to 8), or as
  * cuLaunchKernel takes xpuLaunchKernel's (the blob, its kernel's arguments, through `extra`). */
 enum { XPU_PLAIN = 0, XPU_LAUNCH = 1 };
@@ -155,12 +154,11 @@ static int call(const struct xpu_native_op *op, const uint64_t *a, const uint8_t
                                    (uint32_t)a[5], (uint32_t)a[6], (uint32_t)a[7], a[8], NULL, extra);
 }
 
-/* Run the records of data[*at, len) in context `ctx` until the end (XPU_RAN_ALL), a record Python
- * must run (XPU_TO_PYTHON, *at its offset, a malformed one included: Python's reader says why), or
- * `room` failures (XPU_FAILURES_FULL). Each failure: its record's opcode and the driver's status.
- * *ran counts the records run here. */
-int xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uint64_t *at, uint64_t ctx,
-                   uint64_t *ran, uint32_t *failed_op, int32_t *status, uint32_t room, uint32_t *failures) {
+/* Run the records of data[*at, len) in context `ctx` until the end, a record Python must run (*at is
+ * its offset; a malformed one included: Python's reader says why), or `room` failures. Each failure:
+ * its record's opcode and the driver's status. *ran counts the records run here. */
+void xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uint64_t *at, uint64_t ctx,
+                    uint64_t *ran, uint32_t *failed_op, int32_t *status, uint32_t room, uint32_t *failures) {
     uint64_t pos = *at;
     *failures = 0;
     while (len - pos >= 24) {
@@ -192,6 +190,4 @@ int xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uint
         }
     }
     *at = pos;
-    if (*failures == room) return XPU_FAILURES_FULL;
-    return pos < len ? XPU_TO_PYTHON : XPU_RAN_ALL;
 }

@@ -43,8 +43,8 @@ int xpu_native_op(struct xpu_native *n, uint32_t opcode, void *fn, uint32_t conv
 void xpu_native_forget(struct xpu_native *n);
 int xpu_native_handle(struct xpu_native *n, uint64_t key, uint32_t family, uint64_t value);
 void xpu_native_range(struct xpu_native *n, uint64_t low, uint64_t high);
-int xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uint64_t *at, uint64_t ctx,
-                   uint64_t *ran, uint32_t *failed_op, int32_t *status, uint32_t room, uint32_t *failures);
+void xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uint64_t *at, uint64_t ctx,
+                    uint64_t *ran, uint32_t *failed_op, int32_t *status, uint32_t room, uint32_t *failures);
 """
 PLAIN, LAUNCH = 0, 1  # how the driver function takes the arguments (native_lane.c)
 INT, HANDLE, BLOB = 0, 1, 2  # an argument's kind

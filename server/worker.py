@@ -113,7 +113,6 @@ class Session:
         self.runners: dict[int, tuple[Call, Callable[[list[Any]], Any]]] = {}  # lane calls by opcode, compiled
         self.compiled: dict[int, Callable[[list[Any]], list[Any]]] = {}  # any call by opcode, as a batch runs it
         self.native: NativeLane | None = None  # the lane's records in C, once a lane names a call it can run
-        self.native_tried = False
         self.seq = 0  # the message being served
         self.zmq_seqs: set[int] = set()  # batches that came on ZeroMQ, after `stream_after`
         self.stream_after = 0  # the batch the last message on the data connection came after
@@ -141,7 +140,7 @@ class Session:
         self.gpu_timer = GpuTimer(self.backend) if header.get("gpu") else None
         self.runners.clear()
         self.compiled.clear()
-        self.native, self.native_tried = None, False  # its ops depend on the settings (the GPU timer)
+        self.native = None  # its ops depend on the settings (the GPU timer)
         answer = {"op": "reply", "status": 0, **self.backend.inventory().to_wire(),
                   "max_request_bytes": self.limits.max_request_bytes}
         if self.listener is not None and self.data is None:
@@ -330,9 +329,7 @@ class Session:
                 or call.library != "cuda" or (found := native_call(call)) is None):
             return
         if self.native is None:
-            if self.native_tried:
-                return
-            self.native_tried, self.native = True, NativeLane.load()
+            self.native = NativeLane.load()  # after its first try in this process, at once
             if self.native is None:
                 return
         function, convention, address, length, scale, blob_max = found
@@ -517,9 +514,7 @@ def _plain(call: Call) -> Plain | None:
         pass
     plain = None
     if not call.outputs and all(p.kind in ("int", "handle") for p in call.params):
-        bits = [8 * p.size for p in call.params]
-        ints = tuple((i, -(1 << (b - 1)), 1 << (b - 1)) if p.signed else (i, 0, 1 << b)
-                     for i, (p, b) in enumerate(zip(call.params, bits)) if p.kind == "int")
+        ints = tuple((i, *_int_range(p)) for i, p in enumerate(call.params) if p.kind == "int")
         plain = Plain(ints, tuple(i for i, p in enumerate(call.params) if p.kind == "handle"))
     _PLAIN[call.symbol] = plain
     return plain
@@ -552,9 +547,8 @@ def _native_shape(call: Call) -> tuple[tuple[int, ...], tuple[int, ...], tuple[i
     names = [p.name for p in call.params]
     for i, p in enumerate(call.params):
         if p.kind == "int":
-            bits = 8 * p.size
             kinds.append(native_lane.INT)
-            bounds.append((1 << (bits - 1) if p.signed else 1 << bits) - 1)
+            bounds.append(_int_range(p)[1] - 1)
         elif p.kind == "handle":
             kinds.append(native_lane.HANDLE)
             bounds.append(0)
@@ -578,8 +572,14 @@ def _opcode_at(view: memoryview, at: int) -> int:
 def _fits(p: Param, value: Any) -> bool:
     if not isinstance(value, int):
         return False
+    low, high = _int_range(p)
+    return low <= value < high
+
+
+def _int_range(p: Param) -> tuple[int, int]:
+    """[low, high) of an integer parameter's C type."""
     bits = 8 * p.size
-    return -(1 << (bits - 1)) <= value < (1 << (bits - 1)) if p.signed else 0 <= value < (1 << bits)
+    return (-(1 << (bits - 1)), 1 << (bits - 1)) if p.signed else (0, 1 << bits)
 
 
 def _pack_scalar(p: Param, value: Any) -> bytes:
