@@ -212,8 +212,8 @@ class Accounted(Backend):
         return self.inner.inventory()
 
     def bind(self, handles: dict[int, tuple[str, Any]], name: Namer | None = None,
-             drop: Callable[[int], None] | None = None) -> None:
-        self.inner.bind(handles, name, drop)
+             drop: Callable[[int], None] | None = None, owner: Callable[[str, Any], Any] | None = None) -> None:
+        self.inner.bind(handles, name, drop, owner)
 
     def close(self) -> None:
         self.inner.close()

@@ -123,11 +123,12 @@ class Session:
         self.limits = Limits()
         self.named: dict[tuple[str, Any], int] = {}  # (type, object) -> its handle, of objects the backend made
         self.owned: dict[Any, list[int]] = {}  # owner object -> handles named for objects it holds
+        self.owners: dict[int, Any] = {}  # a handle made with an owner -> that owner object
         self.listener: socket.socket | None = None  # where the client opens the data connection (server/data.py)
         self.data: DataConnection | None = None
         self.answering = False  # the call being run is the one a reply answers: it may send an output as data
         self.outgoing: list[Any] = []  # outputs for the data connection, sent after the answer
-        backend.bind(self.handles, self.name_handle, self.drop_handle)
+        backend.bind(self.handles, self.name_handle, self.drop_handle, self.owner_of)
 
     def start(self, header: dict[str, Any]) -> dict[str, Any]:
         """The `init` request: the client's link and trace settings; answered with the inventory."""
@@ -187,6 +188,7 @@ class Session:
             self.named[(ctype, obj)] = handle
         if owner is not None:
             self.owned.setdefault(owner, []).append(handle)
+            self.owners[handle] = owner
         return handle
 
     def check_new(self, handle: Any) -> None:
@@ -202,9 +204,14 @@ class Session:
             handle = self.named[(ctype, obj)] = self.register(ctype, obj, owner=owner)
         return handle
 
+    def owner_of(self, ctype: str, obj: Any) -> Any:
+        """The owner a named object's handle was made with (a node's graph), or None."""
+        return self.owners.get(self.named.get((ctype, obj), 0))
+
     def drop_handle(self, handle: int) -> None:
         """A handle whose object the backend found gone (the graph of a failed capture), and what it owned."""
         entry = self.handles.pop(handle, None)
+        self.owners.pop(handle, None)
         if entry is None:
             return
         self.held[entry[0]] -= 1

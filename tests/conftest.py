@@ -135,6 +135,18 @@ def chained(tmp_path_factory: pytest.TempPathFactory, shim: Path) -> Iterator[tu
     sim.stop()
 
 
+@pytest.fixture(scope="session")
+def driver_env(tmp_path_factory: pytest.TempPathFactory, shim: Path) -> Iterator[dict[str, str]]:
+    """The environment of a child that runs a cuda-backend session in process: on the sim, the stand-in
+    libcuda (xpuremote's own shim, named as such) with a sim server behind it; on a GPU, NVIDIA's."""
+    if BACKEND == "cuda":
+        yield {}
+        return
+    sim = start_server(tmp_path_factory.mktemp("driver-env"), backend="sim", env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS})
+    yield {"XPU_CUDA_LIBRARY": str(shim), "XPU_SERVER": sim.address}
+    sim.stop()
+
+
 def start_chain(tmp: Path, shim: Path, sim_env: dict[str, str] | None = None) -> tuple[Server, Server]:
     """(cuda, sim) as `chained` has them, for a test that needs its own (and its sim settings)."""
     from xpuremote.interpose.build import LIBRARY_NAMES

@@ -3,7 +3,10 @@ on the session's server and through the cuda backend's generic replay; torch.cud
 
 from __future__ import annotations
 
+import json
+import os
 import struct
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -178,3 +181,60 @@ def test_a_launch_attributes_event_must_not_time(server) -> None:
             assert client.status_of("cuCtxSynchronize") == status, flags
     finally:
         client.close()
+
+
+OLDER_DRIVER = r"""
+import json, struct
+from xpuremote.protocol.calls import CALLS
+from xpuremote.server.backends.cuda import CudaBackend
+from xpuremote.server.limits import Accounted, Limits
+from xpuremote.server.worker import Session
+
+HIDDEN = ("cuGraphNodeGetContainingGraph", "cuGraphGetEdges_v2")
+
+class Driver130:
+    '''A mock of a CUDA 13.0 driver, which no machine here has: the driver it wraps, less CUDA 13.1's
+    cuGraphNodeGetContainingGraph (and, to see how any missing symbol is answered, cuGraphGetEdges_v2).'''
+    def __init__(self, lib):
+        self.lib = lib
+    def __getattr__(self, name):
+        if name in HIDDEN:
+            raise AttributeError(f"function/symbol '{name}' not found in library 'libcuda.so.1'")
+        return getattr(self.lib, name)
+
+CTX, GRAPH = 0x7C00_0000_1000, 0x7C00_0000_2000
+A, B, C = GRAPH + 16, GRAPH + 32, GRAPH + 48
+backend = CudaBackend()
+backend.lib = Driver130(backend.lib)
+session = Session(Accounted(backend, Limits()))
+
+def ask(symbol, *args):
+    answer = session.run_batch([[CALLS[symbol].opcode, list(args)]], True)
+    return answer["status"], answer.get("outs")
+
+ask("cuCtxCreate_v2", CTX, 0, 0)
+ask("cuGraphCreate", GRAPH, 0)
+ask("cuGraphAddEmptyNode", A, GRAPH, None, 0)
+for node in (B, C):
+    ask("cuGraphAddEmptyNode", node, GRAPH, struct.pack("<Q", A), 1)
+print(json.dumps(default=list, obj={"handles": [GRAPH, A, B, C], "dependents": ask("xpuGraphNodeListEdges", A, 1, 1),
+                  "dependencies": ask("xpuGraphNodeListEdges", C, 0, 1),
+                  "graph": ask("xpuGraphNodeGetContainingGraph", B, 8), "edges": ask("xpuGraphListEdges", GRAPH, 1)}))
+"""
+
+
+@pytest.mark.sim_only(reason="hides symbols of the stand-in libcuda; a GPU's driver is what it is")
+def test_a_driver_without_13_1s_calls_still_lists_a_nodes_edges(driver_env: dict[str, str]) -> None:
+    """A CUDA 13.0 driver lacks cuGraphNodeGetContainingGraph: the cuda backend lists a node's edges and names
+    its graph from the session's own record (on an H200's 13.0 driver the listing answered INVALID_VALUE), and
+    a call the server's driver lacks is answered NOT_SUPPORTED, naming it."""
+    env = {**os.environ, **driver_env}
+    env.pop("LD_PRELOAD", None)
+    proc = subprocess.run([sys.executable, "-c", OLDER_DRIVER], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    graph, a, b, c = found["handles"]
+    assert found["dependents"][0] == 0 and sorted(found["dependents"][1][0]) == [b, c], found
+    assert found["dependencies"] == [0, [[a]]], found
+    assert found["graph"][0] == 0 and int.from_bytes(bytes(found["graph"][1][0]), "little") == graph, found
+    assert found["edges"][0] == errors.NOT_SUPPORTED, found

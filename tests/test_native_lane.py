@@ -12,9 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from conftest import BACKEND, TORCH_SIM_KERNELS, start_server
-
 SCENARIO = r"""
 import hashlib, json, struct, sys
 from xpuremote.protocol import wire
@@ -111,18 +108,6 @@ print(json.dumps({"after_full": after_full, "first": first.hex(), "refusals": re
 
 # y = a * x + y for the first n elements, one thread each (tests/sim_kernels.py is the sim's saxpy)
 SAXPY_PTX = (Path(__file__).parent / "programs" / "saxpy.ptx").read_text()
-
-
-@pytest.fixture(scope="module")
-def driver_env(tmp_path_factory: pytest.TempPathFactory, shim: Path):
-    """The child's environment: on the sim, the stand-in libcuda and a sim server behind it."""
-    if BACKEND == "cuda":
-        yield {}
-        return
-    sim = start_server(tmp_path_factory.mktemp("native-lane"), backend="sim",
-                       env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS})
-    yield {"XPU_CUDA_LIBRARY": str(shim), "XPU_SERVER": sim.address}
-    sim.stop()
 
 
 def run_scenario(env: dict[str, str], native: str) -> dict:

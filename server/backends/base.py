@@ -112,6 +112,10 @@ class Backend:
         """Replaced by the session's (bind)."""
         self.handles.pop(handle, None)
 
+    def owner_of(self, ctype: str, obj: Any) -> Any:
+        """Replaced by the session's (bind): the owner an object's handle was made with, or None."""
+        return None
+
     def handle_array(self, data: bytes | None, count: int, family: str) -> list[Any]:
         """The objects an array of client handles names, each of `family` (a CUgraphNode array, say)."""
         raw = bytes(data or b"")
@@ -162,16 +166,19 @@ class Backend:
         return None
 
     def bind(self, handles: dict[int, tuple[str, Any]], name: Namer | None = None,
-             drop: Callable[[int], None] | None = None) -> None:
+             drop: Callable[[int], None] | None = None, owner: Callable[[str, Any], Any] | None = None) -> None:
         """The session's handle table (client handle -> (type, object)), for libraries whose
         arguments hold handles inside arrays (cuDNN's descriptor attributes); `name(type, object,
         owner)`: the one handle of an object the backend made on its own (the nodes of a capture),
-        forgotten with its owner's; `drop(handle)`: forget a handle whose object is gone."""
+        forgotten with its owner's; `drop(handle)`: forget a handle whose object is gone;
+        `owner(type, object)`: what a handle was made with as its owner (a node's graph)."""
         self.handles = handles
         if name is not None:
             self.name_handle = name
         if drop is not None:
             self.drop_handle = drop
+        if owner is not None:
+            self.owner_of = owner
 
     def close(self) -> None:
         """Release everything this session holds."""

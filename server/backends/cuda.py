@@ -250,7 +250,12 @@ class CudaBackend(Backend):
             self.refuse_if_capturing(call, args)
         own = getattr(self, call.family, None) if call.family.startswith("xpu") or call.family in OWN else None
         if own is not None:
-            return Backend.execute(self, call, args)
+            try:
+                return Backend.execute(self, call, args)
+            except AttributeError as exc:  # cffi's answer for a symbol this driver lacks
+                if "not found in library" not in str(exc):
+                    raise
+                raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol}: the server's driver lacks it ({exc})") from None
         if call.family in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync") and isinstance(args[1], Incoming):
             return self.upload_from_network(call, args)
         if call.family == "cudnnBackendDestroyDescriptor":
@@ -712,10 +717,9 @@ class CudaBackend(Backend):
 
     def xpuGraphNodeListEdges(self, node: int, dependents: int) -> tuple[list[int]]:
         fn = self.lib.cuGraphNodeGetDependentNodes_v2 if dependents else self.lib.cuGraphNodeGetDependencies_v2
-        handle, graph = self.ffi.cast("void *", node), self.ffi.new("void **")
-        self.check(self.lib.cuGraphNodeGetContainingGraph(handle, graph), "cuGraphNodeGetContainingGraph")
+        handle = self.ffi.cast("void *", node)
         return (self.named_nodes(lambda nodes, count: fn(handle, nodes, self.ffi.NULL, count),
-                                 int(self.ffi.cast("uintptr_t", graph[0]))),)
+                                 self.graph_of_node(node)),)
 
     def xpuGraphListEdges(self, graph: int) -> tuple[list[int]]:
         """Each edge as its two nodes' handles, from then to, one after another."""
@@ -737,10 +741,18 @@ class CudaBackend(Backend):
                 for i in range(count[0])]
 
     def xpuGraphNodeGetContainingGraph(self, node: int) -> tuple[int]:
+        return (self.handle_of("CUgraph", self.graph_of_node(node)),)
+
+    def graph_of_node(self, node: int) -> int:
+        """A node's graph: the one the session made its handle with, else the driver's answer (CUDA 13.1's
+        cuGraphNodeGetContainingGraph, which a 13.0 driver lacks)."""
+        known = self.owner_of("CUgraphNode", node)
+        if known is not None:
+            return known
         graph = self.ffi.new("void **")
         self.check(self.lib.cuGraphNodeGetContainingGraph(self.ffi.cast("void *", node), graph),
                    "cuGraphNodeGetContainingGraph")
-        return (self.handle_of("CUgraph", int(self.ffi.cast("uintptr_t", graph[0]))),)
+        return int(self.ffi.cast("uintptr_t", graph[0]))
 
     def add_node(self, fn: Any, graph: int, deps: bytes | None, count: int, *params: Any) -> tuple[int]:
         node = self.ffi.new("void **")
