@@ -395,6 +395,7 @@ def programs(ctx: Context) -> list[Program]:
                                      _exit_ok))
     progs.append(Program("cuda-python", [ctx.python, f"{tests}/cuda_python_check.py"], _exit_ok))
     progs.append(Program("cuda-python: arrays and textures", [ctx.python, f"{tests}/array_check.py"], _exit_ok))
+    progs.append(Program("cuda-python: green contexts", [ctx.python, f"{tests}/green_check.py"], _exit_ok))
     kernels = _nvcc(ctx, "graph_kernels.fatbin", ["--fatbin", "-DKERNELS_ONLY", "-x", "cu", f"{tests}/driver_api.cu"])
     if kernels:
         progs.append(Program("cuda-python: capture and graphs", [ctx.python, f"{tests}/graph_check.py", kernels],

@@ -98,7 +98,8 @@ implements("cudnnCreate")(_creator(mathlibs.CUDNN, stream=0))
 
 
 @implements("cublasDestroy", "cublasLtDestroy", "cudnnDestroy", "cublasLtMatmulDescDestroy",
-            "cudnnDestroyTensorDescriptor", "cudnnBackendDestroyDescriptor")
+            "cublasLtMatrixLayoutDestroy", "cublasLtMatmulPreferenceDestroy", "cudnnDestroyTensorDescriptor",
+            "cudnnBackendDestroyDescriptor")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
     STATE.pop(args[0], None)
@@ -160,19 +161,65 @@ def ctc_loss(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
 
 
-@implements("cublasLtMatmulDescCreate")
-def matmul_desc_create(d: Driver, call: Call, args: list[Any]) -> None:
+# ---- cuBLASLt's descriptors, and its heuristic answered once per problem ---------------------------
+# PyTorch makes a GEMM's descriptors anew for each GEMM and asks cublasLtMatmulAlgoGetHeuristic every time:
+# a round trip per GEMM. Its answer depends only on the handle, the descriptors' settings and the count
+# asked (cuBLASLt keeps a cache of them itself), so a question asked before is answered from the first answer.
+# A descriptor's setting: how it was made, and each attribute's last bytes.
+HEURISTICS: dict[tuple, tuple[bytes, bytes]] = {}
+HEURISTICS_KEPT = 4096  # distinct problems remembered; then the memory starts again
+
+
+@implements("cublasLtMatmulDescCreate", "cublasLtMatrixLayoutCreate", "cublasLtMatmulPreferenceCreate")
+def lt_descriptor_create(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
-    STATE[_created(call, args)] = {"pointer_mode": POINTER_MODE_HOST, "scale_type": args[2]}
+    state: dict[str, Any] = {"made": (call.family, *args[1:]), "attributes": {}}
+    if call.family == "cublasLtMatmulDescCreate":
+        state.update(pointer_mode=POINTER_MODE_HOST, scale_type=args[2])
+    STATE[_created(call, args)] = state
 
 
-@implements("cublasLtMatmulDescSetAttribute")
-def matmul_desc_set(d: Driver, call: Call, args: list[Any]) -> None:
+@implements("cublasLtMatmulDescSetAttribute", "cublasLtMatrixLayoutSetAttribute",
+            "cublasLtMatmulPreferenceSetAttribute")
+def lt_descriptor_set(d: Driver, call: Call, args: list[Any]) -> None:
     desc, attr, buf, size = args
-    key = {ATTR_POINTER_MODE: "pointer_mode", ATTR_SCALE_TYPE: "scale_type"}.get(attr)
-    if key and buf and size >= 4:
-        _state(desc)[key] = struct.unpack("<i", marshal.read(buf, 4))[0]
+    state = _state(desc)
+    value = marshal.read(buf, size) if buf and size > 0 else None
+    if call.family == "cublasLtMatmulDescSetAttribute":
+        key = {ATTR_POINTER_MODE: "pointer_mode", ATTR_SCALE_TYPE: "scale_type"}.get(attr)
+        if key and value and size >= 4:
+            state[key] = struct.unpack("<i", value[:4])[0]
     d.forward(call, args)
+    if value is None:  # the server refuses it; a setting the client cannot name is not remembered
+        state.pop("made", None)
+    else:
+        state.get("attributes", {})[attr] = value
+
+
+def _setting(handle: int) -> tuple | None:
+    state = STATE.get(handle)
+    if state is None or "made" not in state:
+        return None
+    return state["made"], tuple(sorted(state["attributes"].items()))
+
+
+@implements("cublasLtMatmulAlgoGetHeuristic")
+def lt_heuristic(d: Driver, call: Call, args: list[Any]) -> None:
+    handle, *descriptors, requested, results, count_out = args
+    settings = [_setting(h) for h in descriptors]
+    key = (handle, requested, *settings)
+    if handle not in STATE or None in settings or requested <= 0 or not results or not count_out:
+        key = None
+    found = HEURISTICS.get(key) if key else None
+    if found is not None:
+        marshal.write(results, found[0])
+        marshal.write(count_out, found[1])
+        return
+    d.forward(call, args)
+    if key:
+        if len(HEURISTICS) >= HEURISTICS_KEPT:
+            HEURISTICS.clear()
+        HEURISTICS[key] = marshal.read(results, requested * call.params[-2].pointee_size), marshal.read(count_out, 4)
 
 
 def scalar_size(call: Call, p: Param, values: dict[str, Any]) -> int | None:

@@ -99,6 +99,9 @@ def status_for(exc: CudaError, library: str) -> int:
         return LAUNCH_FAILED
     from . import mathlibs
 
+    if exc.library != "cuda" and mathlibs.BY_NAME[exc.library].status is mathlibs.BY_NAME[library].status:
+        return exc.code  # cuBLAS and cuBLASLt share cublasStatus_t
+
     outcome = _OUTCOME_OF_CUDA.get(exc.code, "execution_failed") if exc.library == "cuda" else "execution_failed"
     return mathlibs.status_code(mathlibs.BY_NAME[library], outcome)
 

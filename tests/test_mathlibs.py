@@ -3,7 +3,9 @@ server: what they write into the application's memory."""
 
 from __future__ import annotations
 
+import re
 import struct
+import subprocess
 import sys
 
 import pytest
@@ -105,3 +107,64 @@ def test_a_variant_packs_scalars_and_pointers_are_checked(server) -> None:
     finally:
         client.close()
     assert "variant pack: by-value scalars 0000003e00000000" in server.log(), server.log()[-2000:]
+
+
+HEURISTIC_PROGRAM = r"""
+import ctypes, sys
+from xpuremote.interpose.build import LIBRARY_NAMES
+from xpuremote.protocol.cublasLt_api import ENUMS as E
+
+cuda, lt = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL(LIBRARY_NAMES[1])
+ptr = ctypes.c_void_p
+context, handle, desc, pref = ptr(), ptr(), ptr(), ptr()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0) == 0
+assert cuda.cuCtxSetCurrent(context) == 0 and lt.cublasLtCreate(ctypes.byref(handle)) == 0
+assert lt.cublasLtMatmulDescCreate(ctypes.byref(desc), E["CUBLAS_COMPUTE_32F"], E["CUDA_R_32F"]) == 0
+layouts = [ptr() for _ in range(3)]
+for layout in layouts:
+    assert lt.cublasLtMatrixLayoutCreate(ctypes.byref(layout), E["CUDA_R_32F"], ctypes.c_uint64(16),
+                                         ctypes.c_uint64(16), ctypes.c_int64(16)) == 0
+workspace = ctypes.c_uint64(1 << 20)
+assert lt.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)) == 0
+assert lt.cublasLtMatmulPreferenceSetAttribute(pref, E["CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES"],
+                                               ctypes.byref(workspace), ctypes.c_size_t(8)) == 0
+a, b, c = layouts
+
+
+def heuristic():
+    results, count = (ctypes.c_char * (96 * 2))(), ctypes.c_int(-1)
+    status = lt.cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, c, c, pref, 2, results, ctypes.byref(count))
+    return status, count.value, bytes(results)
+
+
+asked = [heuristic() for _ in range(int(sys.argv[1]))]
+assert all(answer == asked[0] for answer in asked) and asked[0][:2] == (0, 1), asked
+row = ctypes.c_int(E["CUBLASLT_ORDER_ROW"])  # a new setting is a new question: the sim refuses row-major
+assert lt.cublasLtMatrixLayoutSetAttribute(a, E["CUBLASLT_MATRIX_LAYOUT_ORDER"], ctypes.byref(row), 4) == 0
+refused = heuristic()[0]
+assert lt.cublasLtMatrixLayoutDestroy(b) == 0  # a destroyed descriptor is not answered from memory
+gone = heuristic()[0]
+print(refused, gone)
+"""
+
+
+def test_cublaslt_heuristic_is_asked_once_per_problem(tmp_path) -> None:
+    """PyTorch asks cublasLtMatmulAlgoGetHeuristic before every cuBLASLt GEMM, of descriptors made anew: a
+    round trip each. The client answers a question it has asked before with the same settings from the first
+    answer: five cost the server what one does; a changed attribute or a destroyed descriptor is asked again."""
+    from conftest import shim_env, start_server
+
+    from xpuremote.interpose.build import ensure_shim
+
+    srv = start_server(tmp_path)
+    try:
+        runs = [subprocess.run([sys.executable, "-c", HEURISTIC_PROGRAM, str(n)], capture_output=True, text=True,
+                               timeout=60, env=shim_env(ensure_shim(), srv.address)) for n in (1, 5)]
+    finally:
+        srv.stop()
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+        refused, gone = map(int, run.stdout.split())
+        assert refused == 15 and gone != 0, run.stdout  # CUBLAS_STATUS_NOT_SUPPORTED; the handle's refusal
+    served = re.findall(r"library calls: .*cublasLt=(\d+)", srv.log())
+    assert len(served) == 2 and served[0] == served[1], served
