@@ -1,7 +1,7 @@
 """One prepared command that proves xpuremote on a GPU machine, and its dry run anywhere.
 
     python bench/gpu_check.py bundle --out gpu-bundle [--python-version 3.12] [--headers-from PYTHON]
-    python bench/gpu_check.py run --bundle gpu-bundle --out DIR [--backend cuda|sim] [--stages 1,2,3,4,5]
+    python bench/gpu_check.py run --bundle gpu-bundle --out DIR [--backend cuda|sim] [--stages 1,2,3,4,5,6]
                                   [--torch-python PYTHON]
 
 `make gpu-bundle` and `make gpu-check OUT=DIR [BACKEND=sim] [STAGES=...]` call these; docs/gpu-check.md
@@ -24,6 +24,7 @@ builds the shim, then runs the chosen stages, each under a time limit of its own
               (native vs through xpuremote)
   4 perf      `xpu-perf validate` on two PyTorch workloads (predicted vs emulated links)
   5 answers   bench/driver_answers.py: what the real driver answers beside the shim's answers
+  6 calls     two PyTorch workloads recorded, and `xpu-perf calls`: where a step's time goes, call by call
 
 and writes DIR/gpu-check.json (everything), DIR/gpu-check.md (the summary) and DIR/gpu-check.log
 (each command's output). Exit status 0 when every chosen stage passed.
@@ -569,6 +570,38 @@ def _last_json(output: str) -> dict[str, Any] | None:
     return None
 
 
+# ---- stage 6: where a PyTorch step's time goes, call by call ---------------------------------------------
+CALLS_E2E = ("gpt2_generate", "cnn_infer_b1")  # the two furthest from native on the H200
+
+
+def stage_calls(ctx: Context) -> dict[str, Any]:
+    """Each workload recorded (a warm-up, then 2 steps), then `xpu-perf predict` at the recorded link and
+    `xpu-perf calls` over the run's second half (past the warm-up)."""
+    size = [] if ctx.gpu else ["--size", "small"]
+    env = {**ctx.env, **({} if ctx.gpu else SIM_TORCH)}
+    results, steps = [], []
+    for workload in CALLS_E2E if ctx.gpu else SIM_E2E:
+        path = WORK / f"{workload}.trace"
+        path.unlink(missing_ok=True)
+        run = [ctx.torch_python, "bench/torch_e2e.py", "--run", workload, "--steps", "2", "--warmup", "1", *size]
+        steps.append(ctx.run(f"record {workload}", [ctx.python, "-m", "xpuremote.interpose.run", "--backend",
+                                                    ctx.backend, "--trace", str(path), "--", *run], 240, env))
+        if steps[-1]["rc"] != 0:
+            results.append({"workload": workload, "error": _last_line(steps[-1])})
+            continue
+        half = _query(ctx.python, "from xpuremote.protocol import trace; "
+                      f"print(trace.read({str(path)!r}).span_ns / 2e6)", ctx.env).strip()
+        perf = [ctx.python, "-m", "xpuremote.perfmodel.cli"]
+        steps.append(ctx.run(f"predict {workload}", [*perf, "predict", "--rtt-us", "0", "--json", str(path)], 120))
+        steps.append(ctx.run(f"calls {workload}", [*perf, "calls", "--top", "25", "--from-ms", half, "--json",
+                                                   str(path)], 120))
+        results.append({"workload": workload, "predict": _last_json(steps[-2]["output"]),
+                        "calls": _last_json(steps[-1]["output"])})
+        path.unlink(missing_ok=True)  # large; the tables are what comes back
+    ok = all("error" not in r and r["predict"] and r["calls"] for r in results)
+    return {"ok": ok, "workloads": results, "steps": [_brief(s, 12) for s in steps]}
+
+
 # ---- stage 5: the driver's answers beside the shim's ---------------------------------------------------
 def stage_answers(ctx: Context) -> dict[str, Any]:
     record = WORK / "answers.json"
@@ -582,8 +615,8 @@ def stage_answers(ctx: Context) -> dict[str, Any]:
 
 
 STAGES: dict[str, Callable[[Context], dict[str, Any]]] = {
-    "1": stage_suite, "2": stage_programs, "3": stage_bench, "4": stage_perf, "5": stage_answers}
-STAGE_NAMES = {"1": "suite", "2": "programs", "3": "bench", "4": "perf", "5": "answers"}
+    "1": stage_suite, "2": stage_programs, "3": stage_bench, "4": stage_perf, "5": stage_answers, "6": stage_calls}
+STAGE_NAMES = {"1": "suite", "2": "programs", "3": "bench", "4": "perf", "5": "answers", "6": "calls"}
 
 
 # ---- the report --------------------------------------------------------------------------------------
@@ -655,7 +688,28 @@ def _md_answers(stage: dict[str, Any]) -> list[str]:
     return [re.sub(r"^#", "###", line) for line in stage.get("markdown", "").splitlines()]
 
 
-SECTIONS = {"1": _md_suite, "2": _md_programs, "3": _md_bench, "4": _md_perf, "5": _md_answers}
+def _md_calls(stage: dict[str, Any]) -> list[str]:
+    out = []
+    for w in stage.get("workloads", []):
+        out += [f"### {w['workload']}", ""]
+        if "error" in w:
+            out += [f"error: {w['error']}", ""]
+            continue
+        p, c = w.get("predict") or {}, w.get("calls") or {}
+        b = p.get("breakdown_s", {})
+        out += [f"Recorded {p.get('trace_s', 0):.3f} s, {p.get('round_trips', '-')} round trips; at the recorded link: "
+                + ", ".join(f"{k} {v:.3f} s" for k, v in b.items()), "",
+                f"Calls from {c.get('from_s', 0):.3f} s on (the run's second half), dearest first:", "",
+                "| call | class | count | inside ms | µs/call | server ms | waits | wait ms |",
+                "|---|---|---:|---:|---:|---:|---:|---:|"]
+        out += [f"| {r['name']} | {r['cls']} | {r['count']} | {r['inside_ns'] / 1e6:.2f} | "
+                f"{r['inside_ns'] / r['count'] / 1e3:.2f} | {r['server_ns'] / 1e6:.2f} | {r['waits']} | "
+                f"{r['wait_ns'] / 1e6:.2f} |" for r in c.get("calls", [])]
+        out.append("")
+    return out
+
+
+SECTIONS = {"1": _md_suite, "2": _md_programs, "3": _md_bench, "4": _md_perf, "5": _md_answers, "6": _md_calls}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@
     xpu-perf sweep app.trace --plot slowdown.png
     xpu-perf requirements app.trace --max-slowdown 5%
     xpu-perf whatif app.trace --rtt-us 50 --gbps 25
+    xpu-perf calls app.trace [--top 20] [--from-ms 1500]   # where the recorded time went, call by call
     xpu-perf validate [--plot out.png] -- CMD ...
 """
 
@@ -19,8 +20,8 @@ from pathlib import Path
 
 from xpuremote.protocol import trace as fmt
 
+from . import by_call, whatif
 from . import validate as val
-from . import whatif
 from .model import Model, Network, Prediction
 
 SWEEP_RTTS_US = [10 ** (k / 6) for k in range(0, 25)]  # 1 µs .. 10 ms
@@ -146,6 +147,18 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 
 # ---- validate ------------------------------------------------------------------------------------
+def cmd_calls(args: argparse.Namespace) -> int:
+    trace = _model(args.trace).trace
+    since = int(args.from_ms * 1e6)
+    rows = by_call.by_call(trace, since)
+    if args.json:
+        print(json.dumps({"span_s": trace.span_ns / 1e9, "from_s": since / 1e9,
+                          "calls": [r.to_json() for r in rows[:args.top]]}))
+    else:
+        print(by_call.describe(rows, trace.span_ns, args.top, since))
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
@@ -200,6 +213,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--max-slowdown", default="5%", help="e.g. 5%% or 0.05 (default 5%%)")
     s.set_defaults(fn=cmd_requirements)
     with_trace("whatif", "the prediction with each optimisation turned off").set_defaults(fn=cmd_whatif)
+    s = with_trace("calls", "where the recorded time went, call by call", network=False)
+    s.add_argument("--top", type=int, default=20, help="rows shown (default 20)")
+    s.add_argument("--from-ms", type=float, default=0.0,
+                   help="only the calls made this many ms into the run or later (leave a warm-up out)")
+    s.set_defaults(fn=cmd_calls)
     s = sub.add_parser("validate", help="record CMD, predict a grid of links, run CMD on each emulated link")
     s.add_argument("--server", default=os.environ.get("XPU_SERVER"), help="an xpu-server on this machine "
                    "(default: start a local one, on CPUs apart from the runs')")

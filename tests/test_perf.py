@@ -267,6 +267,26 @@ def test_whatif_shows_what_each_optimisation_buys(async_trace: Path) -> None:
     assert out["no local answers"]["predicted_s"] > recorded["predicted_s"]
 
 
+def test_calls_says_where_the_time_went_by_call(async_trace: Path) -> None:
+    """`xpu-perf calls`: each call name once, with its count, the server's time on it (its share of each
+    message) and the waits it ended, all of them adding up to the trace's; --from-ms leaves earlier calls out."""
+    recorded = trace.read(async_trace)
+    out = json.loads(xpu_perf("calls", async_trace, "--top", "1000", "--json").stdout)
+    rows = {r["name"]: r for r in out["calls"]}
+    own = rows.pop("(xpuremote's own requests)", {"count": 0})
+    assert len(out["calls"]) == len(rows) + bool(own["count"]) and sum(r["count"] for r in rows.values()) == len(recorded.calls)
+    assert rows["cuLaunchKernel"]["count"] >= 100 and rows["cuLaunchKernel"]["cls"] == "async"
+    assert sum(r["server_ns"] for r in [*rows.values(), own] if r["count"]) == sum(
+        sum(m.per_call or []) for m in recorded.messages)
+    assert sum(r["waits"] for r in rows.values()) == sum(m.kind != "async" for m in recorded.messages)
+    inside = [r["inside_ns"] for r in out["calls"]]
+    assert inside == sorted(inside, reverse=True)
+    later = json.loads(xpu_perf("calls", async_trace, "--from-ms", str(recorded.span_ns / 2e6), "--json").stdout)
+    assert 0 < sum(r["count"] for r in later["calls"]) < len(recorded.calls)
+    text = xpu_perf("calls", async_trace, "--top", "3").stdout
+    assert "cuLaunchKernel" in text and "the other" in text
+
+
 def test_validate_compares_the_faster_two_thirds() -> None:
     nets = [model.Network(), model.Network(100)]
     rounds = validate.Rounds(nets, [(r, span, [span, span + 0.1]) for r, span in enumerate((1.0, 2.0, 9.0))],

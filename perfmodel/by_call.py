@@ -1,0 +1,93 @@
+"""Where a recorded run's time goes, call by call: for each call name, how often it was made, the time
+the application's thread spent inside it, the server's time on it, and the waits it ended.
+
+A call's own time is measured while recording, which makes every call dearer (2-5x for the cheap ones):
+compare calls with each other, not with an unrecorded run. The server's time is each call's own share of
+its message (the worker times each call); a wait is the time the application waited for the answer of a
+message that the call ended (a sync call, or the call whose answer was read later).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from xpuremote.protocol import trace as fmt
+
+
+@dataclass
+class CallTime:
+    name: str
+    cls: str
+    count: int = 0
+    inside_ns: int = 0  # the application's thread inside the call (its wait included)
+    server_ns: int = 0
+    waits: int = 0  # messages this call ended whose answer the application waited for
+    wait_ns: int = 0
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def by_call(trace: fmt.Trace, since_ns: int = 0) -> list[CallTime]:
+    """One row per call name, of the calls entered `since_ns` into the run or later (a warm-up left out),
+    the dearest (inside time, then server time) first."""
+    messages = {m.seq: m for m in trace.messages}
+    last_of: dict[int, fmt.Call] = {}
+    rows: dict[str, CallTime] = {}
+    for call in trace.calls:
+        if call.entry < since_ns:
+            continue
+        row = rows.setdefault(call.name, CallTime(call.name, call.cls))
+        row.count += 1
+        row.inside_ns += call.ret - call.entry
+        message = messages.get(call.seq)
+        if message is not None:
+            last_of[call.seq] = call
+            if message.per_call and call.pos < len(message.per_call):
+                row.server_ns += message.per_call[call.pos]
+    for seq, call in last_of.items():
+        message = messages[seq]
+        if message.kind != "async":
+            rows[call.name].waits += 1
+            rows[call.name].wait_ns += message.wait
+    own = _own_requests(trace, since_ns)
+    return sorted([*rows.values(), *([own] if own.count else [])], key=lambda r: (r.inside_ns, r.server_ns),
+                  reverse=True)
+
+
+def _own_requests(trace: fmt.Trace, since_ns: int) -> CallTime:
+    """The server's time on what the client asked of its own (the positions of a message that no call of
+    the application's holds: its internal requests, a lane's records after the first)."""
+    taken: dict[int, set[int]] = {}
+    for call in trace.calls:
+        taken.setdefault(call.seq, set()).add(call.pos)
+    own = CallTime(OWN, "-")
+    for m in trace.messages:
+        if m.sent >= since_ns and m.per_call:
+            for pos, ns in enumerate(m.per_call):
+                if pos not in taken.get(m.seq, ()):
+                    own.count += 1
+                    own.server_ns += ns
+    return own
+
+
+OWN = "(xpuremote's own requests)"
+
+
+def describe(rows: list[CallTime], span_ns: int, top: int, since_ns: int = 0) -> str:
+    """The `top` dearest calls as a table, with what the rest add up to."""
+    lines = [f"{'call':<44} {'class':<6} {'count':>8} {'inside ms':>10} {'µs/call':>8} {'server ms':>10} "
+             f"{'waits':>6} {'wait ms':>9}"]
+    for r in rows[:top]:
+        lines.append(f"{r.name:<44} {r.cls:<6} {r.count:>8} {r.inside_ns / 1e6:>10.2f} "
+                     f"{r.inside_ns / r.count / 1e3:>8.2f} {r.server_ns / 1e6:>10.2f} {r.waits:>6} "
+                     f"{r.wait_ns / 1e6:>9.2f}")
+    rest = rows[top:]
+    if rest:
+        lines.append(f"{f'the other {len(rest)} calls':<44} {'':<6} {sum(r.count for r in rest):>8} "
+                     f"{sum(r.inside_ns for r in rest) / 1e6:>10.2f} {'':>8} "
+                     f"{sum(r.server_ns for r in rest) / 1e6:>10.2f} {sum(r.waits for r in rest):>6} "
+                     f"{sum(r.wait_ns for r in rest) / 1e6:>9.2f}")
+    lines.append(f"recorded run: {span_ns / 1e6:.2f} ms, calls from {since_ns / 1e6:.2f} ms on; times inside calls "
+                 "are measured while recording, which makes each call dearer")
+    return "\n".join(lines)
