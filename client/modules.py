@@ -389,6 +389,43 @@ def cu_occupancy_max_active_clusters(d: Driver, call: Call, args: list[Any]) -> 
     marshal.write(clusters, found)
 
 
+# ---- occupancy: answers that depend only on the function, the question and the function's settings ---
+# PyTorch asks them before launches (a round trip each; a block-size search asks one per block size). They
+# are answered from the first answer for the same question, until any setting that could change them is
+# made (an attribute or cache preference of a function or kernel, the context's cache preference).
+ANSWERS: dict[tuple, bytes] = {}
+QUESTIONS = ("cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
+             "cuOccupancyAvailableDynamicSMemPerBlock", "cuFuncGetAttribute")
+
+
+@implements(*QUESTIONS)
+def function_question(d: Driver, call: Call, args: list[Any]) -> None:
+    out, *question = args
+    function = next(a for p, a in zip(call.params, args) if p.ctype == "CUfunction")
+    key = (call.family, *question)
+    found = ANSWERS.get(key) if out and function in registry(d)[2] else None
+    if found is not None:
+        marshal.write(out, found)
+        return
+    d.forward(call, args)
+    if out:
+        ANSWERS[key] = marshal.read(out, call.params[0].pointee_size)
+
+
+@implements("cuFuncSetAttribute", "cuFuncSetCacheConfig", "cuKernelSetAttribute", "cuKernelSetCacheConfig",
+            "cuCtxSetCacheConfig")
+def function_setting(d: Driver, call: Call, args: list[Any]) -> None:
+    ANSWERS.clear()
+    d.forward(call, args)
+
+
+def per_block(d: Driver, handle: int, block: int, shared: int, flags: int) -> int:
+    out = marshal.ffi.new("int *")
+    function_question(d, CALLS["cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"],
+                      [int(marshal.ffi.cast("uintptr_t", out)), handle, block, shared, flags])
+    return out[0]
+
+
 # ---- occupancy: the search the driver does, over the server's per-block answers -------------------
 @implements("cuOccupancyMaxPotentialBlockSize", "cuOccupancyMaxPotentialBlockSizeWithFlags")
 def cu_occupancy_max_potential_block_size(d: Driver, call: Call, args: list[Any]) -> None:
@@ -396,18 +433,17 @@ def cu_occupancy_max_potential_block_size(d: Driver, call: Call, args: list[Any]
     ensure_function(d, handle)
     device = d.devices[d.context(0).device]
     sms = device.attributes.get(ENUMS["CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"], 1)
-    (max_threads,) = d.call(CALLS["cuFuncGetAttribute"], [4, ENUMS["CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK"],
-                                                          handle])
-    top = int.from_bytes(max_threads, "little", signed=True)
+    max_threads = marshal.ffi.new("int *")
+    function_question(d, CALLS["cuFuncGetAttribute"], [int(marshal.ffi.cast("uintptr_t", max_threads)),
+                                                       ENUMS["CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK"], handle])
+    top = max_threads[0]
     if limit > 0:
         top = min(top, limit)
     dynamic = marshal.ffi.cast("size_t (*)(int)", to_smem) if to_smem else None
-    per_sm = CALLS["cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"]
     best = (0, 0, 0)  # threads resident per SM, block size, blocks per SM
     for block in range(top - top % 32 or top, 0, -32):
         shared = dynamic(block) if dynamic else smem
-        (blocks,) = d.call(per_sm, [4, handle, block, shared, flags[0] if flags else 0])
-        blocks = int.from_bytes(blocks, "little", signed=True)
+        blocks = per_block(d, handle, block, shared, flags[0] if flags else 0)
         if blocks * block > best[0]:
             best = (blocks * block, block, blocks)
     marshal.put(call.params[0], min_grid, best[2] * sms)
