@@ -168,6 +168,8 @@ def ctc_loss(d: Driver, call: Call, args: list[Any]) -> None:
 # A descriptor's setting: how it was made, and each attribute's last bytes.
 HEURISTICS: dict[tuple, tuple[bytes, bytes]] = {}
 HEURISTICS_KEPT = 4096  # distinct problems remembered; then the memory starts again
+LT_POINTERS = frozenset(v for k, v in LT_DESC.items()
+                        if k.startswith("CUBLASLT_MATMUL_DESC_") and k.endswith("_POINTER"))
 
 
 @implements("cublasLtMatmulDescCreate", "cublasLtMatrixLayoutCreate", "cublasLtMatmulPreferenceCreate")
@@ -193,7 +195,16 @@ def lt_descriptor_set(d: Driver, call: Call, args: list[Any]) -> None:
     if value is None:  # the server refuses it; a setting the client cannot name is not remembered
         state.pop("made", None)
     else:
-        state.get("attributes", {})[attr] = value
+        state.get("attributes", {})[attr] = _as_setting(call, attr, value)
+
+
+def _as_setting(call: Call, attr: int, value: bytes) -> Any:
+    """What of an attribute a heuristic can depend on: of a device pointer (a bias, scales), whether it is set
+    and its alignment, not its address (under autocast PyTorch casts the bias anew at every step)."""
+    if call.family == "cublasLtMatmulDescSetAttribute" and attr in LT_POINTERS and len(value) == 8:
+        address = int.from_bytes(value, "little")
+        return "pointer", min(address & -address, 256)
+    return value
 
 
 def _setting(handle: int) -> tuple | None:

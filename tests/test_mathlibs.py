@@ -137,8 +137,24 @@ def heuristic():
     return status, count.value, bytes(results)
 
 
-asked = [heuristic() for _ in range(int(sys.argv[1]))]
+bias = E["CUBLASLT_MATMUL_DESC_BIAS_POINTER"]
+
+
+def set_bias(address):
+    value = ctypes.c_uint64(address)
+    assert lt.cublasLtMatmulDescSetAttribute(desc, bias, ctypes.byref(value), ctypes.c_size_t(8)) == 0
+
+
+memory = ctypes.c_uint64()
+assert cuda.cuMemAlloc_v2(ctypes.byref(memory), ctypes.c_size_t(1 << 16)) == 0
+asked = []
+for i in range(int(sys.argv[1])):  # a bias of another address each time (autocast's), aligned as before
+    set_bias(memory.value + 0x1000 * i)
+    asked.append(heuristic())
 assert all(answer == asked[0] for answer in asked) and asked[0][:2] == (0, 1), asked
+if sys.argv[2] == "1":
+    set_bias(memory.value + 4)  # another alignment: asked again
+    assert heuristic() == asked[0]
 row = ctypes.c_int(E["CUBLASLT_ORDER_ROW"])  # a new setting is a new question: the sim refuses row-major
 assert lt.cublasLtMatrixLayoutSetAttribute(a, E["CUBLASLT_MATRIX_LAYOUT_ORDER"], ctypes.byref(row), 4) == 0
 refused = heuristic()[0]
@@ -151,20 +167,23 @@ print(refused, gone)
 def test_cublaslt_heuristic_is_asked_once_per_problem(tmp_path) -> None:
     """PyTorch asks cublasLtMatmulAlgoGetHeuristic before every cuBLASLt GEMM, of descriptors made anew: a
     round trip each. The client answers a question it has asked before with the same settings from the first
-    answer: five cost the server what one does; a changed attribute or a destroyed descriptor is asked again."""
+    answer: five cost the server what one does, each with a bias at another address (autocast's); a bias of
+    another alignment, a changed attribute or a destroyed descriptor is asked again."""
     from conftest import shim_env, start_server
 
     from xpuremote.interpose.build import ensure_shim
 
     srv = start_server(tmp_path)
     try:
-        runs = [subprocess.run([sys.executable, "-c", HEURISTIC_PROGRAM, str(n)], capture_output=True, text=True,
-                               timeout=60, env=shim_env(ensure_shim(), srv.address)) for n in (1, 5)]
+        runs = [subprocess.run([sys.executable, "-c", HEURISTIC_PROGRAM, str(n), misaligned], capture_output=True,
+                               text=True, timeout=60, env=shim_env(ensure_shim(), srv.address))
+                for n, misaligned in ((1, "1"), (5, "1"), (1, "0"))]
     finally:
         srv.stop()
     for run in runs:
         assert run.returncode == 0, run.stderr[-3000:]
         refused, gone = map(int, run.stdout.split())
         assert refused == 15 and gone != 0, run.stdout  # CUBLAS_STATUS_NOT_SUPPORTED; the handle's refusal
-    served = re.findall(r"library calls: .*cublasLt=(\d+)", srv.log())
-    assert len(served) == 2 and served[0] == served[1], served
+    served = [int(n) for n in re.findall(r"library calls: .*cublasLt=(\d+)", srv.log())]
+    assert len(served) == 3 and served[1] == served[0] + 4, served  # the four more biases set, not asked
+    assert served[0] == served[2] + 2, served  # a bias of another alignment: set, and asked again
