@@ -1,4 +1,4 @@
-"""PyTorch end to end, natively and through xpuremote, side by side. NOT YET RUN ON A GPU.
+"""PyTorch end to end, natively and through xpuremote, side by side (GPU results: bench/results/gpu/).
 
     python bench/torch_e2e.py --out DIR [--server tcp://host:port] [--workloads a,b] [--steps N]
 
