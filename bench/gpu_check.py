@@ -570,6 +570,18 @@ def _last_json(output: str) -> dict[str, Any] | None:
     return None
 
 
+# ---- stage 5: the driver's answers beside the shim's ---------------------------------------------------
+def stage_answers(ctx: Context) -> dict[str, Any]:
+    record = WORK / "answers.json"
+    logs = sorted(str(p) for p in (WORK / "programs").glob("torch*.log")) if (WORK / "programs").is_dir() else []
+    step = ctx.run("driver answers", [ctx.python, "bench/driver_answers.py", "--backend", ctx.backend, "--out",
+                                      str(record), *[a for log in logs for a in ("--tables-log", log)]], 300)
+    answers = _read_json(record)
+    text = record.with_suffix(".md").read_text() if record.with_suffix(".md").is_file() else ""
+    return {"ok": step["rc"] == 0 and bool(answers), "answers": answers, "markdown": text,
+            "steps": [_brief(step, 12)]}
+
+
 # ---- stage 6: where a PyTorch step's time goes, call by call ---------------------------------------------
 CALLS_E2E = ("gpt2_generate", "cnn_infer_b1")  # the two furthest from native on the H200
 
@@ -600,18 +612,6 @@ def stage_calls(ctx: Context) -> dict[str, Any]:
         path.unlink(missing_ok=True)  # large; the tables are what comes back
     ok = all("error" not in r and r["predict"] and r["calls"] for r in results)
     return {"ok": ok, "workloads": results, "steps": [_brief(s, 12) for s in steps]}
-
-
-# ---- stage 5: the driver's answers beside the shim's ---------------------------------------------------
-def stage_answers(ctx: Context) -> dict[str, Any]:
-    record = WORK / "answers.json"
-    logs = sorted(str(p) for p in (WORK / "programs").glob("torch*.log")) if (WORK / "programs").is_dir() else []
-    step = ctx.run("driver answers", [ctx.python, "bench/driver_answers.py", "--backend", ctx.backend, "--out",
-                                      str(record), *[a for log in logs for a in ("--tables-log", log)]], 300)
-    answers = _read_json(record)
-    text = record.with_suffix(".md").read_text() if record.with_suffix(".md").is_file() else ""
-    return {"ok": step["rc"] == 0 and bool(answers), "answers": answers, "markdown": text,
-            "steps": [_brief(step, 12)]}
 
 
 STAGES: dict[str, Callable[[Context], dict[str, Any]]] = {

@@ -195,7 +195,7 @@ def lt_descriptor_set(d: Driver, call: Call, args: list[Any]) -> None:
     if value is None:  # the server refuses it; a setting the client cannot name is not remembered
         state.pop("made", None)
     else:
-        state.get("attributes", {})[attr] = _as_setting(call, attr, value)
+        state["attributes"][attr] = _as_setting(call, attr, value)
 
 
 def _as_setting(call: Call, attr: int, value: bytes) -> Any:

@@ -394,6 +394,7 @@ def cu_occupancy_max_active_clusters(d: Driver, call: Call, args: list[Any]) -> 
 # are answered from the first answer for the same question, until any setting that could change them is
 # made (an attribute or cache preference of a function or kernel, the context's cache preference).
 ANSWERS: dict[tuple, bytes] = {}
+ANSWERS_KEPT = 4096  # then the memory starts again (a program that loads modules over and over)
 QUESTIONS = ("cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags",
              "cuOccupancyAvailableDynamicSMemPerBlock", "cuFuncGetAttribute")
 
@@ -409,6 +410,8 @@ def function_question(d: Driver, call: Call, args: list[Any]) -> None:
         return
     d.forward(call, args)
     if out:
+        if len(ANSWERS) >= ANSWERS_KEPT:
+            ANSWERS.clear()
         ANSWERS[key] = marshal.read(out, call.params[0].pointee_size)
 
 

@@ -146,7 +146,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---- validate ------------------------------------------------------------------------------------
+# ---- calls -----------------------------------------------------------------------------------------
 def cmd_calls(args: argparse.Namespace) -> int:
     trace = _model(args.trace).trace
     since = int(args.from_ms * 1e6)
@@ -159,6 +159,7 @@ def cmd_calls(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- validate ------------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
