@@ -587,10 +587,10 @@ CALLS_E2E = ("gpt2_generate", "cnn_infer_b1")  # the two furthest from native on
 
 
 def stage_calls(ctx: Context) -> dict[str, Any]:
-    """Each workload recorded (a warm-up, then 2 steps), then `xpu-perf predict` at the recorded link and
-    `xpu-perf calls` over the run's second half (past the warm-up)."""
+    """Each workload recorded (a warm-up, then 2 steps, the GPU's time measured), then `xpu-perf predict` at
+    the recorded link and `xpu-perf calls` over the run's second half (past the warm-up)."""
     size = [] if ctx.gpu else ["--size", "small"]
-    env = {**ctx.env, **({} if ctx.gpu else SIM_TORCH)}
+    env = {**ctx.env, **({} if ctx.gpu else SIM_TORCH), "XPU_TRACE_GPU": "1"}  # is the GPU busy, or waiting?
     results, steps = [], []
     for workload in CALLS_E2E if ctx.gpu else SIM_E2E:
         path = WORK / f"{workload}.trace"
@@ -699,7 +699,8 @@ def _md_calls(stage: dict[str, Any]) -> list[str]:
         b = p.get("breakdown_s", {})
         out += [f"Recorded {p.get('trace_s', 0):.3f} s, {p.get('round_trips', '-')} round trips; at the recorded link: "
                 + ", ".join(f"{k} {v:.3f} s" for k, v in b.items()), "",
-                f"Calls from {c.get('from_s', 0):.3f} s on (the run's second half), dearest first:", "",
+                f"Calls from {c.get('from_s', 0):.3f} s on (the run's second half), dearest first; the GPU's work "
+                f"of their messages: {_seconds(c.get('gpu_s'))}", "",
                 "| call | class | count | inside ms | µs/call | server ms | waits | wait ms |",
                 "|---|---|---:|---:|---:|---:|---:|---:|"]
         out += [f"| {r['name']} | {r['cls']} | {r['count']} | {r['inside_ns'] / 1e6:.2f} | "
@@ -707,6 +708,10 @@ def _md_calls(stage: dict[str, Any]) -> list[str]:
                 f"{r['wait_ns'] / 1e6:.2f} |" for r in c.get("calls", [])]
         out.append("")
     return out
+
+
+def _seconds(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.3f} s"
 
 
 SECTIONS = {"1": _md_suite, "2": _md_programs, "3": _md_bench, "4": _md_perf, "5": _md_answers, "6": _md_calls}

@@ -74,7 +74,14 @@ def _own_requests(trace: fmt.Trace, since_ns: int) -> CallTime:
 OWN = "(xpuremote's own requests)"
 
 
-def describe(rows: list[CallTime], span_ns: int, top: int, since_ns: int = 0) -> str:
+def gpu_ns(trace: fmt.Trace, since_ns: int = 0) -> int | None:
+    """The GPU time of the kernels, copies and memsets of the messages sent since `since_ns`, where the
+    trace measured it (XPU_TRACE_GPU=1), else None."""
+    measured = [m.gpu for m in trace.messages if m.gpu is not None and m.sent >= since_ns]
+    return sum(measured) if measured else None
+
+
+def describe(rows: list[CallTime], span_ns: int, top: int, since_ns: int = 0, gpu: int | None = None) -> str:
     """The `top` dearest calls as a table, with what the rest add up to."""
     lines = [f"{'call':<44} {'class':<6} {'count':>8} {'inside ms':>10} {'µs/call':>8} {'server ms':>10} "
              f"{'waits':>6} {'wait ms':>9}"]
@@ -90,4 +97,6 @@ def describe(rows: list[CallTime], span_ns: int, top: int, since_ns: int = 0) ->
                      f"{sum(r.wait_ns for r in rest) / 1e6:>9.2f}")
     lines.append(f"recorded run: {span_ns / 1e6:.2f} ms, calls from {since_ns / 1e6:.2f} ms on; times inside calls "
                  "are measured while recording, which makes each call dearer")
+    if gpu is not None:
+        lines.append(f"GPU work of those calls' messages: {gpu / 1e6:.2f} ms")
     return "\n".join(lines)

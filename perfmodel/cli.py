@@ -150,12 +150,12 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 def cmd_calls(args: argparse.Namespace) -> int:
     trace = _model(args.trace).trace
     since = int(args.from_ms * 1e6)
-    rows = by_call.by_call(trace, since)
+    rows, gpu = by_call.by_call(trace, since), by_call.gpu_ns(trace, since)
     if args.json:
-        print(json.dumps({"span_s": trace.span_ns / 1e9, "from_s": since / 1e9,
+        print(json.dumps({"span_s": trace.span_ns / 1e9, "from_s": since / 1e9, "gpu_s": gpu and gpu / 1e9,
                           "calls": [r.to_json() for r in rows[:args.top]]}))
     else:
-        print(by_call.describe(rows, trace.span_ns, args.top, since))
+        print(by_call.describe(rows, trace.span_ns, args.top, since, gpu))
     return 0
 
 

@@ -73,6 +73,8 @@ def test_gpu_time_is_measured_only_when_asked(run_on, workloads: Path, tmp_path:
     launching = {c.seq for c in timed.calls if c.name == "cuLaunchKernel"}
     gpu = {m.seq: m.gpu for m in timed.messages if m.gpu is not None}
     assert launching <= set(gpu) and all(0 < gpu[s] <= timed.span_ns for s in launching)
+    calls = json.loads(xpu_perf("calls", tmp_path / "gpu.trace", "--json").stdout)
+    assert calls["gpu_s"] == pytest.approx(sum(gpu.values()) / 1e9)
 
 
 def test_trace_starts_with_the_wake_up_probe(run_on, workloads: Path, tmp_path: Path) -> None:
@@ -280,6 +282,7 @@ def test_calls_says_where_the_time_went_by_call(async_trace: Path) -> None:
     assert sum(r["server_ns"] for r in [*rows.values(), own] if r["count"]) == sum(
         sum(m.per_call or []) for m in recorded.messages)
     assert sum(r["waits"] for r in rows.values()) == sum(m.kind != "async" for m in recorded.messages)
+    assert out["gpu_s"] is None  # recorded without XPU_TRACE_GPU
     inside = [r["inside_ns"] for r in out["calls"]]
     assert inside == sorted(inside, reverse=True)
     later = json.loads(xpu_perf("calls", async_trace, "--from-ms", str(recorded.span_ns / 2e6), "--json").stdout)
