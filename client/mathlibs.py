@@ -223,6 +223,7 @@ def lt_heuristic(d: Driver, call: Call, args: list[Any]) -> None:
         key = None
     found = HEURISTICS.get(key) if key else None
     if found is not None:
+        d.session()  # as any call: not in a forked child, not before cuInit
         marshal.write(results, found[0])
         marshal.write(count_out, found[1])
         return

@@ -406,6 +406,7 @@ def function_question(d: Driver, call: Call, args: list[Any]) -> None:
     key = (call.family, *question)
     found = ANSWERS.get(key) if out and function in registry(d)[2] else None
     if found is not None:
+        d.session()  # as any call: not in a forked child, not before cuInit
         marshal.write(out, found)
         return
     d.forward(call, args)
