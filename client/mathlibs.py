@@ -137,8 +137,16 @@ for _key, _set, _get in (("stream", "cublasSetStream", "cublasGetStream"),
                          ("sm_count", "cublasSetSmCountTarget", "cublasGetSmCountTarget")):
     implements(_set)(_setter(_key))
     implements(_get)(_getter(_key))
-implements("cudnnSetStream")(_setter("stream"))
 implements("cudnnGetStream")(_getter("stream"))
+_set_stream = _setter("stream")
+
+
+@implements("cudnnSetStream")
+def cudnn_set_stream(d: Driver, call: Call, args: list[Any]) -> None:
+    """PyTorch sets the handle's stream before each cuDNN call, nearly always to the stream it has: setting
+    it again changes nothing in cuDNN (unlike cublasSetStream, which resets the workspace), so it is not sent."""
+    if _state(args[0])["stream"] != args[1]:
+        _set_stream(d, call, args)
 
 
 @implements("cublasSdot", "cublasDdot", "cublasCdotu", "cublasCdotc", "cublasZdotu", "cublasZdotc", "cublasDotEx")

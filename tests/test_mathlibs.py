@@ -189,3 +189,36 @@ def test_cublaslt_heuristic_is_asked_once_per_problem(tmp_path) -> None:
     served = [int(n) for n in re.findall(r"library calls: .*cublasLt=(\d+)", srv.log())]
     assert len(served) == 3 and served[1] == served[0] + 4, served  # the four more biases set, not asked
     assert served[0] == served[2] + 2, served  # a bias of another alignment: set, and asked again
+
+
+STREAM_PROGRAM = r"""
+import ctypes, sys
+cuda, dnn = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL("libcudnn.so.9")
+context, handle, stream, found = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0) == 0
+assert cuda.cuCtxSetCurrent(context) == 0 and dnn.cudnnCreate(ctypes.byref(handle)) == 0
+assert cuda.cuStreamCreate(ctypes.byref(stream), 1) == 0
+for _ in range(int(sys.argv[1])):
+    assert dnn.cudnnSetStream(handle, stream) == 0
+assert dnn.cudnnGetStream(handle, ctypes.byref(found)) == 0 and found.value == stream.value
+assert dnn.cudnnSetStream(handle, None) == 0  # another stream: sent
+assert dnn.cudnnGetStream(handle, ctypes.byref(found)) == 0 and not found.value
+"""
+
+
+def test_cudnn_set_stream_is_sent_only_when_the_stream_changes(tmp_path) -> None:
+    """PyTorch sets a cuDNN handle's stream before each cuDNN call: five settings of the stream it already has
+    cost the server what one does, and the handle answers the stream last set."""
+    from conftest import shim_env, start_server
+
+    from xpuremote.interpose.build import ensure_shim
+
+    srv = start_server(tmp_path)
+    try:
+        runs = [subprocess.run([sys.executable, "-c", STREAM_PROGRAM, str(n)], capture_output=True, text=True,
+                               timeout=60, env=shim_env(ensure_shim(), srv.address)) for n in (1, 5)]
+    finally:
+        srv.stop()
+    assert all(run.returncode == 0 for run in runs), runs[-1].stderr[-3000:]
+    served = [int(n) for n in re.findall(r"library calls: .*cudnn=(\d+)", srv.log())]
+    assert len(served) == 2 and served[0] == served[1] and served[0] >= 3, served
