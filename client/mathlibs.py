@@ -112,9 +112,13 @@ def _state(handle: int) -> dict[str, int]:
     return found
 
 
-def _setter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
+def _setter(key: str, when_changed: bool = True) -> Callable[[Driver, Call, list[Any]], None]:
+    """A handle's setting kept here for the getters. One that the library only keeps is sent only when its
+    value changes: PyTorch sets the stream and the math mode before each call, nearly always to the value
+    they have. `cublasSetStream` is always sent: it also resets cuBLAS's workspace to the default."""
     def set_(d: Driver, call: Call, args: list[Any]) -> None:
-        _state(args[0])
+        if _state(args[0])[key] == args[1] and when_changed:
+            return
         d.forward(call, args)
         STATE[args[0]][key] = args[1]
 
@@ -134,19 +138,10 @@ for _key, _set, _get in (("stream", "cublasSetStream", "cublasGetStream"),
                          ("pointer_mode", "cublasSetPointerMode", "cublasGetPointerMode"),
                          ("math_mode", "cublasSetMathMode", "cublasGetMathMode"),
                          ("atomics_mode", "cublasSetAtomicsMode", "cublasGetAtomicsMode"),
-                         ("sm_count", "cublasSetSmCountTarget", "cublasGetSmCountTarget")):
-    implements(_set)(_setter(_key))
+                         ("sm_count", "cublasSetSmCountTarget", "cublasGetSmCountTarget"),
+                         ("stream", "cudnnSetStream", "cudnnGetStream")):
+    implements(_set)(_setter(_key, when_changed=_set != "cublasSetStream"))
     implements(_get)(_getter(_key))
-implements("cudnnGetStream")(_getter("stream"))
-_set_stream = _setter("stream")
-
-
-@implements("cudnnSetStream")
-def cudnn_set_stream(d: Driver, call: Call, args: list[Any]) -> None:
-    """PyTorch sets the handle's stream before each cuDNN call, nearly always to the stream it has: setting
-    it again changes nothing in cuDNN (unlike cublasSetStream, which resets the workspace), so it is not sent."""
-    if _state(args[0])["stream"] != args[1]:
-        _set_stream(d, call, args)
 
 
 @implements("cublasSdot", "cublasDdot", "cublasCdotu", "cublasCdotc", "cublasZdotu", "cublasZdotc", "cublasDotEx")

@@ -191,34 +191,43 @@ def test_cublaslt_heuristic_is_asked_once_per_problem(tmp_path) -> None:
     assert served[0] == served[2] + 2, served  # a bias of another alignment: set, and asked again
 
 
-STREAM_PROGRAM = r"""
+SETTINGS_PROGRAM = r"""
 import ctypes, sys
-cuda, dnn = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL("libcudnn.so.9")
+from xpuremote.interpose.build import LIBRARY_NAMES
+cuda, blas, dnn = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL(LIBRARY_NAMES[0]), ctypes.CDLL("libcudnn.so.9")
 context, handle, stream, found = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+blas_handle, mode = ctypes.c_void_p(), ctypes.c_int(-1)
 assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0) == 0
 assert cuda.cuCtxSetCurrent(context) == 0 and dnn.cudnnCreate(ctypes.byref(handle)) == 0
+assert blas.cublasCreate_v2(ctypes.byref(blas_handle)) == 0
 assert cuda.cuStreamCreate(ctypes.byref(stream), 1) == 0
 for _ in range(int(sys.argv[1])):
     assert dnn.cudnnSetStream(handle, stream) == 0
+    assert blas.cublasSetMathMode(blas_handle, 3) == 0  # CUBLAS_TF32_TENSOR_OP_MATH
+    assert blas.cublasSetStream_v2(blas_handle, stream) == 0  # always sent: it resets the workspace
 assert dnn.cudnnGetStream(handle, ctypes.byref(found)) == 0 and found.value == stream.value
+assert blas.cublasGetMathMode(blas_handle, ctypes.byref(mode)) == 0 and mode.value == 3
 assert dnn.cudnnSetStream(handle, None) == 0  # another stream: sent
 assert dnn.cudnnGetStream(handle, ctypes.byref(found)) == 0 and not found.value
 """
 
 
-def test_cudnn_set_stream_is_sent_only_when_the_stream_changes(tmp_path) -> None:
-    """PyTorch sets a cuDNN handle's stream before each cuDNN call: five settings of the stream it already has
-    cost the server what one does, and the handle answers the stream last set."""
+def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
+    """PyTorch sets a cuDNN handle's stream and a cuBLAS handle's math mode before each call: five settings
+    of the value a handle already has cost the server what one does, and the getters answer the value last
+    set. cublasSetStream is sent each time (it resets cuBLAS's workspace)."""
     from conftest import shim_env, start_server
 
     from xpuremote.interpose.build import ensure_shim
 
     srv = start_server(tmp_path)
     try:
-        runs = [subprocess.run([sys.executable, "-c", STREAM_PROGRAM, str(n)], capture_output=True, text=True,
+        runs = [subprocess.run([sys.executable, "-c", SETTINGS_PROGRAM, str(n)], capture_output=True, text=True,
                                timeout=60, env=shim_env(ensure_shim(), srv.address)) for n in (1, 5)]
     finally:
         srv.stop()
     assert all(run.returncode == 0 for run in runs), runs[-1].stderr[-3000:]
-    served = [int(n) for n in re.findall(r"library calls: .*cudnn=(\d+)", srv.log())]
-    assert len(served) == 2 and served[0] == served[1] and served[0] >= 3, served
+    dnn = [int(n) for n in re.findall(r"library calls: .*cudnn=(\d+)", srv.log())]
+    blas = [int(n) for n in re.findall(r"library calls: .*cublas=(\d+)", srv.log())]
+    assert len(dnn) == 2 and dnn[0] == dnn[1] == 3, dnn  # create, the stream set once, then the other stream
+    assert len(blas) == 2 and blas[1] == blas[0] + 4, blas  # four more cublasSetStream, no more math modes
