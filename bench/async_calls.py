@@ -41,7 +41,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from foundation import clean_env, publish, start_server, stop  # noqa: E402
+from foundation import clean_env, publish, start_server, start_stand_in, stop  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -160,10 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         exe = compile_program(Path(tmp))
         try:
             env: dict[str, str] = {}
-            if args.backend == "stand-in":  # the cuda backend's libcuda: the shim, talking to a sim server
-                sim, sim_address = start_server(Path(tmp) / "sim.log", "sim")
+            if args.backend == "stand-in":
+                sim, env = start_stand_in(Path(tmp) / "sim.log")
                 servers.append(sim)
-                env = {"XPU_CUDA_LIBRARY": str(shim), "XPU_SERVER": sim_address}
             backend = "cuda" if cuda else "sim"
             server, address = start_server(Path(tmp) / "server.log", backend, env=env)
             servers.append(server)

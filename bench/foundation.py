@@ -576,6 +576,15 @@ def start_server(log_path: Path, backend: str, keys: dict[str, str] | None = Non
     return proc, address
 
 
+def start_stand_in(log_path: Path, sim_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, dict[str, str]]:
+    """The cuda backend's libcuda without a GPU: xpuremote's own shim (a stand-in, named as such), talking to
+    a sim server started here. The server, and what a cuda server's environment needs to use it."""
+    from xpuremote.interpose.build import ensure_shim
+
+    sim, address = start_server(log_path, "sim", env=sim_env)
+    return sim, {"XPU_CUDA_LIBRARY": str(ensure_shim()), "XPU_SERVER": address}
+
+
 def start_echo_server(keys: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """The baseline's server, with the allocator settings the daemon gives its workers (if any), so
     that the comparison is of the software, not of malloc's page faults."""

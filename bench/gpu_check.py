@@ -601,14 +601,13 @@ def stage_calls(ctx: Context) -> dict[str, Any]:
         if steps[-1]["rc"] != 0:
             results.append({"workload": workload, "error": _last_line(steps[-1])})
             continue
-        half = _query(ctx.python, "from xpuremote.protocol import trace; "
-                      f"print(trace.read({str(path)!r}).span_ns / 2e6)", ctx.env).strip()
         perf = [ctx.python, "-m", "xpuremote.perfmodel.cli"]
         steps.append(ctx.run(f"predict {workload}", [*perf, "predict", "--rtt-us", "0", "--json", str(path)], 120))
-        steps.append(ctx.run(f"calls {workload}", [*perf, "calls", "--top", "25", "--from-ms", half, "--json",
+        predict = _last_json(steps[-1]["output"]) or {}
+        half_ms = str(predict.get("trace_s", 0) * 500)  # the recorded run's second half: past the warm-up
+        steps.append(ctx.run(f"calls {workload}", [*perf, "calls", "--top", "25", "--from-ms", half_ms, "--json",
                                                    str(path)], 120))
-        results.append({"workload": workload, "predict": _last_json(steps[-2]["output"]),
-                        "calls": _last_json(steps[-1]["output"])})
+        results.append({"workload": workload, "predict": predict, "calls": _last_json(steps[-1]["output"])})
         path.unlink(missing_ok=True)  # large; the tables are what comes back
     ok = all("error" not in r and r["predict"] and r["calls"] for r in results)
     return {"ok": ok, "workloads": results, "steps": [_brief(s, 12) for s in steps]}

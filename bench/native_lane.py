@@ -102,18 +102,16 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.records, args.repeats)))
         return 0
 
-    from foundation import clean_env, publish, start_server, stop
-
-    from xpuremote.interpose.build import ensure_shim
+    from foundation import clean_env, publish, start_stand_in, stop
 
     env, servers = clean_env(), []
     try:
         with tempfile.TemporaryDirectory() as tmp:
             if args.backend == "stand-in":
-                sim, address = start_server(Path(tmp) / "sim.log", "sim",
-                                            env={"XPU_SIM_KERNELS": str(HERE.parent / "tests" / "sim_kernels.py")})
+                sim, stand_in = start_stand_in(Path(tmp) / "sim.log",
+                                               {"XPU_SIM_KERNELS": str(HERE.parent / "tests" / "sim_kernels.py")})
                 servers.append(sim)
-                env |= {"XPU_CUDA_LIBRARY": str(ensure_shim()), "XPU_SERVER": address}
+                env |= stand_in
             rows = {}
             for way, flag in (("in C", "1"), ("in Python", "0")):
                 proc = subprocess.run([sys.executable, __file__, "--measure", flag, "--records", str(args.records),

@@ -34,7 +34,9 @@ def by_call(trace: fmt.Trace, since_ns: int = 0) -> list[CallTime]:
     messages = {m.seq: m for m in trace.messages}
     last_of: dict[int, fmt.Call] = {}
     rows: dict[str, CallTime] = {}
+    taken: dict[int, set[int]] = {}  # each message's positions that hold a call of the application's
     for call in trace.calls:
+        taken.setdefault(call.seq, set()).add(call.pos)
         if call.entry < since_ns:
             continue
         row = rows.setdefault(call.name, CallTime(call.name, call.cls))
@@ -50,17 +52,14 @@ def by_call(trace: fmt.Trace, since_ns: int = 0) -> list[CallTime]:
         if message.kind != "async":
             rows[call.name].waits += 1
             rows[call.name].wait_ns += message.wait
-    own = _own_requests(trace, since_ns)
+    own = _own_requests(trace, since_ns, taken)
     return sorted([*rows.values(), *([own] if own.count else [])], key=lambda r: (r.inside_ns, r.server_ns),
                   reverse=True)
 
 
-def _own_requests(trace: fmt.Trace, since_ns: int) -> CallTime:
+def _own_requests(trace: fmt.Trace, since_ns: int, taken: dict[int, set[int]]) -> CallTime:
     """The server's time on what the client asked of its own (the positions of a message that no call of
     the application's holds: its internal requests, a lane's records after the first)."""
-    taken: dict[int, set[int]] = {}
-    for call in trace.calls:
-        taken.setdefault(call.seq, set()).add(call.pos)
     own = CallTime(OWN, "-")
     for m in trace.messages:
         if m.sent >= since_ns and m.per_call:

@@ -148,7 +148,7 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 # ---- calls -----------------------------------------------------------------------------------------
 def cmd_calls(args: argparse.Namespace) -> int:
-    trace = _model(args.trace).trace
+    trace = _trace(args.trace)  # a table of what was recorded: no model to fit
     since = int(args.from_ms * 1e6)
     rows, gpu = by_call.by_call(trace, since), by_call.gpu_ns(trace, since)
     if args.json:
@@ -177,14 +177,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 # ---- plumbing --------------------------------------------------------------------------------------
-def _model(path: str) -> Model:
+def _trace(path: str) -> fmt.Trace:
     try:
         trace = fmt.read(path)
     except (OSError, fmt.TraceError) as exc:
         raise SystemExit(f"xpu-perf: {exc}") from None
     if not trace.calls:
         raise SystemExit(f"xpu-perf: {path} holds no calls")
-    return Model(trace)
+    return trace
+
+
+def _model(path: str) -> Model:
+    return Model(_trace(path))
 
 
 def _program(model: Model) -> str:
