@@ -20,7 +20,8 @@ builds the shim, then runs the chosen stages, each under a time limit of its own
               with --backend sim, where CI has just run the suite, it only collects that selection
   2 programs  NVIDIA's runtimes, cuda-python, an nvcc-built program and the stock PyTorch, through
               `xpu-run` against a local `xpu-server` over loopback TCP, and natively beside them
-  3 bench     bench/foundation.py, graphs.py, async_calls.py, native_lane.py, allocators.py, torch_e2e.py
+  3 bench     bench/foundation.py, graphs.py, async_calls.py, native_lane.py, server_calls.py, allocators.py,
+              torch_e2e.py
               (native vs through xpuremote)
   4 perf      `xpu-perf validate` on two PyTorch workloads (predicted vs emulated links)
   5 answers   bench/driver_answers.py: what the real driver answers beside the shim's answers
@@ -498,22 +499,20 @@ def stage_bench(ctx: Context) -> dict[str, Any]:
     steps = [ctx.run("foundation", [ctx.python, "bench/foundation.py", "--backend", ctx.backend, *quick,
                                     "--out", str(out / "foundation.json")], 240)]
     foundation = _read_json(out / "foundation.json")
-    foundation_md = (out / "foundation.md").read_text() if (out / "foundation.md").is_file() else ""
     steps.append(ctx.run("graphs", [ctx.python, "bench/graphs.py", "--backend", ctx.backend,
                                     *([] if ctx.gpu else ["--steps", "30"]), "--out", str(out / "graphs.json")], 240))
-    graphs_md = (out / "graphs.md").read_text() if (out / "graphs.md").is_file() else ""
     steps.append(ctx.run("async_calls", [ctx.python, "bench/async_calls.py", "--backend", ctx.backend,
                                          *(["--repeats", "3"] if ctx.gpu else ["--calls", "20000", "--repeats", "1"]),
                                          "--out", str(out / "async_calls.json")], 180))
-    async_md = (out / "async_calls.md").read_text() if (out / "async_calls.md").is_file() else ""
     steps.append(ctx.run("native_lane", [ctx.python, "bench/native_lane.py", "--backend",
                                          "cuda" if ctx.gpu else "stand-in", "--records", "50000" if ctx.gpu else "5000",
                                          "--out", str(out / "native_lane.json")], 180))
-    native_md = (out / "native_lane.md").read_text() if (out / "native_lane.md").is_file() else ""
+    steps.append(ctx.run("server_calls", [ctx.python, "bench/server_calls.py", "--backend",
+                                          "cuda" if ctx.gpu else "stand-in", "--rounds", "2000" if ctx.gpu else "200",
+                                          "--out", str(out / "server_calls.json")], 180))
     steps.append(ctx.run("allocators", [ctx.python, "bench/allocators.py", "--backend", ctx.backend, "--out",
                                         str(out / "allocators.json")], 300,
                          {**ctx.env, "XPU_TORCH_PYTHON": ctx.torch_python}))
-    allocators_md = (out / "allocators.md").read_text() if (out / "allocators.md").is_file() else ""
     e2e, env = [], {**ctx.env, **({} if ctx.gpu else SIM_TORCH)}
     size = [] if ctx.gpu else ["--size", "small", "--steps", "2", "--warmup", "1"]
     for workload in E2E if ctx.gpu else SIM_E2E:
@@ -525,15 +524,17 @@ def stage_bench(ctx: Context) -> dict[str, Any]:
                                                        ctx.backend, "--workloads", workload, "--timeout", "200",
                                                        *size, "--out", str(folder)], 420, env))
         e2e += _read_json(folder / "torch_e2e.json").get("results", [{"workload": workload, "not run": "no result"}])
-    ok = all(step["rc"] == 0 for step in steps[:5]) and bool(foundation) and all(
+    ok = all(step["rc"] == 0 for step in steps[:6]) and bool(foundation) and all(
         "error" not in r.get("remote", {"error": 1}) and (not ctx.gpu or "error" not in r.get("native", {}))
         for r in e2e)
-    return {"ok": ok, "foundation": foundation, "foundation_markdown": foundation_md,
-            "graphs": _read_json(out / "graphs.json"), "graphs_markdown": graphs_md,
-            "async_calls": _read_json(out / "async_calls.json"), "async_calls_markdown": async_md,
-            "native_lane": _read_json(out / "native_lane.json"), "native_lane_markdown": native_md,
-            "allocators": _read_json(out / "allocators.json"), "allocators_markdown": allocators_md, "torch_e2e": e2e,
-            "steps": [_brief(s, 12) for s in steps]}
+    benches = {"foundation": foundation, "foundation_markdown": _markdown(out / "foundation.md")}
+    for name in ("graphs", "async_calls", "native_lane", "server_calls", "allocators"):
+        benches |= {name: _read_json(out / f"{name}.json"), f"{name}_markdown": _markdown(out / f"{name}.md")}
+    return {"ok": ok, **benches, "torch_e2e": e2e, "steps": [_brief(s, 12) for s in steps]}
+
+
+def _markdown(path: Path) -> str:
+    return path.read_text() if path.is_file() else ""
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -577,7 +578,7 @@ def stage_answers(ctx: Context) -> dict[str, Any]:
     step = ctx.run("driver answers", [ctx.python, "bench/driver_answers.py", "--backend", ctx.backend, "--out",
                                       str(record), *[a for log in logs for a in ("--tables-log", log)]], 300)
     answers = _read_json(record)
-    text = record.with_suffix(".md").read_text() if record.with_suffix(".md").is_file() else ""
+    text = _markdown(record.with_suffix(".md"))
     return {"ok": step["rc"] == 0 and bool(answers), "answers": answers, "markdown": text,
             "steps": [_brief(step, 12)]}
 
@@ -651,7 +652,8 @@ def _md_programs(stage: dict[str, Any]) -> list[str]:
 
 def _md_bench(stage: dict[str, Any]) -> list[str]:
     out = [re.sub(r"^#", "###", line) for line in stage.get("foundation_markdown", "").splitlines()]
-    for key in ("graphs_markdown", "async_calls_markdown", "native_lane_markdown", "allocators_markdown"):
+    for key in ("graphs_markdown", "async_calls_markdown", "native_lane_markdown", "server_calls_markdown",
+                "allocators_markdown"):
         out += ["", *(re.sub(r"^#", "###", line) for line in stage.get(key, "").splitlines())]
     out += ["", "### PyTorch end to end", "", "| workload | native ms/step | xpuremote ms/step | slowdown |",
             "|---|---|---|---|"]

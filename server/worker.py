@@ -161,17 +161,23 @@ class Session:
         return {"op": "reply", "status": 0}
 
     # ---- handles --------------------------------------------------------------------------
-    def resolve(self, param: Param, value: Any) -> Any:
-        if value is None or value == 0:
-            return None
-        if not isinstance(value, int):
-            raise CudaError(errors.INVALID_HANDLE, f"{param.name}: handle must be an integer")
-        if _handle_family(param.ctype) == "CUstream" and value in DEFAULT_STREAMS:
-            return value
-        entry = self.handles.get(value)
-        if entry is None or entry[0] != _handle_family(param.ctype):
+    def resolver(self, param: Param) -> Callable[[Any, Any], Any]:
+        """What turns a client's handle for `param` into the backend's object (None for 0)."""
+        family, handles = _handle_family(param.ctype), self.handles
+        defaults = DEFAULT_STREAMS if family == "CUstream" else ()
+
+        def resolve(value: Any, scalars: Any) -> Any:
+            if value is None or value == 0:
+                return None
+            if not isinstance(value, int):
+                raise CudaError(errors.INVALID_HANDLE, f"{param.name}: handle must be an integer")
+            if value in defaults:
+                return value
+            entry = handles.get(value)
+            if entry is not None and entry[0] == family:
+                return entry[1]
             raise CudaError(errors.INVALID_HANDLE, f"{param.name}={value:#x} is not a live {param.ctype}")
-        return entry[1]
+        return resolve
 
     def register(self, ctype: str, obj: Any, handle: int | None = None, owner: Any = None) -> int:
         """A new handle (the client's, for a shadow call); with an owner (a graph, for its nodes), it goes
@@ -225,16 +231,6 @@ class Session:
         """Destroy calls drop the handle they destroyed, and the handles of what it held."""
         if call.destroys and args and isinstance(args[0], int):
             self.drop_handle(args[0])
-
-    def check_handles(self, call: Call, args: list[Any]) -> None:
-        """The handles a call would make stay within the session's limit of each kind, and a client's new
-        handle is free: checked before anything is made."""
-        for p, value in zip(call.params, args):
-            if p.direction == "out" and p.pointee == "handle":
-                family = _handle_family(p.ctype.rstrip(" *"))
-                self.limits.check_count(self.held[family], f"handles of type {family}")
-                if call.cls == "shadow":
-                    self.check_new(value)
 
     def add_timings(self, answer: dict[str, Any]) -> dict[str, Any]:
         """Give an answer the times measured since the last one, for the client's trace."""
@@ -380,17 +376,18 @@ class Session:
     def runner(self, call: Call) -> Callable[[list[Any]], Any]:
         """execute() compiled for one call: for a call of integers and handles (the lane's hot calls, and most
         of a batch's), its shape checked, its handles resolved, then the backend's runner (the limits' checks
-        included); for any other, execute() itself."""
+        included); for any other, `generic`."""
         plain = _plain(call)
         if plain is None or call.destroys or self.gpu_timer or not call.sent or call.library != "cuda":
-            return lambda args: self.execute(call, args)
+            return self.generic(call)
         run, count = self.backend.runner(call), len(call.params)
+        resolvers = [(i, self.resolver(call.params[i])) for i in plain.handles]
 
         def plain_call(args: list[Any]) -> list[Any]:
             self.calls += 1
             if len(args) != count:
                 raise CudaError(errors.INVALID_VALUE, f"{call.symbol} takes {count} arguments, got {len(args)}")
-            decoded = self.decode_plain(call, args, plain)
+            decoded = self.decode_plain(call, args, plain, resolvers)
             try:
                 run(decoded)
             except BACKEND_FAULTS as exc:
@@ -399,69 +396,106 @@ class Session:
         return plain_call
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
-        self.calls += 1
-        if call.library != "cuda":
-            self.library_calls[call.library] += 1
+        """One call, as a batch runs it."""
+        return (self.compiled.get(call.opcode) or self.compile(call))(args)
+
+    def generic(self, call: Call) -> Callable[[list[Any]], list[Any]]:
+        """Any call, compiled: each argument's decoder, the handles it makes, the backend's runner and each
+        output's encoding found once (looked up per call, they cost a math library call 9 µs of CPU here)."""
         if not call.sent:  # e.g. a copy whose struct holds host pointers: the client rewrites those
-            raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not served (the client library never sends it)")
-        if len(args) != len(call.params):
-            raise CudaError(errors.INVALID_VALUE, f"{call.symbol} takes {len(call.params)} arguments, got {len(args)}")
-        plain = _plain(call)
-        if plain is not None:  # integers and handles only, nothing made or written back: the hot calls
-            decoded = self.decode_plain(call, args, plain)
-        else:
-            scalars = {p.name: a for p, a in zip(call.params, args) if p.kind in ("int", "float")}
-            decoded = [self.decode(p, a, scalars, call) for p, a in zip(call.params, args)]
-            self.check_handles(call, args)
-        try:
-            if self.gpu_timer and is_gpu_work(call):
-                begun = self.gpu_timer.start(call, decoded)
-                outs = self.backend.execute(call, decoded)
-                self.gpu_timer.stop(self.seq, begun)
-            else:
-                outs = self.backend.execute(call, decoded)
-        except BACKEND_FAULTS as exc:
-            raise _invalid(call, exc) from None
-        if plain is not None:
+            def refuse(args: list[Any]) -> list[Any]:
+                raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not served (the client library never "
+                                "sends it)")
+            return refuse
+        count, library, shadow = len(call.params), call.library, call.cls == "shadow"
+        ints = [(i, *_int_range(p)) for i, p in enumerate(call.params) if p.kind == "int"]  # checked inline
+        decoders = [(i, self.decoder(call, p)) for i, p in enumerate(call.params) if p.kind != "int"]
+        numbers = [(p.name, i) for i, p in enumerate(call.params) if p.kind in ("int", "float")]
+        sized = any(p.kind == "ptr" and p.count is not None and p.factors and p.factors[1] for p in call.params)
+        made = [(i, _handle_family(p.ctype.rstrip(" *"))) for i, p in enumerate(call.params)
+                if p.direction == "out" and p.pointee == "handle"]
+        outputs = [(i, p) for i, p in enumerate(call.params) if p.direction != "in"]
+        run = self.backend.runner(call)
+        timer = self.gpu_timer if self.gpu_timer and is_gpu_work(call) else None
+
+        def generic_call(args: list[Any]) -> list[Any]:
+            self.calls += 1
+            if library != "cuda":
+                self.library_calls[library] += 1
+            if len(args) != count:
+                raise CudaError(errors.INVALID_VALUE, f"{call.symbol} takes {count} arguments, got {len(args)}")
+            for i, low, high in ints:
+                if type(args[i]) is not int or not low <= args[i] < high:
+                    self.decoder(call, call.params[i])(args[i], {})  # raises, saying what is wrong
+            scalars = {name: args[i] for name, i in numbers} if sized else {}
+            decoded = list(args)
+            for i, decode in decoders:
+                decoded[i] = decode(args[i], scalars)
+            for i, family in made:  # checked before anything is made
+                self.limits.check_count(self.held[family], f"handles of type {family}")
+                if shadow:
+                    self.check_new(args[i])  # the client's new handle is free
+            try:
+                if timer is not None:
+                    begun = timer.start(call, decoded)
+                    outs = run(decoded)
+                    timer.stop(self.seq, begun)
+                else:
+                    outs = run(decoded)
+            except BACKEND_FAULTS as exc:
+                raise _invalid(call, exc) from None
             if call.destroys:
                 self.forget(call, args)
-            return []
-        self.forget(call, args)
-        owner = _graph_of(call, decoded)  # a node belongs to its graph: its handle goes with the graph's
-        return [self.encode(p, a, o, call, owner) for p, a, o in zip(call.outputs, _out_args(call, args), outs)]
+            if not outputs:
+                return []
+            owner = _graph_of(call, decoded)  # a node belongs to its graph
+            return [self.encode(p, args[i], o, call, owner) for (i, p), o in zip(outputs, outs)]
+        return generic_call
 
-    def decode_plain(self, call: Call, args: list[Any], plain: Plain) -> list[Any]:
-        """decode() for a call of integers and handles, by its precomputed shape."""
+    def decode_plain(self, call: Call, args: list[Any], plain: Plain, resolvers: list[tuple[int, Any]]) -> list[Any]:
+        """The decoders' work for a call of integers and handles, by its precomputed shape."""
         for i, low, high in plain.ints:
             value = args[i]
             if type(value) is not int or not low <= value < high:
                 p = call.params[i]
                 raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}={value!r} is not a {p.ctype}")
         decoded = list(args)
-        for i in plain.handles:
-            decoded[i] = self.resolve(call.params[i], args[i])
+        for i, resolve in resolvers:
+            decoded[i] = resolve(args[i], None)
         return decoded
 
-    def decode(self, p: Param, value: Any, scalars: dict[str, Any], call: Call) -> Any:
+    def decoder(self, call: Call, p: Param) -> Callable[[Any, dict[str, Any]], Any]:
+        """What checks and converts one argument of `call` from the wire, given the call's numbers by name."""
+        name = f"{call.symbol}.{p.name}"
         if p.kind == "handle":
-            return self.resolve(p, value)
+            return self.resolver(p)
         if p.kind in ("int", "float"):
-            if not isinstance(value, (int, float)) or isinstance(value, bool):
-                raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name} must be a number")
-            if p.kind == "int" and not _fits(p, value):  # a float, or out of the C type's range
-                raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}={value!r} is not a {p.ctype}")
-            return value
+            low, high = _int_range(p) if p.kind == "int" else (None, None)
+
+            def number(value: Any, scalars: dict[str, Any]) -> Any:
+                if not isinstance(value, (int, float)) or isinstance(value, bool):
+                    raise CudaError(errors.INVALID_VALUE, f"{name} must be a number")
+                if low is not None and not (isinstance(value, int) and low <= value < high):
+                    raise CudaError(errors.INVALID_VALUE, f"{name}={value!r} is not a {p.ctype}")  # a float, too big
+                return value
+            return number
         if p.direction == "out":
             if p.pointee == "handle" and call.cls == "shadow":
-                return value  # the client's id for the handle being created
-            if type(value) is Asked:
-                if not (call.by_data and self.answering):
-                    raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: an output on the data "
-                                    "connection is for an answered copy only")
-                value = value.size
-            if value is not None and (not isinstance(value, int) or not 0 <= value <= MAX_OUTPUT_BYTES):
-                raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: output size {value!r}")
-            return value
+                return lambda value, scalars: value  # the client's id for the handle being created
+            return lambda value, scalars: self.output_size(call, p, value)
+        return lambda value, scalars: self.input_bytes(call, p, value, scalars)
+
+    def output_size(self, call: Call, p: Param, value: Any) -> Any:
+        if type(value) is Asked:
+            if not (call.by_data and self.answering):
+                raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: an output on the data "
+                                "connection is for an answered copy only")
+            value = value.size
+        if value is not None and (not isinstance(value, int) or not 0 <= value <= MAX_OUTPUT_BYTES):
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: output size {value!r}")
+        return value
+
+    def input_bytes(self, call: Call, p: Param, value: Any, scalars: dict[str, Any]) -> Any:
         if value is None or p.is_string and isinstance(value, str):
             return value
         if (p.is_address or p.is_scalar) and isinstance(value, int) and 0 <= value < 1 << 64:
@@ -576,13 +610,6 @@ def _opcode_at(view: memoryview, at: int) -> int:
     return int.from_bytes(view[at : at + 4], "little")
 
 
-def _fits(p: Param, value: Any) -> bool:
-    if not isinstance(value, int):
-        return False
-    low, high = _int_range(p)
-    return low <= value < high
-
-
 def _int_range(p: Param) -> tuple[int, int]:
     """[low, high) of an integer parameter's C type."""
     bits = 8 * p.size
@@ -596,10 +623,6 @@ def _pack_scalar(p: Param, value: Any) -> bytes:
         return int(value).to_bytes(p.pointee_size, "little", signed=int(value) < 0)
     except OverflowError:  # e.g. 16 GiB free through the 32-bit cuMemGetInfo of old
         raise CudaError(errors.INVALID_VALUE, f"{p.name}={value} does not fit in {p.pointee_size} bytes") from None
-
-
-def _out_args(call: Call, args: list[Any]) -> list[Any]:
-    return [a for p, a in zip(call.params, args) if p.direction != "in"]
 
 
 def _unpack(item: Any) -> tuple[Call, list[Any]]:

@@ -116,6 +116,7 @@ class CudaBackend(Backend):
         self.green_contexts: dict[int, Any] = {}  # green context -> the CUcontext that stands for it
         self.upload: Upload | None = None  # made on the first large input from the data connection
         self.scalars: dict[int, Any] = {}  # cuDNN variant pack -> its by-value scalars (xpuCudnnSetDataPointers)
+        self.compiled: dict[int, Callable[[list[Any]], list[Any]]] = {}  # opcode -> its generic path (generic())
         self.check(self.lib.cuInit(0), "cuInit")
 
     def check(self, status: int, what: str, library: str = "cuda") -> None:
@@ -195,8 +196,7 @@ class CudaBackend(Backend):
         """A driver call's input arrays of handles (graph nodes) hold client handles: the real ones go."""
         if call.library != "cuda":
             return args
-        return [self.real_handles(a, p.ctype.replace("const ", "").rstrip(" *"))
-                if p.pointee == "handle" and p.direction == "in" and p.count and a else a
+        return [self.real_handles(a, p.ctype.replace("const ", "").rstrip(" *")) if _handle_array(p) and a else a
                 for p, a in zip(call.params, args)]
 
     def real_handles(self, data: bytes, family: str) -> bytes:
@@ -258,35 +258,20 @@ class CudaBackend(Backend):
                 raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol}: the server's driver lacks it ({exc})") from None
         if call.family in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync") and isinstance(args[1], Incoming):
             return self.upload_from_network(call, args)
-        if call.family == "cudnnBackendDestroyDescriptor":
-            self.scalars.pop(args[0], None)
-        lib = self.lib if call.library == "cuda" else self.library(call.library)
-        if not hasattr(lib, call.symbol):
-            raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not in the server's {call.library}")
-        c_args, outs = [], []
-        for p, a in zip(call.params, self.handle_arrays(call, self.library_arguments(call, args))):
-            value, buffer = self.argument(p, a)
-            c_args.append(value)
-            if p.direction != "in":
-                outs.append(buffer)
-        self.check(getattr(lib, call.symbol)(*c_args), call.symbol, call.library)
-        results = [self.result(p, b) for p, b in zip(call.outputs, outs)]
-        if call.family in ("cuMemAlloc", "cuMemAllocPitch"):
-            self.clear(call, args, results)
-        elif call.family in ("cuMemAllocAsync", "cuMemAllocFromPoolAsync"):
-            self.clear_in_order(args, results)
-        elif call.family == "cuMemCreate":
-            self.clear_physical(args, results)
-        elif call.family in ("cuArrayCreate", "cuArray3DCreate"):
-            self.clear_array(call, args, results)
-        return results
+        return self.generic(call)(args)
 
     def runner(self, call: Call) -> Callable[[list[Any]], Any]:
-        """A call of integers and handles (the lane's and most of a batch's, as the session compiles them)
-        straight to its driver function: what `execute` looks up per call (its family's special cases,
-        the function, each argument's conversion) is found once here."""
-        if not self.compiles(call):
+        """A call straight to its function, what `execute` looks up per call (its family's special cases, the
+        function, each argument's conversion) found once: a call of integers and handles (the lane's, most
+        of a batch's) by the shortest way, a math library's call or a driver call with outputs by `generic`."""
+        if self.compiles(call):
+            return self.plain(call)
+        if call.family in CAPTURE_REFUSED or call.family in OWN or call.family.startswith("xpu") \
+                or call.family in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync"):
             return super().runner(call)
+        return self.generic(call)
+
+    def plain(self, call: Call) -> Callable[[list[Any]], None]:
         fn, check, symbol, cast = getattr(self.lib, call.symbol), self.check, call.symbol, self.ffi.cast
         handles = [i for i, p in enumerate(call.params) if p.kind == "handle" and p.ctype != "CUcontext"]
         contexts, green = [i for i, p in enumerate(call.params) if p.ctype == "CUcontext"], self.green_contexts
@@ -296,10 +281,56 @@ class CudaBackend(Backend):
             args = list(args)
             for i in handles:
                 args[i] = cast(void_p, args[i] or 0)
-            for i in contexts:  # a green context stands in for a CUcontext, as in argument()
+            for i in contexts:  # a green context stands in for a CUcontext, as in converter()
                 args[i] = green[args[i]] if args[i] in green else cast(void_p, args[i] or 0)
             check(fn(*args), symbol)
         return run
+
+    def generic(self, call: Call) -> Callable[[list[Any]], list[Any]]:
+        """Any call of the table made with its C signature, compiled once (kept per session): the function,
+        each argument's conversion, each output's buffer and what follows a family's call."""
+        found = self.compiled.get(call.opcode)
+        if found is not None:
+            return found
+        lib = self.lib if call.library == "cuda" else self.library(call.library)
+        fn = getattr(lib, call.symbol, None)  # cffi raises AttributeError for a symbol the library lacks
+        if fn is None:
+            raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol} is not in the server's {call.library}")
+        convert = [(i, self.converter(p)) for i, p in enumerate(call.params) if p.kind not in ("int", "float")]
+        outputs = [(i, p) for i, p in enumerate(call.params) if p.direction != "in"]
+        prepare = self.library_arguments if call.family == "cudnnBackendSetAttribute" else \
+            self.handle_arrays if any(_handle_array(p) for p in call.params) and call.library == "cuda" else None
+        after = self.after_family(call)
+        check, symbol, library, result = self.check, call.symbol, call.library, self.result
+
+        def run(args: list[Any]) -> list[Any]:
+            if prepare is not None:
+                args = prepare(call, args)
+            c_args, buffers = list(args), {}
+            for i, conversion in convert:
+                c_args[i], buffers[i] = conversion(args[i])
+            check(fn(*c_args), symbol, library)
+            results = [result(p, buffers.get(i)) for i, p in outputs]
+            if after is not None:
+                after(args, results)
+            return results
+        self.compiled[call.opcode] = run
+        return run
+
+    def after_family(self, call: Call) -> Callable[[list[Any], list[Any]], None] | None:
+        """What follows a successful call of a family: new memory zeroed, a variant pack's scalars let go."""
+        family = call.family
+        if family in ("cuMemAlloc", "cuMemAllocPitch"):
+            return lambda args, results: self.clear(call, args, results)
+        if family in ("cuMemAllocAsync", "cuMemAllocFromPoolAsync"):
+            return self.clear_in_order
+        if family == "cuMemCreate":
+            return self.clear_physical
+        if family in ("cuArrayCreate", "cuArray3DCreate"):
+            return lambda args, results: self.clear_array(call, args, results)
+        if family == "cudnnBackendDestroyDescriptor":
+            return lambda args, results: self.scalars.pop(args[0], None)
+        return None
 
     def compiles(self, call: Call) -> bool:
         """A driver call of integers and handles, with no outputs and no special case here."""
@@ -419,33 +450,37 @@ class CudaBackend(Backend):
             self.lib.cuStreamDestroy_v2(stream[0])
         return status
 
-    def argument(self, p: Param, value: Any) -> tuple[Any, Any]:
-        """(C argument, output buffer or None) for one parameter."""
-        ffi = self.ffi
+    def converter(self, p: Param) -> Callable[[Any], tuple[Any, Any]]:
+        """What turns one wire value of `p` (not a number: cffi takes those as they are) into (the C argument,
+        the output buffer or None)."""
+        ffi, green = self.ffi, self.green_contexts
+        void_p = ffi.typeof("void *")
         if p.kind == "handle":
-            if p.ctype == "CUcontext" and value in self.green_contexts:  # a green context, as a CUcontext
-                return self.green_contexts[value], None
-            return ffi.cast("void *", value or 0), None
+            if p.ctype == "CUcontext":  # a green context, as a CUcontext
+                return lambda value: (green[value] if value in green else ffi.cast(void_p, value or 0), None)
+            return lambda value: (ffi.cast(void_p, value or 0), None)
         if p.kind == "struct":
-            return ffi.new(f"xpu_struct{p.size} *", {"b": bytes(value)})[0], None
-        if p.kind != "ptr":
-            return value, None
-        if p.is_address or (p.is_scalar and isinstance(value, int)):  # a device address
-            return ffi.cast("void *", value or 0), None
-        if p.direction == "in":
-            if value is None:
+            struct_p = ffi.typeof(f"xpu_struct{p.size} *")
+            return lambda value: (ffi.new(struct_p, {"b": bytes(value)})[0], None)
+        if p.is_address:
+            return lambda value: (ffi.cast(void_p, value or 0), None)
+        scalar, given = p.is_scalar, p.direction == "in"
+        made = ffi.typeof("uint64_t *") if p.pointee == "handle" else ffi.typeof("char[]")
+
+        def convert(value: Any) -> tuple[Any, Any]:
+            if scalar and isinstance(value, int):  # a device address (device pointer mode)
+                return ffi.cast(void_p, value or 0), None
+            if given:
+                if value is None:
+                    return ffi.NULL, None
+                if isinstance(value, Incoming):  # from the data connection, into a buffer the driver copies from
+                    value = value.read()
+                return ffi.from_buffer(value.encode() + b"\0" if isinstance(value, str) else value), None
+            if p.pointee != "handle" and value is None:
                 return ffi.NULL, None
-            if isinstance(value, Incoming):  # from the data connection, into a buffer the driver copies from
-                value = value.read()
-            data = value.encode() + b"\0" if isinstance(value, str) else value
-            return ffi.from_buffer(data), None
-        if p.pointee == "handle":
-            buf = ffi.new("uint64_t *")
+            buf = ffi.new(made) if p.pointee == "handle" else ffi.new(made, value)
             return buf, buf
-        if value is None:
-            return ffi.NULL, None
-        buf = ffi.new("char[]", value)
-        return buf, buf
+        return convert
 
     def result(self, p: Param, buf: Any) -> Any:
         if buf is None:
@@ -852,3 +887,8 @@ def device_copy(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, 
     """A CUDA_MEMCPY3D of one rectangle of device memory to device memory (a graph's copy node)."""
     return MEMCPY3D.pack(0, 0, 0, 0, DEVICE, 0, src, 0, src_pitch, height,
                          0, 0, 0, 0, DEVICE, 0, dst, 0, dst_pitch, height, width, height, 1)
+
+
+def _handle_array(p: Param) -> bool:
+    """An input array of handles (a graph's nodes), which holds the client's handles."""
+    return p.pointee == "handle" and p.direction == "in" and bool(p.count)

@@ -1,0 +1,214 @@
+"""The worker's CPU per math library call on the cuda backend: what xpuremote's own Python costs the server for
+each cuBLAS, cuBLASLt and cuDNN call PyTorch makes, beside the session's cheapest call in the same run.
+
+    python bench/server_calls.py [--backend cuda|stand-in] [--rounds N] [--out bench/results/server-calls.json]
+
+In process: a cuda-backend session (Accounted over CudaBackend, as a worker has it) runs batches of the calls one
+PyTorch operation makes, as the client sends them (shapes from a ResNet-18 and a GPT-2 step). NVIDIA's math
+libraries are replaced by a stand-in whose functions do nothing (named as such: `NoOpLibrary`; a Create writes a
+fresh value through its pointer), so the figure is the session's own work per call: decoding, handles, address
+checks, argument conversion, outputs. NVIDIA's own CPU time for the call comes on top of it on a GPU. The
+reference row is `cuMemsetD8Async` through a batch, the driver's call of integers and handles, in the same run.
+`cuda` uses NVIDIA's libcuda (a GPU); `stand-in` uses xpuremote's own shim chained to a sim server started here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+CTX = 0x7C00_0000_1000
+HANDLES = itertools.count(0x7C00_0100_0000, 16)  # the client's handles, as its shadow calls make them
+
+
+class NoOpLibrary:
+    """A stand-in for one of NVIDIA's math libraries: every function returns success and does nothing, except
+    that a Create writes a fresh value through its output pointer, as the real one writes its object's."""
+
+    def __init__(self, ffi: Any) -> None:
+        self.ffi, self.made = ffi, itertools.count(0x5000_0000, 16)
+        self.out_type = ffi.typeof("uint64_t *")
+
+    def __getattr__(self, name: str) -> Callable[..., int]:
+        ffi, out_type, made = self.ffi, self.out_type, self.made
+
+        def create(*args: Any) -> int:
+            out = next(a for a in args if isinstance(a, ffi.CData) and ffi.typeof(a) is out_type)
+            out[0] = next(made)
+            return 0
+        fn = create if "Create" in name else (lambda *args: 0)
+        setattr(self, name, fn)
+        return fn
+
+
+def operations(address: int, cudnn: int, blas: int, lt: int, enums: dict[str, int]) -> dict[str, Callable]:
+    """Each operation's calls, as [symbol, wire arguments], with fresh client handles each time."""
+    one, zero = struct.pack("<f", 1.0), struct.pack("<f", 0.0)
+    dims, strides = struct.pack("<4i", 1, 64, 56, 56), struct.pack("<4i", 64 * 56 * 56, 56 * 56, 56, 1)
+
+    def batch_norm() -> list[list[Any]]:  # ResNet-18's inference: cuDNN's legacy API, descriptors made each time
+        x, y = next(HANDLES), next(HANDLES)
+        made = [c for t in (x, y) for c in (["cudnnCreateTensorDescriptor", [t]],
+                                            ["cudnnSetTensorNdDescriptor", [t, 0, 4, dims, strides]])]
+        return [*made, ["cudnnBatchNormalizationForwardInference",
+                        [cudnn, 1, one, zero, x, address, y, address, y, address, address, address, address, 1e-5]],
+                ["cudnnDestroyTensorDescriptor", [x]], ["cudnnDestroyTensorDescriptor", [y]]]
+
+    def convolution() -> list[list[Any]]:  # cudnn-frontend's execution: a variant pack made for each
+        pack, e = next(HANDLES), enums
+        return [["cudnnBackendCreateDescriptor", [e["CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR"], pack]],
+                ["cudnnBackendSetAttribute", [pack, e["CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"],
+                                              e["CUDNN_TYPE_VOID_PTR"], 3, struct.pack("<3Q", *[address] * 3)]],
+                ["cudnnBackendSetAttribute", [pack, e["CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"], e["CUDNN_TYPE_INT64"],
+                                              3, struct.pack("<3q", 1, 2, 3)]],
+                ["cudnnBackendSetAttribute", [pack, e["CUDNN_ATTR_VARIANT_PACK_WORKSPACE"],
+                                              e["CUDNN_TYPE_VOID_PTR"], 1, struct.pack("<Q", address)]],
+                ["cudnnBackendFinalize", [pack]], ["cudnnBackendExecute", [cudnn, pack, pack]],
+                ["cudnnBackendDestroyDescriptor", [pack]]]
+
+    def lt_gemm() -> list[list[Any]]:  # PyTorch's cuBLASLt GEMM: its descriptors made and destroyed each time
+        desc, pref, layouts = next(HANDLES), next(HANDLES), [next(HANDLES) for _ in range(3)]
+        four = struct.pack("<i", 1)
+        return [["cublasLtMatmulDescCreate", [desc, 68, 0]],
+                *(["cublasLtMatmulDescSetAttribute", [desc, attribute, four, 4]] for attribute in (3, 4)),  # TRANSA, B
+                *(["cublasLtMatrixLayoutCreate", [h, 0, 768, 768, 768]] for h in layouts),
+                ["cublasLtMatmulPreferenceCreate", [pref]],
+                ["cublasLtMatmulPreferenceSetAttribute", [pref, 1, struct.pack("<Q", 1 << 20), 8]],
+                ["cublasLtMatmul", [lt, desc, one, address, layouts[0], address, layouts[1], zero, address, layouts[2],
+                                    address, layouts[2], bytes(64), address, 1 << 20, 0]],
+                ["cublasLtMatmulPreferenceDestroy", [pref]], ["cublasLtMatmulDescDestroy", [desc]],
+                *(["cublasLtMatrixLayoutDestroy", [h]] for h in layouts)]
+
+    def blas_gemm() -> list[list[Any]]:  # cuBLAS's GEMM as PyTorch calls it: the stream and workspace set first
+        return [["cublasSetStream_v2", [blas, 0]], ["cublasSetWorkspace_v2", [blas, address, 1 << 20]],
+                ["cublasGemmEx", [blas, 0, 0, 768, 768, 768, one, address, 0, 768, address, 0, 768, zero, address, 0,
+                                  768, 68, -1]]]
+
+    return {"cuDNN batch norm (legacy descriptors)": batch_norm, "cuDNN convolution (variant pack)": convolution,
+            "cuBLASLt GEMM (descriptors each time)": lt_gemm, "cuBLAS GEMM (stream, workspace, GemmEx)": blas_gemm}
+
+
+def measure(rounds: int, repeats: int) -> dict[str, Any]:
+    """In this process: CPU µs per call of each operation's calls, and of a driver memset."""
+    from xpuremote.protocol import mathlibs
+    from xpuremote.protocol.calls import CALLS
+    from xpuremote.server.backends.cuda import CudaBackend
+    from xpuremote.server.limits import Accounted, Limits
+    from xpuremote.server.worker import Session
+
+    backend = Accounted(CudaBackend(), Limits())
+    session = Session(backend)
+    session.limits = backend.limits
+    for name in ("cudnn", "cublas", "cublasLt"):
+        backend.inner.libraries[name] = NoOpLibrary(backend.inner.ffi)
+
+    def wire(calls: list[list[Any]]) -> list[list[Any]]:
+        return [[CALLS[symbol].opcode, args] for symbol, args in calls]
+
+    def run(calls: list[list[Any]]) -> list[Any]:
+        answer = session.run_batch(wire(calls), True)
+        if answer["status"]:
+            raise RuntimeError(f"{calls[-1][0]} failed: {answer}")
+        return answer["outs"]
+
+    run([["cuCtxCreate_v2", [CTX, 0, 0]]])
+    address = int.from_bytes(run([["cuMemAlloc_v2", [8, 1 << 20]]])[0], "little")
+    cudnn, blas, lt = next(HANDLES), next(HANDLES), next(HANDLES)
+    run([["cudnnCreate", [cudnn]], ["cublasCreate_v2", [blas]], ["cublasLtCreate", [lt]]])
+    enums = mathlibs.api(mathlibs.CUDNN).ENUMS
+    figures: dict[str, Any] = {}
+    for name, make in operations(address, cudnn, blas, lt, enums).items():
+        run(make())  # compiled, and checked to succeed
+        samples = []
+        for _ in range(repeats):
+            batches = [wire(make()) for _ in range(rounds)]
+            began = time.process_time()
+            for batch in batches:
+                session.run_batch(batch, False)
+            samples.append((time.process_time() - began) / sum(map(len, batches)) * 1e6)
+        figures[name] = {"calls": len(make()), "us_per_call": statistics.median(samples)}
+    memset = wire([["cuMemsetD8Async", [address + 256 * i, i & 0xFF, 256, 0]] for i in range(64)])
+    samples = []
+    for _ in range(repeats):
+        began = time.process_time()
+        for _ in range(rounds):
+            session.run_batch(memset, False)
+        samples.append((time.process_time() - began) / (64 * rounds) * 1e6)
+    figures["reference"] = {"calls": 1, "us_per_call": statistics.median(samples)}
+    if session.deferred:
+        raise RuntimeError(f"calls failed: {session.deferred[:3]}")
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["cuda", "stand-in"], default="stand-in")
+    parser.add_argument("--rounds", type=int, default=2000, help="operations per sample")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, help="write JSON here and Markdown beside it")
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure:  # the child, in the environment the parent set
+        import json
+
+        print(json.dumps(measure(args.rounds, args.repeats)))
+        return 0
+
+    import json
+
+    from foundation import clean_env, publish, start_stand_in, stop
+
+    env, sim = clean_env(), None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            if args.backend == "stand-in":
+                sim, stand_in = start_stand_in(Path(tmp) / "sim.log")
+                env |= stand_in
+            proc = subprocess.run([sys.executable, __file__, "--measure", "--rounds", str(args.rounds), "--repeats",
+                                   str(args.repeats)], env=env, capture_output=True, text=True, timeout=900)
+            if proc.returncode:
+                raise SystemExit(f"the measuring run failed:\n{proc.stderr[-3000:]}")
+            figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    finally:
+        if sim is not None:
+            stop(sim)
+    result = {"backend": args.backend, "rounds": args.rounds, "repeats": args.repeats, "figures": figures,
+              "python": sys.version.split()[0], "load": os.getloadavg(),
+              "command": " ".join(["python bench/server_calls.py", *(sys.argv[1:] if argv is None else argv)])}
+    publish(args.out, result, markdown(result))
+    return 0
+
+
+def markdown(result: dict[str, Any]) -> str:
+    figures = result["figures"]
+    reference = figures["reference"]["us_per_call"]
+    lines = ["# The worker's CPU per math library call (cuda backend, in process)", "", f"`{result['command']}`", "",
+             f"Backend {result['backend']}, Python {result['python']}; medians of {result['repeats']} samples of "
+             f"{result['rounds']:,} operations; load average after {[round(x, 2) for x in result['load']]}. "
+             "NVIDIA's math libraries replaced by a stand-in that does nothing (NoOpLibrary): the figures are "
+             "xpuremote's own work per call.", "",
+             "| operation | calls | µs per call | / reference |", "|---|---:|---:|---:|"]
+    for name, figure in figures.items():
+        if name != "reference":
+            lines.append(f"| {name} | {figure['calls']} | {figure['us_per_call']:.2f} | "
+                         f"{figure['us_per_call'] / reference:.1f}x |")
+    lines.append(f"| reference: cuMemsetD8Async in a batch, the driver's own call included | 1 | {reference:.2f} "
+                 "| 1.0x |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
