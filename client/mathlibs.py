@@ -101,7 +101,8 @@ implements("cudnnCreate")(_creator(mathlibs.CUDNN, stream=0))
             "cublasLtMatrixLayoutDestroy", "cublasLtMatmulPreferenceDestroy", "cudnnDestroyTensorDescriptor",
             "cudnnBackendDestroyDescriptor")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
-    d.forward(call, args)
+    if _kept(args[0]) is None:  # a variant pack never sent is only here
+        d.forward(call, args)
     STATE.pop(args[0], None)
 
 
@@ -299,6 +300,12 @@ def memo(d: Driver, call: Call, args: list[Any]) -> None:
 
 @implements("cudnnBackendCreateDescriptor")
 def backend_create(d: Driver, call: Call, args: list[Any]) -> None:
+    if args[0] == VARIANT_PACK and args[1]:  # kept here until it executes (see `backend_execute`)
+        d.session()
+        handle = d.new_handle()
+        marshal.put_u64(args[1], handle)
+        STATE[handle] = {"descriptor_type": VARIANT_PACK, "kept": {}, "finalized": False}
+        return
     d.forward(call, args)
     STATE[_created(call, args)] = {"descriptor_type": args[0]}
 
@@ -306,12 +313,73 @@ def backend_create(d: Driver, call: Call, args: list[Any]) -> None:
 @implements("cudnnBackendFinalize")
 def backend_finalize(d: Driver, call: Call, args: list[Any]) -> None:
     """Waits for its answer (finalizing an engine's plan may fail, and callers rely on hearing it),
-    except a variant pack's, made and finalized before every execution: it is queued, and a
-    failure surfaces at the next call that waits, as an execution's would."""
-    if STATE.get(args[0], {}).get("descriptor_type") == VARIANT_PACK:
+    except a variant pack's, made and finalized before every execution: kept here, or queued (a failure
+    surfaces at the next call that waits, as an execution's would)."""
+    pack = STATE.get(args[0], {})
+    if "kept" in pack and not pack["finalized"]:
+        pack["finalized"] = True
+    elif pack.get("descriptor_type") == VARIANT_PACK:
+        _send_pack(d, args[0])
         d.post(call, list(args))
     else:
         d.forward(call, args)
+
+
+# ---- cuDNN's variant packs: kept here, sent with their execution --------------------------------------
+# PyTorch (cudnn-frontend) makes, fills, finalizes, executes and destroys a variant pack for every convolution
+# it runs: seven calls, each a message's call for the client and the server. A pack is kept here instead and
+# goes as one xpuCudnnExecute, which the server runs as those calls. A pack used any other way is sent as it
+# was made (`_send_pack`), and from then on its calls go to the server.
+KEPT_ATTRIBUTES = {mathlibs.CUDNN_DATA_POINTERS: mathlibs.CUDNN_VOID_PTR,
+                   DNN["CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"]: DNN["CUDNN_TYPE_INT64"],
+                   DNN["CUDNN_ATTR_VARIANT_PACK_WORKSPACE"]: mathlibs.CUDNN_VOID_PTR}
+PACK_UIDS, PACK_WORKSPACE = DNN["CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"], DNN["CUDNN_ATTR_VARIANT_PACK_WORKSPACE"]
+
+
+def _kept(handle: int) -> dict[str, Any] | None:
+    pack = STATE.get(handle)
+    return pack if pack is not None and "kept" in pack else None
+
+
+def _send_pack(d: Driver, handle: int) -> None:
+    """A kept pack made on the server as the application made it: created, its attributes set, finalized."""
+    pack = _kept(handle)
+    if pack is None:
+        return
+    kept = pack.pop("kept")
+    d.post(CALLS["cudnnBackendCreateDescriptor"], [VARIANT_PACK, handle])
+    for name, (attribute_type, count, raw) in kept.items():
+        _post_attribute(d, handle, name, attribute_type, count, raw)
+    if pack.pop("finalized"):
+        d.post(CALLS["cudnnBackendFinalize"], [handle])
+
+
+def _execution(d: Driver, pack: dict[str, Any]) -> list[Any] | None:
+    """xpuCudnnExecute's arguments after the handle and plan, for a finalized pack of data pointers, as many
+    unique ids and at most a workspace; None for any other."""
+    kept = pack["kept"]
+    pointers, uids = kept.get(mathlibs.CUDNN_DATA_POINTERS), kept.get(PACK_UIDS)
+    workspace = kept.get(PACK_WORKSPACE, (0, 1, bytes(8)))
+    if not pack["finalized"] or pointers is None or uids is None or pointers[1] != uids[1] or workspace[1] != 1 \
+            or len(kept) != 2 + (PACK_WORKSPACE in kept):
+        return None
+    count, raw = pointers[1], pointers[2]
+    flags, scalars = _by_value_scalars(d, raw) or (bytes(count), bytes(8 * count))
+    return [count, wire.frame(raw), wire.frame(uids[2]), wire.frame(flags), wire.frame(scalars),
+            int.from_bytes(workspace[2], "little")]
+
+
+@implements("cudnnBackendExecute")
+def backend_execute(d: Driver, call: Call, args: list[Any]) -> None:
+    handle, plan, pack_handle = args
+    pack = _kept(pack_handle)
+    if pack is not None:
+        sent = _execution(d, pack)
+        if sent is not None:
+            d.post(CALLS["xpuCudnnExecute"], [handle, plan, *sent], 25 * sent[0])
+            return
+        _send_pack(d, pack_handle)
+    d.forward(call, args)
 
 
 # ---- versions: the server's copy's (the library that runs the calls) --------------------------------
@@ -379,12 +447,26 @@ def backend_set_attribute(d: Driver, call: Call, args: list[Any]) -> None:
     if size and not array:
         raise errors.library_error("cudnn", "invalid_value", "NULL arrayOfElements")
     raw = marshal.read(array, size) if size else b""
+    pack = _kept(descriptor)
+    if pack is not None and KEPT_ATTRIBUTES.get(name) == attribute_type and not pack["finalized"]:
+        pack["kept"][name] = (attribute_type, count, raw)
+        return
+    _send_pack(d, descriptor)
+    if attribute_type == TYPE_DESCRIPTOR:  # a kept pack among the descriptors: the server must have it
+        for (handle,) in struct.iter_unpack("<Q", raw):
+            _send_pack(d, handle)
+    _post_attribute(d, descriptor, name, attribute_type, count, raw)
+
+
+def _post_attribute(d: Driver, descriptor: int, name: int, attribute_type: int, count: int, raw: bytes) -> None:
+    size = len(raw)
     pointers = name == mathlibs.CUDNN_DATA_POINTERS and attribute_type == mathlibs.CUDNN_VOID_PTR
     if pointers and (scalars := _by_value_scalars(d, raw)):
         d.post(CALLS["xpuCudnnSetDataPointers"], [descriptor, count, wire.frame(raw), *map(wire.frame, scalars)],
                size)
         return
-    d.post(call, [descriptor, name, attribute_type, count, wire.frame(raw) if size else None], size)
+    d.post(CALLS["cudnnBackendSetAttribute"],
+           [descriptor, name, attribute_type, count, wire.frame(raw) if size else None], size)
 
 
 def _by_value_scalars(d: Driver, pointers: bytes) -> tuple[bytes, bytes] | None:
@@ -405,8 +487,12 @@ def backend_get_attribute(d: Driver, call: Call, args: list[Any]) -> None:
     server as handles (xpuCudnnGetDescriptors); other values come back as bytes."""
     descriptor, name, attribute_type, requested, count_out, array = args
     size = _elements_bytes(attribute_type, requested) if array else 0  # NULL: a question of the count
+    _send_pack(d, descriptor)
     if attribute_type == TYPE_DESCRIPTOR:
-        handles = wire.frame(marshal.read(array, size)) if size else None
+        raw = marshal.read(array, size) if size else b""
+        for (handle,) in struct.iter_unpack("<Q", raw):
+            _send_pack(d, handle)
+        handles = wire.frame(raw) if size else None
         (count,) = d.call(CALLS["xpuCudnnGetDescriptors"], [descriptor, name, size // 8, handles, 1])
         if count_out:
             marshal.write(count_out, count)

@@ -441,6 +441,9 @@ xpuCudnnGetDescriptors(unsigned long long descriptor, unsigned int attributeName
 xpuCudnnSetDataPointers(unsigned long long descriptor, size_t count, const void *pointers, const void *byValue, \
   const void *scalars)                                                               async \
   pointers=in:count*8 byValue=in:count scalars=in:count*8
+xpuCudnnExecute(unsigned long long handle, unsigned long long plan, size_t count, const void *pointers, \
+  const void *uniqueIds, const void *byValue, const void *scalars, unsigned long long workspace)     async \
+  pointers=in:count*8 uniqueIds=in:count*8 byValue=in:count scalars=in:count*8
 """
 
 # Stream handles that are not handles: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD.

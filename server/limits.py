@@ -690,7 +690,7 @@ _ACCOUNTED = frozenset((*ALLOCATIONS, *VMM_CALLS, *ARRAY_CALLS, *LAUNCHES, *FREE
                         "cuModuleUnload",
                         "cuMemPoolCreate", "cuMemPoolSetAttribute", "cuModuleGetGlobal"))
 EMBEDDING = ("cudnnBackendSetAttribute", "cublasLtMatmulDescSetAttribute",  # addresses inside attributes
-             "xpuCudnnSetDataPointers")
+             "xpuCudnnSetDataPointers", "xpuCudnnExecute")
 _ADDRESS_PARAMS: dict[str, tuple[tuple[int, Param, Extent], ...]] = {}
 
 
@@ -709,12 +709,18 @@ def _embedded_addresses(call: Call, args: list[Any]) -> list[int]:
         data = bytes(args[4])
         return [a for (a,) in struct.iter_unpack("<Q", data[: len(data) // 8 * 8])]
     if call.family == "xpuCudnnSetDataPointers":  # the data pointers but the by-value scalars' (sizes: the table's)
-        pointers, by_value = bytes(args[2] or b""), bytes(args[3] or b"")
-        return [p for (p,), flag in zip(struct.iter_unpack("<Q", pointers), by_value) if not flag]
+        return _not_by_value(args[2], args[3])
+    if call.family == "xpuCudnnExecute":  # the same, and the workspace
+        return [*_not_by_value(args[3], args[5]), args[7]]
     if call.family == "cublasLtMatmulDescSetAttribute" and args[1] in LT_POINTER_ATTRIBUTES and args[2] is not None:
         data = bytes(args[2])
         return [int.from_bytes(data[:8], "little")] if len(data) >= 8 else []
     return []
+
+
+def _not_by_value(pointers: bytes | None, by_value: bytes | None) -> list[int]:
+    flags = bytes(by_value or b"")
+    return [p for (p,), flag in zip(struct.iter_unpack("<Q", bytes(pointers or b"")), flags) if not flag]
 
 
 def _by_value(call: Call, args: list[Any]) -> bool:

@@ -52,6 +52,20 @@ one = (i64 * 2)(-7, -7)
 ok(dnn.cudnnBackendGetAttribute(tensor, E["CUDNN_ATTR_TENSOR_UNIQUE_ID"], E["CUDNN_TYPE_INT64"], i64(1), None, one),
    "get the unique id without its count")
 print(list(one))
+
+# a variant pack is kept by the client until it executes; asked about, it is made on the server first
+pack, address = ctypes.c_void_p(), ctypes.c_uint64()
+ok(cuda.cuMemAlloc_v2(ctypes.byref(address), 256), "cuMemAlloc")
+ok(dnn.cudnnBackendCreateDescriptor(E["CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR"], ctypes.byref(pack)), "create pack")
+tensor = pack
+set_("CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS", "CUDNN_TYPE_VOID_PTR", [address.value], ctypes.c_uint64)
+set_("CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS", "CUDNN_TYPE_INT64", [9])
+ok(dnn.cudnnBackendFinalize(pack), "finalize pack")
+ids, count = (i64 * 2)(-7, -7), i64(-1)
+ok(dnn.cudnnBackendGetAttribute(pack, E["CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"], E["CUDNN_TYPE_INT64"], i64(2),
+                                ctypes.byref(count), ids), "get the pack's unique ids")
+print(count.value, list(ids))
+ok(dnn.cudnnBackendDestroyDescriptor(pack), "destroy pack")
 """
 
 
@@ -64,7 +78,8 @@ def test_get_attribute_writes_only_the_elements_the_descriptor_holds(run_on, req
     address = request.getfixturevalue("chained")[0].address if where == "cuda backend" else None
     result = run_on([sys.executable, "-c", PROGRAM], timeout=60, address=address)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.splitlines() == ["4 [2, 3, 4, 5, -7, -7, -7, -7, -7]", "[7, -7]"], result.stdout
+    assert result.stdout.splitlines() == ["4 [2, 3, 4, 5, -7, -7, -7, -7, -7]", "[7, -7]", "1 [9, -7]"], \
+        result.stdout
 
 
 def test_the_version_is_a_number_even_with_no_server(run_on) -> None:
@@ -107,6 +122,35 @@ def test_a_variant_packs_scalars_and_pointers_are_checked(server) -> None:
     finally:
         client.close()
     assert "variant pack: by-value scalars 0000003e00000000" in server.log(), server.log()[-2000:]
+
+
+def test_a_kept_variant_packs_execution_is_checked(server) -> None:
+    """What a client may send as xpuCudnnExecute (a variant pack the client library kept, sent with its
+    execution): a data pointer or a workspace outside the client's memory, and a handle that is not a cuDNN
+    handle, are refused, and the session goes on."""
+    from pyclient import CTX, PyClient
+
+    from xpuremote.protocol.calls import CALLS
+
+    client, handle = PyClient(server.address), 0x7C00_0000_6000
+    try:
+        client.post("cudnnCreate", handle)
+        mine = client.alloc(256)
+        cases = {  # the handle, pointers, workspace -> what the next call reports
+            "stranger": (handle, [mine, 0xDEAD_0000], 0, "not inside one of this client's allocations"),
+            "workspace": (handle, [mine, mine], 0xDEAD_0000, "not inside one of this client's allocations"),
+            "handle": (mine, [mine, mine], 0, "is not a live cudnnHandle_t"),
+        }
+        for name, (owner, pointers, workspace, refusal) in cases.items():
+            data = struct.pack(f"<{len(pointers)}Q", *pointers)
+            client.post("xpuCudnnExecute", owner, handle, len(pointers), data, struct.pack("<2q", 1, 2), bytes(2),
+                        bytes(16), workspace)
+            _, _, deferred = client.conn.call(CALLS["cuCtxSynchronize"], [], CTX)
+            details = [d[2] for d in deferred]
+            assert len(details) == 1 and refusal in details[0], (name, details)
+        client.write(mine, b"ok")  # the session goes on
+    finally:
+        client.close()
 
 
 HEURISTIC_PROGRAM = r"""

@@ -151,6 +151,34 @@ def test_the_wheels_library_calls_reach_the_server(math_result: tuple[dict[str, 
     assert "not supported by xpuremote" not in stderr, stderr[-3000:]
 
 
+CONVOLUTIONS = """
+import sys, torch, torch.nn.functional as F
+x, w = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3)
+xc, wc = x.cuda(), w.cuda()
+for _ in range(int(sys.argv[1])):
+    y = F.conv2d(xc, wc)
+print(float((y.cpu() - F.conv2d(x, w)).abs().max()))
+"""
+
+
+def test_a_convolutions_variant_pack_costs_the_server_no_cudnn_call(tmp_path: Path) -> None:
+    """PyTorch makes, fills, finalizes, executes and destroys a variant pack for every convolution: seven cuDNN
+    calls. The client keeps the pack and sends it with its execution (xpuCudnnExecute, an internal call), so ten
+    more convolutions cost the server no more cuDNN calls; the results are the CPU's."""
+    program = tmp_path / "convolutions.py"
+    program.write_text(CONVOLUTIONS)
+    cudnn = []
+    for n in (2, 12):
+        srv = start_server(tmp_path, env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS})
+        try:
+            proc = run_torch(srv, [str(program), str(n)])
+        finally:
+            srv.stop()
+        assert proc.returncode == 0 and float(proc.stdout.split()[-1]) < 1e-4, proc.stderr[-3000:]
+        cudnn.append(library_calls(srv).get("cudnn", 0))
+    assert cudnn[0] > 0 and cudnn[1] == cudnn[0], cudnn
+
+
 # On a GPU the other tests here are the cuda backend's, with NVIDIA's libcuda and math libraries.
 @pytest.mark.sim_only(reason="the cuda backend on stand-in libraries chained to a sim server")
 def test_the_same_math_through_the_cuda_backend(chained: tuple[Server, Server]) -> None:

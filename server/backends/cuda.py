@@ -57,6 +57,9 @@ ARRAY_CLEAR_BYTES = 16 << 20  # host zeros copied at a time into a new CUDA arra
 C_INT = {(1, 0): "uint8_t", (1, 1): "int8_t", (2, 0): "uint16_t", (2, 1): "int16_t",
          (4, 0): "uint32_t", (4, 1): "int32_t", (8, 0): "uint64_t", (8, 1): "int64_t"}
 HOST, DEVICE, ARRAY = ENUMS["CU_MEMORYTYPE_HOST"], ENUMS["CU_MEMORYTYPE_DEVICE"], ENUMS["CU_MEMORYTYPE_ARRAY"]
+DNN = mathlibs.api(mathlibs.CUDNN).ENUMS
+VARIANT_PACK, TYPE_INT64 = DNN["CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR"], DNN["CUDNN_TYPE_INT64"]
+PACK_UIDS, PACK_WORKSPACE = DNN["CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"], DNN["CUDNN_ATTR_VARIANT_PACK_WORKSPACE"]
 
 
 def c_type(p: Param) -> str:
@@ -165,19 +168,48 @@ class CudaBackend(Backend):
         """A variant pack's data pointers, a by-value scalar's pointing at its bytes in this process, where
         NVIDIA's cuDNN reads them when the pack executes: they live as long as the pack."""
         real = self.real_descriptor(descriptor)
+        held, array = self.data_pointers(pointers, by_value, scalars)
+        self.set_pack_attribute(real, mathlibs.CUDNN_DATA_POINTERS, mathlibs.CUDNN_VOID_PTR, count, array)
+        self.scalars[real] = held
+
+    def data_pointers(self, pointers: bytes, by_value: bytes, scalars: bytes) -> tuple[Any, Any]:
+        """(the by-value scalars' bytes, held here; the pointers, a by-value scalar's pointing at its bytes)."""
         held = self.ffi.new("char[]", bytes(scalars) or b"\0")
         base = int(self.ffi.cast("uintptr_t", held))
         addresses = [base + 8 * i if by_value[i] else p for i, (p,) in enumerate(struct.iter_unpack("<Q", pointers))]
-        array = self.ffi.new("uint64_t[]", addresses or [0])
-        self.check(self.library("cudnn").cudnnBackendSetAttribute(
-            self.ffi.cast("void *", real), mathlibs.CUDNN_DATA_POINTERS, mathlibs.CUDNN_VOID_PTR, count, array),
-            "cudnnBackendSetAttribute", "cudnn")
-        self.scalars[real] = held
+        return held, self.ffi.new("uint64_t[]", addresses or [0])
 
-    def real_descriptor(self, handle: int) -> int:
+    def set_pack_attribute(self, pack: Any, name: int, kind: int, count: int, values: Any) -> None:
+        self.check(self.library("cudnn").cudnnBackendSetAttribute(self.ffi.cast("void *", pack), name, kind, count,
+                                                                   values), "cudnnBackendSetAttribute", "cudnn")
+
+    def xpuCudnnExecute(self, handle: int, plan: int, count: int, pointers: bytes, uids: bytes, by_value: bytes,
+                        scalars: bytes, workspace: int) -> None:
+        """A variant pack the client kept, run as PyTorch's calls would have run: made, its data pointers, unique
+        ids and workspace set, finalized, executed and destroyed."""
+        lib, ffi = self.library("cudnn"), self.ffi
+        real_handle = self.real_descriptor(handle, "cudnnHandle_t")
+        real_plan = self.real_descriptor(plan, "cudnnBackendDescriptor_t")
+        made = ffi.new("void **")
+        self.check(lib.cudnnBackendCreateDescriptor(VARIANT_PACK, made), "cudnnBackendCreateDescriptor", "cudnn")
+        pack = made[0]
+        try:
+            held, array = self.data_pointers(pointers, by_value, scalars)  # held until the execution is queued
+            self.set_pack_attribute(pack, mathlibs.CUDNN_DATA_POINTERS, mathlibs.CUDNN_VOID_PTR, count, array)
+            self.set_pack_attribute(pack, PACK_UIDS, TYPE_INT64, count, ffi.from_buffer(bytes(uids) or b"\0"))
+            space = ffi.new("uint64_t[1]", [workspace])
+            self.set_pack_attribute(pack, PACK_WORKSPACE, mathlibs.CUDNN_VOID_PTR, 1, space)
+            self.check(lib.cudnnBackendFinalize(pack), "cudnnBackendFinalize", "cudnn")
+            self.check(lib.cudnnBackendExecute(ffi.cast("void *", real_handle), ffi.cast("void *", real_plan), pack),
+                       "cudnnBackendExecute", "cudnn")
+        finally:
+            lib.cudnnBackendDestroyDescriptor(pack)
+
+    def real_descriptor(self, handle: int, family: str | None = None) -> int:
         found = self.handles.get(handle)
-        if found is None:
-            raise errors.library_error("cudnn", "invalid_value", f"{handle:#x} is not a live descriptor or handle")
+        if found is None or family is not None and found[0] != family:
+            raise errors.library_error("cudnn", "invalid_value",
+                                       f"{handle:#x} is not a live {family or 'descriptor or handle'}")
         return int(found[1])
 
     def real_descriptors(self, data: bytes) -> list[int]:

@@ -555,6 +555,10 @@ class SimBackend(SimGraphs, SimArrays):
         dnn = self.library("cudnn")
         dnn.set_data_pointers(dnn.descriptor(descriptor, "VARIANT_PACK_DESCRIPTOR"), count, pointers, by_value, scalars)
 
+    def xpuCudnnExecute(self, handle: int, plan: int, count: int, pointers: bytes, uids: bytes, by_value: bytes,
+                        scalars: bytes, workspace: int) -> None:
+        self.library("cudnn").execute_kept(handle, plan, count, pointers, uids, by_value, scalars, workspace)
+
     def cuMemcpyHtoD(self, dst: int, src: bytes | Incoming, count: int) -> None:
         if len(src) != count:
             raise CudaError(errors.INVALID_VALUE, f"{len(src)} bytes sent for a {count}-byte copy")

@@ -125,6 +125,20 @@ class GraphDnn:
         pack.by_value = {i: bytes(scalars[8 * i:8 * i + 8]) for i in range(count) if by_value[i]}
         log.info("variant pack: by-value scalars %s", " ".join(v.hex() for v in pack.by_value.values()))
 
+    def execute_kept(self, handle: int, plan: int, count: int, pointers: bytes, uids: bytes, by_value: bytes,
+                     scalars: bytes, workspace: int) -> None:
+        """xpuCudnnExecute: a variant pack the client kept, made here and executed."""
+        found = self.handles.get(handle)
+        if found is None or found[0] != "cudnnHandle_t":
+            raise fail("invalid_value", f"{handle:#x} is not a live cudnnHandle_t")
+        pack = Descriptor("VARIANT_PACK_DESCRIPTOR")
+        self.set_data_pointers(pack, count, pointers, by_value, scalars)
+        self.cudnnBackendSetAttribute(pack, E["CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"], E["CUDNN_TYPE_INT64"], count, uids)
+        self.cudnnBackendSetAttribute(pack, E["CUDNN_ATTR_VARIANT_PACK_WORKSPACE"], mathlibs.CUDNN_VOID_PTR, 1,
+                                      struct.pack("<Q", workspace))
+        self.cudnnBackendFinalize(pack)
+        self.cudnnBackendExecute(found[1], self.descriptor(plan, "EXECUTION_PLAN_DESCRIPTOR"), pack)
+
     def get_descriptors(self, descriptor: Descriptor, name: int, requested: int, handles: bytes | None) -> int:
         """GetAttribute of descriptors: fill the caller's own (`handles`) with ours; the count."""
         kind, elements = self.derived(descriptor, name)
