@@ -276,7 +276,8 @@ class Driver:
             self.post(call, wire_args, size)
 
     def translate(self, call: Call, args: list[Any]) -> list[Any]:
-        """Client view -> server view: device ordinals, per-thread default streams, lazy objects."""
+        """Client view -> server view: device ordinals, per-thread default streams, lazy objects, and the
+        server's object for a handle that stands for one (SERVER_OBJECT)."""
         out = list(args)
         if not _translated(call):
             return out
@@ -287,6 +288,8 @@ class Driver:
                 out[i] = 2  # CU_STREAM_PER_THREAD
             elif p.ctype in ENSURE and out[i]:
                 ENSURE[p.ctype](self, out[i])
+            elif p.ctype in SERVER_OBJECT and out[i]:
+                out[i] = SERVER_OBJECT[p.ctype](self, out[i])
         return out
 
     def say_once(self, key: str, message: str, *args: Any, level: int = logging.WARNING) -> None:
@@ -304,6 +307,8 @@ def _library_of(symbol: str) -> str:
 CAPTURE_CHECK: list[Callable[[Driver, Call, list[Any]], None]] = []
 # Hooks that make a lazily created object exist on the server before a call uses it.
 ENSURE: dict[str, Callable[[Driver, int], None]] = {}
+# Handles the client keeps that stand for a server object of its choosing: the handle that object has there.
+SERVER_OBJECT: dict[str, Callable[[Driver, int], int]] = {}
 _TRANSLATED: dict[str, bool] = {}  # symbol -> has a parameter that Driver.translate() may change
 
 
@@ -312,6 +317,7 @@ def _translated(call: Call) -> bool:
     if hit is None:
         hit = _TRANSLATED[call.symbol] = any(
             p.ctype == "CUdevice" or (p.ctype == "CUstream" and call.per_thread) or p.ctype in ENSURE
+            or p.ctype in SERVER_OBJECT
             for p in call.params)
     return hit
 

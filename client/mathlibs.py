@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from xpuremote.protocol import errors, mathlibs, wire
 from xpuremote.protocol.calls import CALLS, LIBRARY_SYMBOLS, Call, Param
 
 from . import marshal, memory
-from .driver import Driver, handler, implements
+from .driver import SERVER_OBJECT, Driver, handler, implements
 
 log = logging.getLogger("xpuremote.client")
 
@@ -101,7 +102,8 @@ implements("cudnnCreate")(_creator(mathlibs.CUDNN, stream=0))
             "cublasLtMatrixLayoutDestroy", "cublasLtMatmulPreferenceDestroy", "cudnnDestroyTensorDescriptor",
             "cudnnBackendDestroyDescriptor")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
-    if _kept(args[0]) is None:  # a variant pack never sent is only here
+    state = STATE.get(args[0], {})
+    if "kept" not in state and "replay" not in state:  # a variant pack never sent, a descriptor kept: only here
         d.forward(call, args)
     STATE.pop(args[0], None)
 
@@ -178,11 +180,10 @@ LT_POINTERS = frozenset(v for k, v in LT_DESC.items()
 
 @implements("cublasLtMatmulDescCreate", "cublasLtMatrixLayoutCreate", "cublasLtMatmulPreferenceCreate")
 def lt_descriptor_create(d: Driver, call: Call, args: list[Any]) -> None:
-    d.forward(call, args)
-    state: dict[str, Any] = {"made": (call.family, *args[1:]), "attributes": {}}
+    state = keep_descriptor(d, call, args)
+    state.update(made=(call.family, *args[1:]), attributes={})
     if call.family == "cublasLtMatmulDescCreate":
         state.update(pointer_mode=POINTER_MODE_HOST, scale_type=args[2])
-    STATE[_created(call, args)] = state
 
 
 @implements("cublasLtMatmulDescSetAttribute", "cublasLtMatrixLayoutSetAttribute",
@@ -195,7 +196,7 @@ def lt_descriptor_set(d: Driver, call: Call, args: list[Any]) -> None:
         key = {ATTR_POINTER_MODE: "pointer_mode", ATTR_SCALE_TYPE: "scale_type"}.get(attr)
         if key and value and size >= 4:
             state[key] = struct.unpack("<i", value[:4])[0]
-    d.forward(call, args)
+    set_kept(d, call, args, attr)
     if value is None:  # the server refuses it; a setting the client cannot name is not remembered
         state.pop("made", None)
     else:
@@ -261,11 +262,16 @@ def scalar_size(call: Call, p: Param, values: dict[str, Any]) -> int | None:
 marshal.scalar_size = scalar_size
 
 
+@implements("cudnnCreateTensorDescriptor")
+def create_tensor_descriptor(d: Driver, call: Call, args: list[Any]) -> None:
+    keep_descriptor(d, call, args)
+
+
 @implements("cudnnSetTensorNdDescriptor", "cudnnSetTensor4dDescriptor", "cudnnSetTensor4dDescriptorEx")
 def set_tensor_descriptor(d: Driver, call: Call, args: list[Any]) -> None:
-    """Forwarded; its data type kept for the size of the scalars of calls that use it, and its
-    whole setting for the answers that depend on it alone (see `memo`)."""
-    d.forward(call, args)
+    """Kept (see `keep_descriptor`); its data type kept for the size of the scalars of calls that use it, and
+    its whole setting for the answers that depend on it alone (see `memo`)."""
+    set_kept(d, call, args, "shape")
     values = dict(zip(call.names, args))
     setting = tuple(marshal.read(a, p.byte_count(values)) if p.kind == "ptr" else a
                     for p, a in zip(call.params[1:], args[1:]))
@@ -323,6 +329,88 @@ def backend_finalize(d: Driver, call: Call, args: list[Any]) -> None:
         d.post(call, list(args))
     else:
         d.forward(call, args)
+
+
+# ---- descriptors kept here, made on the server once per setting ---------------------------------------
+# PyTorch makes a descriptor for each use and destroys it after: a cuDNN tensor descriptor for each tensor of a
+# batch norm, cuBLASLt's matmul descriptor, three layouts and a preference for each GEMM: up to fourteen calls
+# for one that computes. Such a descriptor holds only its setting. So the client makes, sets and destroys them
+# here, and a call that names one names the server's descriptor made for the same setting, made once (and
+# replayed there as the application made its own). The last SERVER_DESCRIPTORS settings used are kept.
+DESCRIPTORS = {"cudnnTensorDescriptor_t": "cudnnDestroyTensorDescriptor",  # kind -> its destroy
+               "cublasLtMatmulDesc_t": "cublasLtMatmulDescDestroy",
+               "cublasLtMatrixLayout_t": "cublasLtMatrixLayoutDestroy",
+               "cublasLtMatmulPreference_t": "cublasLtMatmulPreferenceDestroy"}
+SERVER_DESCRIPTORS = 4096
+MADE: dict[tuple, tuple[int, str]] = {}  # a setting -> (the server's descriptor made for it, its kind); LRU order
+_made_lock = threading.Lock()
+
+
+def keep_descriptor(d: Driver, call: Call, args: list[Any]) -> dict[str, Any]:
+    """A create kept: a client handle written to the application, the call kept to be made on the server."""
+    d.session()
+    if not args[0]:
+        raise errors.CudaError(errors.INVALID_VALUE, f"{call.symbol}: {call.params[0].name} is NULL")
+    handle = d.new_handle()
+    marshal.put_u64(args[0], handle)
+    STATE[handle] = state = {"replay": {"": (call, [handle, *args[1:]], 0)}, "kind": call.params[0].ctype.rstrip(" *")}
+    return state
+
+
+def set_kept(d: Driver, call: Call, args: list[Any], slot: Any) -> None:
+    """A setter of a kept descriptor: kept, replacing the last one of its slot (an attribute, or the shape)."""
+    state = STATE.get(args[0])
+    if state is None or "replay" not in state:  # not a descriptor of this client's: the server says so
+        return d.forward(call, args)
+    wire_args, size = marshal.pack(call, args, d.new_handle, True)
+    state["replay"][slot] = (call, wire_args, size)
+    state.pop("key", None)
+
+
+def server_descriptor(d: Driver, handle: int) -> int:
+    """The server's descriptor for a kept one's setting, made there the first time it is named."""
+    state = STATE.get(handle)
+    if state is None or "replay" not in state:
+        return handle  # not kept here: the server says what it is
+    key = state.get("key")
+    if key is None:
+        key = state["key"] = (state["kind"], *sorted((str(slot), call.symbol, _hashable(wire_args[1:]))
+                                                     for slot, (call, wire_args, _) in state["replay"].items()))
+    with _made_lock:
+        found = MADE.pop(key, None)
+        if found is None:
+            found = (d.new_handle(), state["kind"])
+            for call, wire_args, size in state["replay"].values():  # the create first: inserted first
+                d.post(call, [found[0], *wire_args[1:]], size)
+            STATE[found[0]] = {k: v for k, v in state.items() if k in ("data_type", "pointer_mode", "scale_type")}
+            while len(MADE) >= SERVER_DESCRIPTORS:  # the least recently used goes
+                gone, kind = MADE.pop(next(iter(MADE)))
+                d.post(CALLS[DESCRIPTORS[kind]], [gone])
+                STATE.pop(gone, None)
+        MADE[key] = found
+    return found[0]
+
+
+@implements("cudnnDeriveBNTensorDescriptor")
+def derive_descriptor(d: Driver, call: Call, args: list[Any]) -> None:
+    """Sets a descriptor from another's setting on the server: that descriptor becomes the server's own."""
+    own_descriptor(d, args[0])
+    d.forward(call, args)
+
+
+def own_descriptor(d: Driver, handle: int) -> None:
+    """A kept descriptor made on the server as itself, under its own handle, as the application made it."""
+    state = STATE.get(handle, {})
+    for call, wire_args, size in state.pop("replay", {}).values():
+        d.post(call, [handle, *wire_args[1:]], size)
+    state.pop("key", None)
+
+
+def _hashable(values: list[Any]) -> tuple:
+    return tuple(bytes(v.data) if isinstance(v, wire.Bulk) else v for v in values)
+
+
+SERVER_OBJECT.update(dict.fromkeys(DESCRIPTORS, server_descriptor))
 
 
 # ---- cuDNN's variant packs: kept here, sent with their execution --------------------------------------

@@ -151,32 +151,43 @@ def test_the_wheels_library_calls_reach_the_server(math_result: tuple[dict[str, 
     assert "not supported by xpuremote" not in stderr, stderr[-3000:]
 
 
-CONVOLUTIONS = """
+REPEATED = """
 import sys, torch, torch.nn.functional as F
-x, w = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3)
-xc, wc = x.cuda(), w.cuda()
-for _ in range(int(sys.argv[1])):
-    y = F.conv2d(xc, wc)
-print(float((y.cpu() - F.conv2d(x, w)).abs().max()))
+torch.manual_seed(0)
+x, w, m = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3), torch.randn(16, 16)
+mean, var, bias = torch.randn(4), torch.rand(4) + 0.5, torch.randn(16)
+ops = {"conv2d": lambda t: F.conv2d(t(x), t(w)),
+       "batch_norm": lambda t: F.batch_norm(t(x), t(mean), t(var), t(mean), t(var)),
+       "addmm": lambda t: torch.addmm(t(bias), t(m), t(m))}
+op = ops[sys.argv[1]]
+for _ in range(int(sys.argv[2])):
+    y = op(lambda v: v.cuda())
+print(float((y.cpu() - op(lambda v: v)).abs().max()))
 """
+# the library whose calls an operation makes, and how many the server runs for each one more of it
+PER_OPERATION = {"conv2d": ("cudnn", 0), "batch_norm": ("cudnn", 1), "addmm": ("cublasLt", 1)}
 
 
-def test_a_convolutions_variant_pack_costs_the_server_no_cudnn_call(tmp_path: Path) -> None:
-    """PyTorch makes, fills, finalizes, executes and destroys a variant pack for every convolution: seven cuDNN
-    calls. The client keeps the pack and sends it with its execution (xpuCudnnExecute, an internal call), so ten
-    more convolutions cost the server no more cuDNN calls; the results are the CPU's."""
-    program = tmp_path / "convolutions.py"
-    program.write_text(CONVOLUTIONS)
-    cudnn = []
+@pytest.mark.parametrize("op", sorted(PER_OPERATION))
+def test_an_operations_descriptors_cost_the_server_nothing_after_the_first(tmp_path: Path, op: str) -> None:
+    """PyTorch makes the descriptors of an operation anew each time and destroys them after: a variant pack
+    for a convolution (seven cuDNN calls), two tensor descriptors for a batch norm (six calls beside the one
+    that computes), a matmul descriptor, three layouts and a preference for a cuBLASLt GEMM (thirteen beside
+    it). The client keeps them: ten more operations cost the server only the calls that compute (none for a
+    convolution: its execution is an internal call), and the results are the CPU's."""
+    program = tmp_path / "repeated.py"
+    program.write_text(REPEATED)
+    library, each = PER_OPERATION[op]
+    served = []
     for n in (2, 12):
         srv = start_server(tmp_path, env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS})
         try:
-            proc = run_torch(srv, [str(program), str(n)])
+            proc = run_torch(srv, [str(program), op, str(n)])
         finally:
             srv.stop()
         assert proc.returncode == 0 and float(proc.stdout.split()[-1]) < 1e-4, proc.stderr[-3000:]
-        cudnn.append(library_calls(srv).get("cudnn", 0))
-    assert cudnn[0] > 0 and cudnn[1] == cudnn[0], cudnn
+        served.append(library_calls(srv).get(library, 0))
+    assert served[0] > 0 and served[1] == served[0] + 10 * each, served
 
 
 # On a GPU the other tests here are the cuda backend's, with NVIDIA's libcuda and math libraries.
