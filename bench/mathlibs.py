@@ -15,7 +15,8 @@ On a private `xpu-server --backend sim` over loopback:
    Client CPU is the calling process's CPU time per call, server CPU the session worker's.
 2. calls per training step: each bench/torch_e2e.py workload (--size small) under
    XPU_SIM_SKIP_KERNELS=1 with a trace, at 1 and at 3 steps; the difference halved is one
-   step: calls by library and class, and round trips (messages that waited for an answer).
+   step: calls by library and class, round trips (messages that waited for an answer), and the
+   calls the server ran (its session's count: what the client kept or answered is not among them).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from xpuremote.protocol.calls import CALLS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_PYTHON = Path(os.environ.get("XPU_TORCH_PYTHON") or ROOT / ".venv-torch" / "bin" / "python")
-WORKLOADS = ("mlp_train", "cnn_train_fp32", "gpt2_step_bf16", "gpt2_generate")
+WORKLOADS = ("mlp_train", "cnn_train_fp32", "cnn_infer_b1", "gpt2_step_bf16", "gpt2_generate")
 KERNELS = str(ROOT / "tests" / "torch_sim_kernels.py")
 
 SHIM_AGENT = r"""
@@ -169,10 +170,12 @@ def raw_costs(n: int) -> dict[str, Any]:
 
 
 # ---- calls per step ---------------------------------------------------------------------------------
-def step_counts(address: str, tmp: Path, workload: str) -> dict[str, Any]:
-    """One training (or generate) step's calls, by the difference of a 3-step and a 1-step run."""
+def step_counts(address: str, log: Path, tmp: Path, workload: str) -> dict[str, Any]:
+    """One training (or generate) step's calls, by the difference of a 3-step and a 1-step run: the
+    application's (from a trace), and those the server ran (from its session's end)."""
     totals = []
     for steps in (1, 3):
+        ended = len(ENDED.findall(log.read_text()))
         path = tmp / f"{workload}-{steps}.trace"
         cmd = [str(TORCH_PYTHON), "-m", "xpuremote.interpose.run", "--server", address, "--trace", str(path), "--",
                str(TORCH_PYTHON), str(ROOT / "bench" / "torch_e2e.py"), "--run", workload, "--steps", str(steps),
@@ -181,8 +184,13 @@ def step_counts(address: str, tmp: Path, workload: str) -> dict[str, Any]:
         if proc.returncode != 0:
             return {"error": proc.stderr.strip()[-500:]}
         totals.append(_count(trace_format.read(path)))
+        _wait_for(lambda ended=ended: len(ENDED.findall(log.read_text())) > ended, "the session's end")
+        totals[-1]["server_calls"] = int(ENDED.findall(log.read_text())[ended])
     first, last = totals
     return {key: (last[key] - first.get(key, 0)) / 2 for key in last}
+
+
+ENDED = re.compile(r"session \S+ ended: (\d+) calls")
 
 
 def _count(trace: trace_format.Trace) -> Counter:
@@ -215,7 +223,8 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("steps"):
         rows += ["", "## One step of each bench/torch_e2e.py workload (--size small, XPU_SIM_SKIP_KERNELS=1)", "",
                  "| workload | calls | driver | cuBLAS | cuBLASLt | cuDNN | local | async+shadow | "
-                 "sync (table class) | messages | round trips |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "sync (table class) | messages | round trips | calls the server ran |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, c in report["steps"].items():
             if "error" in c:
                 rows.append(f"| {name} | error: {c['error'].splitlines()[-1][:100]} |")
@@ -226,7 +235,7 @@ def markdown(report: dict[str, Any]) -> str:
             rows.append(f"| {name} | {g('calls'):.0f} | {g('calls_cuda'):.0f} | {g('calls_cublas'):.0f} | "
                         f"{g('calls_cublasLt'):.0f} | {g('calls_cudnn'):.0f} | {g('class_local'):.0f} | "
                         f"{g('class_async') + g('class_shadow'):.0f} | {g('class_sync'):.0f} | {g('messages'):.0f} | "
-                        f"{g('round_trips'):.0f} |")
+                        f"{g('round_trips'):.0f} | {g('server_calls'):.0f} |")
     return "\n".join(rows) + "\n"
 
 
@@ -249,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                       "shim": shim_costs(address, log, args.calls), "raw": raw_costs(args.calls), "steps": {}}
             if not args.skip_workloads:
                 for name in WORKLOADS:
-                    report["steps"][name] = step_counts(address, Path(tmp), name)
+                    report["steps"][name] = step_counts(address, log, Path(tmp), name)
         finally:
             server.terminate()
             server.wait(10)

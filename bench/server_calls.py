@@ -40,22 +40,23 @@ class NoOpLibrary:
 
     def __init__(self, ffi: Any) -> None:
         self.ffi, self.made = ffi, itertools.count(0x5000_0000, 16)
-        self.out_type = ffi.typeof("uint64_t *")
+        self.out_types = (ffi.typeof("uint64_t *"), ffi.typeof("void **"))
 
     def __getattr__(self, name: str) -> Callable[..., int]:
-        ffi, out_type, made = self.ffi, self.out_type, self.made
+        ffi, out_types, made = self.ffi, self.out_types, self.made
 
         def create(*args: Any) -> int:
-            out = next(a for a in args if isinstance(a, ffi.CData) and ffi.typeof(a) is out_type)
-            out[0] = next(made)
+            out = next(a for a in args if isinstance(a, ffi.CData) and ffi.typeof(a) in out_types)
+            ffi.cast("uint64_t *", out)[0] = next(made)
             return 0
         fn = create if "Create" in name else (lambda *args: 0)
         setattr(self, name, fn)
         return fn
 
 
-def operations(address: int, cudnn: int, blas: int, lt: int, enums: dict[str, int]) -> dict[str, Callable]:
-    """Each operation's calls, as [symbol, wire arguments], with fresh client handles each time."""
+def operations(address: int, cudnn: int, blas: int, lt: int, plan: int, enums: dict[str, int]) -> dict[str, Callable]:
+    """Each operation's calls as an older client sent them, [symbol, wire arguments], with fresh client handles
+    each time; and a convolution as the client sends it now."""
     one, zero = struct.pack("<f", 1.0), struct.pack("<f", 0.0)
     dims, strides = struct.pack("<4i", 1, 64, 56, 56), struct.pack("<4i", 64 * 56 * 56, 56 * 56, 56, 1)
 
@@ -79,6 +80,10 @@ def operations(address: int, cudnn: int, blas: int, lt: int, enums: dict[str, in
                 ["cudnnBackendFinalize", [pack]], ["cudnnBackendExecute", [cudnn, pack, pack]],
                 ["cudnnBackendDestroyDescriptor", [pack]]]
 
+    def kept_convolution() -> list[list[Any]]:  # the same, as the client sends it now: one internal call
+        pointers, uids = struct.pack("<3Q", *[address] * 3), struct.pack("<3q", 1, 2, 3)
+        return [["xpuCudnnExecute", [cudnn, plan, 3, pointers, uids, bytes(3), bytes(24), address]]]
+
     def lt_gemm() -> list[list[Any]]:  # PyTorch's cuBLASLt GEMM: its descriptors made and destroyed each time
         desc, pref, layouts = next(HANDLES), next(HANDLES), [next(HANDLES) for _ in range(3)]
         four = struct.pack("<i", 1)
@@ -98,6 +103,7 @@ def operations(address: int, cudnn: int, blas: int, lt: int, enums: dict[str, in
                                   768, 68, -1]]]
 
     return {"cuDNN batch norm (legacy descriptors)": batch_norm, "cuDNN convolution (variant pack)": convolution,
+            "cuDNN convolution (a kept pack: xpuCudnnExecute)": kept_convolution,
             "cuBLASLt GEMM (descriptors each time)": lt_gemm, "cuBLAS GEMM (stream, workspace, GemmEx)": blas_gemm}
 
 
@@ -126,11 +132,12 @@ def measure(rounds: int, repeats: int) -> dict[str, Any]:
 
     run([["cuCtxCreate_v2", [CTX, 0, 0]]])
     address = int.from_bytes(run([["cuMemAlloc_v2", [8, 1 << 20]]])[0], "little")
-    cudnn, blas, lt = next(HANDLES), next(HANDLES), next(HANDLES)
-    run([["cudnnCreate", [cudnn]], ["cublasCreate_v2", [blas]], ["cublasLtCreate", [lt]]])
+    cudnn, blas, lt, plan = next(HANDLES), next(HANDLES), next(HANDLES), next(HANDLES)
     enums = mathlibs.api(mathlibs.CUDNN).ENUMS
+    run([["cudnnCreate", [cudnn]], ["cublasCreate_v2", [blas]], ["cublasLtCreate", [lt]],
+         ["cudnnBackendCreateDescriptor", [enums["CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR"], plan]]])
     figures: dict[str, Any] = {}
-    for name, make in operations(address, cudnn, blas, lt, enums).items():
+    for name, make in operations(address, cudnn, blas, lt, plan, enums).items():
         run(make())  # compiled, and checked to succeed
         samples = []
         for _ in range(repeats):
@@ -200,13 +207,13 @@ def markdown(result: dict[str, Any]) -> str:
              f"{result['rounds']:,} operations; load average after {[round(x, 2) for x in result['load']]}. "
              "NVIDIA's math libraries replaced by a stand-in that does nothing (NoOpLibrary): the figures are "
              "xpuremote's own work per call.", "",
-             "| operation | calls | µs per call | / reference |", "|---|---:|---:|---:|"]
+             "| operation | calls | µs per call | / reference | µs per operation |", "|---|---:|---:|---:|---:|"]
     for name, figure in figures.items():
         if name != "reference":
             lines.append(f"| {name} | {figure['calls']} | {figure['us_per_call']:.2f} | "
-                         f"{figure['us_per_call'] / reference:.1f}x |")
+                         f"{figure['us_per_call'] / reference:.1f}x | {figure['us_per_call'] * figure['calls']:.1f} |")
     lines.append(f"| reference: cuMemsetD8Async in a batch, the driver's own call included | 1 | {reference:.2f} "
-                 "| 1.0x |")
+                 f"| 1.0x | {reference:.1f} |")
     return "\n".join(lines) + "\n"
 
 
