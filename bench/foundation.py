@@ -553,6 +553,14 @@ def publish(out: Path | None, result: dict[str, Any], table: str) -> None:
         out.with_suffix(".md").write_text(table)
 
 
+def child_figures(cmd: list[str], env: dict[str, str], what: str) -> dict[str, Any]:
+    """A benchmark's measuring child, run in `env`: the JSON of its last line."""
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if proc.returncode:
+        raise SystemExit(f"{what} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def clean_env(keys: dict[str, str] | None = None) -> dict[str, str]:
     drop = ("LD_PRELOAD", "XPU_SERVER", "XPU_CLIENT_KEY", "XPU_SERVER_KEY", "XPU_BENCH_KEYS")
     return {**{k: v for k, v in os.environ.items() if k not in drop}, **(keys or {})}

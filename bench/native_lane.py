@@ -17,7 +17,6 @@ import json
 import os
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -102,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.records, args.repeats)))
         return 0
 
-    from foundation import clean_env, publish, start_stand_in, stop
+    from foundation import child_figures, clean_env, publish, start_stand_in, stop
 
     env, servers = clean_env(), []
     try:
@@ -114,12 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                 env |= stand_in
             rows = {}
             for way, flag in (("in C", "1"), ("in Python", "0")):
-                proc = subprocess.run([sys.executable, __file__, "--measure", flag, "--records", str(args.records),
-                                       "--repeats", str(args.repeats)], env={**env, "XPU_NATIVE_LANE": flag},
-                                      capture_output=True, text=True, timeout=900)
-                if proc.returncode:
-                    raise SystemExit(f"the {way} run failed:\n{proc.stderr[-3000:]}")
-                rows[way] = json.loads(proc.stdout.strip().splitlines()[-1])
+                rows[way] = child_figures([sys.executable, __file__, "--measure", flag, "--records", str(args.records),
+                                           "--repeats", str(args.repeats)], {**env, "XPU_NATIVE_LANE": flag},
+                                          f"the {way} run")
     finally:
         for server in servers:
             stop(server)

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import statistics
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -169,14 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:  # the child, in the environment the parent set
-        import json
-
         print(json.dumps(measure(args.rounds, args.repeats)))
         return 0
 
-    import json
-
-    from foundation import clean_env, publish, start_stand_in, stop
+    from foundation import child_figures, clean_env, publish, start_stand_in, stop
 
     env, sim = clean_env(), None
     try:
@@ -184,11 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.backend == "stand-in":
                 sim, stand_in = start_stand_in(Path(tmp) / "sim.log")
                 env |= stand_in
-            proc = subprocess.run([sys.executable, __file__, "--measure", "--rounds", str(args.rounds), "--repeats",
-                                   str(args.repeats)], env=env, capture_output=True, text=True, timeout=900)
-            if proc.returncode:
-                raise SystemExit(f"the measuring run failed:\n{proc.stderr[-3000:]}")
-            figures = json.loads(proc.stdout.strip().splitlines()[-1])
+            figures = child_figures([sys.executable, __file__, "--measure", "--rounds", str(args.rounds),
+                                     "--repeats", str(args.repeats)], env, "the measuring run")
     finally:
         if sim is not None:
             stop(sim)
