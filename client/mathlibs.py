@@ -92,8 +92,8 @@ def _creator(lib: mathlibs.Library, **defaults: int) -> Callable[[Driver, Call, 
     return create
 
 
-implements("cublasCreate")(_creator(mathlibs.CUBLAS, stream=0, pointer_mode=0, math_mode=0, atomics_mode=0,
-                                    sm_count=0))
+implements("cublasCreate")(_creator(mathlibs.CUBLAS, stream=0, workspace=None, pointer_mode=0, math_mode=0,
+                                    atomics_mode=0, sm_count=0))
 implements("cublasLtCreate")(_creator(mathlibs.CUBLASLT))
 implements("cudnnCreate")(_creator(mathlibs.CUDNN, stream=0))
 
@@ -115,17 +115,52 @@ def _state(handle: int) -> dict[str, int]:
     return found
 
 
-def _setter(key: str, when_changed: bool = True) -> Callable[[Driver, Call, list[Any]], None]:
+def _setter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
     """A handle's setting kept here for the getters. One that the library only keeps is sent only when its
     value changes: PyTorch sets the stream and the math mode before each call, nearly always to the value
-    they have. `cublasSetStream` is always sent: it also resets cuBLAS's workspace to the default."""
+    they have."""
     def set_(d: Driver, call: Call, args: list[Any]) -> None:
-        if _state(args[0])[key] == args[1] and when_changed:
+        if _state(args[0])[key] == args[1]:
             return
         d.forward(call, args)
         STATE[args[0]][key] = args[1]
 
     return set_
+
+
+# A cuBLAS handle's stream and workspace: PyTorch sets both before each GEMM, nearly always to what they are.
+# cublasSetStream also puts back cuBLAS's own workspace, so the pair is what counts: kept here, and the
+# server's handle brought to it before the next call that names the handle (`blas_settings`).
+@implements("cublasSetStream")
+def blas_set_stream(d: Driver, call: Call, args: list[Any]) -> None:
+    state = _state(args[0])
+    d.session()
+    state.update(stream=args[1], workspace=None)  # None: cuBLAS's own
+
+
+@implements("cublasSetWorkspace")
+def blas_set_workspace(d: Driver, call: Call, args: list[Any]) -> None:
+    state = _state(args[0])
+    d.session()
+    state["workspace"] = (args[1], args[2])
+
+
+def blas_settings(d: Driver, handle: int) -> int:
+    """The server's cuBLAS handle given the stream and workspace the application set last, if they differ."""
+    state = STATE.get(handle)
+    if state is None or "workspace" not in state:
+        return handle
+    want, sent = (state["stream"], state["workspace"]), state.get("sent", (0, None))  # a new handle's
+    if want != sent:
+        if want[0] != sent[0] or want[1] is None:
+            d.post(CALLS["cublasSetStream_v2"], [handle, want[0]])
+        if want[1] is not None and (want[1] != sent[1] or want[0] != sent[0]):
+            d.post(CALLS["cublasSetWorkspace_v2"], [handle, *want[1]])
+        state["sent"] = want
+    return handle
+
+
+SERVER_OBJECT["cublasHandle_t"] = blas_settings
 
 
 def _getter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
@@ -137,13 +172,13 @@ def _getter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
     return get
 
 
-for _key, _set, _get in (("stream", "cublasSetStream", "cublasGetStream"),
-                         ("pointer_mode", "cublasSetPointerMode", "cublasGetPointerMode"),
+implements("cublasGetStream")(_getter("stream"))
+for _key, _set, _get in (("pointer_mode", "cublasSetPointerMode", "cublasGetPointerMode"),
                          ("math_mode", "cublasSetMathMode", "cublasGetMathMode"),
                          ("atomics_mode", "cublasSetAtomicsMode", "cublasGetAtomicsMode"),
                          ("sm_count", "cublasSetSmCountTarget", "cublasGetSmCountTarget"),
                          ("stream", "cudnnSetStream", "cudnnGetStream")):
-    implements(_set)(_setter(_key, when_changed=_set != "cublasSetStream"))
+    implements(_set)(_setter(_key))
     implements(_get)(_getter(_key))
 
 

@@ -247,21 +247,28 @@ assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(contex
 assert cuda.cuCtxSetCurrent(context) == 0 and dnn.cudnnCreate(ctypes.byref(handle)) == 0
 assert blas.cublasCreate_v2(ctypes.byref(blas_handle)) == 0
 assert cuda.cuStreamCreate(ctypes.byref(stream), 1) == 0
-for _ in range(int(sys.argv[1])):
+workspace = ctypes.c_uint64()
+assert cuda.cuMemAlloc_v2(ctypes.byref(workspace), 1 << 16) == 0
+for _ in range(int(sys.argv[1])):  # as PyTorch does before each call
     assert dnn.cudnnSetStream(handle, stream) == 0
+    assert blas.cublasSetStream_v2(blas_handle, stream) == 0  # puts back cuBLAS's own workspace
+    assert blas.cublasSetWorkspace_v2(blas_handle, ctypes.c_uint64(workspace.value), ctypes.c_size_t(1 << 16)) == 0
     assert blas.cublasSetMathMode(blas_handle, 3) == 0  # CUBLAS_TF32_TENSOR_OP_MATH
-    assert blas.cublasSetStream_v2(blas_handle, stream) == 0  # always sent: it resets the workspace
 assert dnn.cudnnGetStream(handle, ctypes.byref(found)) == 0 and found.value == stream.value
 assert blas.cublasGetMathMode(blas_handle, ctypes.byref(mode)) == 0 and mode.value == 3
+assert blas.cublasGetStream_v2(blas_handle, ctypes.byref(found)) == 0 and found.value == stream.value
 assert dnn.cudnnSetStream(handle, None) == 0  # another stream: sent
 assert dnn.cudnnGetStream(handle, ctypes.byref(found)) == 0 and not found.value
+assert blas.cublasSetStream_v2(blas_handle, None) == 0  # another stream, cuBLAS's own workspace: sent
+assert blas.cublasSetMathMode(blas_handle, 0) == 0  # before this call
 """
 
 
 def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
-    """PyTorch sets a cuDNN handle's stream and a cuBLAS handle's math mode before each call: five settings
-    of the value a handle already has cost the server what one does, and the getters answer the value last
-    set. cublasSetStream is sent each time (it resets cuBLAS's workspace)."""
+    """PyTorch sets a cuDNN handle's stream, and a cuBLAS handle's stream, workspace and math mode, before each
+    call: five settings of the values a handle already has cost the server what one does, and the getters
+    answer the value last set. A cuBLAS handle's stream and workspace are sent before the next call that names
+    the handle, where they differ from the server's (cublasSetStream also puts back cuBLAS's own workspace)."""
     from conftest import shim_env, start_server
 
     from xpuremote.interpose.build import ensure_shim
@@ -276,4 +283,5 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     dnn = [int(n) for n in re.findall(r"library calls: .*cudnn=(\d+)", srv.log())]
     blas = [int(n) for n in re.findall(r"library calls: .*cublas=(\d+)", srv.log())]
     assert len(dnn) == 2 and dnn[0] == dnn[1] == 3, dnn  # create, the stream set once, then the other stream
-    assert len(blas) == 2 and blas[1] == blas[0] + 4, blas  # four more cublasSetStream, no more math modes
+    # created; the stream and workspace before the first math mode; then the default stream before the last
+    assert len(blas) == 2 and blas[0] == blas[1] == 6, blas
