@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from torch_e2e import cpu_split  # the script's own folder is on the path; torch itself is imported lazily
+
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("protocol", "client", "server", "interpose", "perfmodel", "pyproject.toml")
 WORK = ROOT / "build" / "gpu-check"
@@ -655,15 +657,15 @@ def _md_bench(stage: dict[str, Any]) -> list[str]:
     for key in ("graphs_markdown", "async_calls_markdown", "native_lane_markdown", "server_calls_markdown",
                 "allocators_markdown"):
         out += ["", *(re.sub(r"^#", "###", line) for line in stage.get(key, "").splitlines())]
-    out += ["", "### PyTorch end to end", "", "| workload | native ms/step | xpuremote ms/step | slowdown |",
-            "|---|---|---|---|"]
+    out += ["", "### PyTorch end to end", "", "| workload | native ms/step | xpuremote ms/step | slowdown | "
+            "CPU ms/step: native; application, server |", "|---|---|---|---|---|"]
     for r in stage.get("torch_e2e", []):
         n, x = r.get("native", {}), r.get("remote", {})
         if "not run" in r:
-            out.append(f"| {r['workload']} | not run: {r['not run']} | | |")
+            out.append(f"| {r['workload']} | not run: {r['not run']} | | | |")
             continue
         ratio = f"{x['median_ms'] / n['median_ms']:.2f}x" if "median_ms" in n and "median_ms" in x else "-"
-        out.append(f"| {r['workload']} | {_cell(n)} | {_cell(x)} | {ratio} |")
+        out.append(f"| {r['workload']} | {_cell(n)} | {_cell(x)} | {ratio} | {cpu_split(n, x)} |")
     return out
 
 

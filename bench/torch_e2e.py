@@ -193,14 +193,32 @@ def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP) -> 
         step()
     torch.cuda.synchronize()
     times = []
+    cpu, served = time.process_time(), workers_cpu_s()
     for _ in range(steps):
         start = time.perf_counter()
         step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+    cpu, served = time.process_time() - cpu, workers_cpu_s() - served
     return {"workload": name, "steps_s": times, "median_ms": 1000 * statistics.median(times), "checksum": checksum(),
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-            "max_allocated": torch.cuda.max_memory_allocated()}
+            "max_allocated": torch.cuda.max_memory_allocated(),
+            "cpu_ms": 1000 * cpu / steps, "server_cpu_ms": 1000 * served / steps}
+
+
+def workers_cpu_s() -> float:
+    """CPU seconds of this machine's xpu-server session workers (all their threads): where the step's calls
+    ran. With this process's own CPU (the application's and the client's), it says which side a step waits
+    for. Clock ticks: meaningful over all the timed steps, not one."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and b"xpuremote.server.worker" in (proc / "cmdline").read_bytes():
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except OSError:  # gone meanwhile
+            continue
+    return total
 
 
 # ---- the comparison ---------------------------------------------------------------------------------
@@ -234,18 +252,27 @@ def _said(run: dict[str, Any]) -> str:
     return run.get("skipped") or "error: " + (run["error"].splitlines() or [""])[-1]
 
 
+def cpu_split(native: dict[str, Any], remote: dict[str, Any]) -> str:
+    """CPU a step: the native run's; through xpuremote the application's process and the server's workers."""
+    if "cpu_ms" not in remote:
+        return "-"
+    mine = f"{native['cpu_ms']:.2f}" if "cpu_ms" in native else "-"
+    return f"{mine}; {remote['cpu_ms']:.2f}, {remote['server_cpu_ms']:.2f}"
+
+
 def markdown(report: dict[str, Any]) -> str:
-    rows = ["| workload | native ms/step | xpuremote ms/step | slowdown | checksums (native / remote) |",
-            "|---|---|---|---|---|"]
+    rows = ["| workload | native ms/step | xpuremote ms/step | slowdown | CPU ms/step: native; application, server "
+            "| checksums (native / remote) |", "|---|---|---|---|---|---|"]
     for r in report["results"]:
         n, x = r["native"], r["remote"]
         if "median_ms" not in n or "median_ms" not in x:
             why = (x.get("error") or n.get("error") or n.get("skipped") or "").splitlines()[-1:] or [""]
-            rows.append(f"| {r['workload']} | {n.get('median_ms', '-')} | {x.get('median_ms', '-')} | - | "
+            rows.append(f"| {r['workload']} | {n.get('median_ms', '-')} | {x.get('median_ms', '-')} | - | - | "
                         f"error: {why[0][:120]} |")
             continue
         rows.append(f"| {r['workload']} | {n['median_ms']:.2f} | {x['median_ms']:.2f} | "
-                    f"{x['median_ms'] / n['median_ms']:.2f}x | {n['checksum']:.6g} / {x['checksum']:.6g} |")
+                    f"{x['median_ms'] / n['median_ms']:.2f}x | {cpu_split(n, x)} | "
+                    f"{n['checksum']:.6g} / {x['checksum']:.6g} |")
     head = [f"# PyTorch end to end: native vs xpuremote ({report['when']})", "",
             f"Command: `{report['command']}`", f"Machine: {report['machine']}", f"Server: {report['server']}",
             f"Steps per workload: {report['steps']} after {WARMUP} warm-up steps; medians.", ""]
