@@ -334,6 +334,8 @@ def memo(d: Driver, call: Call, args: list[Any]) -> None:
     found = MEMO.get(tuple(key))
     if found is None:
         d.forward(call, args)
+        if len(MEMO) >= HEURISTICS_KEPT:  # as many answers as the heuristic's, then the memory starts again
+            MEMO.clear()
         MEMO[tuple(key)] = marshal.get(call.params[-1], out)
     else:
         marshal.put(call.params[-1], out, found)
