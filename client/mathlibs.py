@@ -28,7 +28,8 @@ ATTR_POINTER_MODE = LT_DESC["CUBLASLT_MATMUL_DESC_POINTER_MODE"]
 ATTR_SCALE_TYPE = LT_DESC["CUBLASLT_MATMUL_DESC_SCALE_TYPE"]
 DNN = mathlibs.api(mathlibs.CUDNN).ENUMS
 DNN_DOUBLE, TYPE_DESCRIPTOR = DNN["CUDNN_DATA_DOUBLE"], DNN["CUDNN_TYPE_BACKEND_DESCRIPTOR"]
-VARIANT_PACK = DNN["CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR"]
+VARIANT_PACK, PACK_UIDS, PACK_WORKSPACE = (mathlibs.CUDNN_VARIANT_PACK, mathlibs.CUDNN_UNIQUE_IDS,
+                                           mathlibs.CUDNN_WORKSPACE)
 DNN_ELEMENT_BYTES = {DNN[f"CUDNN_DATA_{t}"]: size for t, size in (
     ("FLOAT", 4), ("DOUBLE", 8), ("HALF", 2), ("BFLOAT16", 2), ("INT8", 1), ("INT32", 4), ("INT64", 8))}
 # value of a cudaDataType_t or cublasComputeType_t -> bytes of one scalar of it
@@ -455,10 +456,6 @@ SERVER_OBJECT.update(dict.fromkeys(DESCRIPTORS, server_descriptor))
 # it runs: seven calls, each a message's call for the client and the server. A pack is kept here instead and
 # goes as one xpuCudnnExecute, which the server runs as those calls. A pack used any other way is sent as it
 # was made (`_send_pack`), and from then on its calls go to the server.
-KEPT_ATTRIBUTES = {mathlibs.CUDNN_DATA_POINTERS: mathlibs.CUDNN_VOID_PTR,
-                   DNN["CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"]: DNN["CUDNN_TYPE_INT64"],
-                   DNN["CUDNN_ATTR_VARIANT_PACK_WORKSPACE"]: mathlibs.CUDNN_VOID_PTR}
-PACK_UIDS, PACK_WORKSPACE = DNN["CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"], DNN["CUDNN_ATTR_VARIANT_PACK_WORKSPACE"]
 
 
 def _kept(handle: int) -> dict[str, Any] | None:
@@ -477,6 +474,12 @@ def _send_pack(d: Driver, handle: int) -> None:
         _post_attribute(d, handle, name, attribute_type, count, raw)
     if pack.pop("finalized"):
         d.post(CALLS["cudnnBackendFinalize"], [handle])
+
+
+def _send_packs(d: Driver, handles: bytes) -> None:
+    """Kept packs among an array of descriptors: the server must have them."""
+    for (handle,) in struct.iter_unpack("<Q", handles):
+        _send_pack(d, handle)
 
 
 def _execution(d: Driver, pack: dict[str, Any]) -> list[Any] | None:
@@ -573,13 +576,12 @@ def backend_set_attribute(d: Driver, call: Call, args: list[Any]) -> None:
         raise errors.library_error("cudnn", "invalid_value", "NULL arrayOfElements")
     raw = marshal.read(array, size) if size else b""
     pack = _kept(descriptor)
-    if pack is not None and KEPT_ATTRIBUTES.get(name) == attribute_type and not pack["finalized"]:
+    if pack is not None and mathlibs.CUDNN_PACK_ATTRIBUTES.get(name) == attribute_type and not pack["finalized"]:
         pack["kept"][name] = (attribute_type, count, raw)
         return
     _send_pack(d, descriptor)
-    if attribute_type == TYPE_DESCRIPTOR:  # a kept pack among the descriptors: the server must have it
-        for (handle,) in struct.iter_unpack("<Q", raw):
-            _send_pack(d, handle)
+    if attribute_type == TYPE_DESCRIPTOR:
+        _send_packs(d, raw)
     _post_attribute(d, descriptor, name, attribute_type, count, raw)
 
 
@@ -615,8 +617,7 @@ def backend_get_attribute(d: Driver, call: Call, args: list[Any]) -> None:
     _send_pack(d, descriptor)
     if attribute_type == TYPE_DESCRIPTOR:
         raw = marshal.read(array, size) if size else b""
-        for (handle,) in struct.iter_unpack("<Q", raw):
-            _send_pack(d, handle)
+        _send_packs(d, raw)
         handles = wire.frame(raw) if size else None
         (count,) = d.call(CALLS["xpuCudnnGetDescriptors"], [descriptor, name, size // 8, handles, 1])
         if count_out:

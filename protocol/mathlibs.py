@@ -315,6 +315,14 @@ def api(lib: Library) -> ModuleType:
 # addresses, or by-value scalars' host addresses, whose bytes xpuCudnnSetDataPointers carries instead.
 CUDNN_DATA_POINTERS = api(CUDNN).ENUMS["CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS"]
 CUDNN_VOID_PTR = api(CUDNN).ENUMS["CUDNN_TYPE_VOID_PTR"]
+# The variant pack the client keeps and sends with its execution (xpuCudnnExecute): its descriptor type, and the
+# attributes it may hold with their element types: data pointers, as many unique ids, a workspace.
+CUDNN_VARIANT_PACK = api(CUDNN).ENUMS["CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR"]
+CUDNN_UNIQUE_IDS = api(CUDNN).ENUMS["CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"]
+CUDNN_WORKSPACE = api(CUDNN).ENUMS["CUDNN_ATTR_VARIANT_PACK_WORKSPACE"]
+CUDNN_INT64 = api(CUDNN).ENUMS["CUDNN_TYPE_INT64"]
+CUDNN_PACK_ATTRIBUTES = {CUDNN_DATA_POINTERS: CUDNN_VOID_PTR, CUDNN_UNIQUE_IDS: CUDNN_INT64,
+                         CUDNN_WORKSPACE: CUDNN_VOID_PTR}
 
 
 def status_code(lib: Library, outcome: str) -> int:

@@ -57,9 +57,6 @@ ARRAY_CLEAR_BYTES = 16 << 20  # host zeros copied at a time into a new CUDA arra
 C_INT = {(1, 0): "uint8_t", (1, 1): "int8_t", (2, 0): "uint16_t", (2, 1): "int16_t",
          (4, 0): "uint32_t", (4, 1): "int32_t", (8, 0): "uint64_t", (8, 1): "int64_t"}
 HOST, DEVICE, ARRAY = ENUMS["CU_MEMORYTYPE_HOST"], ENUMS["CU_MEMORYTYPE_DEVICE"], ENUMS["CU_MEMORYTYPE_ARRAY"]
-DNN = mathlibs.api(mathlibs.CUDNN).ENUMS
-VARIANT_PACK, TYPE_INT64 = DNN["CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR"], DNN["CUDNN_TYPE_INT64"]
-PACK_UIDS, PACK_WORKSPACE = DNN["CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"], DNN["CUDNN_ATTR_VARIANT_PACK_WORKSPACE"]
 
 
 def c_type(p: Param) -> str:
@@ -191,14 +188,16 @@ class CudaBackend(Backend):
         real_handle = self.real_descriptor(handle, "cudnnHandle_t")
         real_plan = self.real_descriptor(plan, "cudnnBackendDescriptor_t")
         made = ffi.new("void **")
-        self.check(lib.cudnnBackendCreateDescriptor(VARIANT_PACK, made), "cudnnBackendCreateDescriptor", "cudnn")
+        self.check(lib.cudnnBackendCreateDescriptor(mathlibs.CUDNN_VARIANT_PACK, made), "cudnnBackendCreateDescriptor",
+                   "cudnn")
         pack = made[0]
         try:
             held, array = self.data_pointers(pointers, by_value, scalars)  # held until the execution is queued
             self.set_pack_attribute(pack, mathlibs.CUDNN_DATA_POINTERS, mathlibs.CUDNN_VOID_PTR, count, array)
-            self.set_pack_attribute(pack, PACK_UIDS, TYPE_INT64, count, ffi.from_buffer(bytes(uids) or b"\0"))
+            ids = ffi.from_buffer(bytes(uids) or b"\0")
+            self.set_pack_attribute(pack, mathlibs.CUDNN_UNIQUE_IDS, mathlibs.CUDNN_INT64, count, ids)
             space = ffi.new("uint64_t[1]", [workspace])
-            self.set_pack_attribute(pack, PACK_WORKSPACE, mathlibs.CUDNN_VOID_PTR, 1, space)
+            self.set_pack_attribute(pack, mathlibs.CUDNN_WORKSPACE, mathlibs.CUDNN_VOID_PTR, 1, space)
             self.check(lib.cudnnBackendFinalize(pack), "cudnnBackendFinalize", "cudnn")
             self.check(lib.cudnnBackendExecute(ffi.cast("void *", real_handle), ffi.cast("void *", real_plan), pack),
                        "cudnnBackendExecute", "cudnn")

@@ -133,8 +133,8 @@ class GraphDnn:
             raise fail("invalid_value", f"{handle:#x} is not a live cudnnHandle_t")
         pack = Descriptor("VARIANT_PACK_DESCRIPTOR")
         self.set_data_pointers(pack, count, pointers, by_value, scalars)
-        self.cudnnBackendSetAttribute(pack, E["CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"], E["CUDNN_TYPE_INT64"], count, uids)
-        self.cudnnBackendSetAttribute(pack, E["CUDNN_ATTR_VARIANT_PACK_WORKSPACE"], mathlibs.CUDNN_VOID_PTR, 1,
+        self.cudnnBackendSetAttribute(pack, mathlibs.CUDNN_UNIQUE_IDS, mathlibs.CUDNN_INT64, count, uids)
+        self.cudnnBackendSetAttribute(pack, mathlibs.CUDNN_WORKSPACE, mathlibs.CUDNN_VOID_PTR, 1,
                                       struct.pack("<Q", workspace))
         self.cudnnBackendFinalize(pack)
         self.cudnnBackendExecute(found[1], self.descriptor(plan, "EXECUTION_PLAN_DESCRIPTOR"), pack)
