@@ -48,6 +48,7 @@ SHIM_AGENT = r"""
 import ctypes as c, json, sys, time
 n = int(sys.argv[1])
 cu, blas, lt = c.CDLL("libcuda.so.1"), c.CDLL("libcublas.so.13"), c.CDLL("libcublasLt.so.13")
+dnn = c.CDLL("libcudnn.so.9")
 def ok(rc, what):
     if rc: raise SystemExit(f"{what} returned {rc}")
 ok(cu.cuInit(0), "cuInit")
@@ -79,10 +80,32 @@ def modes(k):
     for i in range(k):
         blas.cublasSetMathMode(handle, i & 1)
     ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
-gemms(200), gets(200), modes(200)  # warm
+dnn_handle, x, y, device, data = c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_int(), c.c_uint64()
+ok(dnn.cudnnCreate(c.byref(dnn_handle)), "cudnnCreate")
+ok(cu.cuMemAlloc_v2(c.byref(data), 4096), "cuMemAlloc")
+dims, strides = (c.c_int * 4)(1, 8, 2, 2), (c.c_int * 4)(32, 4, 2, 1)  # small: the sim's numpy work stays small
+norm = dnn.cudnnBatchNormalizationForwardInference
+norm.argtypes = [c.c_void_p, c.c_int, c.c_void_p, c.c_void_p, c.c_void_p, c.c_uint64, c.c_void_p, c.c_uint64,
+                 c.c_void_p, c.c_uint64, c.c_uint64, c.c_uint64, c.c_uint64, c.c_double]
+def batch_norms(k):  # as PyTorch calls cuDNN for a batch norm in inference: 8 calls
+    for _ in range(k):
+        dnn.cudnnSetStream(dnn_handle, None)
+        for t in (x, y):
+            dnn.cudnnCreateTensorDescriptor(c.byref(t))
+            dnn.cudnnSetTensorNdDescriptor(t, 0, 4, dims, strides)
+        d = data.value
+        ok(norm(dnn_handle, 1, c.byref(alpha), c.byref(beta), x, d, y, d, y, d, d, d, d, 1e-5), "batch norm")
+        dnn.cudnnDestroyTensorDescriptor(x)
+        dnn.cudnnDestroyTensorDescriptor(y)
+    ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+def floors(k):  # the same number of calls, each answered in C: what ctypes and the entry point cost
+    for _ in range(8 * k):
+        cu.cuCtxGetDevice(c.byref(device))
+gemms(200), gets(200), modes(200), batch_norms(200), floors(200)  # warm
 print("ready", flush=True)
 result = {}
-for name, fn in (("async", gemms), ("async_record", modes), ("sync", gets)):
+for name, fn in (("async", gemms), ("async_record", modes), ("sync", gets), ("operation", batch_norms),
+                 ("floor", floors)):
     sys.stdin.readline()
     cpu, wall = time.process_time(), time.perf_counter()
     fn(n)
@@ -135,7 +158,7 @@ def shim_costs(address: str, log: Path, n: int) -> dict[str, Any]:
         raise SystemExit("the shim agent failed")
     worker = int(re.findall(r"worker_pid=(\d+)", log.read_text())[-1])
     out = {}
-    for name in ("async", "async_record", "sync"):
+    for name in ("async", "async_record", "sync", "operation", "floor"):
         before = cpu_s(worker)
         agent.stdin.write("go\n")
         agent.stdin.flush()
@@ -220,6 +243,15 @@ def markdown(report: dict[str, Any]) -> str:
         ratio = shim_v / raw_v
         rows.append(f"| {label} | {shim_v:,.1f} | {raw_v:,.1f} | {ratio:.2f} | {s['client_cpu_us']:.1f} "
                     f"({r['client_cpu_us']:.1f}) | {s['server_cpu_us']:.1f} |")
+    op, floor = report["shim"].get("operation"), report["shim"].get("floor")
+    if op and floor:
+        rows += ["", "## One operation's calls: a cuDNN batch norm as PyTorch makes it (8 calls: the stream, two "
+                 "tensor descriptors made and set, the batch norm, two destroys)", "",
+                 "| figure | the batch norm's 8 calls | baseline: 8 calls answered in C (cuCtxGetDevice) |",
+                 "|---|---|---|",
+                 f"| µs per operation | {op['us_per_call']:.1f} | {floor['us_per_call']:.1f} |",
+                 f"| client CPU µs per operation | {op['client_cpu_us']:.1f} | {floor['client_cpu_us']:.1f} |",
+                 f"| server CPU µs per operation | {op['server_cpu_us']:.1f} | {floor['server_cpu_us']:.1f} |"]
     if report.get("steps"):
         rows += ["", "## One step of each bench/torch_e2e.py workload (--size small, XPU_SIM_SKIP_KERNELS=1)", "",
                  "| workload | calls | driver | cuBLAS | cuBLASLt | cuDNN | local | async+shadow | "

@@ -18,7 +18,7 @@ from xpuremote.protocol import errors, mathlibs, wire
 from xpuremote.protocol.calls import CALLS, LIBRARY_SYMBOLS, Call, Param
 
 from . import marshal, memory
-from .driver import SERVER_OBJECT, Driver, handler, implements
+from .driver import DRIVER, SERVER_OBJECT, Driver, handler, implements
 
 log = logging.getLogger("xpuremote.client")
 
@@ -103,7 +103,11 @@ implements("cudnnCreate")(_creator(mathlibs.CUDNN, stream=0))
             "cublasLtMatrixLayoutDestroy", "cublasLtMatmulPreferenceDestroy", "cudnnDestroyTensorDescriptor",
             "cudnnBackendDestroyDescriptor")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
-    state = STATE.get(args[0], {})
+    state = STATE.get(args[0])
+    in_c = IN_C is not None and call.family == "cudnnDestroyTensorDescriptor" and IN_C.release(args[0])
+    if in_c and state is None:  # kept in C, destroyed while C does not answer (a trace began)
+        return
+    state = state or {}
     if "kept" not in state and "replay" not in state:  # a variant pack never sent, a descriptor kept: only here
         d.forward(call, args)
     STATE.pop(args[0], None)
@@ -280,7 +284,7 @@ def scalar_size(call: Call, p: Param, values: dict[str, Any]) -> int | None:
     kind = p.count.partition(":")[2]
     if call.library == "cudnn":  # host values: scaling factors double for double data, else float
         if next(q for q in call.params if q.name == kind).kind == "handle":
-            return 8 if STATE.get(values[kind], {}).get("data_type") == DNN_DOUBLE else 4
+            return 8 if (_tensor_state(values[kind]) or {}).get("data_type") == DNN_DOUBLE else 4
         if values[kind] not in DNN_ELEMENT_BYTES:  # one element of a cudnnDataType_t
             raise errors.library_error("cudnn", "not_supported", f"{call.symbol}: {p.name} of data type {values[kind]}")
         return DNN_ELEMENT_BYTES[values[kind]]
@@ -307,11 +311,17 @@ def create_tensor_descriptor(d: Driver, call: Call, args: list[Any]) -> None:
 def set_tensor_descriptor(d: Driver, call: Call, args: list[Any]) -> None:
     """Kept (see `keep_descriptor`); its data type kept for the size of the scalars of calls that use it, and
     its whole setting for the answers that depend on it alone (see `memo`)."""
-    set_kept(d, call, args, "shape")
-    values = dict(zip(call.names, args))
-    setting = tuple(marshal.read(a, p.byte_count(values)) if p.kind == "ptr" else a
-                    for p, a in zip(call.params[1:], args[1:]))
-    STATE.setdefault(args[0], {}).update(data_type=values["dataType"], setting=(call.symbol, setting))
+    state = _adopt(args[0])
+    if state is None or "replay" not in state:  # not a descriptor of this client's: the server says so
+        return d.forward(call, args)
+    set_tensor(d, state, call, args)
+
+
+def set_tensor(d: Driver, state: dict[str, Any], call: Call, args: list[Any]) -> None:
+    wire_args, size = marshal.pack(call, args, d.new_handle, True)
+    state["replay"]["shape"] = (call, wire_args, size)
+    state.pop("key", None)
+    state.update(data_type=args[call.names.index("dataType")], setting=(call.symbol, _hashable(wire_args[1:])))
 
 
 MEMO: dict[tuple, int] = {}
@@ -327,7 +337,7 @@ def memo(d: Driver, call: Call, args: list[Any]) -> None:
     key: list[Any] = [call.symbol]
     for p, a in zip(call.params[:-1], ins):
         if p.kind == "handle" and p.ctype != "cudnnHandle_t" and a:
-            setting = STATE.get(a, {}).get("setting")
+            setting = (_tensor_state(a) or {}).get("setting")
             if setting is None:
                 return d.forward(call, args)
             a = setting
@@ -407,7 +417,7 @@ def set_kept(d: Driver, call: Call, args: list[Any], slot: Any) -> None:
 
 def server_descriptor(d: Driver, handle: int) -> int:
     """The server's descriptor for a kept one's setting, made there the first time it is named."""
-    state = STATE.get(handle)
+    state = _tensor_state(handle)
     if state is None or "replay" not in state:
         return handle  # not kept here: the server says what it is
     key = state.get("key")
@@ -418,7 +428,7 @@ def server_descriptor(d: Driver, handle: int) -> int:
         found = MADE.pop(key, None)
         if found is None:
             found = (d.new_handle(), state["kind"])
-            for call, wire_args, size in state["replay"].values():  # the create first: inserted first
+            for call, wire_args, size in _replay(state).values():  # the create first: inserted first
                 d.post(call, [found[0], *wire_args[1:]], size)
             STATE[found[0]] = {k: v for k, v in state.items() if k in ("data_type", "pointer_mode", "scale_type")}
             while len(MADE) >= SERVER_DESCRIPTORS:  # the least recently used goes
@@ -429,16 +439,24 @@ def server_descriptor(d: Driver, handle: int) -> int:
     return found[0]
 
 
-@implements("cudnnDeriveBNTensorDescriptor")
+@implements("cudnnDeriveBNTensorDescriptor", "cudnnSetTensorNdDescriptorEx")
 def derive_descriptor(d: Driver, call: Call, args: list[Any]) -> None:
-    """Sets a descriptor from another's setting on the server: that descriptor becomes the server's own."""
+    """Sets a descriptor on the server (from another's setting, or by a setter not kept here): that descriptor
+    becomes the server's own."""
     own_descriptor(d, args[0])
+    d.forward(call, args)
+
+
+@implements("cudnnDeriveNormTensorDescriptor")
+def derive_norm_descriptors(d: Driver, call: Call, args: list[Any]) -> None:
+    own_descriptor(d, args[0])
+    own_descriptor(d, args[1])
     d.forward(call, args)
 
 
 def own_descriptor(d: Driver, handle: int) -> None:
     """A kept descriptor made on the server as itself, under its own handle, as the application made it."""
-    state = STATE.get(handle, {})
+    state = _adopt(handle) or {}
     for call, wire_args, size in state.pop("replay", {}).values():
         d.post(call, [handle, *wire_args[1:]], size)
     state.pop("key", None)
@@ -449,6 +467,99 @@ def _hashable(values: list[Any]) -> tuple:
 
 
 SERVER_OBJECT.update(dict.fromkeys(DESCRIPTORS, server_descriptor))
+
+
+# ---- cuDNN tensor descriptors kept in C (interpose/kept.h) ----------------------------------------------
+# With the shim, the create, the three setters and the destroy of a tensor descriptor are answered in C, and
+# the descriptor is a record there: read when a call names it (as the state `keep_descriptor` and
+# `set_tensor` make), taken over by this module for anything else. Op kinds and a record's layout: kept.h's.
+IN_C_KINDS = {"cudnnCreateTensorDescriptor": 1, "cudnnSetTensorNdDescriptor": 2, "cudnnSetTensor4dDescriptor": 3,
+              "cudnnSetTensor4dDescriptorEx": 4, "cudnnDestroyTensorDescriptor": 5}
+IN_C_SETTERS = {kind: CALLS[symbol] for symbol, kind in IN_C_KINDS.items() if symbol.startswith("cudnnSet")}
+IN_C_INTS, IN_C_DIMS = 18, 8
+
+
+class KeptInC:
+    """The shim's table of tensor descriptors, through the core's cffi module."""
+
+    def __init__(self, ffi: Any, lib: Any) -> None:
+        self.ffi, self.lib = ffi, lib
+        self.copies: dict[int, tuple[int, dict[str, Any]]] = {}  # handle -> (generation, state): one per slot
+
+    def mark(self) -> None:
+        library = mathlibs.LIBRARIES.index(mathlibs.CUDNN)
+        for symbol, kind in IN_C_KINDS.items():
+            self.lib.xpu_kept_mark(library, LIBRARY_SYMBOLS["cudnn"].index(symbol), kind)
+
+    def state(self, handle: int) -> dict[str, Any] | None:
+        """The descriptor's state if C keeps it, made once per setting: its key and the answers it gives; the
+        calls that make it on the server (`replay`) only when they are needed (see `_replay`)."""
+        setter, ints = self.ffi.new("int32_t *"), self.ffi.new("int32_t[]", IN_C_INTS)
+        generation = self.lib.xpu_kept_read(handle, setter, ints)
+        if generation < 0:
+            return None
+        copy = self.copies.get(handle)
+        if copy is None or copy[0] != generation:
+            raw, kind = bytes(self.ffi.buffer(ints)), setter[0]
+            state = {"replay": None, "record": (handle, kind, raw), "kind": "cudnnTensorDescriptor_t",
+                     "key": ("cudnnTensorDescriptor_t", kind, raw), "setting": (kind, raw)}
+            if kind:  # the data type: the first int of an Nd or 4dEx setting, the second of a 4d one
+                state["data_type"] = ints[1 if IN_C_SETTERS[kind].symbol == "cudnnSetTensor4dDescriptor" else 0]
+            copy = self.copies[handle] = (generation, state)
+        return copy[1]
+
+    def replay(self, record: tuple[int, int, bytes]) -> dict[str, tuple[Call, list[Any], int]]:
+        handle, setter, raw = record
+        return self._as_state(handle, setter, self.ffi.from_buffer("int32_t[]", raw))["replay"]
+
+    def adopt(self, handle: int) -> dict[str, Any] | None:
+        """The descriptor's state, taken over from C: its calls come here from now on."""
+        setter, ints = self.ffi.new("int32_t *"), self.ffi.new("int32_t[]", IN_C_INTS)
+        self.copies.pop(handle, None)
+        if self.lib.xpu_kept_adopt(handle, setter, ints) < 0:
+            return None
+        return self._as_state(handle, setter[0], ints)
+
+    def release(self, handle: int) -> bool:
+        """A destroyed descriptor's slot freed: True if it was one of C's."""
+        self.copies.pop(handle, None)
+        return bool(self.lib.xpu_kept_release(handle))
+
+    def _as_state(self, handle: int, setter: int, ints: Any) -> dict[str, Any]:
+        create = CALLS["cudnnCreateTensorDescriptor"]
+        state = {"replay": {"": (create, [handle], 0)}, "kind": create.params[0].ctype.rstrip(" *")}
+        if setter:
+            call = IN_C_SETTERS[setter]
+            if call.symbol == "cudnnSetTensorNdDescriptor":
+                address = int(self.ffi.cast("uintptr_t", ints))
+                args = [handle, ints[0], ints[1], address + 8, address + 4 * (2 + IN_C_DIMS)]
+            else:
+                args = [handle, *ints[0:len(call.params) - 1]]
+            set_tensor(DRIVER, state, call, args)
+        return state
+
+
+IN_C: KeptInC | None = None  # set by the shim (interpose/entry.py)
+
+
+def _replay(state: dict[str, Any]) -> dict[str, tuple[Call, list[Any], int]]:
+    """The calls that make a kept descriptor, as the application made them (one C keeps: from its record)."""
+    return state["replay"] if state["replay"] is not None else IN_C.replay(state["record"])
+
+
+def _tensor_state(handle: int) -> dict[str, Any] | None:
+    state = STATE.get(handle)
+    return state if state is not None or IN_C is None else IN_C.state(handle)
+
+
+def _adopt(handle: int) -> dict[str, Any] | None:
+    """The state of a handle, a descriptor that C kept until now taken over."""
+    state = STATE.get(handle)
+    if state is None and IN_C is not None:
+        state = IN_C.adopt(handle)
+        if state is not None:
+            STATE[handle] = state
+    return state
 
 
 # ---- cuDNN's variant packs: kept here, sent with their execution --------------------------------------

@@ -28,7 +28,7 @@ from pathlib import Path
 from xpuremote.protocol import errors, mathlibs
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("shim.c", "entry_points.c", "front.h", "lane.h", "answers.h", "core.c", "first_call.h", "nvml.c",
+SOURCES = ("shim.c", "entry_points.c", "front.h", "lane.h", "answers.h", "kept.h", "core.c", "first_call.h", "nvml.c",
            "mathlib.c", *(f"{lib.name}_entry_points.c" for lib in mathlibs.LIBRARIES))
 NAME = "libcuda.so.1"
 CORE_NAME = "libxpuremote-core.so"
@@ -60,6 +60,10 @@ size_t xpu_lane_take(unsigned char *out, uint64_t *state);
 #define XPU_LANE_BYTES ...
 uint64_t xpu_lane_waiting(void);
 uint64_t xpu_lane_appended(void);
+void xpu_kept_mark(int library, int op, int kind);
+int64_t xpu_kept_read(uint64_t handle, int32_t *setter, int32_t *ints);
+int64_t xpu_kept_adopt(uint64_t handle, int32_t *setter, int32_t *ints);
+int xpu_kept_release(uint64_t handle);
 """
 
 # Runs in the core's interpreter as it starts, before cffi imports _cffi_backend: the install's

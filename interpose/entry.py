@@ -153,6 +153,8 @@ def install(ffi: Any, lib: Any) -> None:
     d = driver.DRIVER
     d.contexts = ShimContexts(lib)
     d.lane = Lane(ffi, lib)
+    mathlibs.IN_C = mathlibs.KeptInC(ffi, lib)
+    mathlibs.IN_C.mark()
     d.state["requested_version"] = lib.xpu_requested_version
     for op, symbol in enumerate(SYMBOLS):
         if CALLS[symbol].releases:  # what the C side answers with success after the session

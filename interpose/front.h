@@ -6,7 +6,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#define XPU_FRONT_VERSION 3
+#define XPU_FRONT_VERSION 4
 #define XPU_LANE_BYTES (48 << 10)  /* the fast lane's buffer (lane.h): full, it declines and the core sends it */
 
 typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
@@ -42,6 +42,11 @@ struct xpu_front {
     size_t (*lane_take)(unsigned char *out, uint64_t *state);
     uint64_t (*lane_waiting)(void);
     uint64_t (*lane_appended)(void);
+    /* cuDNN tensor descriptors kept in C (kept.h) */
+    void (*kept_mark)(int library, int op, int kind);
+    int64_t (*kept_read)(uint64_t handle, int32_t *setter, int32_t *ints);
+    int64_t (*kept_adopt)(uint64_t handle, int32_t *setter, int32_t *ints);
+    int (*kept_release)(uint64_t handle);
 };
 
 /* What each of the two libcs in the process needs, compiled into both sides so that each call binds to

@@ -122,6 +122,7 @@ static int xpu_start(int op, uint64_t *slots) {
 static int xpu_after_session(int op, uint64_t *slots);
 static int xpu_lane_try(int op, const uint64_t *slots);
 static int xpu_answer_try(int op, uint64_t *slots);
+static int xpu_kept_try(int library, int op, uint64_t *slots);
 
 static int xpu_enter(int op, uint64_t *slots) {
     if (xpu_forked && xpu_refuse_forked()) return CUDA_ERROR_NOT_INITIALIZED;
@@ -148,7 +149,9 @@ XPU_EXPORT int xpu_nvml_enter(int op, uint64_t *slots) {
 XPU_EXPORT int xpu_lib_enter(int library, int op, uint64_t *slots) {
     if (xpu_finalized || (xpu_forked && xpu_refuse_forked()))
         return -1;
-    int rc = xpu_internal(XPU_OP_LIBRARY + (library << 16) + op, slots);
+    int rc = xpu_python_ready ? xpu_kept_try(library, op, slots) : -1;  /* answered in C (kept.h) */
+    if (rc >= 0) return rc;
+    rc = xpu_internal(XPU_OP_LIBRARY + (library << 16) + op, slots);
     return xpu_start_failed ? -1 : rc;
 }
 
@@ -193,6 +196,7 @@ static uint64_t xpu_ctx_pop(void) { return ctx_depth ? ctx_stack[--ctx_depth] : 
 /* ---- the fast lane, and the questions answered in C ---------------------------------- */
 #include "lane.h"
 #include "answers.h"
+#include "kept.h"
 
 static int xpu_lane_try(int op, const uint64_t *slots) {
     return op < XPU_MAX_OPS && xpu_lane_ops[op].kind ? xpu_lane_put(op, slots) : -1;
@@ -494,5 +498,6 @@ static struct xpu_front xpu_front_table = {
     .key_create = pthread_key_create, .key_delete = pthread_key_delete, .getspecific = pthread_getspecific,
     .setspecific = pthread_setspecific, .lane_allow = xpu_lane_allow, .lane_set_open = xpu_lane_set_open,
     .lane_context = xpu_lane_context, .lane_kernel = xpu_lane_kernel, .lane_take = xpu_lane_take,
-    .lane_waiting = xpu_lane_waiting, .lane_appended = xpu_lane_appended,
+    .lane_waiting = xpu_lane_waiting, .lane_appended = xpu_lane_appended, .kept_mark = xpu_kept_mark,
+    .kept_read = xpu_kept_read, .kept_adopt = xpu_kept_adopt, .kept_release = xpu_kept_release,
 };

@@ -285,3 +285,110 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     assert len(dnn) == 2 and dnn[0] == dnn[1] == 3, dnn  # create, the stream set once, then the other stream
     # created; the stream and workspace before the first math mode; then the default stream before the last
     assert len(blas) == 2 and blas[0] == blas[1] == 6, blas
+
+
+IN_C_PROGRAM = r"""
+import ctypes
+from xpuremote.protocol.cudnn_api import ENUMS as E
+
+cuda, dnn = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL("libcudnn.so.9")
+ptr, ints = ctypes.c_void_p, ctypes.c_int * 8
+FLOAT, IN_C = E["CUDNN_DATA_FLOAT"], range(0x7B00_0000_0000, 0x7C00_0000_0000)  # interpose/kept.h's handles
+
+
+def ok(status, what):
+    assert status == 0, f"{what}: status {status}"
+
+
+context, handle, stream, graph = ptr(), ptr(), ptr(), ptr()
+ok(cuda.cuInit(0), "cuInit")
+ok(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0), "cuDevicePrimaryCtxRetain")
+ok(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
+ok(dnn.cudnnCreate(ctypes.byref(handle)), "cudnnCreate")
+ok(cuda.cuStreamCreate(ctypes.byref(stream), 1), "cuStreamCreate")
+
+
+def create():
+    t = ptr()
+    ok(dnn.cudnnCreateTensorDescriptor(ctypes.byref(t)), "create")
+    return t
+
+
+def set_nd(t, dims, strides):
+    ok(dnn.cudnnSetTensorNdDescriptor(t, FLOAT, len(dims), ints(*dims), ints(*strides)), "set")
+    return t
+
+
+def shape(t):
+    kind, count, dims, strides = ctypes.c_int(), ctypes.c_int(), ints(), ints()
+    ok(dnn.cudnnGetTensorNdDescriptor(t, 8, ctypes.byref(kind), ctypes.byref(count), dims, strides), "get")
+    return kind.value, list(dims[:count.value]), list(strides[:count.value])
+
+
+x = set_nd(create(), [2, 3, 4, 5], [60, 20, 5, 1])
+assert x.value in IN_C, hex(x.value)
+assert shape(x) == (FLOAT, [2, 3, 4, 5], [60, 20, 5, 1]), shape(x)
+set_nd(x, [1, 2], [2, 1])  # set again: the new setting
+assert shape(x) == (FLOAT, [1, 2], [2, 1]), shape(x)
+four, four_ex = create(), create()
+ok(dnn.cudnnSetTensor4dDescriptor(four, E["CUDNN_TENSOR_NCHW"], FLOAT, 1, 2, 3, 4), "set 4d")
+ok(dnn.cudnnSetTensor4dDescriptorEx(four_ex, FLOAT, 1, 2, 3, 4, 100, 50, 10, 1), "set 4d ex")
+assert shape(four) == (FLOAT, [1, 2, 3, 4], [24, 12, 4, 1]), shape(four)
+assert shape(four_ex) == (FLOAT, [1, 2, 3, 4], [100, 50, 10, 1]), shape(four_ex)
+
+# a handle is given out again after its destroy (the table's 4,096 slots, each used again): its own setting
+for i in range(4100):
+    t = set_nd(create(), [1, i % 5 + 1], [i % 5 + 1, 1])
+    if i in (0, 4099):
+        assert shape(t) == (FLOAT, [1, i % 5 + 1], [i % 5 + 1, 1]), (i, shape(t))
+    ok(dnn.cudnnDestroyTensorDescriptor(t), "destroy")
+
+# a descriptor set from another on the server (cudnnDeriveBNTensorDescriptor) becomes the server's own
+x = set_nd(create(), [2, 3, 4, 5], [60, 20, 5, 1])
+derived = create()
+ok(dnn.cudnnDeriveBNTensorDescriptor(derived, x, E["CUDNN_BATCHNORM_SPATIAL"]), "derive")
+assert shape(derived) == (FLOAT, [1, 3, 1, 1], [3, 1, 1, 1]), shape(derived)
+assert shape(x) == (FLOAT, [2, 3, 4, 5], [60, 20, 5, 1]), shape(x)
+ok(dnn.cudnnDestroyTensorDescriptor(derived), "destroy derived")
+
+# while C does not answer (a capture under way closes the lane), the client takes over C's descriptors
+made, unset = set_nd(create(), [1, 1, 2, 2], [4, 4, 2, 1]), create()
+ok(cuda.cuStreamBeginCapture_v2(stream, 0), "begin capture")
+set_nd(unset, [3, 1, 1, 1], [1, 1, 1, 1])
+ok(dnn.cudnnDestroyTensorDescriptor(made), "destroy in a capture")
+mine = set_nd(create(), [5, 1], [1, 1])
+ok(cuda.cuStreamEndCapture(stream, ctypes.byref(graph)), "end capture")
+assert mine.value not in IN_C, hex(mine.value)
+assert shape(unset) == (FLOAT, [3, 1, 1, 1], [1, 1, 1, 1]), shape(unset)
+assert shape(mine) == (FLOAT, [5, 1], [1, 1]), shape(mine)
+assert create().value in IN_C
+
+# a full table: the client keeps the rest
+held = [set_nd(create(), [1, 7], [7, 1]) for _ in range(4100)]
+assert held[0].value in IN_C and held[-1].value not in IN_C, (hex(held[0].value), hex(held[-1].value))
+assert shape(held[0]) == shape(held[-1]) == (FLOAT, [1, 7], [7, 1])
+for t in held:
+    ok(dnn.cudnnDestroyTensorDescriptor(t), "destroy held")
+print("ok")
+"""
+
+
+def test_tensor_descriptors_are_kept_in_c(tmp_path) -> None:
+    """PyTorch makes, sets and destroys a cuDNN tensor descriptor for each tensor of a batch norm: the shim
+    answers those calls in C, and a call that names a descriptor names the server's descriptor of its setting,
+    whichever setter made it. A handle given out again is its new setting; a descriptor set from another on the
+    server, or while C does not answer (a capture), or past the table's size, is the client's; the server runs
+    no call for the 8,200 descriptors made, set and destroyed in C."""
+    from conftest import shim_env, start_server
+
+    from xpuremote.interpose.build import ensure_shim
+
+    srv = start_server(tmp_path)
+    try:
+        run = subprocess.run([sys.executable, "-c", IN_C_PROGRAM], capture_output=True, text=True, timeout=120,
+                             env=shim_env(ensure_shim(), srv.address))
+    finally:
+        srv.stop()
+    assert run.returncode == 0 and run.stdout.split() == ["ok"], run.stderr[-3000:]
+    served = [int(n) for n in re.findall(r"library calls: .*cudnn=(\d+)", srv.log())]
+    assert len(served) == 1 and served[0] < 100, served
