@@ -9,7 +9,10 @@ On a private `xpu-server --backend sim` over loopback:
    - async: cublasSgemm_v2 on 1x1 matrices N times, then one cuCtxSynchronize (the sim's numpy
      work on each GEMM counts in the server's figure); and cublasSetMathMode N times, a call
      the server only records (forwarding alone);
-   - sync: cublasLtMatmulDescGetAttribute N times (a call that waits for its answer).
+   - sync: cublasLtMatmulDescGetAttribute N times (a call that waits for its answer);
+   - one operation: a cuDNN batch norm as PyTorch makes it in inference, N times (the stream, two tensor
+     descriptors made and set, the batch norm, two destroys: 8 calls), beside 8N calls the shim answers in C
+     (cuCtxGetDevice): what ctypes and the entry point cost. Medians of 5 runs, the two interleaved.
    Beside each, the baseline from the same run: bare pyzmq + msgpack against an echo server,
    the same calls' wire shape (batched as the client batches, or one echo per call).
    Client CPU is the calling process's CPU time per call, server CPU the session worker's.
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -103,15 +107,13 @@ def floors(k):  # the same number of calls, each answered in C: what ctypes and 
         cu.cuCtxGetDevice(c.byref(device))
 gemms(200), gets(200), modes(200), batch_norms(200), floors(200)  # warm
 print("ready", flush=True)
-result = {}
-for name, fn in (("async", gemms), ("async_record", modes), ("sync", gets), ("operation", batch_norms),
-                 ("floor", floors)):
-    sys.stdin.readline()
+runs = {"async": gemms, "async_record": modes, "sync": gets, "operation": batch_norms, "floor": floors}
+for line in sys.stdin:  # the name of what to run next
     cpu, wall = time.process_time(), time.perf_counter()
-    fn(n)
-    result[name] = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
-    print(json.dumps(result[name]), flush=True)
+    runs[line.strip()](n)
+    print(json.dumps({"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}), flush=True)
 """
+OPERATION_REPEATS = 5  # the batch norm and its baseline, interleaved: the sim server shares the machine
 
 
 def start_server(tmp: Path) -> tuple[subprocess.Popen, str, Path]:
@@ -157,16 +159,18 @@ def shim_costs(address: str, log: Path, n: int) -> dict[str, Any]:
     if agent.stdout.readline().strip() != "ready":
         raise SystemExit("the shim agent failed")
     worker = int(re.findall(r"worker_pid=(\d+)", log.read_text())[-1])
-    out = {}
-    for name in ("async", "async_record", "sync", "operation", "floor"):
+    samples: dict[str, list[dict[str, float]]] = {}
+    for name in ("async", "async_record", "sync", *("operation", "floor") * OPERATION_REPEATS):
         before = cpu_s(worker)
-        agent.stdin.write("go\n")
+        agent.stdin.write(name + "\n")
         agent.stdin.flush()
         run = json.loads(agent.stdout.readline())
-        out[name] = {"calls_per_s": n / run["wall_s"], "us_per_call": 1e6 * run["wall_s"] / n,
-                     "client_cpu_us": 1e6 * run["cpu_s"] / n, "server_cpu_us": 1e6 * (cpu_s(worker) - before) / n}
+        samples.setdefault(name, []).append({
+            "calls_per_s": n / run["wall_s"], "us_per_call": 1e6 * run["wall_s"] / n,
+            "client_cpu_us": 1e6 * run["cpu_s"] / n, "server_cpu_us": 1e6 * (cpu_s(worker) - before) / n})
+    agent.stdin.close()
     agent.wait(30)
-    return out
+    return {name: {key: statistics.median(s[key] for s in runs) for key in runs[0]} for name, runs in samples.items()}
 
 
 def raw_costs(n: int) -> dict[str, Any]:
@@ -247,6 +251,7 @@ def markdown(report: dict[str, Any]) -> str:
     if op and floor:
         rows += ["", "## One operation's calls: a cuDNN batch norm as PyTorch makes it (8 calls: the stream, two "
                  "tensor descriptors made and set, the batch norm, two destroys)", "",
+                 f"Medians of {OPERATION_REPEATS} runs, the two interleaved.", "",
                  "| figure | the batch norm's 8 calls | baseline: 8 calls answered in C (cuCtxGetDevice) |",
                  "|---|---|---|",
                  f"| µs per operation | {op['us_per_call']:.1f} | {floor['us_per_call']:.1f} |",
