@@ -10,9 +10,11 @@ On a private `xpu-server --backend sim` over loopback:
      work on each GEMM counts in the server's figure); and cublasSetMathMode N times, a call
      the server only records (forwarding alone);
    - sync: cublasLtMatmulDescGetAttribute N times (a call that waits for its answer);
-   - one operation: a cuDNN batch norm as PyTorch makes it in inference, N times (the stream, two tensor
-     descriptors made and set, the batch norm, two destroys: 8 calls), beside 8N calls the shim answers in C
-     (cuCtxGetDevice): what ctypes and the entry point cost. Medians of 5 runs, the two interleaved.
+   - one operation's calls as PyTorch makes them, N times: a cuDNN batch norm in inference (the stream, two
+     tensor descriptors made and set, the batch norm, two destroys: 8 calls) and a cuBLASLt GEMM (five
+     descriptors made, seven attributes set, the heuristic, the GEMM, five destroys: 21 calls), each beside as
+     many calls the shim answers in C (cuCtxGetDevice): what ctypes and the entry point cost. Medians of 5
+     runs, interleaved.
    Beside each, the baseline from the same run: bare pyzmq + msgpack against an echo server,
    the same calls' wire shape (batched as the client batches, or one echo per call).
    Client CPU is the calling process's CPU time per call, server CPU the session worker's.
@@ -102,18 +104,57 @@ def batch_norms(k):  # as PyTorch calls cuDNN for a batch norm in inference: 8 c
         dnn.cudnnDestroyTensorDescriptor(x)
         dnn.cudnnDestroyTensorDescriptor(y)
     ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
-def floors(k):  # the same number of calls, each answered in C: what ctypes and the entry point cost
-    for _ in range(8 * k):
-        cu.cuCtxGetDevice(c.byref(device))
-gemms(200), gets(200), modes(200), batch_norms(200), floors(200)  # warm
+from xpuremote.protocol.cublasLt_api import ENUMS as LT
+lt_handle, matmul_data = c.c_void_p(), c.c_uint64()
+ok(lt.cublasLtCreate(c.byref(lt_handle)), "cublasLtCreate")
+ok(cu.cuMemAlloc_v2(c.byref(matmul_data), 1 << 16), "cuMemAlloc")
+matmul = lt.cublasLtMatmul
+matmul.argtypes = [c.c_void_p, c.c_void_p, c.c_void_p, c.c_uint64, c.c_void_p, c.c_uint64, c.c_void_p, c.c_void_p,
+                   c.c_uint64, c.c_void_p, c.c_uint64, c.c_void_p, c.c_void_p, c.c_uint64, c.c_size_t, c.c_void_p]
+transpose, no, workspace = c.c_int(1), c.c_int(0), c.c_uint64(1 << 12)
+alignment, found, heuristic = c.c_uint32(16), c.c_int(), (c.c_char * 96)()
+def lt_gemms(k):  # as PyTorch makes a GEMM through cuBLASLt (a linear layer): 21 calls
+    for _ in range(k):
+        preference, matmul_desc, layouts = c.c_void_p(), c.c_void_p(), [c.c_void_p() for _ in range(3)]
+        lt.cublasLtMatmulPreferenceCreate(c.byref(preference))
+        lt.cublasLtMatmulDescCreate(c.byref(matmul_desc), LT["CUBLAS_COMPUTE_32F"], LT["CUDA_R_32F"])
+        lt.cublasLtMatmulDescSetAttribute(matmul_desc, LT["CUBLASLT_MATMUL_DESC_TRANSA"], c.byref(transpose), 4)
+        lt.cublasLtMatmulDescSetAttribute(matmul_desc, LT["CUBLASLT_MATMUL_DESC_TRANSB"], c.byref(no), 4)
+        for layout in layouts:
+            lt.cublasLtMatrixLayoutCreate(c.byref(layout), LT["CUDA_R_32F"], c.c_uint64(8), c.c_uint64(8),
+                                          c.c_int64(8))
+        lt.cublasLtMatmulPreferenceSetAttribute(preference, LT["CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES"],
+                                                c.byref(workspace), 8)
+        for name in ("A", "B", "C", "D"):
+            lt.cublasLtMatmulPreferenceSetAttribute(
+                preference, LT[f"CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{name}_BYTES"], c.byref(alignment), 4)
+        a_, b_, l_ = layouts[0], layouts[1], layouts[2]
+        ok(lt.cublasLtMatmulAlgoGetHeuristic(lt_handle, matmul_desc, a_, b_, l_, l_, preference, 1, heuristic,
+                                             c.byref(found)), "heuristic")
+        d = matmul_data.value
+        ok(matmul(lt_handle, matmul_desc, c.byref(alpha), d, a_, d + 256, b_, c.byref(beta), d + 512, l_, d + 512,
+                  l_, heuristic, d + 4096, 0, None), "cublasLtMatmul")
+        lt.cublasLtMatrixLayoutDestroy(layouts[0]), lt.cublasLtMatrixLayoutDestroy(layouts[1])
+        lt.cublasLtMatrixLayoutDestroy(layouts[2]), lt.cublasLtMatmulDescDestroy(matmul_desc)
+        lt.cublasLtMatmulPreferenceDestroy(preference)
+    ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+def floors(calls):  # as many calls, each answered in C: what ctypes and the entry point cost
+    def run(k):
+        for _ in range(calls * k):
+            cu.cuCtxGetDevice(c.byref(device))
+    return run
+gemms(200), gets(200), modes(200), batch_norms(200), lt_gemms(200)  # warm
 print("ready", flush=True)
-runs = {"async": gemms, "async_record": modes, "sync": gets, "operation": batch_norms, "floor": floors}
+runs = {"async": gemms, "async_record": modes, "sync": gets, "batch_norm": batch_norms, "batch_norm_floor": floors(8),
+        "lt_gemm": lt_gemms, "lt_gemm_floor": floors(21)}
 for line in sys.stdin:  # the name of what to run next
     cpu, wall = time.process_time(), time.perf_counter()
     runs[line.strip()](n)
     print(json.dumps({"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}), flush=True)
 """
-OPERATION_REPEATS = 5  # the batch norm and its baseline, interleaved: the sim server shares the machine
+# an operation's calls, and as many answered in C; 5 runs each, interleaved: the sim server shares the machine
+OPERATIONS = ("batch_norm", "batch_norm_floor", "lt_gemm", "lt_gemm_floor")
+OPERATION_REPEATS = 5
 
 
 def start_server(tmp: Path) -> tuple[subprocess.Popen, str, Path]:
@@ -160,7 +201,7 @@ def shim_costs(address: str, log: Path, n: int) -> dict[str, Any]:
         raise SystemExit("the shim agent failed")
     worker = int(re.findall(r"worker_pid=(\d+)", log.read_text())[-1])
     samples: dict[str, list[dict[str, float]]] = {}
-    for name in ("async", "async_record", "sync", *("operation", "floor") * OPERATION_REPEATS):
+    for name in ("async", "async_record", "sync", *OPERATIONS * OPERATION_REPEATS):
         before = cpu_s(worker)
         agent.stdin.write(name + "\n")
         agent.stdin.flush()
@@ -247,16 +288,19 @@ def markdown(report: dict[str, Any]) -> str:
         ratio = shim_v / raw_v
         rows.append(f"| {label} | {shim_v:,.1f} | {raw_v:,.1f} | {ratio:.2f} | {s['client_cpu_us']:.1f} "
                     f"({r['client_cpu_us']:.1f}) | {s['server_cpu_us']:.1f} |")
-    op, floor = report["shim"].get("operation"), report["shim"].get("floor")
-    if op and floor:
-        rows += ["", "## One operation's calls: a cuDNN batch norm as PyTorch makes it (8 calls: the stream, two "
-                 "tensor descriptors made and set, the batch norm, two destroys)", "",
-                 f"Medians of {OPERATION_REPEATS} runs, the two interleaved.", "",
-                 "| figure | the batch norm's 8 calls | baseline: 8 calls answered in C (cuCtxGetDevice) |",
-                 "|---|---|---|",
-                 f"| µs per operation | {op['us_per_call']:.1f} | {floor['us_per_call']:.1f} |",
-                 f"| client CPU µs per operation | {op['client_cpu_us']:.1f} | {floor['client_cpu_us']:.1f} |",
-                 f"| server CPU µs per operation | {op['server_cpu_us']:.1f} | {floor['server_cpu_us']:.1f} |"]
+    if report["shim"].get("batch_norm"):
+        rows += ["", "## One operation's calls, as PyTorch makes them", "",
+                 f"Medians of {OPERATION_REPEATS} runs, interleaved. The baseline: as many calls answered in C "
+                 "(cuCtxGetDevice), what ctypes and the entry point cost.", "",
+                 "| operation | calls | µs per operation | client CPU µs | server CPU µs | baseline: client CPU µs |",
+                 "|---|---|---|---|---|---|"]
+        for name, label, calls in (("batch_norm", "cuDNN batch norm, inference (the stream, two tensor descriptors "
+                                    "made and set, the batch norm, two destroys)", 8),
+                                   ("lt_gemm", "cuBLASLt GEMM (five descriptors made, seven attributes set, the "
+                                    "heuristic, the GEMM, five destroys)", 21)):
+            op, floor = report["shim"][name], report["shim"][f"{name}_floor"]
+            rows.append(f"| {label} | {calls} | {op['us_per_call']:.1f} | {op['client_cpu_us']:.1f} | "
+                        f"{op['server_cpu_us']:.1f} | {floor['client_cpu_us']:.1f} |")
     if report.get("steps"):
         rows += ["", "## One step of each bench/torch_e2e.py workload (--size small, XPU_SIM_SKIP_KERNELS=1)", "",
                  "| workload | calls | driver | cuBLAS | cuBLASLt | cuDNN | local | async+shadow | "

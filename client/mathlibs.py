@@ -104,7 +104,7 @@ implements("cudnnCreate")(_creator(mathlibs.CUDNN, stream=0))
             "cudnnBackendDestroyDescriptor")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
     state = STATE.get(args[0])
-    in_c = IN_C is not None and call.family == "cudnnDestroyTensorDescriptor" and IN_C.release(args[0])
+    in_c = IN_C is not None and call.symbol in IN_C_OPS and IN_C.release(args[0])
     if in_c and state is None:  # kept in C, destroyed while C does not answer (a trace began)
         return
     state = state or {}
@@ -230,6 +230,7 @@ def lt_descriptor_create(d: Driver, call: Call, args: list[Any]) -> None:
             "cublasLtMatmulPreferenceSetAttribute")
 def lt_descriptor_set(d: Driver, call: Call, args: list[Any]) -> None:
     desc, attr, buf, size = args
+    _adopt(desc)  # one C kept: this setting is one it does not hold
     state = _state(desc)
     value = marshal.read(buf, size) if buf and size > 0 else None
     if call.family == "cublasLtMatmulDescSetAttribute":
@@ -253,7 +254,7 @@ def _as_setting(call: Call, attr: int, value: bytes) -> Any:
 
 
 def _setting(handle: int) -> tuple | None:
-    state = STATE.get(handle)
+    state = _kept_state(handle)
     if state is None or "made" not in state:
         return None
     return state["made"], tuple(sorted(state["attributes"].items()))
@@ -284,7 +285,7 @@ def scalar_size(call: Call, p: Param, values: dict[str, Any]) -> int | None:
     kind = p.count.partition(":")[2]
     if call.library == "cudnn":  # host values: scaling factors double for double data, else float
         if next(q for q in call.params if q.name == kind).kind == "handle":
-            return 8 if (_tensor_state(values[kind]) or {}).get("data_type") == DNN_DOUBLE else 4
+            return 8 if (_kept_state(values[kind]) or {}).get("data_type") == DNN_DOUBLE else 4
         if values[kind] not in DNN_ELEMENT_BYTES:  # one element of a cudnnDataType_t
             raise errors.library_error("cudnn", "not_supported", f"{call.symbol}: {p.name} of data type {values[kind]}")
         return DNN_ELEMENT_BYTES[values[kind]]
@@ -337,7 +338,7 @@ def memo(d: Driver, call: Call, args: list[Any]) -> None:
     key: list[Any] = [call.symbol]
     for p, a in zip(call.params[:-1], ins):
         if p.kind == "handle" and p.ctype != "cudnnHandle_t" and a:
-            setting = (_tensor_state(a) or {}).get("setting")
+            setting = (_kept_state(a) or {}).get("setting")
             if setting is None:
                 return d.forward(call, args)
             a = setting
@@ -417,7 +418,7 @@ def set_kept(d: Driver, call: Call, args: list[Any], slot: Any) -> None:
 
 def server_descriptor(d: Driver, handle: int) -> int:
     """The server's descriptor for a kept one's setting, made there the first time it is named."""
-    state = _tensor_state(handle)
+    state = _kept_state(handle)
     if state is None or "replay" not in state:
         return handle  # not kept here: the server says what it is
     key = state.get("key")
@@ -469,74 +470,124 @@ def _hashable(values: list[Any]) -> tuple:
 SERVER_OBJECT.update(dict.fromkeys(DESCRIPTORS, server_descriptor))
 
 
-# ---- cuDNN tensor descriptors kept in C (interpose/kept.h) ----------------------------------------------
-# With the shim, the create, the three setters and the destroy of a tensor descriptor are answered in C, and
-# the descriptor is a record there: read when a call names it (as the state `keep_descriptor` and
-# `set_tensor` make), taken over by this module for anything else. Op kinds and a record's layout: kept.h's.
-IN_C_KINDS = {"cudnnCreateTensorDescriptor": 1, "cudnnSetTensorNdDescriptor": 2, "cudnnSetTensor4dDescriptor": 3,
-              "cudnnSetTensor4dDescriptorEx": 4, "cudnnDestroyTensorDescriptor": 5}
-IN_C_SETTERS = {kind: CALLS[symbol] for symbol, kind in IN_C_KINDS.items() if symbol.startswith("cudnnSet")}
-IN_C_INTS, IN_C_DIMS = 18, 8
+# ---- descriptors kept in C (interpose/kept.h) --------------------------------------------------------------
+# With the shim, a tensor descriptor's create, its three setters and its destroy, and cuBLASLt's descriptors'
+# creates, attribute setters and destroys are answered in C, and the descriptor is a record there: read when a
+# call names it (as the state `keep_descriptor` and the setters here make), taken over by this module for
+# anything else. The roles and a record's kinds are kept.h's; the record's layout is front.h's.
+IN_C_OPS = {  # symbol -> (role, kind)
+    "cudnnCreateTensorDescriptor": (1, 0), "cudnnSetTensorNdDescriptor": (2, 0),
+    "cudnnSetTensor4dDescriptor": (3, 0), "cudnnSetTensor4dDescriptorEx": (4, 0),
+    "cudnnDestroyTensorDescriptor": (5, 0),
+    **{f"cublasLt{name}{verb}": (role, kind) for kind, name in enumerate(("MatmulDesc", "MatrixLayout",
+                                                                          "MatmulPreference"), 1)
+       for verb, role in (("Create", 6), ("SetAttribute", 7), ("Destroy", 8))}}
+IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items()}  # creates, setters
+IN_C_DECODERS = {kind: marshal.slot_decoder(call) for (role, kind), call in IN_C_CALLS.items() if role == 6}
+IN_C_DIMS = 8
 
 
 class KeptInC:
-    """The shim's table of tensor descriptors, through the core's cffi module."""
+    """The shim's table of descriptors, through the core's cffi module."""
 
     def __init__(self, ffi: Any, lib: Any) -> None:
         self.ffi, self.lib = ffi, lib
         self.copies: dict[int, tuple[int, dict[str, Any]]] = {}  # handle -> (generation, state): one per slot
 
     def mark(self) -> None:
-        library = mathlibs.LIBRARIES.index(mathlibs.CUDNN)
-        for symbol, kind in IN_C_KINDS.items():
-            self.lib.xpu_kept_mark(library, LIBRARY_SYMBOLS["cudnn"].index(symbol), kind)
+        for symbol, (role, kind) in IN_C_OPS.items():
+            call = CALLS[symbol]
+            made = len(call.params) - 1 if role == 6 else 0  # a cuBLASLt create's setting: its arguments
+            self.lib.xpu_kept_mark(mathlibs.LIBRARIES.index(mathlibs.BY_NAME[call.library]),
+                                   LIBRARY_SYMBOLS[call.library].index(symbol), role, kind, made)
 
     def state(self, handle: int) -> dict[str, Any] | None:
         """The descriptor's state if C keeps it, made once per setting: its key and the answers it gives; the
         calls that make it on the server (`replay`) only when they are needed (see `_replay`)."""
-        setter, ints = self.ffi.new("int32_t *"), self.ffi.new("int32_t[]", IN_C_INTS)
-        generation = self.lib.xpu_kept_read(handle, setter, ints)
+        record = self.ffi.new("struct xpu_kept_record *")
+        generation = self.lib.xpu_kept_read(handle, record, 0)
         if generation < 0:
             return None
         copy = self.copies.get(handle)
         if copy is None or copy[0] != generation:
-            raw, kind = bytes(self.ffi.buffer(ints)), setter[0]
-            state = {"replay": None, "record": (handle, kind, raw), "kind": "cudnnTensorDescriptor_t",
-                     "key": ("cudnnTensorDescriptor_t", kind, raw), "setting": (kind, raw)}
-            if kind:  # the data type: the first int of an Nd or 4dEx setting, the second of a 4d one
-                state["data_type"] = ints[1 if IN_C_SETTERS[kind].symbol == "cudnnSetTensor4dDescriptor" else 0]
-            copy = self.copies[handle] = (generation, state)
+            copy = self.copies[handle] = (generation, self._answers(handle, record))
         return copy[1]
-
-    def replay(self, record: tuple[int, int, bytes]) -> dict[str, tuple[Call, list[Any], int]]:
-        handle, setter, raw = record
-        return self._as_state(handle, setter, self.ffi.from_buffer("int32_t[]", raw))["replay"]
 
     def adopt(self, handle: int) -> dict[str, Any] | None:
         """The descriptor's state, taken over from C: its calls come here from now on."""
-        setter, ints = self.ffi.new("int32_t *"), self.ffi.new("int32_t[]", IN_C_INTS)
+        record = self.ffi.new("struct xpu_kept_record *")
         self.copies.pop(handle, None)
-        if self.lib.xpu_kept_adopt(handle, setter, ints) < 0:
+        if self.lib.xpu_kept_read(handle, record, 1) < 0:
             return None
-        return self._as_state(handle, setter[0], ints)
+        return self._as_made(handle, record)
 
     def release(self, handle: int) -> bool:
         """A destroyed descriptor's slot freed: True if it was one of C's."""
         self.copies.pop(handle, None)
         return bool(self.lib.xpu_kept_release(handle))
 
-    def _as_state(self, handle: int, setter: int, ints: Any) -> dict[str, Any]:
-        create = CALLS["cudnnCreateTensorDescriptor"]
-        state = {"replay": {"": (create, [handle], 0)}, "kind": create.params[0].ctype.rstrip(" *")}
-        if setter:
-            call = IN_C_SETTERS[setter]
+    def replay(self, state: dict[str, Any]) -> dict[str, tuple[Call, list[Any], int]]:
+        handle, raw = state["record"]
+        return self._as_made(handle, self.ffi.from_buffer("struct xpu_kept_record *", raw))["replay"]
+
+    def _answers(self, handle: int, record: Any) -> dict[str, Any]:
+        """What a call naming the descriptor needs: the key of its setting and the answers that depend on it."""
+        if record.kind == 0:
+            raw = bytes(self.ffi.buffer(record.ints))
+            state = {"kind": "cudnnTensorDescriptor_t", "key": ("cudnnTensorDescriptor_t", record.setter, raw),
+                     "setting": (record.setter, raw)}
+            if record.setter:  # the data type: the first int of an Nd or 4dEx setting, the second of a 4d one
+                state["data_type"] = record.ints[1 if record.setter == 3 else 0]
+        else:
+            state = self._lt(record)
+            state["key"] = (state["kind"], state["made"], tuple(self._attributes(record)))
+        state.update(replay=None, record=(handle, bytes(self.ffi.buffer(record))))
+        return state
+
+    def _as_made(self, handle: int, record: Any) -> dict[str, Any]:
+        """The descriptor's whole state, as this module keeps one: with the calls that made it."""
+        create = IN_C_CALLS[(1, 0) if record.kind == 0 else (6, record.kind)]
+        state = {"replay": {"": (create, [handle, *self._made(record)], 0)},
+                 "kind": create.params[0].ctype.rstrip(" *")}
+        if record.kind == 0 and record.setter:
+            call, ints = IN_C_CALLS[(record.setter, 0)], record.ints
             if call.symbol == "cudnnSetTensorNdDescriptor":
                 address = int(self.ffi.cast("uintptr_t", ints))
                 args = [handle, ints[0], ints[1], address + 8, address + 4 * (2 + IN_C_DIMS)]
             else:
                 args = [handle, *ints[0:len(call.params) - 1]]
             set_tensor(DRIVER, state, call, args)
+        elif record.kind:
+            state.update(self._lt(record))
+            call = IN_C_CALLS[(7, record.kind)]
+            for name, value in self._attributes(record):
+                state["replay"][name] = (call, [handle, name, value, len(value)], len(value))
         return state
+
+    def _lt(self, record: Any) -> dict[str, Any]:
+        """A cuBLASLt descriptor's setting as `lt_descriptor_create` and `lt_descriptor_set` keep it."""
+        create, setter = IN_C_CALLS[(6, record.kind)], IN_C_CALLS[(7, record.kind)]
+        made = self._made(record)
+        state = {"kind": create.params[0].ctype.rstrip(" *"), "made": (create.family, *made), "attributes": {}}
+        if create.family == "cublasLtMatmulDescCreate":
+            state.update(pointer_mode=POINTER_MODE_HOST, scale_type=made[1])
+        for name, value in self._attributes(record):
+            key = {ATTR_POINTER_MODE: "pointer_mode", ATTR_SCALE_TYPE: "scale_type"}.get(name)
+            if key and create.family == "cublasLtMatmulDescCreate" and len(value) >= 4:
+                state[key] = struct.unpack("<i", value[:4])[0]
+            state["attributes"][name] = _as_setting(setter, name, value)
+        return state
+
+    @staticmethod
+    def _made(record: Any) -> list[Any]:
+        """A create's arguments after its output, as the application passed them."""
+        if record.kind == 0:
+            return []
+        create = IN_C_CALLS[(6, record.kind)]
+        return IN_C_DECODERS[record.kind]([0, *record.made])[1:len(create.params)]
+
+    def _attributes(self, record: Any) -> list[tuple[int, bytes]]:
+        return [(a.name, bytes(self.ffi.buffer(a.value, a.size))) for a in record.attribute[0:record.attributes]]
 
 
 IN_C: KeptInC | None = None  # set by the shim (interpose/entry.py)
@@ -544,10 +595,10 @@ IN_C: KeptInC | None = None  # set by the shim (interpose/entry.py)
 
 def _replay(state: dict[str, Any]) -> dict[str, tuple[Call, list[Any], int]]:
     """The calls that make a kept descriptor, as the application made them (one C keeps: from its record)."""
-    return state["replay"] if state["replay"] is not None else IN_C.replay(state["record"])
+    return state["replay"] if state["replay"] is not None else IN_C.replay(state)
 
 
-def _tensor_state(handle: int) -> dict[str, Any] | None:
+def _kept_state(handle: int) -> dict[str, Any] | None:
     state = STATE.get(handle)
     return state if state is not None or IN_C is None else IN_C.state(handle)
 

@@ -60,9 +60,16 @@ size_t xpu_lane_take(unsigned char *out, uint64_t *state);
 #define XPU_LANE_BYTES ...
 uint64_t xpu_lane_waiting(void);
 uint64_t xpu_lane_appended(void);
-void xpu_kept_mark(int library, int op, int kind);
-int64_t xpu_kept_read(uint64_t handle, int32_t *setter, int32_t *ints);
-int64_t xpu_kept_adopt(uint64_t handle, int32_t *setter, int32_t *ints);
+struct xpu_kept_attribute { uint32_t name, size; unsigned char value[...]; };
+struct xpu_kept_record {
+    int32_t state, kind, setter, attributes;
+    int64_t generation;
+    int32_t ints[...];
+    uint64_t made[...];
+    struct xpu_kept_attribute attribute[...];
+};
+void xpu_kept_mark(int library, int op, int role, int kind, int made);
+int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt);
 int xpu_kept_release(uint64_t handle);
 """
 

@@ -75,12 +75,11 @@ static void xpu_lane_kernel(uint64_t handle, uint64_t server, int count, const u
 static size_t xpu_lane_take(unsigned char *out, uint64_t *state) { return front->lane_take(out, state); }
 static uint64_t xpu_lane_waiting(void) { return front->lane_waiting(); }
 static uint64_t xpu_lane_appended(void) { return front->lane_appended(); }
-static void xpu_kept_mark(int library, int op, int kind) { front->kept_mark(library, op, kind); }
-static int64_t xpu_kept_read(uint64_t handle, int32_t *setter, int32_t *ints) {
-    return front->kept_read(handle, setter, ints);
+static void xpu_kept_mark(int library, int op, int role, int kind, int made) {
+    front->kept_mark(library, op, role, kind, made);
 }
-static int64_t xpu_kept_adopt(uint64_t handle, int32_t *setter, int32_t *ints) {
-    return front->kept_adopt(handle, setter, ints);
+static int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt) {
+    return front->kept_read(handle, out, adopt);
 }
 static int xpu_kept_release(uint64_t handle) { return front->kept_release(handle); }
 static void xpu_set_python_ready(void) {

@@ -6,10 +6,26 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#define XPU_FRONT_VERSION 4
+#define XPU_FRONT_VERSION 5
 #define XPU_LANE_BYTES (48 << 10)  /* the fast lane's buffer (lane.h): full, it declines and the core sends it */
 
 typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
+
+/* A descriptor kept in C (kept.h), as the core reads it (the cdef in build.py names its fields). */
+#define XPU_KEPT_INTS 18        /* a tensor's longest setting: an Nd one of 8 dimensions */
+#define XPU_KEPT_DIMS 8         /* CUDNN_DIM_MAX */
+#define XPU_KEPT_MADE 4         /* a cuBLASLt create's integer arguments: a layout's type, rows, columns, ld */
+#define XPU_KEPT_ATTRIBUTES 12  /* a cuBLASLt descriptor's attributes, each of at most XPU_KEPT_VALUE bytes */
+#define XPU_KEPT_VALUE 16
+struct xpu_kept_attribute { uint32_t name, size; unsigned char value[XPU_KEPT_VALUE]; };
+struct xpu_kept_record {
+    int32_t state, kind;                 /* kind: 0 a tensor, 1-3 cuBLASLt's descriptor, layout, preference */
+    int32_t setter, attributes;          /* a tensor's setter (kept.h's XPU_KEPT_SET_*); how many attributes */
+    int64_t generation;                  /* unique to each create and set: what the core's copy is checked by */
+    int32_t ints[XPU_KEPT_INTS];         /* a tensor's setting; Nd: type, count, dims at 2, strides at 10 */
+    uint64_t made[XPU_KEPT_MADE];        /* a cuBLASLt create's arguments, as their slots */
+    struct xpu_kept_attribute attribute[XPU_KEPT_ATTRIBUTES];
+};
 
 struct xpu_front {
     int version, symbol_count;
@@ -42,10 +58,9 @@ struct xpu_front {
     size_t (*lane_take)(unsigned char *out, uint64_t *state);
     uint64_t (*lane_waiting)(void);
     uint64_t (*lane_appended)(void);
-    /* cuDNN tensor descriptors kept in C (kept.h) */
-    void (*kept_mark)(int library, int op, int kind);
-    int64_t (*kept_read)(uint64_t handle, int32_t *setter, int32_t *ints);
-    int64_t (*kept_adopt)(uint64_t handle, int32_t *setter, int32_t *ints);
+    /* descriptors kept in C (kept.h) */
+    void (*kept_mark)(int library, int op, int role, int kind, int made);
+    int64_t (*kept_read)(uint64_t handle, struct xpu_kept_record *out, int adopt);
     int (*kept_release)(uint64_t handle);
 };
 

@@ -1,32 +1,28 @@
-/* cuDNN tensor descriptors kept in C (included by shim.c, after lane.h). PyTorch makes two or three
- * for every batch norm, pooling or activation it runs and destroys them after: a create, a setter and a
- * destroy each, 120 calls in a ResNet-18 inference step, about 12 µs apiece through the core. A
- * descriptor holds only its setting, so here it is a record in a table, and its handle is the record's.
+/* Descriptors kept in C (included by shim.c, after lane.h): cuDNN's tensor descriptors and cuBLASLt's matmul
+ * descriptors, matrix layouts and matmul preferences. PyTorch makes them anew for every operation and
+ * destroys them after: a batch norm's two tensor descriptors (a create, a setter and a destroy each), a
+ * cuBLASLt GEMM's five (sixteen calls with their attributes), 120 calls in a ResNet-18 inference step, 3 to
+ * 12 µs apiece through the core. Such a descriptor holds only its setting, so here it is a record in a table
+ * (front.h), and its handle is the record's.
  *
  * The core reads a record (xpu_kept_read) when a call names the descriptor: it sends the call with the
  * server's descriptor for that setting (client/mathlibs.py, `server_descriptor`). A call this table does
  * not take (another setter, a setting it cannot hold, a closed lane) goes to the core, which first takes
  * the record over (xpu_kept_adopt): from then on the handle is the core's, and its slot stays taken until
  * the core frees it (xpu_kept_release) at the destroy, so a handle is given out again only after it was
- * destroyed, as cuDNN's own memory is. The table answers while the lane is open (lane.h): a trace or
+ * destroyed, as the libraries' own memory is. The table answers while the lane is open (lane.h): a trace or
  * per-call logging must see every call. */
 #ifndef XPU_KEPT_H
 #define XPU_KEPT_H
 
 #define XPU_KEPT_SLOTS 4096
 #define XPU_KEPT_BASE 0x7B0000000000ull  /* below the core's own handles (client/driver.py) */
-#define XPU_KEPT_INTS 18                  /* the longest setting: an Nd one of 8 dimensions */
-#define XPU_KEPT_DIMS 8                   /* CUDNN_DIM_MAX */
 
-/* What a marked op is (client/mathlibs.py names the same numbers); a record's setter is one of the SET_ */
-enum { XPU_KEPT_NONE, XPU_KEPT_CREATE, XPU_KEPT_SET_ND, XPU_KEPT_SET_4D, XPU_KEPT_SET_4D_EX, XPU_KEPT_DESTROY };
+/* What a marked op is (client/mathlibs.py names the same numbers): a create, a setter or a destroy of one
+ * kind of descriptor. A tensor record's setter is one of the three SET_ it was set by. */
+enum { XPU_KEPT_NONE, XPU_KEPT_CREATE, XPU_KEPT_SET_ND, XPU_KEPT_SET_4D, XPU_KEPT_SET_4D_EX, XPU_KEPT_DESTROY,
+       XPU_KEPT_LT_CREATE, XPU_KEPT_LT_SET, XPU_KEPT_LT_DESTROY };
 enum { XPU_SLOT_FREE, XPU_SLOT_KEPT, XPU_SLOT_ADOPTED };
-
-struct xpu_kept_record {
-    int state, setter;
-    int64_t generation;           /* unique to each create and set: what the core's copy is checked by */
-    int32_t ints[XPU_KEPT_INTS];  /* the setter's arguments; Nd: type, count, dims at 2, strides at 10 */
-};
 
 static struct {
     pthread_mutex_t lock;
@@ -35,11 +31,14 @@ static struct {
     uint32_t head, tail;
     uint16_t free[XPU_KEPT_SLOTS];
     struct xpu_kept_record slot[XPU_KEPT_SLOTS];
-    unsigned char op[3][1 << 10]; /* library, op -> XPU_KEPT_* */
+    struct { unsigned char role, kind, made; } op[3][1 << 10];  /* library, op -> XPU_KEPT_*, kind, creates' ints */
 } xpu_kept = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-static void xpu_kept_mark(int library, int op, int kind) {
-    if (library >= 0 && library < 3 && op >= 0 && op < (1 << 10)) xpu_kept.op[library][op] = (unsigned char)kind;
+/* `made`: a create's integer arguments after its output (cuBLASLt's: its setting) */
+static void xpu_kept_mark(int library, int op, int role, int kind, int made) {
+    if (library >= 0 && library < 3 && op >= 0 && op < (1 << 10) && made <= XPU_KEPT_MADE)
+        xpu_kept.op[library][op].role = (unsigned char)role, xpu_kept.op[library][op].kind = (unsigned char)kind,
+        xpu_kept.op[library][op].made = (unsigned char)made;
 }
 
 /* The record of a handle of this table, or NULL; under the lock. */
@@ -50,21 +49,31 @@ static struct xpu_kept_record *xpu_kept_find(uint64_t handle) {
     return r->state == XPU_SLOT_FREE ? NULL : r;
 }
 
-static int xpu_kept_create(uint64_t *out) {
+/* A kept descriptor of `kind` (a set or a destroy names one of its own kind, or the core answers). */
+static struct xpu_kept_record *xpu_kept_own(uint64_t handle, int kind) {
+    struct xpu_kept_record *r = xpu_kept_find(handle);
+    return r && r->state == XPU_SLOT_KEPT && r->kind == kind ? r : NULL;
+}
+
+static int xpu_kept_create(int kind, int made, const uint64_t *s) {
+    uint64_t *out = (uint64_t *)(uintptr_t)s[0];
     if (!out || (xpu_kept.fresh == XPU_KEPT_SLOTS && xpu_kept.head == xpu_kept.tail))
         return -1;  /* the table is full: the core keeps this one */
     uint32_t i = xpu_kept.fresh < XPU_KEPT_SLOTS ? xpu_kept.fresh++ : xpu_kept.free[xpu_kept.head++ % XPU_KEPT_SLOTS];
-    xpu_kept.slot[i] = (struct xpu_kept_record){XPU_SLOT_KEPT, XPU_KEPT_NONE, ++xpu_kept.generation, {0}};
+    struct xpu_kept_record *r = &xpu_kept.slot[i];
+    memset(r, 0, sizeof *r);
+    r->state = XPU_SLOT_KEPT, r->kind = kind, r->generation = ++xpu_kept.generation;
+    for (int a = 0; a < made; a++) r->made[a] = (int64_t)s[a + 1];
     *out = XPU_KEPT_BASE + 16u * i;
     return 0;
 }
 
-static int xpu_kept_set(int kind, const uint64_t *s) {
-    struct xpu_kept_record *r = xpu_kept_find(s[0]);
-    if (!r || r->state != XPU_SLOT_KEPT) return -1;
+static int xpu_kept_set_tensor(int setter, const uint64_t *s) {
+    struct xpu_kept_record *r = xpu_kept_own(s[0], 0);
+    if (!r) return -1;
     int32_t v[XPU_KEPT_INTS] = {0};
-    int n = kind == XPU_KEPT_SET_4D ? 6 : 9;  /* format, type, n, c, h, w; or type, n, c, h, w, 4 strides */
-    if (kind == XPU_KEPT_SET_ND) {
+    int n = setter == XPU_KEPT_SET_4D ? 6 : 9;  /* format, type, n, c, h, w; or type, n, c, h, w, 4 strides */
+    if (setter == XPU_KEPT_SET_ND) {
         int dims = (int)(int64_t)s[2];
         const int32_t *size = (const int32_t *)(uintptr_t)s[3], *stride = (const int32_t *)(uintptr_t)s[4];
         if (dims < 1 || dims > XPU_KEPT_DIMS || !size || !stride) return -1;  /* the core says what is wrong */
@@ -74,9 +83,25 @@ static int xpu_kept_set(int kind, const uint64_t *s) {
     } else {
         for (int i = 0; i < n; i++) v[i] = (int32_t)s[i + 1];
     }
-    r->setter = kind;
+    r->setter = setter;
     r->generation = ++xpu_kept.generation;
     memcpy(r->ints, v, sizeof v);
+    return 0;
+}
+
+/* cublasLt*SetAttribute(descriptor, attribute, buffer, size): the attribute's bytes, replacing its last. */
+static int xpu_kept_set_attribute(int kind, const uint64_t *s) {
+    struct xpu_kept_record *r = xpu_kept_own(s[0], kind);
+    const void *value = (const void *)(uintptr_t)s[2];
+    uint32_t attribute = (uint32_t)s[1];
+    if (!r || !value || !s[3] || s[3] > XPU_KEPT_VALUE) return -1;
+    int at = 0;
+    while (at < r->attributes && r->attribute[at].name != attribute) at++;
+    if (at == XPU_KEPT_ATTRIBUTES) return -1;
+    if (at == r->attributes) r->attributes++;
+    r->attribute[at].name = attribute, r->attribute[at].size = (uint32_t)s[3];
+    memcpy(r->attribute[at].value, value, s[3]);
+    r->generation = ++xpu_kept.generation;
     return 0;
 }
 
@@ -87,50 +112,45 @@ static void xpu_kept_free(struct xpu_kept_record *r) {
 
 /* A math library call answered here: its status (0, success), or -1 where the core answers. */
 static int xpu_kept_try(int library, int op, uint64_t *slots) {
-    int kind = library >= 0 && library < 3 && op >= 0 && op < (1 << 10) ? xpu_kept.op[library][op] : 0;
-    if (!kind || !xpu_lane.open) return -1;
+    if (library < 0 || library >= 3 || op < 0 || op >= (1 << 10) || !xpu_lane.open) return -1;
+    int role = xpu_kept.op[library][op].role, kind = xpu_kept.op[library][op].kind;
+    if (!role) return -1;
     pthread_mutex_lock(&xpu_kept.lock);
     int rc = -1;
-    if (kind == XPU_KEPT_CREATE) {
-        rc = xpu_kept_create((uint64_t *)(uintptr_t)slots[0]);
-    } else if (kind == XPU_KEPT_DESTROY) {
-        struct xpu_kept_record *r = xpu_kept_find(slots[0]);
-        if (r && r->state == XPU_SLOT_KEPT) {
+    struct xpu_kept_record *r;
+    switch (role) {
+    case XPU_KEPT_CREATE:
+    case XPU_KEPT_LT_CREATE:
+        rc = xpu_kept_create(kind, xpu_kept.op[library][op].made, slots);
+        break;
+    case XPU_KEPT_DESTROY:
+    case XPU_KEPT_LT_DESTROY:
+        if ((r = xpu_kept_own(slots[0], kind))) {
             xpu_kept_free(r);
             rc = 0;
         }
-    } else {
-        rc = xpu_kept_set(kind, slots);
+        break;
+    case XPU_KEPT_LT_SET:
+        rc = xpu_kept_set_attribute(kind, slots);
+        break;
+    default:
+        rc = xpu_kept_set_tensor(role, slots);
     }
     pthread_mutex_unlock(&xpu_kept.lock);
     return rc;
 }
 
 /* ---- for the core ---------------------------------------------------------------------------- */
-/* A kept descriptor's record copied out: its generation, or -1 if the table does not keep it (any more). */
-static int64_t xpu_kept_read(uint64_t handle, int32_t *setter, int32_t *ints) {
+/* A kept descriptor's record copied out: its generation, or -1 if the table does not keep it (any more).
+ * `adopt`: the core takes it over, its slot kept taken. */
+static int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt) {
     pthread_mutex_lock(&xpu_kept.lock);
     struct xpu_kept_record *r = xpu_kept_find(handle);
     int64_t generation = -1;
     if (r && r->state == XPU_SLOT_KEPT) {
-        *setter = r->setter;
-        memcpy(ints, r->ints, sizeof r->ints);
+        *out = *r;
         generation = r->generation;
-    }
-    pthread_mutex_unlock(&xpu_kept.lock);
-    return generation;
-}
-
-/* The core takes a kept descriptor over: its record copied out as by xpu_kept_read, its slot kept taken. */
-static int64_t xpu_kept_adopt(uint64_t handle, int32_t *setter, int32_t *ints) {
-    pthread_mutex_lock(&xpu_kept.lock);
-    int64_t generation = -1;
-    struct xpu_kept_record *r = xpu_kept_find(handle);
-    if (r && r->state == XPU_SLOT_KEPT) {
-        *setter = r->setter;
-        memcpy(ints, r->ints, sizeof r->ints);
-        generation = r->generation;
-        r->state = XPU_SLOT_ADOPTED;
+        if (adopt) r->state = XPU_SLOT_ADOPTED;
     }
     pthread_mutex_unlock(&xpu_kept.lock);
     return generation;

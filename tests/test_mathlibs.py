@@ -370,6 +370,59 @@ assert shape(held[0]) == shape(held[-1]) == (FLOAT, [1, 7], [7, 1])
 for t in held:
     ok(dnn.cudnnDestroyTensorDescriptor(t), "destroy held")
 
+# cuBLASLt's descriptors: kept in C with up to 12 attributes of up to 16 bytes; a 13th, a longer one, or an
+# attribute set in a capture, and the client takes the descriptor over; each getter answers what was set
+from xpuremote.interpose.build import LIBRARY_NAMES
+from xpuremote.protocol.cublasLt_api import ENUMS as LT
+
+lt = ctypes.CDLL(LIBRARY_NAMES[1])
+u64 = ctypes.c_uint64
+
+
+def lt_made():
+    desc, layout, pref = ptr(), ptr(), ptr()
+    ok(lt.cublasLtMatmulDescCreate(ctypes.byref(desc), LT["CUBLAS_COMPUTE_32F"], LT["CUDA_R_32F"]), "desc")
+    ok(lt.cublasLtMatrixLayoutCreate(ctypes.byref(layout), LT["CUDA_R_32F"], u64(16), u64(8), ctypes.c_int64(16)),
+       "layout")
+    ok(lt.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
+    return desc, layout, pref
+
+
+def lt_set(set_, desc, name, value):
+    ok(set_(desc, name, value, ctypes.c_size_t(len(value))), f"set {name}")
+
+
+def lt_get(get, desc, name, size):
+    value, written = ctypes.create_string_buffer(size), ctypes.c_size_t()
+    ok(get(desc, name, value, ctypes.c_size_t(size), ctypes.byref(written)), f"get {name}")
+    return value.raw[:written.value]
+
+
+desc, layout, pref = lt_made()
+assert all(h.value in IN_C for h in (desc, layout, pref)), (desc, layout, pref)
+rows = lt_get(lt.cublasLtMatrixLayoutGetAttribute, layout, LT["CUBLASLT_MATRIX_LAYOUT_ROWS"], 8)
+assert rows == (16).to_bytes(8, "little"), rows
+values = {100 + i: bytes([i]) * (i % 16 + 1) for i in range(12)}
+for name, value in values.items():
+    lt_set(lt.cublasLtMatmulDescSetAttribute, desc, name, value)
+lt_set(lt.cublasLtMatmulDescSetAttribute, desc, 100, b"again")
+values[100] = b"again"
+assert all(lt_get(lt.cublasLtMatmulDescGetAttribute, desc, n, 16) == v for n, v in values.items())
+lt_set(lt.cublasLtMatmulDescSetAttribute, desc, 112, b"13th")  # taken over
+lt_set(lt.cublasLtMatmulPreferenceSetAttribute, pref, 1, b"x" * 24)  # taken over
+assert lt_get(lt.cublasLtMatmulDescGetAttribute, desc, 112, 16) == b"13th"
+assert lt_get(lt.cublasLtMatmulDescGetAttribute, desc, 101, 16) == values[101]
+assert lt_get(lt.cublasLtMatmulPreferenceGetAttribute, pref, 1, 32) == b"x" * 24
+in_capture = lt_made()[1]
+ok(cuda.cuStreamBeginCapture_v2(stream, 0), "begin capture")
+lt_set(lt.cublasLtMatrixLayoutSetAttribute, in_capture, LT["CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT"], b"\3\0\0\0")
+ok(cuda.cuStreamEndCapture(stream, ctypes.byref(graph)), "end capture")
+batches = lt_get(lt.cublasLtMatrixLayoutGetAttribute, in_capture, LT["CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT"], 4)
+assert batches == b"\3\0\0\0", batches
+for h, destroy in ((desc, lt.cublasLtMatmulDescDestroy), (layout, lt.cublasLtMatrixLayoutDestroy),
+                   (pref, lt.cublasLtMatmulPreferenceDestroy), (in_capture, lt.cublasLtMatrixLayoutDestroy)):
+    ok(destroy(h), "destroy")
+
 # threads making, setting, naming and destroying descriptors at once, as autograd's do: each sees its own
 import threading
 seen = []
@@ -393,12 +446,13 @@ print("ok")
 """
 
 
-def test_tensor_descriptors_are_kept_in_c(tmp_path) -> None:
-    """PyTorch makes, sets and destroys a cuDNN tensor descriptor for each tensor of a batch norm: the shim
-    answers those calls in C, and a call that names a descriptor names the server's descriptor of its setting,
-    whichever setter made it. A handle given out again is its new setting; a descriptor set from another on the
-    server, or while C does not answer (a capture), or past the table's size, is the client's; eight threads at
-    once each see their own; the server runs no call for the 10,600 descriptors made, set and destroyed in C."""
+def test_descriptors_are_kept_in_c(tmp_path) -> None:
+    """PyTorch makes, sets and destroys a cuDNN tensor descriptor for each tensor of a batch norm, and five
+    cuBLASLt descriptors for each GEMM: the shim answers those calls in C, and a call that names a descriptor
+    names the server's descriptor of its setting, whichever setter made it. A handle given out again is its new
+    setting; a descriptor set from another on the server, or while C does not answer (a capture), or past the
+    table's size, or with an attribute C does not hold, is the client's; eight threads at once each see their
+    own; the server runs no call for the 10,600 tensor descriptors made, set and destroyed in C."""
     from conftest import shim_env, start_server
 
     from xpuremote.interpose.build import ensure_shim
