@@ -105,7 +105,7 @@ implements("cudnnCreate")(_creator(mathlibs.CUDNN, stream=0))
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
     state = STATE.get(args[0])
     in_c = IN_C is not None and call.symbol in IN_C_OPS and IN_C.release(args[0])
-    if in_c and state is None:  # kept in C, destroyed while C does not answer (a trace began)
+    if in_c and state is None:  # kept in C, destroyed while C does not answer (the lane closed)
         return
     state = state or {}
     if "kept" not in state and "replay" not in state:  # a variant pack never sent, a descriptor kept: only here
@@ -475,16 +475,17 @@ SERVER_OBJECT.update(dict.fromkeys(DESCRIPTORS, server_descriptor))
 # creates, attribute setters and destroys are answered in C, and the descriptor is a record there: read when a
 # call names it (as the state `keep_descriptor` and the setters here make), taken over by this module for
 # anything else. The roles and a record's kinds are kept.h's; the record's layout is front.h's.
-IN_C_OPS = {  # symbol -> (role, kind)
-    "cudnnCreateTensorDescriptor": (1, 0), "cudnnSetTensorNdDescriptor": (2, 0),
-    "cudnnSetTensor4dDescriptor": (3, 0), "cudnnSetTensor4dDescriptorEx": (4, 0),
-    "cudnnDestroyTensorDescriptor": (5, 0),
+CREATE, SET_ND, SET_4D, SET_4D_EX, DESTROY, LT_CREATE, LT_SET, LT_DESTROY = range(1, 9)  # kept.h's XPU_KEPT_*
+IN_C_OPS = {  # symbol -> (role, kind: 0 a tensor, 1-3 cuBLASLt's)
+    "cudnnCreateTensorDescriptor": (CREATE, 0), "cudnnSetTensorNdDescriptor": (SET_ND, 0),
+    "cudnnSetTensor4dDescriptor": (SET_4D, 0), "cudnnSetTensor4dDescriptorEx": (SET_4D_EX, 0),
+    "cudnnDestroyTensorDescriptor": (DESTROY, 0),
     **{f"cublasLt{name}{verb}": (role, kind) for kind, name in enumerate(("MatmulDesc", "MatrixLayout",
                                                                           "MatmulPreference"), 1)
-       for verb, role in (("Create", 6), ("SetAttribute", 7), ("Destroy", 8))}}
-IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items()}  # creates, setters
-IN_C_DECODERS = {kind: marshal.slot_decoder(call) for (role, kind), call in IN_C_CALLS.items() if role == 6}
-IN_C_DIMS = 8
+       for verb, role in (("Create", LT_CREATE), ("SetAttribute", LT_SET), ("Destroy", LT_DESTROY))}}
+IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items()}
+IN_C_DECODERS = {kind: marshal.slot_decoder(call) for (role, kind), call in IN_C_CALLS.items() if role == LT_CREATE}
+IN_C_DIMS = 8  # a tensor record's ints: type, count, dims at 2, strides at 2 + IN_C_DIMS (front.h)
 
 
 class KeptInC:
@@ -497,7 +498,7 @@ class KeptInC:
     def mark(self) -> None:
         for symbol, (role, kind) in IN_C_OPS.items():
             call = CALLS[symbol]
-            made = len(call.params) - 1 if role == 6 else 0  # a cuBLASLt create's setting: its arguments
+            made = len(call.params) - 1 if role == LT_CREATE else 0  # a cuBLASLt create's setting: its arguments
             self.lib.xpu_kept_mark(mathlibs.LIBRARIES.index(mathlibs.BY_NAME[call.library]),
                                    LIBRARY_SYMBOLS[call.library].index(symbol), role, kind, made)
 
@@ -537,7 +538,7 @@ class KeptInC:
             state = {"kind": "cudnnTensorDescriptor_t", "key": ("cudnnTensorDescriptor_t", record.setter, raw),
                      "setting": (record.setter, raw)}
             if record.setter:  # the data type: the first int of an Nd or 4dEx setting, the second of a 4d one
-                state["data_type"] = record.ints[1 if record.setter == 3 else 0]
+                state["data_type"] = record.ints[1 if record.setter == SET_4D else 0]
         else:
             state = self._lt(record)
             state["key"] = (state["kind"], state["made"], tuple(self._attributes(record)))
@@ -546,27 +547,27 @@ class KeptInC:
 
     def _as_made(self, handle: int, record: Any) -> dict[str, Any]:
         """The descriptor's whole state, as this module keeps one: with the calls that made it."""
-        create = IN_C_CALLS[(1, 0) if record.kind == 0 else (6, record.kind)]
+        create = IN_C_CALLS[(CREATE, 0) if record.kind == 0 else (LT_CREATE, record.kind)]
         state = {"replay": {"": (create, [handle, *self._made(record)], 0)},
                  "kind": create.params[0].ctype.rstrip(" *")}
         if record.kind == 0 and record.setter:
             call, ints = IN_C_CALLS[(record.setter, 0)], record.ints
             if call.symbol == "cudnnSetTensorNdDescriptor":
                 address = int(self.ffi.cast("uintptr_t", ints))
-                args = [handle, ints[0], ints[1], address + 8, address + 4 * (2 + IN_C_DIMS)]
+                args = [handle, ints[0], ints[1], address + 4 * 2, address + 4 * (2 + IN_C_DIMS)]
             else:
                 args = [handle, *ints[0:len(call.params) - 1]]
             set_tensor(DRIVER, state, call, args)
         elif record.kind:
             state.update(self._lt(record))
-            call = IN_C_CALLS[(7, record.kind)]
+            call = IN_C_CALLS[(LT_SET, record.kind)]
             for name, value in self._attributes(record):
                 state["replay"][name] = (call, [handle, name, value, len(value)], len(value))
         return state
 
     def _lt(self, record: Any) -> dict[str, Any]:
         """A cuBLASLt descriptor's setting as `lt_descriptor_create` and `lt_descriptor_set` keep it."""
-        create, setter = IN_C_CALLS[(6, record.kind)], IN_C_CALLS[(7, record.kind)]
+        create, setter = IN_C_CALLS[(LT_CREATE, record.kind)], IN_C_CALLS[(LT_SET, record.kind)]
         made = self._made(record)
         state = {"kind": create.params[0].ctype.rstrip(" *"), "made": (create.family, *made), "attributes": {}}
         if create.family == "cublasLtMatmulDescCreate":
@@ -583,7 +584,7 @@ class KeptInC:
         """A create's arguments after its output, as the application passed them."""
         if record.kind == 0:
             return []
-        create = IN_C_CALLS[(6, record.kind)]
+        create = IN_C_CALLS[(LT_CREATE, record.kind)]
         return IN_C_DECODERS[record.kind]([0, *record.made])[1:len(create.params)]
 
     def _attributes(self, record: Any) -> list[tuple[int, bytes]]:
@@ -599,6 +600,7 @@ def _replay(state: dict[str, Any]) -> dict[str, tuple[Call, list[Any], int]]:
 
 
 def _kept_state(handle: int) -> dict[str, Any] | None:
+    """A handle's state: this module's, or that of a descriptor C keeps."""
     state = STATE.get(handle)
     return state if state is not None or IN_C is None else IN_C.state(handle)
 

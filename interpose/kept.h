@@ -36,9 +36,10 @@ static struct {
 
 /* `made`: a create's integer arguments after its output (cuBLASLt's: its setting) */
 static void xpu_kept_mark(int library, int op, int role, int kind, int made) {
-    if (library >= 0 && library < 3 && op >= 0 && op < (1 << 10) && made <= XPU_KEPT_MADE)
-        xpu_kept.op[library][op].role = (unsigned char)role, xpu_kept.op[library][op].kind = (unsigned char)kind,
-        xpu_kept.op[library][op].made = (unsigned char)made;
+    if (library < 0 || library >= 3 || op < 0 || op >= (1 << 10) || made > XPU_KEPT_MADE) return;
+    xpu_kept.op[library][op].role = (unsigned char)role;
+    xpu_kept.op[library][op].kind = (unsigned char)kind;
+    xpu_kept.op[library][op].made = (unsigned char)made;
 }
 
 /* The record of a handle of this table, or NULL; under the lock. */
