@@ -220,10 +220,22 @@ LT_POINTERS = frozenset(v for k, v in LT_DESC.items()
 
 @implements("cublasLtMatmulDescCreate", "cublasLtMatrixLayoutCreate", "cublasLtMatmulPreferenceCreate")
 def lt_descriptor_create(d: Driver, call: Call, args: list[Any]) -> None:
-    state = keep_descriptor(d, call, args)
-    state.update(made=(call.family, *args[1:]), attributes={})
+    _lt_made(keep_descriptor(d, call, args), call, args[1:])
+
+
+def _lt_made(state: dict[str, Any], call: Call, made: list[Any]) -> None:
+    """A cuBLASLt descriptor's create, in what the client answers from: its setting, a matmul descriptor's modes."""
+    state.update(made=(call.family, *made), attributes={})
     if call.family == "cublasLtMatmulDescCreate":
-        state.update(pointer_mode=POINTER_MODE_HOST, scale_type=args[2])
+        state.update(pointer_mode=POINTER_MODE_HOST, scale_type=made[1])
+
+
+def _lt_attribute(state: dict[str, Any], call: Call, attr: int, value: bytes) -> None:
+    """An attribute set, in what the client answers from: the setting, a matmul descriptor's modes."""
+    key = {ATTR_POINTER_MODE: "pointer_mode", ATTR_SCALE_TYPE: "scale_type"}.get(attr)
+    if key and call.family == "cublasLtMatmulDescSetAttribute" and len(value) >= 4:
+        state[key] = struct.unpack("<i", value[:4])[0]
+    state["attributes"][attr] = _as_setting(call, attr, value)
 
 
 @implements("cublasLtMatmulDescSetAttribute", "cublasLtMatrixLayoutSetAttribute",
@@ -233,15 +245,11 @@ def lt_descriptor_set(d: Driver, call: Call, args: list[Any]) -> None:
     _adopt(desc)  # one C kept: this setting is one it does not hold
     state = _state(desc)
     value = marshal.read(buf, size) if buf and size > 0 else None
-    if call.family == "cublasLtMatmulDescSetAttribute":
-        key = {ATTR_POINTER_MODE: "pointer_mode", ATTR_SCALE_TYPE: "scale_type"}.get(attr)
-        if key and value and size >= 4:
-            state[key] = struct.unpack("<i", value[:4])[0]
     set_kept(d, call, args, attr)
     if value is None:  # the server refuses it; a setting the client cannot name is not remembered
         state.pop("made", None)
     else:
-        state["attributes"][attr] = _as_setting(call, attr, value)
+        _lt_attribute(state, call, attr, value)
 
 
 def _as_setting(call: Call, attr: int, value: bytes) -> Any:
@@ -319,9 +327,7 @@ def set_tensor_descriptor(d: Driver, call: Call, args: list[Any]) -> None:
 
 
 def set_tensor(d: Driver, state: dict[str, Any], call: Call, args: list[Any]) -> None:
-    wire_args, size = marshal.pack(call, args, d.new_handle, True)
-    state["replay"]["shape"] = (call, wire_args, size)
-    state.pop("key", None)
+    wire_args = keep_setter(d, state, call, args, "shape")
     state.update(data_type=args[call.names.index("dataType")], setting=(call.symbol, _hashable(wire_args[1:])))
 
 
@@ -402,8 +408,13 @@ def keep_descriptor(d: Driver, call: Call, args: list[Any]) -> dict[str, Any]:
         raise errors.CudaError(errors.INVALID_VALUE, f"{call.symbol}: {call.params[0].name} is NULL")
     handle = d.new_handle()
     marshal.put_u64(args[0], handle)
-    STATE[handle] = state = {"replay": {"": (call, [handle, *args[1:]], 0)}, "kind": call.params[0].ctype.rstrip(" *")}
+    STATE[handle] = state = {"replay": {"": (call, [handle, *args[1:]], 0)}, "kind": _kind(call)}
     return state
+
+
+def _kind(create: Call) -> str:
+    """The type of the descriptor a create makes (DESCRIPTORS' keys)."""
+    return create.params[0].ctype.rstrip(" *")
 
 
 def set_kept(d: Driver, call: Call, args: list[Any], slot: Any) -> None:
@@ -411,9 +422,15 @@ def set_kept(d: Driver, call: Call, args: list[Any], slot: Any) -> None:
     state = STATE.get(args[0])
     if state is None or "replay" not in state:  # not a descriptor of this client's: the server says so
         return d.forward(call, args)
+    keep_setter(d, state, call, args, slot)
+
+
+def keep_setter(d: Driver, state: dict[str, Any], call: Call, args: list[Any], slot: Any) -> list[Any]:
+    """The setter's call kept in a kept descriptor's state: its wire arguments."""
     wire_args, size = marshal.pack(call, args, d.new_handle, True)
     state["replay"][slot] = (call, wire_args, size)
     state.pop("key", None)
+    return wire_args
 
 
 def server_descriptor(d: Driver, handle: int) -> int:
@@ -535,8 +552,8 @@ class KeptInC:
         """What a call naming the descriptor needs: the key of its setting and the answers that depend on it."""
         if record.kind == 0:
             raw = bytes(self.ffi.buffer(record.ints))
-            state = {"kind": "cudnnTensorDescriptor_t", "key": ("cudnnTensorDescriptor_t", record.setter, raw),
-                     "setting": (record.setter, raw)}
+            kind = _kind(IN_C_CALLS[(CREATE, 0)])
+            state = {"kind": kind, "key": (kind, record.setter, raw), "setting": (record.setter, raw)}
             if record.setter:  # the data type: the first int of an Nd or 4dEx setting, the second of a 4d one
                 state["data_type"] = record.ints[1 if record.setter == SET_4D else 0]
         else:
@@ -548,8 +565,7 @@ class KeptInC:
     def _as_made(self, handle: int, record: Any) -> dict[str, Any]:
         """The descriptor's whole state, as this module keeps one: with the calls that made it."""
         create = IN_C_CALLS[(CREATE, 0) if record.kind == 0 else (LT_CREATE, record.kind)]
-        state = {"replay": {"": (create, [handle, *self._made(record)], 0)},
-                 "kind": create.params[0].ctype.rstrip(" *")}
+        state = {"replay": {"": (create, [handle, *self._made(record)], 0)}, "kind": _kind(create)}
         if record.kind == 0 and record.setter:
             call, ints = IN_C_CALLS[(record.setter, 0)], record.ints
             if call.symbol == "cudnnSetTensorNdDescriptor":
@@ -568,15 +584,10 @@ class KeptInC:
     def _lt(self, record: Any) -> dict[str, Any]:
         """A cuBLASLt descriptor's setting as `lt_descriptor_create` and `lt_descriptor_set` keep it."""
         create, setter = IN_C_CALLS[(LT_CREATE, record.kind)], IN_C_CALLS[(LT_SET, record.kind)]
-        made = self._made(record)
-        state = {"kind": create.params[0].ctype.rstrip(" *"), "made": (create.family, *made), "attributes": {}}
-        if create.family == "cublasLtMatmulDescCreate":
-            state.update(pointer_mode=POINTER_MODE_HOST, scale_type=made[1])
+        state = {"kind": _kind(create)}
+        _lt_made(state, create, self._made(record))
         for name, value in self._attributes(record):
-            key = {ATTR_POINTER_MODE: "pointer_mode", ATTR_SCALE_TYPE: "scale_type"}.get(name)
-            if key and create.family == "cublasLtMatmulDescCreate" and len(value) >= 4:
-                state[key] = struct.unpack("<i", value[:4])[0]
-            state["attributes"][name] = _as_setting(setter, name, value)
+            _lt_attribute(state, setter, name, value)
         return state
 
     @staticmethod
