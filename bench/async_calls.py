@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import shutil
 import statistics
 import struct
@@ -41,7 +40,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from foundation import clean_env, publish, start_server, start_stand_in, stop  # noqa: E402
+from foundation import clean_env, publish, run_facts, start_server, start_stand_in, stop  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -183,9 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             for server in servers:
                 stop(server)
     rows = {way: {k: statistics.median(s[k] for s in runs) for k in runs[0]} for way, runs in samples.items()}
-    result = {"calls": args.calls, "repeats": args.repeats, "rows": rows, "load": os.getloadavg(),
-              "python": sys.version.split()[0], "backend": args.backend,
-              "command": shlex.join(["python", "bench/async_calls.py", *(sys.argv[1:] if argv is None else argv)])}
+    result = {"calls": args.calls, "repeats": args.repeats, "rows": rows, "backend": args.backend,
+              **run_facts("async_calls.py", argv)}
     publish(args.out, result, markdown(result))
     return 0
 

@@ -545,6 +545,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_facts(script: str, argv: list[str] | None) -> dict[str, Any]:
+    """What a benchmark's result says of its run: the command that made it, the Python, the load average after."""
+    return {"python": sys.version.split()[0], "load": os.getloadavg(),
+            "command": shlex.join(["python", f"bench/{script}", *(sys.argv[1:] if argv is None else argv)])}
+
+
 def publish(out: Path | None, result: dict[str, Any], table: str) -> None:
     """Print a benchmark's Markdown; with `out`, keep its JSON there and the Markdown beside it."""
     print(table)

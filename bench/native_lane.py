@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import statistics
 import struct
 import sys
@@ -101,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.records, args.repeats)))
         return 0
 
-    from foundation import child_figures, clean_env, publish, start_stand_in, stop
+    from foundation import child_figures, clean_env, publish, run_facts, start_stand_in, stop
 
     env, servers = clean_env(), []
     try:
@@ -120,8 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         for server in servers:
             stop(server)
     result = {"backend": args.backend, "records": args.records, "repeats": args.repeats, "rows": rows,
-              "python": sys.version.split()[0], "load": os.getloadavg(),
-              "command": " ".join(["python bench/native_lane.py", *(sys.argv[1:] if argv is None else argv)])}
+              **run_facts("native_lane.py", argv)}
     publish(args.out, result, markdown(result))
     return 0
 

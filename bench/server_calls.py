@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
 import struct
 import sys
@@ -172,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(args.rounds, args.repeats)))
         return 0
 
-    from foundation import child_figures, clean_env, publish, start_stand_in, stop
+    from foundation import child_figures, clean_env, publish, run_facts, start_stand_in, stop
 
     env, sim = clean_env(), None
     try:
@@ -186,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         if sim is not None:
             stop(sim)
     result = {"backend": args.backend, "rounds": args.rounds, "repeats": args.repeats, "figures": figures,
-              "python": sys.version.split()[0], "load": os.getloadavg(),
-              "command": " ".join(["python bench/server_calls.py", *(sys.argv[1:] if argv is None else argv)])}
+              **run_facts("server_calls.py", argv)}
     publish(args.out, result, markdown(result))
     return 0
 
