@@ -259,10 +259,16 @@ def cu_green_ctx_create(d: Driver, call: Call, args: list[Any]) -> None:
     server_index = d.device(device).server_index
     if sms.device != device:
         raise CudaError(errors.INVALID_DEVICE, f"the descriptor's SMs are device {sms.device}'s, not {device}'s")
+    # Waited for: a driver may refuse green contexts altogether (an H100's in a virtual machine did), and a
+    # create answered before the server's would make every later call in it fail instead.
     retain_primary(d, device)  # the driver's green context holds its device's primary context
     handle = d.new_handle()
+    try:
+        d.call(CALLS["xpuGreenCtxCreate"], [handle, server_index, sms.sms.to_bytes(SM_MASK_BYTES, "little"), flags])
+    except CudaError:
+        release_primary(d, device)
+        raise
     d.ctxs[handle] = Context(device, ident=len(d.ctxs) + 1, green=handle, sms=sms.sms)
-    d.post(CALLS["xpuGreenCtxCreate"], [handle, server_index, sms.sms.to_bytes(SM_MASK_BYTES, "little"), flags])
     marshal.put_u64(address, handle)
 
 

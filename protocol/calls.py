@@ -96,7 +96,8 @@ cuCtxResetPersistingL2Cache async
 cuCtxGetExecAffinity        sync
 # device resources and green contexts (client/green.py): a resource is a set of SMs the client describes, so
 # asking, splitting and making descriptors are local; a green context is provisioned on the server with its
-# SMs (xpuGreenCtxCreate); its handle, the client's, is also the CUcontext that stands for it
+# SMs (xpuGreenCtxCreate, waited for: a driver may refuse them all); its handle, the client's, is also the CUcontext
+# that stands for it
 cuDeviceGetDevResource      local
 cuCtxGetDevResource         local
 cuGreenCtxGetDevResource    local
@@ -104,7 +105,7 @@ cuStreamGetDevResource      local
 cuDevSmResourceSplitByCount local
 cuDevSmResourceSplit        local
 cuDevResourceGenerateDesc   local
-cuGreenCtxCreate            shadow
+cuGreenCtxCreate            sync
 cuGreenCtxDestroy           async
 cuCtxFromGreenCtx           local
 cuGreenCtxGetId             local

@@ -310,6 +310,14 @@ def _refused_attributes() -> list[int]:
     return [int(code) for code in filter(None, os.environ.get("XPU_SIM_REFUSED_ATTRIBUTES", "").split(","))]
 
 
+def _refuser(family: str) -> Callable[..., Any]:
+    """XPU_SIM_REFUSED_CALLS (`xpuGreenCtxCreate`): calls the sim's driver refuses, as a driver that lacks a
+    feature does (an H100's 580 driver in a virtual machine refused every green context, INVALID_VALUE)."""
+    def refuse(*args: Any) -> None:
+        raise CudaError(errors.INVALID_VALUE, f"{family}: refused by this driver (XPU_SIM_REFUSED_CALLS)")
+    return refuse
+
+
 class SimBackend(SimGraphs, SimArrays):
     name = "sim"
 
@@ -333,6 +341,8 @@ class SimBackend(SimGraphs, SimArrays):
         self.created_at = time.perf_counter()
         self.libraries: dict[str, Any] = {}  # made on first use: numpy is imported then
         sim_kernels.load_plugins(os.environ.get("XPU_SIM_KERNELS", ""))
+        for family in filter(None, os.environ.get("XPU_SIM_REFUSED_CALLS", "").split(",")):
+            setattr(self, family, _refuser(family))
 
     def inventory(self) -> Inventory:
         attributes = _attribute_ids()
