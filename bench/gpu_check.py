@@ -95,6 +95,7 @@ class Context:
             output, _ = proc.communicate(timeout=timeout)
             rc: int | None = proc.returncode
         except subprocess.TimeoutExpired:
+            stuck = _group_snapshot(proc.pid)  # what was still running, and where each thread waited
             _kill_group(proc.pid)
             rc = None
             try:  # a process that left the group may still hold the pipe: don't wait on it for ever
@@ -103,11 +104,34 @@ class Context:
                 proc.kill()
                 output = b"(no output: the pipe stayed open after the kill)"
         _kill_group(proc.pid)
-        text = output.decode(errors="replace") + (f"\n(killed after {timeout:.0f} s)" if rc is None else "")
+        text = output.decode(errors="replace") + (f"\n(killed after {timeout:.0f} s)\n{stuck}" if rc is None else "")
         self.log.write(text[-LOG_TAIL:] + f"\n===== {name}: exit {rc}, {time.monotonic() - started:.1f} s\n")
         self.log.flush()
         return {"name": name, "command": shlex.join(cmd), "rc": rc, "seconds": round(time.monotonic() - started, 1),
                 "output": text}
+
+
+def _group_snapshot(pgid: int) -> str:
+    """Each process of the group (a command cut at its limit): its command, how long it had run, and each
+    thread's state and kernel wait channel (a thread in futex_wait for minutes is a deadlock; in a poll, it
+    waits for a peer). Linux's /proc only; what cannot be read is left out."""
+    tick, uptime = os.sysconf("SC_CLK_TCK"), float(Path("/proc/uptime").read_text().split()[0])
+    lines = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # fields[2] is the process group (stat's 5th field)
+                continue
+            task = stat.parent
+            cmd = (task / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:300]
+            age = uptime - int(fields[19]) / tick
+            threads = []
+            for thread in sorted((task / "task").iterdir()):
+                with contextlib.suppress(OSError, IndexError):
+                    state = (thread / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                    threads.append(f"{thread.name} {state} {(thread / 'wchan').read_text() or '-'}")
+            lines.append(f"pid {task.name}, running {age:.0f} s: {cmd}\n  threads: {'; '.join(threads)}")
+    return "still running when cut:\n" + "\n".join(sorted(lines)) if lines else ""
 
 
 def _kill_group(pgid: int) -> None:
@@ -294,18 +318,24 @@ def stage_suite(ctx: Context) -> dict[str, Any]:
         step = ctx.run("collect the GPU selection", [ctx.python, *select, "--collect-only", "-q"], 300, env)
         counts = _pytest_counts(step["output"])
         return {"ok": step["rc"] == 0 and counts.get("collected", 0) > 0, "counts": counts, "steps": [_brief(step)]}
-    junit, failure_log = WORK / "suite.xml", WORK / "suite-failures.txt"
+    junit, failure_log, temp = WORK / "suite.xml", WORK / "suite-failures.txt", WORK / "suite-tmp"
     junit.unlink(missing_ok=True)
     failure_log.unlink(missing_ok=True)
     env["XPU_FAILURE_LOG"] = str(failure_log)  # tests/conftest.py adds each failure there as it happens
     # one process: tests compare the GPU's device-wide free memory, which parallel workers would move;
     # -v names each test's outcome as it ends, so a run cut short at its limit still says what passed
-    step = ctx.run("pytest", [ctx.python, *select, "-v", "-rfE", f"--junitxml={junit}"], ctx.suite_limit, env)
+    # the tests' own folders stay (--basetemp): their servers' logs say what a test cut short was waiting for
+    step = ctx.run("pytest", [ctx.python, *select, "-v", "-rfE", f"--junitxml={junit}", f"--basetemp={temp}"],
+                   ctx.suite_limit, env)
     verdicts = re.findall(_VERDICT, step["output"], re.M)
     counts = _pytest_counts(step["output"]) if step["rc"] is not None else _tally(verdicts)
     failures = _junit_failures(junit) or _logged_failures(failure_log)
     if failure_log.is_file():
         ctx.log.write(f"\n===== each failure as it happened\n{failure_log.read_text(errors='replace')}")
+    if step["rc"] is None:
+        for log in sorted(temp.glob("**/server-*.log"), key=lambda f: f.stat().st_mtime)[-2:]:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+            ctx.log.write(f"\n===== the last lines of {log.relative_to(temp)}, a server the cut suite used\n{tail}\n")
     return {"ok": step["rc"] == 0, "counts": counts, "failures": failures, "steps": [_brief(step, 60)]}
 
 
