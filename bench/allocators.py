@@ -66,9 +66,9 @@ def table(results: dict[str, Any]) -> str:
     rows = ["| allocator | xpuremote µs per allocation + free | native | xpuremote / native |", "|---|---|---|---|"]
     for name, remote in results["xpuremote"].items():
         native = (results.get("native") or {}).get(name, {})
-        cell = f"{remote['us']:.0f}" if "us" in remote else f"error: {remote['error']}"
+        cell = f"{remote['us']:.1f}" if "us" in remote else f"error: {remote['error']}"
         base = f"{native['us']:.1f}" if "us" in native else "-"
-        ratio = f"{remote['us'] / native['us']:.0f}x" if "us" in remote and "us" in native else "-"
+        ratio = f"{remote['us'] / native['us']:.2g}x" if "us" in remote and "us" in native else "-"
         rows.append(f"| {name} | {cell} | {base} | {ratio} |")
     return "\n".join(rows)
 

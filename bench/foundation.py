@@ -52,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,7 @@ from xpuremote.protocol.calls import CALLS
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
 SMALL = 256  # bytes of the memset buffer
+SHARE_CTX = 0x7C00_0000_1000  # the context the in-process session makes, as a client names one
 TAG = "@@ "  # agents' answer lines start with this; anything else on their stdout is passed through
 
 
@@ -626,34 +628,58 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 # ---- the server's own share, measured in-process ------------------------------------------------------
-def server_share(n_sync: int, n_async: int, profile_dir: Path | None) -> dict[str, float]:
-    """µs per call spent in worker.Session (decode + execute + encode), without any transport."""
+def server_share(backend: str, n_sync: int, n_async: int, profile_dir: Path | None) -> dict[str, float]:
+    """µs per call spent in worker.Session (decode + execute + encode), without any transport: a
+    cuCtxSynchronize and an 8-byte cuMemcpyDtoH_v2 answered, memsets in batches. On the cuda backend also the
+    driver's own two calls alone, made from cffi: what is left of the session's figure is xpuremote's."""
     import msgpack
 
-    from xpuremote.server.backends.sim import SimBackend
+    from xpuremote.server.limits import Accounted, Limits
     from xpuremote.server.worker import Session
 
-    session = Session(SimBackend())
-    dptr = session.backend.memory.alloc(SMALL)
-    sync_op, memset_op = CALLS["cuCtxSynchronize"].opcode, CALLS["cuMemsetD8Async"].opcode
-    sync_msg = msgpack.packb(calls_header(1, [[sync_op, []]], True))
-    batch = [[memset_op, [dptr, 7, SMALL, 0]]] * MAX_BATCH_CALLS
+    if backend == "cuda":
+        from xpuremote.server.backends.cuda import CudaBackend as Backend
+    else:
+        from xpuremote.server.backends.sim import SimBackend as Backend
+    session = Session(Accounted(Backend(), Limits()))
+    session.limits = session.backend.limits
+
+    def run(*calls: tuple[str, list[Any]]) -> list[Any]:
+        answer = session.run_batch([[CALLS[name].opcode, args] for name, args in calls], True)
+        if answer["status"]:
+            raise RuntimeError(f"the in-process session refused its set-up: {answer}")
+        return answer["outs"]
+
+    run(("cuCtxCreate_v2", [SHARE_CTX, 0, 0]))
+    dptr = int.from_bytes(run(("cuMemAlloc_v2", [8, SMALL]))[0], "little")
+    waited = {"sync": msgpack.packb(calls_header(1, [[CALLS["cuCtxSynchronize"].opcode, []]], True)),
+              "copy": msgpack.packb(calls_header(1, [[CALLS["cuMemcpyDtoH_v2"].opcode, [8, dptr, 8]]], True))}
+    batch = [[CALLS["cuMemsetD8Async"].opcode, [dptr, 7, SMALL, 0]]] * MAX_BATCH_CALLS
     async_msg = msgpack.packb(calls_header(1, batch, False))
 
-    def sync_loop() -> None:
-        for _ in repeat(None, n_sync):
-            header = wire.decode([sync_msg])
-            answer = session.run_batch(header["calls"], True)
-            answer["seq"] = header["seq"]
-            wire.encode(answer)
+    def answered(message: bytes) -> Callable[[], None]:
+        def loop() -> None:
+            for _ in repeat(None, n_sync):
+                header = wire.decode([message])
+                answer = session.run_batch(header["calls"], True)
+                answer["seq"] = header["seq"]
+                wire.encode(answer)
+        return loop
 
     def async_loop() -> None:
         for _ in repeat(None, n_async // MAX_BATCH_CALLS):
             header = wire.decode([async_msg])
             session.run_batch(header["calls"], False)
 
+    loops = [("sync", answered(waited["sync"]), n_sync), ("copy", answered(waited["copy"]), n_sync),
+             ("async", async_loop, n_async)]
+    if backend == "cuda":
+        lib, ffi = session.backend.inner.lib, session.backend.inner.ffi
+        host = ffi.new("char[8]")
+        loops += [("driver sync", lambda: [lib.cuCtxSynchronize() for _ in repeat(None, n_sync)], n_sync),
+                  ("driver copy", lambda: [lib.cuMemcpyDtoH_v2(host, dptr, 8) for _ in repeat(None, n_sync)], n_sync)]
     out = {}
-    for name, fn, calls in (("sync", sync_loop, n_sync), ("async", async_loop, n_async)):
+    for name, fn, calls in loops:
         times = []
         for _ in range(3):
             t0 = time.perf_counter()
@@ -661,8 +687,20 @@ def server_share(n_sync: int, n_async: int, profile_dir: Path | None) -> dict[st
             times.append(time.perf_counter() - t0)
         out[name] = statistics.median(times) / calls * 1e6
         if profile_dir is not None:
-            cProfile.runctx("fn()", globals(), {"fn": fn}, str(profile_dir / f"server-{name}.pstats"))
+            cProfile.runctx("fn()", globals(), {"fn": fn}, str(profile_dir / f"server-{name.replace(' ', '-')}.pstats"))
+    session.backend.close()
     return out
+
+
+def share_line(backend: str, share: dict[str, float]) -> str:
+    """The in-process share in words (older results have no copy row)."""
+    line = (f"Server share (worker.Session in-process on the {backend} backend, no transport): cuCtxSynchronize "
+            f"{share['sync']:.2f} µs/call, 8 B cuMemcpyDtoH_v2 {share.get('copy', float('nan')):.2f} µs/call, async "
+            f"{share['async']:.2f} µs/call.")
+    if "driver copy" in share:
+        line += (f" The driver's own calls alone, from cffi: cuCtxSynchronize {share['driver sync']:.2f} µs, the "
+                 f"copy {share['driver copy']:.2f} µs.")
+    return line
 
 
 def top(path: Path, limit: int = 22) -> str:
@@ -804,7 +842,7 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
             shim_agent("async_batched", args.async_n, profile=True)
             shim_agent("h2d", bulk, profile=True)
             shim_agent("d2h", bulk, profile=True)
-        results["server_us_per_call"] = server_share(args.sync_n, args.async_n, profile_dir)
+        results["server_us_per_call"] = server_share(args.backend, args.sync_n, args.async_n, profile_dir)
         results["samples"] = {k: [round(x, 4) for x in v] for k, v in samples.items()}
         results["median"] = {k: statistics.median(v) for k, v in samples.items()}
         results["cpu"] = {k: {"client": statistics.median(c for c, _ in v),
@@ -925,10 +963,8 @@ def main(argv: list[str] | None = None) -> int:
         md = table(rows)
         share = results["server_us_per_call"]
         title = f"CURVE {'on' if curve else 'off'}"
-        print(f"\n## {title}\n\n{md}\n\nserver share (in-process worker.Session on the sim, no transport): "
-              f"sync {share['sync']:.2f} µs/call, async {share['async']:.2f} µs/call")
-        sections.append(f"## {title}\n\n{md}\n\nServer share (worker.Session in-process on the sim, no transport): "
-                        f"sync {share['sync']:.2f} µs/call, async {share['async']:.2f} µs/call.")
+        print(f"\n## {title}\n\n{md}\n\n{share_line(args.backend, share)}")
+        sections.append(f"## {title}\n\n{md}\n\n{share_line(args.backend, share)}")
         docs[title] = {"figures": rows, "server_us_per_call": share, "samples": results["samples"],
                        "verified": results["verified"]}
     if len(runs) == 2:
