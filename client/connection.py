@@ -81,6 +81,9 @@ class Connection:
         self.address = address
         self.ctx = zmq.Context()
         self.lock = threading.RLock()
+        # held by the flusher while its batch goes out, after it let go of `lock`: the application's threads
+        # queue their calls meanwhile; whoever uses the socket next (under `lock`) waits for it (_sent)
+        self.sending = threading.Lock()
         self.pending: list[list[Any]] = []
         self.pending_bytes = 0
         self.queued = 0  # calls queued so far; the flusher holds a batch back while this grows
@@ -259,14 +262,29 @@ class Connection:
         control.close(0)
 
     def flush(self) -> None:
+        """Send what is queued. The batch is made under the lock and goes out after it: a send can wait for
+        the GIL, and an application thread queueing a call would wait all that time for the lock."""
         with self.lock:
             self._take_lane()
-            if self.pending and not self.dead:
-                self._send(reply=False)
+            if not self.pending or self.dead or self.closed:
+                return
+            frames = self._outgoing(reply=False)
+            self.sending.acquire()
+        try:
+            self._put(frames)
+            failed = None
+        except zmq.ZMQError as exc:
+            failed = exc
+        finally:
+            self.sending.release()
+        if failed is not None:
+            with self.lock:
+                self._die(f"cannot send to the server at {self.address}: {failed}")
 
     def request(self, header: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
         with self.lock:
             self._check()
+            self._sent()
             self.sock.send_multipart(wire.encode(self._stamped(header)))
             answer = self._receive(None, timeout_s)
         if answer.get("status"):
@@ -382,6 +400,18 @@ class Connection:
 
     def _send(self, reply: bool, kind: str = "sync", stream: bool = False) -> int:
         """Send the batch, on the data connection if `stream` (the answer then comes there), else on ZeroMQ."""
+        frames = self._outgoing(reply, kind, stream)
+        if frames is not None:
+            self._sent()
+            try:
+                self._put(frames)
+            except zmq.ZMQError as exc:
+                self._die(f"cannot send to the server at {self.address}: {exc}")
+        return self.seq
+
+    def _outgoing(self, reply: bool, kind: str = "sync", stream: bool = False) -> list[Any] | None:
+        """The batch as a message numbered `self.seq`: sent here on the data connection if `stream` (None),
+        else its frames for ZeroMQ."""
         if not self.later:  # nothing for the flusher to send or read
             self.alarm.disarm()
             if self._lane_waiting():  # a record queued in C since the lane was taken: its alarm stands
@@ -397,22 +427,28 @@ class Connection:
         except Exception as exc:  # a value the wire cannot carry: these calls are lost, say so at the next wait
             self.late_errors.append(["a batch of calls", errors.UNKNOWN, f"{calls} calls could not be sent: {exc}"])
             raise
-        try:
-            if trace.RECORDER:  # when it went out, for the answer's round trip
-                self.sent_ns = header.get("sent") or time.monotonic_ns()
-                trace.RECORDER.sent(self.seq, kind if reply else "async", self.sent_ns, wire.size_of(frames), calls)
-            if stream:
-                if self._send_stream(frames):
-                    return self.seq
-                self._data_values(header["calls"][-1][1])  # ZeroMQ carries it instead, its bytes inline
-                frames = wire.encode(header)
-            for frame in frames[:-1]:  # send_multipart(copy=False) without its per-frame checks
-                self.sock.send(frame, zmq.SNDMORE, copy=False)
-            self.sock.send(frames[-1], copy=False)
-            self.zmq_seq = self.seq
-        except zmq.ZMQError as exc:
-            self._die(f"cannot send to the server at {self.address}: {exc}")
-        return self.seq
+        if trace.RECORDER:  # when it went out, for the answer's round trip
+            self.sent_ns = header.get("sent") or time.monotonic_ns()
+            trace.RECORDER.sent(self.seq, kind if reply else "async", self.sent_ns, wire.size_of(frames), calls)
+        if stream:
+            if self._send_stream(frames):
+                return None
+            self._data_values(header["calls"][-1][1])  # ZeroMQ carries it instead, its bytes inline
+            frames = wire.encode(header)
+        self.zmq_seq = self.seq  # a message on the data connection after this one is served after it
+        return frames
+
+    def _put(self, frames: list[Any]) -> None:
+        """A message on ZeroMQ: send_multipart(copy=False) without its per-frame checks."""
+        for frame in frames[:-1]:
+            self.sock.send(frame, zmq.SNDMORE, copy=False)
+        self.sock.send(frames[-1], copy=False)
+
+    def _sent(self) -> None:
+        """Wait for the flusher's batch in flight, if any: the socket is this thread's after (it holds `lock`,
+        without which no other send begins). ZeroMQ sockets take one thread at a time."""
+        with self.sending:
+            pass
 
     def _send_stream(self, frames: list[Any]) -> bool:
         """A message on the data connection; False if it failed there (the worker drops what it read of it:
@@ -473,6 +509,7 @@ class Connection:
         function before it serves the call this thread waits for."""
         if not self.later:
             return bool(self.data_ready.poll(RECEIVE_SLICE_MS))
+        self._sent()
         poller = zmq.Poller()
         poller.register(self.sock, zmq.POLLIN)
         poller.register(self.data, zmq.POLLIN)
@@ -503,6 +540,7 @@ class Connection:
     def _recv(self) -> dict[str, Any]:
         if self.downlink:
             self.downlink.waiting()
+        self._sent()
         frames = [self.sock.recv(copy=False)]
         while frames[-1].more:  # recv_multipart(copy=False) without a getsockopt per frame
             frames.append(self.sock.recv(copy=False))
@@ -522,6 +560,7 @@ class Connection:
         a host function must run even if nothing else is ever called."""
         while self.later and not self.closed and not self.dead:
             with self.lock:
+                self._sent()
                 while self.later and self.sock.poll(0):
                     answer = self._recv()
                     if answer.get("seq") in self.later:
@@ -602,6 +641,7 @@ class Connection:
             self.alarm.arm(0)  # the flusher wakes up, sees `closed` and ends
         if self.host_functions is not None:
             self.host_functions.put((None, 0))
+        self._sent()
         self.sock.close(0)
         self.monitor.close(0)
         if self.data is not None:
