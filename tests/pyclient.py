@@ -25,8 +25,8 @@ class PyClient:
     """One session driven through `xpuremote.client.connection.Connection`, as the shim drives it,
     minus the C entry points: fast enough to run dozens at once in one test process."""
 
-    def __init__(self, address: str, timeout_s: float = 10.0) -> None:
-        self.conn = Connection(address, timeout_s)
+    def __init__(self, address: str, timeout_s: float = 10.0, batch_window_us: float = 50.0) -> None:
+        self.conn = Connection(address, timeout_s, batch_window_us)
         self.conn.post(CALLS["cuCtxCreate_v2"], [CTX, 0, 0], None)
 
     def call(self, symbol: str, *args: Any) -> list[Any]:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import select
 import threading
 import time
+from typing import Any
 
+import pytest
 from conftest import Server
 from pyclient import PyClient, sessions, wait_for
 
@@ -78,6 +80,73 @@ def test_a_batch_the_flusher_cannot_send_fails_loudly_and_the_flusher_lives_on(s
         assert client.status_of("cuCtxSynchronize") == errors.UNKNOWN, "the lost batch is reported"
         client.post("cuMemFree_v2", ptr)
         assert wait_for(lambda: not client.conn.pending, 5), "a later batch goes out by itself"
+        assert client.status_of("cuCtxSynchronize") == errors.SUCCESS
+    finally:
+        client.close()
+
+
+class Exclusive:
+    """The connection's own ZeroMQ socket, counting the times two threads used it at once (a ZeroMQ socket
+    takes one thread at a time). Everything else passes through to the socket."""
+
+    CHECKED = ("send", "recv", "poll", "send_multipart", "recv_multipart")
+
+    def __init__(self, sock: Any) -> None:
+        self.sock, self.busy, self.overlaps = sock, threading.Lock(), 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.sock, name)
+        if name not in self.CHECKED:
+            return attr
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            if not self.busy.acquire(blocking=False):
+                self.overlaps += 1
+                return attr(*args, **kwargs)
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self.busy.release()
+        return checked
+
+
+@pytest.mark.parametrize("data_connection", ["1", "0"])
+def test_threads_queue_calls_while_the_flusher_sends(server: Server, monkeypatch: pytest.MonkeyPatch,
+                                                     data_connection: str) -> None:
+    """The flusher sends its batch after letting go of the connection's lock: calls queued meanwhile, and sync
+    calls that use the socket next, keep each thread's order (every thread reads back its own last memset) and
+    never share the socket with the flusher's send. Without the data connection the sync calls use it too."""
+    monkeypatch.setenv("XPU_DATA_CONNECTION", data_connection)
+    client = PyClient(server.address, batch_window_us=1)  # the flusher sends all the time
+    sock = client.conn.sock = Exclusive(client.conn.sock)
+    threads, rounds, size = 6, 150, 4096
+    buffers = [client.alloc(size) for _ in range(threads)]
+    failures: list[str] = []
+
+    def work(i: int) -> None:
+        try:
+            for r in range(rounds):
+                for k in range(4):
+                    client.post("cuMemsetD8Async", buffers[i], (i * 31 + r * 4 + k) & 0xFF, size, 0)
+                if r % 10 == 9:
+                    want = (i * 31 + r * 4 + 3) & 0xFF
+                    got = client.read(buffers[i], size)
+                    if got != bytes([want]) * size:
+                        failures.append(f"thread {i} round {r}: read {got[:4].hex()}, wanted {want:02x}")
+        except Exception as exc:  # noqa: BLE001 - any failure of a thread fails the test
+            failures.append(f"thread {i}: {type(exc).__name__}: {exc}")
+
+    sent_before = client.conn.seq
+    workers = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+    try:
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join(120)
+        assert not any(w.is_alive() for w in workers), "a thread hung"
+        assert failures == []
+        assert sock.overlaps == 0, "two threads used the socket at once"
+        assert client.conn.seq - sent_before > threads * rounds // 10, "the flusher sent batches of its own meanwhile"
         assert client.status_of("cuCtxSynchronize") == errors.SUCCESS
     finally:
         client.close()
