@@ -572,8 +572,9 @@ class KeptInC:
             if record.setter:  # the data type: the first int of an Nd or 4dEx setting, the second of a 4d one
                 state["data_type"] = record.ints[1 if record.setter == SET_4D else 0]
         else:
-            state = self._lt(record)
-            state["key"] = (state["kind"], state["made"], tuple(self._attributes(record)))
+            attributes = self._attributes(record)
+            state = self._lt(record, attributes)
+            state["key"] = (state["kind"], state["made"], tuple(attributes))
         return state
 
     def _as_made(self, handle: int, record: Any) -> dict[str, Any]:
@@ -589,18 +590,20 @@ class KeptInC:
                 args = [handle, *ints[0:len(call.params) - 1]]
             set_tensor(DRIVER, state, call, args)
         elif record.kind:
-            state.update(self._lt(record))
+            attributes = self._attributes(record)
+            state.update(self._lt(record, attributes))
             call = IN_C_CALLS[(LT_SET, record.kind)]
-            for name, value in self._attributes(record):
+            for name, value in attributes:
                 state["replay"][name] = (call, [handle, name, value, len(value)], len(value))
         return state
 
-    def _lt(self, record: Any) -> dict[str, Any]:
-        """A cuBLASLt descriptor's setting as `lt_descriptor_create` and `lt_descriptor_set` keep it."""
+    def _lt(self, record: Any, attributes: list[tuple[int, bytes]]) -> dict[str, Any]:
+        """A cuBLASLt descriptor's setting (its record's `attributes` read once by the caller) as
+        `lt_descriptor_create` and `lt_descriptor_set` keep it."""
         create, setter = IN_C_CALLS[(LT_CREATE, record.kind)], IN_C_CALLS[(LT_SET, record.kind)]
         state = {"kind": _kind(create)}
         _lt_made(state, create, self._made(record))
-        for name, value in self._attributes(record):
+        for name, value in attributes:
             _lt_attribute(state, setter, name, value)
         return state
 
