@@ -108,6 +108,7 @@ class Connection:
         self.sent_ns = 0  # when the last message went out (kept for a trace)
         self.down_bytes = 0  # size of the last answer read (kept for a trace or a link)
         self.data: socket.socket | None = None  # the data connection (client/data.py), when there is one
+        self.scratch = memoryview(bytearray(data.SCRATCH))  # where an answer there is read
         self.keys = auth.client_keys()  # CURVE keys from the environment, or None for plain TCP
         self.endpoint, self.session, self.key = self._hello(connect_timeout_s)
         self.sock = self._socket(self.endpoint, wire.routing_id(self.key))
@@ -214,7 +215,7 @@ class Connection:
             stream = stream and self.data is not None  # not if it failed there (then it went on ZeroMQ)
             if values:
                 self._send_data(values)
-            answer = self._receive_stream(seq) if stream else self._receive(seq)
+            answer = self._receive_stream(seq, not values) if stream else self._receive(seq)
             if stream and self.later:
                 self._read_later()
             if values and answer.get("outs"):
@@ -460,15 +461,16 @@ class Connection:
             return False
         return True
 
-    def _receive_stream(self, seq: int) -> dict[str, Any]:
+    def _receive_stream(self, seq: int, alone: bool = False) -> dict[str, Any]:
         """The answer to message `seq`, sent on the data connection: it comes there, or, if the stream is lost
-        on the way, on ZeroMQ (the worker sends it there when it cannot send it on the stream)."""
+        on the way, on ZeroMQ (the worker sends it there when it cannot send it on the stream). `alone`: no
+        output follows it there."""
         while self.data is not None and not self._stream_ready():
             self._watch()
         try:
             if self.data is None:  # lost while the message's input was sent
                 raise OSError("it failed while the call's input was sent")
-            answer = wire.decode(data.receive_message(self.data), self._data_ref)
+            answer = wire.decode(data.receive_message(self.data, self.scratch if alone else None), self._data_ref)
         except (OSError, wire.WireError) as exc:
             self._lose_data(f"receiving an answer: {exc}")
             return self._receive(seq)

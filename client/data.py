@@ -22,6 +22,7 @@ from xpuremote.protocol import wire
 log = logging.getLogger("xpuremote.client")
 
 DATA_MIN = 1 << 20  # smaller copies go in their message: a data connection's bytes cost a system call more
+SCRATCH = 64 * 1024  # what one read of an answer takes at most
 TIMEOUT_S = 30.0  # as long as the worker waits for a stalled stream
 
 
@@ -42,20 +43,36 @@ def connect(host: str, port: int, key: bytes, timeout_s: float) -> socket.socket
     return sock
 
 
-def receive_message(sock: socket.socket) -> list[memoryview]:
-    """An answer the worker sent here (wire.stream_buffers)."""
-    head = bytearray(wire.STREAM_HEAD.size)
-    receive_into(sock, memoryview(head))
-    count, size = wire.STREAM_HEAD.unpack(head)
+def receive_message(sock: socket.socket, scratch: memoryview | None = None) -> list[memoryview]:
+    """An answer the worker sent here (wire.stream_buffers). With `scratch` (nothing follows the answer), one
+    read takes as much as fits there: a small answer comes in one system call."""
+    if scratch is None:
+        head = bytearray(wire.STREAM_HEAD.size)
+        receive_into(sock, memoryview(head))
+        count, size = wire.STREAM_HEAD.unpack(head)
+        body = memoryview(bytearray(size))
+        receive_into(sock, body)
+        return wire.stream_frames(count, body)
+    got = 0
+    while got < wire.STREAM_HEAD.size:
+        got += _received(sock.recv_into(scratch[got:], len(scratch) - got))
+    count, size = wire.STREAM_HEAD.unpack_from(scratch)
+    end = wire.STREAM_HEAD.size + size
+    if got > end:
+        raise wire.WireError(f"{got - end} bytes more than the answer on the data connection")
     body = memoryview(bytearray(size))
-    receive_into(sock, body)
+    body[: got - wire.STREAM_HEAD.size] = scratch[wire.STREAM_HEAD.size : got]
+    receive_into(sock, body[got - wire.STREAM_HEAD.size :])
     return wire.stream_frames(count, body)
 
 
 def receive_into(sock: socket.socket, view: memoryview) -> None:
     got, size = 0, len(view)
     while got < size:
-        n = sock.recv_into(view[got:], size - got)
-        if not n:
-            raise ConnectionError("the server closed the data connection")
-        got += n
+        got += _received(sock.recv_into(view[got:], size - got))
+
+
+def _received(n: int) -> int:
+    if not n:
+        raise ConnectionError("the server closed the data connection")
+    return n

@@ -49,6 +49,7 @@ from __future__ import annotations
 import hmac
 import socket
 import struct
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -63,6 +64,8 @@ DATA, DATA_ASKED = 2, 3  # ext type codes of bytes on the data connection, and o
 INLINE_MAX = 64 * 1024
 PROBE_BUSY_MAX_NS = 10_000_000
 STREAM_HEAD = struct.Struct("<IQ")  # a message on the data connection: frame count, bytes after the head
+_ONE_FRAME_HEAD = struct.Struct("<IQQ")  # the head of a message of one frame, with that frame's length
+_LENGTH = struct.Struct("<Q")
 HEADER_ALLOWANCE = 64 * 1024  # of a request's size limit, kept for what is not payload (header, opcodes)
 
 
@@ -97,7 +100,32 @@ class WireError(ValueError):
 
 def encode(header: dict[str, Any]) -> list[Any]:
     """Header dict -> frames; bytearray and memoryview values over INLINE_MAX, and what frame()
-    marked, become frames of their own (sent as they are, without a copy)."""
+    marked, become frames of their own (sent as they are, without a copy). `header` gets `v`."""
+    packer, bulk = _packer()
+    header.setdefault("v", PROTOCOL_VERSION)
+    try:
+        packed = packer.pack(header)
+        if len(packed) > INLINE_MAX:  # msgpack inlines bytearray and memoryview itself: look for large ones
+            found: list[Any] = []
+            swapped = _swap(header, found)
+            if found:
+                bulk[:] = found
+                packed = packer.pack(swapped)
+        return [packed, *bulk]
+    finally:
+        bulk.clear()
+
+
+_PACKERS = threading.local()
+
+
+def _packer() -> tuple[msgpack.Packer, list[Any]]:
+    """This thread's packer and the list its `default` puts bulk frames in: a packer made per message costs
+    as much as the packing (one per thread: `default` runs Python, so another thread could enter it)."""
+    try:
+        return _PACKERS.packer
+    except AttributeError:
+        pass
     bulk: list[Any] = []
 
     def default(obj: Any) -> Any:
@@ -108,15 +136,8 @@ def encode(header: dict[str, Any]) -> list[Any]:
             return msgpack.ExtType(DATA_ASKED if obj.asked else DATA, obj.size.to_bytes(8, "little"))
         raise TypeError(f"cannot send {type(obj).__name__}")
 
-    header = {"v": PROTOCOL_VERSION, **header}
-    packed = msgpack.packb(header, default=default, use_bin_type=True)
-    if len(packed) > INLINE_MAX:  # msgpack inlines bytearray and memoryview itself: look for large ones
-        found: list[Any] = []
-        swapped = _swap(header, found)
-        if found:
-            bulk[:] = found
-            packed = msgpack.packb(swapped, default=default, use_bin_type=True)
-    return [packed, *bulk]
+    _PACKERS.packer = msgpack.Packer(default=default, use_bin_type=True), bulk
+    return _PACKERS.packer
 
 
 def _swap(obj: Any, found: list[Any]) -> Any:
@@ -270,12 +291,13 @@ def receive(sock: Any, max_bytes: int = 0, max_frames: int = 0) -> tuple[list[An
 
 
 # ---- messages on the data connection ------------------------------------------------------------------
-def stream_buffers(frames: Sequence[Any]) -> list[memoryview]:
+def stream_buffers(frames: Sequence[Any]) -> list[Any]:
     """A message as the buffers to write on the data connection: its head, the frames' lengths, the frames."""
+    if len(frames) == 1 and type(frames[0]) is bytes:  # a header alone, as most messages are
+        return [_ONE_FRAME_HEAD.pack(1, 8 + len(frames[0]), len(frames[0])), frames[0]]
     views = [memoryview(f).cast("B") for f in frames]
-    lengths = struct.pack(f"<{len(views)}Q", *(len(v) for v in views))
-    head = STREAM_HEAD.pack(len(views), len(lengths) + sum(len(v) for v in views))
-    return [memoryview(head), memoryview(lengths), *views]
+    sizes = [len(v) for v in views]
+    return [STREAM_HEAD.pack(len(views), 8 * len(views) + sum(sizes)), struct.pack(f"<{len(views)}Q", *sizes), *views]
 
 
 def send_buffers(sock: socket.socket, buffers: list[memoryview]) -> None:
@@ -294,6 +316,10 @@ def stream_frames(count: int, body: memoryview) -> list[memoryview]:
     table = 8 * count
     if table > len(body):
         raise WireError(f"a message of {count} frames in {len(body)} bytes")
+    if count == 1:
+        if _LENGTH.unpack_from(body)[0] != len(body) - 8:
+            raise WireError("a message's frame does not fill its body")
+        return [body[8:]]
     at, frames = table, []
     for length in struct.unpack_from(f"<{count}Q", body):
         if at + length > len(body):

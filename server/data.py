@@ -28,6 +28,7 @@ log = logging.getLogger("xpuremote.worker")
 DATA_TIMEOUT_S = 30.0  # a stream that moves no byte for this long is given up
 ACCEPT_TIMEOUT_S = 5.0  # the client connected before it asked: its connection is waiting already
 SKIP_CHUNK = 1 << 20
+READ_AHEAD = 64 * 1024  # a short read takes up to this much: a small message comes whole in one system call
 
 
 class DataError(wire.WireError):
@@ -56,6 +57,8 @@ class DataConnection:
         self.moved = 0  # bytes of copies read and written
         self.messages = 0  # messages read there
         self.head = memoryview(bytearray(wire.STREAM_HEAD.size))
+        self.ahead = memoryview(bytearray(READ_AHEAD))  # bytes read beyond what was asked: ahead[at:end]
+        self.ahead_at = self.ahead_end = 0
 
     @classmethod
     def accept(cls, listener: socket.socket, key: bytes, session: str) -> DataConnection:
@@ -121,13 +124,28 @@ class DataConnection:
         self._read(view)
         self.moved += len(view)
 
+    def buffered(self) -> bool:
+        """Whether bytes were read ahead: the next message may have come whole, with nothing left to poll."""
+        return self.ahead_end > self.ahead_at
+
     def _read(self, view: memoryview) -> None:
-        got, size = 0, len(view)
+        """Exactly len(view) bytes: what was read ahead first; a short rest read ahead again (the rest of a
+        message, or the inputs that follow it), a long one straight into `view`."""
+        got, size = min(len(view), self.ahead_end - self.ahead_at), len(view)
+        if got:
+            view[:got] = self.ahead[self.ahead_at : self.ahead_at + got]
+            self.ahead_at += got
         try:
             while got < size:
-                n = self._live().recv_into(view[got:], size - got)
+                short = size - got < READ_AHEAD
+                n = self._live().recv_into(self.ahead if short else view[got:], READ_AHEAD if short else size - got)
                 if not n:
                     self.fail("the client closed it")
+                if short:
+                    take = min(n, size - got)
+                    view[got : got + take] = self.ahead[:take]
+                    self.ahead_at, self.ahead_end = take, n
+                    n = take
                 got += n
         except OSError as exc:
             self.fail(f"reading: {exc}")
@@ -167,6 +185,7 @@ class DataConnection:
         return self.sock
 
     def close(self) -> None:
+        self.ahead_at = self.ahead_end = 0
         if self.sock is not None:
             self.sock.close()
             self.sock = None

@@ -667,7 +667,7 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
         session.listener = data.listen(bind)
     print(f"endpoint {endpoint} {session.key.hex()}", flush=True)  # to the daemon's pipe only
     watchdog = Watchdog(monitor, session)
-    poller = zmq.Poller()
+    poller = Poller()
     poller.register(sock, zmq.POLLIN)
     sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)
     started, look_at, reported = time.monotonic(), 0.0, None
@@ -685,7 +685,7 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
             look_at = time.monotonic() + 1.0
             reported = _report(session, reported)
             stream = _stream_of(session)
-            ready = _poll(poller, stream, 1000)
+            ready = poller.wait(stream, 1000, stream is not None and session.data.buffered())
             if watchdog.gone:
                 log.info("session %s: %s; ending", session_id, watchdog.gone)
                 break
@@ -809,12 +809,12 @@ def _stream_of(session: Session) -> socket.socket | None:
     return session.data.sock if session.data is not None and not session.stream_pending else None
 
 
-def _next(sock: zmq.Socket, session: Session, poller: zmq.Poller) -> bool:
+def _next(sock: zmq.Socket, session: Session, poller: Poller) -> bool:
     """Take the next message, from ZeroMQ or the data connection; zmq.Again after RECEIVE_SLICE_MS without one."""
     stream = _stream_of(session)
     if stream is None:
         return _handle(sock, session)  # waiting in recv costs fewer system calls than a poll
-    ready = _poll(poller, stream, RECEIVE_SLICE_MS)
+    ready = poller.wait(stream, RECEIVE_SLICE_MS, session.data.buffered())
     if sock in ready:  # first: a message there may be the one a message on the stream comes after
         return _handle(sock, session)
     if ready:
@@ -822,15 +822,24 @@ def _next(sock: zmq.Socket, session: Session, poller: zmq.Poller) -> bool:
     raise zmq.Again()
 
 
-def _poll(poller: zmq.Poller, stream: socket.socket | None, wait_ms: int) -> dict[Any, int]:
-    """What of ZeroMQ and the data connection (if given) has a message within `wait_ms`."""
-    if stream is None:
-        return dict(poller.poll(wait_ms))
-    poller.register(stream, zmq.POLLIN)
-    try:
-        return dict(poller.poll(wait_ms))
-    finally:
-        poller.unregister(stream)
+class Poller(zmq.Poller):
+    """ZeroMQ's poller over the worker's socket and, while there is one to read, the data connection: kept
+    registered from one wait to the next (registering it anew for each message cost as much as the poll)."""
+
+    stream: socket.socket | None = None
+
+    def wait(self, stream: socket.socket | None, wait_ms: int, buffered: bool = False) -> dict[Any, int]:
+        """What of ZeroMQ and the data connection (if given) has a message within `wait_ms`. `buffered`: the
+        data connection's next message was read with the last one, so its socket may have nothing to say."""
+        if buffered:
+            return {stream: zmq.POLLIN}
+        if stream is not self.stream:
+            if self.stream is not None:
+                self.unregister(self.stream)
+            if stream is not None:
+                self.register(stream, zmq.POLLIN)
+            self.stream = stream
+        return dict(self.poll(wait_ms))
 
 
 def _handle_stream(sock: zmq.Socket, session: Session) -> bool:

@@ -267,6 +267,23 @@ def test_bad_uses_of_the_data_connection_fail_the_call_and_keep_the_stream_in_li
     assert "Traceback" not in srv.log()
 
 
+def test_messages_that_come_in_one_read_are_each_served_in_order(raw: tuple[Server, RawSession]) -> None:
+    """The worker reads ahead: a message and an input that follows it, or two messages, may come in one read.
+    Each is served as if it had come alone, though the second leaves the socket with nothing to poll."""
+    srv, s = raw
+    ptr = _open(s, 64)
+    batches = []
+    for i, value in enumerate((b"first-00", b"second-0")):
+        s.seq += 1
+        header = {"op": "calls", "seq": s.seq, "reply": True, "after": s.zmq_seq,
+                  "calls": [op("cuMemcpyHtoD_v2", ptr + 8 * i, wire.Data(size=8), 8)]}
+        batches.append(b"".join(bytes(b) for b in wire.stream_buffers(wire.encode(header))) + value)
+    s.data.sendall(b"".join(batches))  # the second message and both inputs behind the first message's head
+    assert [s.answer_on_stream()["status"] for _ in batches] == [0, 0]
+    assert bytes(s.calls(op("cuMemcpyDtoH_v2", 16, ptr, 16))["outs"][0]) == b"first-00second-0"
+    assert "Traceback" not in srv.log(), srv.log()[-3000:]
+
+
 def test_a_data_connection_that_ends_in_the_middle_of_a_copy_fails_only_that_copy(
         raw: tuple[Server, RawSession]) -> None:
     srv, s = raw
