@@ -631,7 +631,8 @@ def stop(proc: subprocess.Popen) -> None:
 def server_share(backend: str, n_sync: int, n_async: int, profile_dir: Path | None) -> dict[str, float]:
     """µs per call spent in worker.Session (decode + execute + encode), without any transport: a
     cuCtxSynchronize and an 8-byte cuMemcpyDtoH_v2 answered, memsets in batches. On the cuda backend also the
-    driver's own two calls alone, made from cffi: what is left of the session's figure is xpuremote's."""
+    driver's own two calls alone, made from cffi: what is left of the session's figure is xpuremote's; the copy
+    into page-locked memory; and each call after a pause, as a worker makes it between round trips."""
     import msgpack
 
     from xpuremote.server.limits import Accounted, Limits
@@ -673,12 +674,17 @@ def server_share(backend: str, n_sync: int, n_async: int, profile_dir: Path | No
 
     loops = [("sync", answered(waited["sync"]), n_sync), ("copy", answered(waited["copy"]), n_sync),
              ("async", async_loop, n_async)]
+    out = {}
     if backend == "cuda":
         lib, ffi = session.backend.inner.lib, session.backend.inner.ffi
-        host = ffi.new("char[8]")
+        host, pinned = ffi.new("char[8]"), ffi.new("void **")
         loops += [("driver sync", lambda: [lib.cuCtxSynchronize() for _ in repeat(None, n_sync)], n_sync),
                   ("driver copy", lambda: [lib.cuMemcpyDtoH_v2(host, dptr, 8) for _ in repeat(None, n_sync)], n_sync)]
-    out = {}
+        if lib.cuMemAllocHost_v2(pinned, 8) == 0:
+            loops.append(("driver copy pinned", lambda: [lib.cuMemcpyDtoH_v2(pinned[0], dptr, 8)
+                                                         for _ in repeat(None, n_sync)], n_sync))
+        out["driver copy after a pause"] = paused(lambda: lib.cuMemcpyDtoH_v2(host, dptr, 8), min(n_sync, 5000))
+        out["driver sync after a pause"] = paused(lib.cuCtxSynchronize, min(n_sync, 5000))
     for name, fn, calls in loops:
         times = []
         for _ in range(3):
@@ -688,8 +694,22 @@ def server_share(backend: str, n_sync: int, n_async: int, profile_dir: Path | No
         out[name] = statistics.median(times) / calls * 1e6
         if profile_dir is not None:
             cProfile.runctx("fn()", globals(), {"fn": fn}, str(profile_dir / f"server-{name.replace(' ', '-')}.pstats"))
+    if "driver copy pinned" in out:
+        lib.cuMemFreeHost(pinned[0])
     session.backend.close()
     return out
+
+
+def paused(call: Callable[[], Any], n: int, pause_s: float = 100e-6) -> float:
+    """Median µs of `call`, each made after the thread slept `pause_s`: as a worker makes it, between round trips
+    (a tight loop keeps the driver, the GPU and its link busy; a pause may let them idle)."""
+    times = []
+    for _ in range(n):
+        time.sleep(pause_s)
+        t0 = time.perf_counter_ns()
+        call()
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times) / 1e3
 
 
 def share_line(backend: str, share: dict[str, float]) -> str:
@@ -700,6 +720,10 @@ def share_line(backend: str, share: dict[str, float]) -> str:
     if "driver copy" in share:
         line += (f" The driver's own calls alone, from cffi: cuCtxSynchronize {share['driver sync']:.2f} µs, the "
                  f"copy {share['driver copy']:.2f} µs.")
+    if "driver copy after a pause" in share:
+        line += (f" Into page-locked memory the copy takes {share.get('driver copy pinned', float('nan')):.2f} µs; "
+                 f"each made after a 100 µs pause, cuCtxSynchronize {share['driver sync after a pause']:.2f} µs and "
+                 f"the copy {share['driver copy after a pause']:.2f} µs (medians of single calls).")
     return line
 
 

@@ -14,6 +14,7 @@ from xpuremote.protocol.calls import Call, Param
 from xpuremote.protocol.errors import CudaError
 
 ffi = cffi.FFI()
+CHAR_P = ffi.typeof("char *")  # looked up once: by name, cffi parses the type on every cast
 SIGN = 1 << 63
 WRAP = 1 << 64
 
@@ -58,23 +59,23 @@ def read(address: int, size: int) -> bytes:
     if not size:
         return b""
     _not_null(address)
-    return ffi.buffer(ffi.cast("char *", address), size)[:]
+    return ffi.buffer(ffi.cast(CHAR_P, address), size)[:]
 
 
 def view(address: int, size: int) -> Any:
     """The application's bytes without a copy: only for calls that finish before returning."""
     _not_null(address)
-    return memoryview(ffi.buffer(ffi.cast("char *", address), size))  # wire.encode sends memoryviews
+    return memoryview(ffi.buffer(ffi.cast(CHAR_P, address), size))  # wire.encode sends memoryviews
 
 
 def write(address: int, data: Any) -> None:
     if data:
         _not_null(address)
-        ffi.memmove(ffi.cast("char *", address), data, len(data))
+        ffi.memmove(ffi.cast(CHAR_P, address), data, len(data))
 
 
 def read_string(address: int) -> str:
-    return ffi.string(ffi.cast("char *", address)).decode("utf-8", "replace")
+    return ffi.string(ffi.cast(CHAR_P, address)).decode("utf-8", "replace")
 
 
 def write_string(address: int, text: str, capacity: int) -> None:
@@ -119,7 +120,8 @@ scalar_size: ScalarSize = _no_scalars
 
 
 Step = Callable[[Any, dict[str, Any], Callable[[], int], bool], tuple[Any, int]]
-PACKERS: dict[str, Callable[[list[Any], Callable[[], int], bool], tuple[list[Any], int]]] = {}
+Packer = Callable[[list[Any], Callable[[], int], bool], tuple[list[Any], int]]
+PACKERS: dict[str, Packer] = {}
 
 
 def pack(call: Call, args: list[Any], new_handle: Callable[[], int], snapshot: bool) -> tuple[list[Any], int]:
@@ -132,12 +134,15 @@ def pack(call: Call, args: list[Any], new_handle: Callable[[], int], snapshot: b
     return packer(args, new_handle, snapshot)
 
 
-def _packer(call: Call) -> Callable[[list[Any], Callable[[], int], bool], tuple[list[Any], int]]:
+def _packer(call: Call) -> Packer:
     """pack() for one call: what each pointer parameter needs found once (per call it cost a cuBLAS GEMM's
     client about 2 µs)."""
     steps = [(i, _step(call, p)) for i, p in enumerate(call.params) if p.kind == "ptr" and not p.is_address]
     if not steps:  # nothing to read or size: the arguments are the wire arguments
         return lambda args, new_handle, snapshot: (list(args), 0)
+    sized = _sized_outputs(call)
+    if sized is not None:
+        return _output_packer(call, sized)
     names = call.names
 
     def packed(args: list[Any], new_handle: Callable[[], int], snapshot: bool) -> tuple[list[Any], int]:
@@ -146,6 +151,44 @@ def _packer(call: Call) -> Callable[[list[Any], Callable[[], int], bool], tuple[
             out[i], n = step(args[i], values, new_handle, snapshot)
             carried += n
         return out, carried
+    return packed
+
+
+Sized = tuple[int, int, tuple[int, ...], bool]
+
+
+def _sized_outputs(call: Call) -> list[Sized] | None:
+    """Where every pointer `call` passes is an output its arguments size (a copy to the host, a query): for
+    each, (its position, the constant of its size, the positions of the arguments that multiply it, whether
+    NULL is an error). None otherwise."""
+    sized = []
+    for i, p in enumerate(call.params):
+        if p.kind != "ptr" or p.is_address:
+            continue
+        if p.direction != "out" or p.count in ("*", "str") or p.pointee == "handle" and call.cls == "shadow":
+            return None
+        factors = (p.pointee_size, ()) if p.count is None else p.factors
+        if factors is None:
+            return None
+        where = tuple(call.names.index(name) for name in factors[1])
+        sized.append((i, factors[0], where, call.library == "cuda" and not p.optional))
+    return sized
+
+
+def _output_packer(call: Call, sized: list[Sized]) -> Packer:
+    """pack() for a call whose pointers are sized outputs: each goes as its size (None for NULL), found from the
+    arguments by position (the generic steps' map of names cost a small copy to the host about 1 µs)."""
+    def packed(args: list[Any], new_handle: Callable[[], int], snapshot: bool) -> tuple[list[Any], int]:
+        out = list(args)
+        for i, size, where, required in sized:
+            for j in where:
+                size *= int(args[j])
+            if not args[i]:
+                if required and size:
+                    raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: {call.params[i].name} is NULL")
+                size = None
+            out[i] = size
+        return out, 0
     return packed
 
 
@@ -198,7 +241,12 @@ def _step(call: Call, p: Param) -> Step:
 
 def unpack(call: Call, args: list[Any], outs: list[Any]) -> None:
     """Write the reply's outputs through the application's output pointers."""
-    targets = [a for p, a in zip(call.params, args) if p.direction != "in"]
-    for address, data in zip(targets, outs):
-        if address and isinstance(data, (bytes, memoryview)):
-            write(address, data)
+    targets = OUTPUTS.get(call.symbol)
+    if targets is None:
+        targets = OUTPUTS[call.symbol] = [i for i, p in enumerate(call.params) if p.direction != "in"]
+    for i, data in zip(targets, outs):
+        if args[i] and (type(data) is bytes or isinstance(data, (bytes, memoryview))):
+            write(args[i], data)
+
+
+OUTPUTS: dict[str, list[int]] = {}  # a call's output parameters, by position

@@ -415,6 +415,7 @@ class Session:
         made = [(i, _handle_family(p.ctype.rstrip(" *"))) for i, p in enumerate(call.params)
                 if p.direction == "out" and p.pointee == "handle"]
         outputs = [(i, p) for i, p in enumerate(call.params) if p.direction != "in"]
+        graph = _graph_of(call)
         run = self.backend.runner(call)
         timer = self.gpu_timer if self.gpu_timer and is_gpu_work(call) else None
 
@@ -448,7 +449,7 @@ class Session:
                 self.forget(call, args)
             if not outputs:
                 return []
-            owner = _graph_of(call, decoded)  # a node belongs to its graph
+            owner = decoded[graph] if graph is not None else None  # a node belongs to its graph
             return [self.encode(p, args[i], o, call, owner) for (i, p), o in zip(outputs, outs)]
         return generic_call
 
@@ -561,10 +562,10 @@ def _plain(call: Call) -> Plain | None:
     return plain
 
 
-def _graph_of(call: Call, decoded: list[Any]) -> Any:
-    """The graph a call adds a node to (its CUgraph argument), or None."""
+def _graph_of(call: Call) -> int | None:
+    """Where the graph a call adds a node to is among its arguments (its CUgraph), or None."""
     if call.outputs and call.outputs[0].ctype == "CUgraphNode *":
-        return next((a for p, a in zip(call.params, decoded) if p.ctype == "CUgraph"), None)
+        return next((i for i, p in enumerate(call.params) if p.ctype == "CUgraph"), None)
     return None
 
 
