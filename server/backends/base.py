@@ -150,16 +150,24 @@ class Backend:
     def runner(self, call: Call) -> Callable[[list[Any]], Any]:
         """`execute` for one call, compiled: what the session's hot path (the lane) calls per record. A backend
         whose `execute` does more than dispatch keeps it."""
-        method = self.method_for(call)
-        if type(self).execute is Backend.execute and method is not None:
-            return lambda args: method(*args)
+        direct = self.direct(call)
+        if type(self).execute is Backend.execute and direct is not None:
+            return direct
         return lambda args: self.execute(call, args)
 
-    def method_for(self, call: Call) -> Callable[..., Any] | None:
-        """The method Backend.execute would call for a driver call without outputs, bound; None otherwise."""
-        if call.library != "cuda" or _outputs(call):
-            return None
-        return getattr(self, call.family, None)
+    def direct(self, call: Call) -> Callable[[list[Any]], Any] | None:
+        """What Backend.execute does for a driver call, its method looked up once (a call without outputs gets
+        the method's own result); None where the backend has no method for it."""
+        method = getattr(self, call.family, None) if call.library == "cuda" else None
+        outputs = _outputs(call)
+        if method is None or not outputs:
+            return method and (lambda args: method(*args))
+        inputs = [i for i in range(len(call.params)) if i not in outputs]
+
+        def run(args: list[Any]) -> list[Any]:
+            outs = method(*[args[i] for i in inputs])
+            return list(outs) if outs is not None else []
+        return run
 
     def library(self, name: str) -> Any:
         """What serves the math library `name` (its families as methods), or None."""
