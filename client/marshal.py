@@ -245,7 +245,7 @@ def unpack(call: Call, args: list[Any], outs: list[Any]) -> None:
     if targets is None:
         targets = OUTPUTS[call.symbol] = [i for i, p in enumerate(call.params) if p.direction != "in"]
     for i, data in zip(targets, outs):
-        if args[i] and (type(data) is bytes or isinstance(data, (bytes, memoryview))):
+        if args[i] and isinstance(data, (bytes, memoryview)):
             write(args[i], data)
 
 

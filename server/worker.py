@@ -416,7 +416,7 @@ class Session:
                 if p.direction == "out" and p.pointee == "handle"]
         outputs = [(i, p) for i, p in enumerate(call.params) if p.direction != "in"]
         graph = _graph_of(call)
-        plain_outputs = self.output_encoders(outputs)
+        encoders = self.output_encoders(outputs)
         run = self.backend.runner(call)
         timer = self.gpu_timer if self.gpu_timer and is_gpu_work(call) else None
 
@@ -450,8 +450,8 @@ class Session:
                 self.forget(call, args)
             if not outputs:
                 return []
-            if plain_outputs:  # bytes or scalars: no handle to make
-                return [encode(o, args[i]) for (i, encode), o in zip(plain_outputs, outs)]
+            if encoders:  # bytes or scalars: no handle to make
+                return [encode(o, args[i]) for (i, encode), o in zip(encoders, outs)]
             owner = decoded[graph] if graph is not None else None  # a node belongs to its graph
             return [self.encode(p, args[i], o, call, owner) for (i, p), o in zip(outputs, outs)]
         return generic_call
@@ -538,8 +538,11 @@ class Session:
             return out
 
         def scalar(p: Param) -> Callable[[Any, Any], Any]:
-            return lambda out, arg: as_bytes(out, arg) if arg is None or isinstance(out, (bytes, memoryview)) \
-                else _pack_scalar(p, out)
+            def as_scalar(out: Any, arg: Any) -> Any:
+                if arg is None or isinstance(out, (bytes, memoryview)):
+                    return as_bytes(out, arg)
+                return _pack_scalar(p, out)
+            return as_scalar
         return [(i, scalar(p) if p.count is None and p.pointee in ("int", "float") else as_bytes) for i, p in outputs]
 
     def encode(self, p: Param, arg: Any, out: Any, call: Call, owner: Any = None) -> Any:

@@ -159,9 +159,11 @@ class Backend:
         """What Backend.execute does for a driver call, its method looked up once (a call without outputs gets
         the method's own result); None where the backend has no method for it."""
         method = getattr(self, call.family, None) if call.library == "cuda" else None
+        if method is None:
+            return None
         outputs = _outputs(call)
-        if method is None or not outputs:
-            return method and (lambda args: method(*args))
+        if not outputs:
+            return lambda args: method(*args)
         inputs = [i for i in range(len(call.params)) if i not in outputs]
 
         def run(args: list[Any]) -> list[Any]:

@@ -248,10 +248,10 @@ class SimGraphs(Backend):
         direct = self.direct(call)
         if direct is None or call.family in FORGETTING:
             return lambda args: self.execute(call, args)
-        method = getattr(self, call.family) if all(p.direction != "out" for p in call.params) else None
-        if method is not None:  # a lane's record: one call less
-            return lambda args: method(*args) if not self.captures else self.execute(call, args)
-        return lambda args: direct(args) if not self.captures else self.execute(call, args)
+        if any(p.direction == "out" for p in call.params):
+            return lambda args: direct(args) if not self.captures else self.execute(call, args)
+        method = getattr(self, call.family)  # a lane's record, without `direct`'s call in between
+        return lambda args: method(*args) if not self.captures else self.execute(call, args)
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
         if not self.captures:
