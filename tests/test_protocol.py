@@ -208,7 +208,46 @@ def test_wire_refuses_what_it_cannot_carry() -> None:
     with pytest.raises(TypeError, match="cannot send object"):
         wire.encode({"op": "x", "thing": object()})
     with pytest.raises(TypeError):
-        wire.encode({"op": "x", "thing": {1, 2}})
+        wire.encode({"op": "x", "thing": {1, 2}, "big": wire.frame(bytes(wire.INLINE_MAX + 1))})
+    # the thread's packer is used again: what a refused message had packed, and its frames, are gone
+    assert wire.decode(wire.encode({"op": "y", "n": 1})) == {"op": "y", "n": 1, "v": wire.PROTOCOL_VERSION}
+    assert len(wire.encode({"op": "y"})) == 1
+
+
+def test_sized_outputs_are_packed_as_the_generic_steps_pack_them() -> None:
+    """The client packs a call whose pointers are all sized outputs (a copy to the host, a query) by a short
+    path: for every such call of the table, it gives what the generic steps give, errors included."""
+    from xpuremote.client import marshal
+
+    values = [0, 0, 1, 2, 7, 4096, 1 << 40]
+    checked = 0
+    for call in CALLS.values():
+        sized = marshal._sized_outputs(call)
+        if sized is None:
+            continue
+        short = marshal._output_packer(call, sized)
+        for n in range(12):
+            args = [values[(n * 3 + 5 * i * (n + 1)) % len(values)] for i in range(len(call.params))]
+            assert _packed(short, args, None, False) == _packed(_generic_pack, call, args), (call.symbol, args)
+        checked += 1
+    assert checked > 1000 and marshal._sized_outputs(CALLS["cuMemcpyDtoH_v2"]) is not None
+
+
+def _generic_pack(call: calls.Call, args: list[Any]) -> tuple[list[Any], int]:
+    from xpuremote.client import marshal
+
+    named, out = dict(zip(call.names, args)), list(args)
+    for i, p in enumerate(call.params):
+        if p.kind == "ptr" and not p.is_address:
+            out[i] = marshal._step(call, p)(args[i], named, None, False)[0]
+    return out, 0
+
+
+def _packed(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except errors.CudaError as exc:
+        return exc.code, exc.detail
 
 
 def _pack(obj: Any) -> bytes:
