@@ -321,19 +321,10 @@ def cu_memcpy_dtoh_async(d: Driver, call: Call, args: list[Any]) -> None:
 
 @implements("cuMemcpyDtoH")
 def cu_memcpy_dtoh(d: Driver, call: Call, args: list[Any]) -> None:
-    dst, src, size = args
-    if by_data_connection(d, call, args, size):
+    if by_data_connection(d, call, args, args[2]):
         to_host(d, call, args, marshal.pack(call, args, d.new_handle, snapshot=False)[0], by_data=True)
-        return
-    # what d.forward does for it, in fewer steps: the application waits for this round trip (a loss, a
-    # .item(): 8 bytes), and every layer it passes costs it
-    if d.state.get("captures"):
-        check_work(d, call, args)
-    if not dst and size:
-        raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: dstHost is NULL")
-    outs = d.call(call, [size if dst else None, src, size])
-    if dst and outs and isinstance(outs[0], (bytes, memoryview)):
-        marshal.write(dst, outs[0])
+    else:
+        d.forward(call, args)
 
 
 def to_host(d: Driver, call: Call, args: list[Any], wire_args: list[Any], by_data: bool) -> None:

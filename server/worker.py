@@ -416,7 +416,6 @@ class Session:
                 if p.direction == "out" and p.pointee == "handle"]
         outputs = [(i, p) for i, p in enumerate(call.params) if p.direction != "in"]
         graph = _graph_of(call)
-        encoders = self.output_encoders(outputs)
         run = self.backend.runner(call)
         timer = self.gpu_timer if self.gpu_timer and is_gpu_work(call) else None
 
@@ -450,8 +449,6 @@ class Session:
                 self.forget(call, args)
             if not outputs:
                 return []
-            if encoders:  # bytes or scalars: no handle to make
-                return [encode(o, args[i]) for (i, encode), o in zip(encoders, outs)]
             owner = decoded[graph] if graph is not None else None  # a node belongs to its graph
             return [self.encode(p, args[i], o, call, owner) for (i, p), o in zip(outputs, outs)]
         return generic_call
@@ -486,12 +483,7 @@ class Session:
         if p.direction == "out":
             if p.pointee == "handle" and call.cls == "shadow":
                 return lambda value, scalars: value  # the client's id for the handle being created
-
-            def output_size(value: Any, scalars: dict[str, Any]) -> Any:
-                if value is None or type(value) is int and 0 <= value <= MAX_OUTPUT_BYTES:
-                    return value  # most outputs: the size checked here saves a call per output
-                return self.output_size(call, p, value)
-            return output_size
+            return lambda value, scalars: self.output_size(call, p, value)
         return lambda value, scalars: self.input_bytes(call, p, value, scalars)
 
     def output_size(self, call: Call, p: Param, value: Any) -> Any:
@@ -520,30 +512,6 @@ class Session:
         if expected is not None and len(value) != expected:
             raise CudaError(errors.INVALID_VALUE, f"{call.symbol}.{p.name}: {len(value)} bytes, expected {expected}")
         return value
-
-    def output_encoders(self, outputs: list[tuple[int, Param]]) -> list[tuple[int, Callable[[Any, Any], Any]]]:
-        """What `encode` does for each of a call's outputs, found once, where all are bytes or scalars (neither a
-        handle nor sized by the server); [] otherwise. Each takes the output and the call's argument for it."""
-        if any(p.pointee == "handle" or p.count == "*" for _, p in outputs):
-            return []
-
-        def as_bytes(out: Any, arg: Any) -> Any:
-            if arg is None:
-                return None  # the application passed NULL for this output
-            if isinstance(out, (bytes, memoryview)):
-                if type(arg) is Asked:  # sent on the data connection after the answer
-                    self.outgoing.append(out)
-                    return wire.Data(out)
-                return wire.frame(out)  # a large output goes as a frame of its own, not through msgpack
-            return out
-
-        def scalar(p: Param) -> Callable[[Any, Any], Any]:
-            def as_scalar(out: Any, arg: Any) -> Any:
-                if arg is None or isinstance(out, (bytes, memoryview)):
-                    return as_bytes(out, arg)
-                return _pack_scalar(p, out)
-            return as_scalar
-        return [(i, scalar(p) if p.count is None and p.pointee in ("int", "float") else as_bytes) for i, p in outputs]
 
     def encode(self, p: Param, arg: Any, out: Any, call: Call, owner: Any = None) -> Any:
         if arg is None and p.pointee != "handle":
