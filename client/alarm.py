@@ -14,17 +14,11 @@ import os
 
 CLOCK_MONOTONIC = 1
 TFD_CLOEXEC = 0o2000000
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-class _Itimerspec(ctypes.Structure):
-    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
-
+_Itimerspec = ctypes.c_long * 4  # struct itimerspec: the interval (seconds, nanoseconds), then the expiry
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_settime = _libc.timerfd_settime
+_settime.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]  # none guessed per call
 
 
 def _checked(result: int) -> int:
@@ -63,5 +57,4 @@ class Alarm:
     def _set(self, ns: int) -> None:
         if self.fd < 0:
             return
-        spec = _Itimerspec(_Timespec(0, 0), _Timespec(ns // 1_000_000_000, ns % 1_000_000_000))
-        _checked(_libc.timerfd_settime(self.fd, 0, ctypes.byref(spec), None))
+        _checked(_settime(self.fd, 0, _Itimerspec(0, 0, *divmod(ns, 1_000_000_000)), None))

@@ -107,16 +107,17 @@ def get(p: Param, address: int) -> int:
 
 
 # ---- generic marshalling ---------------------------------------------------------------------
-# A library scalar's bytes in host pointer mode, or None in device pointer mode (the address then
-# travels): set by client/mathlibs.py, which knows each handle's pointer mode.
-ScalarSize = Callable[[Call, Param, dict[str, Any]], "int | None"]
+# What sizes a library scalar from a call's arguments by name: its bytes in host pointer mode, or None in
+# device pointer mode (the address then travels). Set by client/mathlibs.py, which knows each handle's
+# pointer mode.
+ScalarSizer = Callable[[Call, Param], Callable[[dict[str, Any]], "int | None"]]
 
 
-def _no_scalars(call: Call, p: Param, values: dict[str, Any]) -> int | None:
+def _no_scalars(call: Call, p: Param) -> Callable[[dict[str, Any]], int | None]:
     raise CudaError(errors.NOT_SUPPORTED, f"{call.symbol}: {p.name} is a library scalar")
 
 
-scalar_size: ScalarSize = _no_scalars
+scalar_sizer: ScalarSizer = _no_scalars
 
 
 Step = Callable[[Any, dict[str, Any], Callable[[], int], bool], tuple[Any, int]]
@@ -204,9 +205,11 @@ def _step(call: Call, p: Param) -> Step:
 
     if p.direction in ("in", "inout"):  # an inout buffer goes up as it is, and comes back
         if p.is_scalar:
+            size = scalar_sizer(call, p)
+
             def scalar(a: Any, values: dict[str, Any], new_handle: Any, snapshot: bool) -> tuple[Any, int]:
                 checked(a, values)
-                n = scalar_size(call, p, values) if a else None
+                n = size(values) if a else None
                 return (None if not a else a if n is None else read(a, n)), 0
             return scalar
         if p.is_string:

@@ -288,27 +288,36 @@ def lt_heuristic(d: Driver, call: Call, args: list[Any]) -> None:
         HEURISTICS[key] = marshal.read(results, requested * call.params[-2].pointee_size), marshal.read(count_out, 4)
 
 
-def scalar_size(call: Call, p: Param, values: dict[str, Any]) -> int | None:
-    """Bytes of alpha/beta in host pointer mode; None in device pointer mode (the address travels)."""
+def scalar_sizer(call: Call, p: Param) -> Callable[[dict[str, Any]], int | None]:
+    """What sizes alpha/beta from the call's arguments by name: their bytes in host pointer mode, None in device
+    pointer mode (the address travels). What it depends on is found once per parameter."""
     kind = p.count.partition(":")[2]
     if call.library == "cudnn":  # host values: scaling factors double for double data, else float
-        if next(q for q in call.params if q.name == kind).kind == "handle":
-            return 8 if (_kept_state(values[kind]) or {}).get("data_type") == DNN_DOUBLE else 4
-        if values[kind] not in DNN_ELEMENT_BYTES:  # one element of a cudnnDataType_t
-            raise errors.library_error("cudnn", "not_supported", f"{call.symbol}: {p.name} of data type {values[kind]}")
-        return DNN_ELEMENT_BYTES[values[kind]]
-    owner = _state(values["handle" if call.library == "cublas" else "computeDesc"])
-    if owner["pointer_mode"] != POINTER_MODE_HOST:
-        return None
-    if not kind:
-        return p.pointee_size
-    code = owner["scale_type"] if kind == "computeDesc" else values[kind]
-    if code not in SCALAR_BYTES:
-        raise errors.CudaError(errors.NOT_SUPPORTED, f"{call.symbol}: scalars of type {code}")
-    return SCALAR_BYTES[code]
+        if call.params[call.names.index(kind)].kind == "handle":
+            return lambda values: 8 if (_kept_state(values[kind]) or {}).get("data_type") == DNN_DOUBLE else 4
+
+        def element(values: dict[str, Any]) -> int:  # one element of a cudnnDataType_t
+            if values[kind] not in DNN_ELEMENT_BYTES:
+                raise errors.library_error("cudnn", "not_supported", f"{call.symbol}: {p.name} of data type "
+                                           f"{values[kind]}")
+            return DNN_ELEMENT_BYTES[values[kind]]
+        return element
+    owner_name = "handle" if call.library == "cublas" else "computeDesc"
+
+    def scalar(values: dict[str, Any]) -> int | None:
+        owner = _state(values[owner_name])
+        if owner["pointer_mode"] != POINTER_MODE_HOST:
+            return None
+        if not kind:
+            return p.pointee_size
+        code = owner["scale_type"] if kind == "computeDesc" else values[kind]
+        if code not in SCALAR_BYTES:
+            raise errors.CudaError(errors.NOT_SUPPORTED, f"{call.symbol}: scalars of type {code}")
+        return SCALAR_BYTES[code]
+    return scalar
 
 
-marshal.scalar_size = scalar_size
+marshal.scalar_sizer = scalar_sizer
 
 
 @implements("cudnnCreateTensorDescriptor")
@@ -527,14 +536,15 @@ class KeptInC:
     def state(self, handle: int) -> dict[str, Any] | None:
         """The descriptor's state if C keeps it, made once per setting: its key and the answers it gives; the
         calls that make it on the server (`replay`) only when they are needed (see `_replay`)."""
+        copy = self.copies.get(handle)
+        if copy is not None and copy[0] == self.lib.xpu_kept_read(handle, self.ffi.NULL, 0):
+            return copy[1]  # unchanged since it was read: a call names a descriptor several times
         record = self.ffi.new("struct xpu_kept_record *")
         generation = self.lib.xpu_kept_read(handle, record, 0)
         if generation < 0:
             return None
-        copy = self.copies.get(handle)
-        if copy is None or copy[0] != generation:
-            copy = self.copies[handle] = (generation, self._answers(handle, record))
-        return copy[1]
+        self.copies[handle] = (generation, self._answers(handle, record))
+        return self.copies[handle][1]
 
     def adopt(self, handle: int) -> dict[str, Any] | None:
         """The descriptor's state, taken over from C: its calls come here from now on."""
