@@ -14,10 +14,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from xpuremote.client import connection, driver, integrity, mathlibs, nvml, trace
+from xpuremote.client import call_cpu, connection, driver, integrity, mathlibs, nvml, trace
 from xpuremote.client.lane import Lane
 from xpuremote.protocol import errors, logs
-from xpuremote.protocol.calls import CALLS, SYMBOLS
+from xpuremote.protocol.calls import CALLS, LIBRARY_SYMBOLS, SYMBOLS
+from xpuremote.protocol.mathlibs import LIBRARIES
 
 log = logging.getLogger("xpuremote.client")
 XPU_OP_LIBRARY = 1 << 20  # shim.c's: where the math libraries' ops start, counted after the driver's
@@ -164,6 +165,10 @@ def install(ffi: Any, lib: Any) -> None:
             lib.xpu_mark_ask(op, ASKED[symbol])
         if CALLS[symbol].family in CONTEXT_FAMILIES:  # wrapped here, so other calls pay nothing for it
             table[op] = publishing(table[op], ffi, lib, d)
+    if call_cpu.wanted():
+        table = [call_cpu.timed(symbol, h) for symbol, h in zip(SYMBOLS, table)]
+        library_tables = [[call_cpu.timed(symbol, h) for symbol, h in zip(LIBRARY_SYMBOLS[library.name], handlers)]
+                          for library, handlers in zip(LIBRARIES, library_tables)]
 
     def exiting(ffi: Any, slots: Any) -> int:  # C's exit(): the core's interpreter never finalizes
         publish_contexts(ffi, lib, d)  # what the C side answers a teardown's cuCtxGetDevice with
@@ -171,6 +176,7 @@ def install(ffi: Any, lib: Any) -> None:
         if d.conn is not None:
             d.conn.close()
         trace.stop()
+        call_cpu.write()
         return 0
 
     internal = [primary_context, integrity_check, unknown_slot, exiting, unknown_table, context_kind]

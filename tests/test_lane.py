@@ -146,3 +146,24 @@ def test_context_questions_answered_in_c_match_the_clients_answers(two_devices: 
     lines = runs["1"].splitlines()
     assert len(lines) == 12 and "of the primary 0 1" in runs["1"], runs["1"]
     assert lines[3].startswith("primary 1 current True [0, 0, 1, 0, 1, 0, 0, 0, 0, 4, 1, 101"), lines[3]
+
+
+def test_the_clients_cpu_per_call_counts_what_reaches_the_core(tmp_path: Path, shim: Path, server: Server) -> None:
+    """XPU_CALL_CPU (bench/client_cpu.py's source): each entry point the core ran, with its calls and their CPU;
+    the memsets the lane took in C are not among them, nor does the accounting close the lane."""
+    cudart = cudart_path(13)
+    if cudart is None:
+        pytest.skip("the CUDA 13 runtime wheel is not installed")
+    table = tmp_path / "cpu-%p.tsv"
+    proc = subprocess.run([sys.executable, str(SCRIPT), cudart, "many_async"], capture_output=True, text=True,
+                          timeout=300, env=shim_env(shim, server.address, XPU_CALL_CPU=str(table)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    [written] = tmp_path.glob("cpu-*.tsv")
+    assert written.name[4:-4].isdigit()  # %p: the process id
+    spent = {name: (int(n), int(ns)) for name, n, ns in (line.split("\t") for line in written.read_text().splitlines())}
+    assert spent["cuMemAlloc_v2"][0] >= 4 and spent["cuMemAlloc_v2"][1] > 0, spent
+    assert set(spent) <= set(CALLS), set(spent) - set(CALLS)
+    memsets = sum(n for name, (n, _) in spent.items() if name.startswith("cuMemset"))
+    assert memsets <= 4 * 3, spent  # of 6,000: the lane took them but those made before a context was ready
+    rows = list(spent.values())
+    assert rows == sorted(rows, key=lambda row: -row[1])  # dearest first

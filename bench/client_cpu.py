@@ -1,0 +1,111 @@
+"""The client's CPU in a PyTorch step, call by call, beside the application's own (sim backend).
+
+    python bench/client_cpu.py [--workloads cnn_infer_b1,mlp_train] [--out bench/results/client-cpu-sim.json]
+
+Each bench/torch_e2e.py workload (--size small, XPU_SIM_SKIP_KERNELS=1) runs under `xpu-run` against a local
+sim server twice, with 1 and with 1 + STEPS steps (after 2 warm-up steps), and XPU_CALL_CPU set: the core
+then times every call it runs on its thread's CPU clock (client/call_cpu.py). The difference of the two runs,
+divided by STEPS, is one step: each entry point's calls and CPU. The calls the shim answers in C (the fast
+lane, the context questions, kept descriptors) never reach the core and cost it nothing here.
+
+Beside it, from the same runs: the application process's CPU per step (torch_e2e's `cpu_ms`: PyTorch, the
+core on the application's threads, its flusher and ZeroMQ's threads), and what is left of it outside the
+core's calls: PyTorch's own work and the client's background threads. On a GPU, bench/torch_e2e.py puts the
+same process's CPU beside the native run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCH_PYTHON = Path(os.environ.get("XPU_TORCH_PYTHON") or ROOT / ".venv-torch" / "bin" / "python")
+STEPS = 20
+REPEATS = 3  # pairs of runs; medians
+TOP = 12  # entry points listed per workload
+
+
+def run_once(workload: str, steps: int, folder: Path) -> tuple[dict[str, list[int]], float]:
+    """One run: each entry point's [calls, CPU ns] over the whole run, and the application's CPU ms a step."""
+    table = folder / f"{workload}-{steps}.tsv"
+    env = {**os.environ, "XPU_CALL_CPU": str(table), "XPU_SIM_SKIP_KERNELS": "1"}
+    command = [sys.executable, "-m", "xpuremote.interpose.run", "--backend", "sim", "--", str(TORCH_PYTHON),
+               str(ROOT / "bench" / "torch_e2e.py"), "--run", workload, "--size", "small", "--steps", str(steps),
+               "--warmup", "2"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines or not table.is_file():
+        raise SystemExit(f"{workload} failed ({done.returncode}): {done.stderr[-2000:]}")
+    spent = {name: [int(n), int(ns)] for name, n, ns in (row.split("\t") for row in table.read_text().splitlines())}
+    return spent, json.loads(lines[-1])["cpu_ms"]
+
+
+def one_step(workload: str, folder: Path) -> dict[str, Any]:
+    """Medians over REPEATS pairs of runs: the core's calls in one step, and the application's CPU a step."""
+    per_call: dict[str, list[tuple[float, float]]] = {}
+    totals, app = [], []
+    for _ in range(REPEATS):
+        short, _ = run_once(workload, 1, folder)
+        long, cpu_ms = run_once(workload, 1 + STEPS, folder)
+        step = {name: ((n - short.get(name, [0, 0])[0]) / STEPS, (ns - short.get(name, [0, 0])[1]) / STEPS)
+                for name, (n, ns) in long.items() if n > short.get(name, [0, 0])[0]}  # what each step calls
+        for name, value in step.items():
+            per_call.setdefault(name, []).append(value)
+        totals.append(sum(ns for _, ns in step.values()) / 1e6)
+        app.append(cpu_ms)
+    calls = {name: (statistics.median(v[0] for v in values), statistics.median(v[1] for v in values) / 1e3)
+             for name, values in per_call.items()}
+    core_ms, app_ms = statistics.median(totals), statistics.median(app)
+    rows = sorted(((name, n, us) for name, (n, us) in calls.items() if n >= 0.5), key=lambda row: -row[2])
+    return {"workload": workload, "app_cpu_ms": app_ms, "core_ms": core_ms, "outside_ms": app_ms - core_ms,
+            "core_calls": sum(n for _, n, _ in rows), "app_samples": app, "core_samples": totals,
+            "calls": [{"call": name, "per_step": n, "us_per_step": us, "us_per_call": us / n} for name, n, us in rows]}
+
+
+def markdown(report: dict[str, Any]) -> str:
+    out = [f"# The client's CPU in a PyTorch step ({report['when']})", "", f"Command: `{report['command']}`",
+           f"Machine: {report['machine']}", "",
+           f"Medians of {REPEATS} pairs of runs (1 and {1 + STEPS} steps after 2 warm-up steps; the difference is "
+           f"{STEPS} steps), the "
+           "sim backend with XPU_SIM_SKIP_KERNELS=1, --size small.", "",
+           "| workload | application CPU ms/step | the core's calls ms/step | outside them ms/step | calls into the "
+           "core/step |", "|---|---:|---:|---:|---:|"]
+    for w in report["workloads"]:
+        out.append(f"| {w['workload']} | {w['app_cpu_ms']:.2f} | {w['core_ms']:.2f} | {w['outside_ms']:.2f} | "
+                   f"{w['core_calls']:.0f} |")
+    for w in report["workloads"]:
+        out += ["", f"## {w['workload']}: the dearest entry points", "",
+                "| call | calls/step | µs/call | µs/step |", "|---|---:|---:|---:|"]
+        out += [f"| {c['call']} | {c['per_step']:.1f} | {c['us_per_call']:.1f} | {c['us_per_step']:.0f} |"
+                for c in w["calls"][:TOP]]
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default="cnn_infer_b1,mlp_train")
+    parser.add_argument("--out", type=Path, help="JSON here, Markdown beside it")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        results = [one_step(w, Path(tmp)) for w in args.workloads.split(",")]
+    report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["bench/client_cpu.py", *sys.argv[1:]]),
+              "machine": f"{platform.platform()}, {os.cpu_count()} cpus", "workloads": results}
+    text = markdown(report)
+    print(text)
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1))
+        args.out.with_suffix(".md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()
