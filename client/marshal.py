@@ -210,7 +210,7 @@ def _step(call: Call, p: Param) -> Step:
             def scalar(a: Any, values: dict[str, Any], new_handle: Any, snapshot: bool) -> tuple[Any, int]:
                 checked(a, values)
                 n = size(values) if a else None
-                return (None if not a else a if n is None else read(a, n)), 0
+                return (None if not a else a if n is None else read(a, n)), n or 0
             return scalar
         if p.is_string:
             def string(a: Any, values: dict[str, Any], new_handle: Any, snapshot: bool) -> tuple[Any, int]:

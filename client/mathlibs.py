@@ -523,8 +523,6 @@ class KeptInC:
         # a record's content (all but its generation) -> what it answers: PyTorch makes the same descriptors anew
         # for every operation, and reading a record's setting costs 5-10 µs (a GEMM names five)
         self.parsed: dict[bytes, dict[str, Any]] = {}
-        at = ffi.offsetof("struct xpu_kept_record", "generation")
-        self.generation = slice(at, at + ffi.sizeof("int64_t"))
 
     def mark(self) -> None:
         for symbol, (role, kind) in IN_C_OPS.items():
@@ -543,8 +541,10 @@ class KeptInC:
         generation = self.lib.xpu_kept_read(handle, record, 0)
         if generation < 0:
             return None
-        self.copies[handle] = (generation, self._answers(handle, record))
-        return self.copies[handle][1]
+        record.generation = 0  # what is left is the setting
+        state = self._answers(handle, record)
+        self.copies[handle] = (generation, state)
+        return state
 
     def adopt(self, handle: int) -> dict[str, Any] | None:
         """The descriptor's state, taken over from C: its calls come here from now on."""
@@ -565,13 +565,12 @@ class KeptInC:
 
     def _answers(self, handle: int, record: Any) -> dict[str, Any]:
         """What a call naming the descriptor needs: the key of its setting and the answers that depend on it."""
-        raw = bytes(self.ffi.buffer(record))
-        content = raw[:self.generation.start] + raw[self.generation.stop:]
-        parsed = self.parsed.get(content)
+        raw = bytes(self.ffi.buffer(record))  # its generation zeroed: the setting alone
+        parsed = self.parsed.get(raw)
         if parsed is None:
             if len(self.parsed) >= PARSED_KEPT:
                 self.parsed.clear()
-            parsed = self.parsed[content] = self._parse(record)
+            parsed = self.parsed[raw] = self._parse(record)
         return {**parsed, "replay": None, "record": (handle, raw)}
 
     def _parse(self, record: Any) -> dict[str, Any]:
