@@ -1,12 +1,16 @@
 """The client's CPU in a PyTorch step, call by call, beside the application's own (sim backend).
 
     python bench/client_cpu.py [--workloads cnn_infer_b1,mlp_train] [--out bench/results/client-cpu-sim.json]
+                               [--backend sim|cuda] [--repeats N]
 
 Each bench/torch_e2e.py workload (--size small, XPU_SIM_SKIP_KERNELS=1) runs under `xpu-run` against a local
 sim server twice, with 1 and with 1 + STEPS steps (after 2 warm-up steps), and XPU_CALL_CPU set: the core
 then times every call it runs on its thread's CPU clock (client/call_cpu.py). The difference of the two runs,
 divided by STEPS, is one step: each entry point's calls and CPU. The calls the shim answers in C (the fast
 lane, the context questions, kept descriptors) never reach the core and cost it nothing here.
+
+With --backend cuda (a GPU; the GPU check's stage 6) the workloads run at their benchmark sizes on a local
+`xpu-server --backend cuda`, NVIDIA's libraries behind it.
 
 Beside it, from the same runs: the application process's CPU per step (torch_e2e's `cpu_ms`: PyTorch, the
 core on the application's threads, its flusher and ZeroMQ's threads), and what is left of it outside the
@@ -31,17 +35,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 TORCH_PYTHON = Path(os.environ.get("XPU_TORCH_PYTHON") or ROOT / ".venv-torch" / "bin" / "python")
 STEPS = 20
-REPEATS = 3  # pairs of runs; medians
 TOP = 12  # entry points listed per workload
 
 
-def run_once(workload: str, steps: int, folder: Path) -> tuple[dict[str, list[int]], float]:
+def run_once(workload: str, steps: int, folder: Path, backend: str) -> tuple[dict[str, list[int]], float]:
     """One run: each entry point's [calls, CPU ns] over the whole run, and the application's CPU ms a step."""
     table = folder / f"{workload}-{steps}.tsv"
-    env = {**os.environ, "XPU_CALL_CPU": str(table), "XPU_SIM_SKIP_KERNELS": "1"}
-    command = [sys.executable, "-m", "xpuremote.interpose.run", "--backend", "sim", "--", str(TORCH_PYTHON),
-               str(ROOT / "bench" / "torch_e2e.py"), "--run", workload, "--size", "small", "--steps", str(steps),
-               "--warmup", "2"]
+    env = {**os.environ, "XPU_CALL_CPU": str(table), **({"XPU_SIM_SKIP_KERNELS": "1"} if backend == "sim" else {})}
+    command = [sys.executable, "-m", "xpuremote.interpose.run", "--backend", backend, "--", str(TORCH_PYTHON),
+               str(ROOT / "bench" / "torch_e2e.py"), "--run", workload, "--size", "small" if backend == "sim" else
+               "full", "--steps", str(steps), "--warmup", "2"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines or not table.is_file():
@@ -50,13 +53,13 @@ def run_once(workload: str, steps: int, folder: Path) -> tuple[dict[str, list[in
     return spent, json.loads(lines[-1])["cpu_ms"]
 
 
-def one_step(workload: str, folder: Path) -> dict[str, Any]:
-    """Medians over REPEATS pairs of runs: the core's calls in one step, and the application's CPU a step."""
+def one_step(workload: str, folder: Path, backend: str, repeats: int) -> dict[str, Any]:
+    """Medians over `repeats` pairs of runs: the core's calls in one step, and the application's CPU a step."""
     per_call: dict[str, list[tuple[float, float]]] = {}
     totals, app = [], []
-    for _ in range(REPEATS):
-        short, _ = run_once(workload, 1, folder)
-        long, cpu_ms = run_once(workload, 1 + STEPS, folder)
+    for _ in range(repeats):
+        short, _ = run_once(workload, 1, folder, backend)
+        long, cpu_ms = run_once(workload, 1 + STEPS, folder, backend)
         step = {name: ((n - short.get(name, [0, 0])[0]) / STEPS, (ns - short.get(name, [0, 0])[1]) / STEPS)
                 for name, (n, ns) in long.items() if n > short.get(name, [0, 0])[0]}  # what each step calls
         for name, value in step.items():
@@ -73,11 +76,12 @@ def one_step(workload: str, folder: Path) -> dict[str, Any]:
 
 
 def markdown(report: dict[str, Any]) -> str:
+    runs = f"Medians of {report['repeats']} pairs of runs" if report["repeats"] > 1 else "One pair of runs"
+    where = ("the sim backend with XPU_SIM_SKIP_KERNELS=1, --size small" if report["backend"] == "sim" else
+             "the cuda backend, --size full")
     out = [f"# The client's CPU in a PyTorch step ({report['when']})", "", f"Command: `{report['command']}`",
            f"Machine: {report['machine']}", "",
-           f"Medians of {REPEATS} pairs of runs (1 and {1 + STEPS} steps after 2 warm-up steps; the difference is "
-           f"{STEPS} steps), the "
-           "sim backend with XPU_SIM_SKIP_KERNELS=1, --size small.", "",
+           f"{runs} (1 and {1 + STEPS} steps after 2 warm-up steps; the difference is {STEPS} steps), {where}.", "",
            "| workload | application CPU ms/step | the core's calls ms/step | outside them ms/step | calls into the "
            "core/step |", "|---|---:|---:|---:|---:|"]
     for w in report["workloads"]:
@@ -95,11 +99,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", default="cnn_infer_b1,mlp_train")
     parser.add_argument("--out", type=Path, help="JSON here, Markdown beside it")
+    parser.add_argument("--backend", choices=["sim", "cuda"], default="sim", help="the local server's (default sim)")
+    parser.add_argument("--repeats", type=int, default=3, help="pairs of runs, medians (default 3)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        results = [one_step(w, Path(tmp)) for w in args.workloads.split(",")]
+        results = [one_step(w, Path(tmp), args.backend, args.repeats) for w in args.workloads.split(",")]
     report = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(["bench/client_cpu.py", *sys.argv[1:]]),
-              "machine": f"{platform.platform()}, {os.cpu_count()} cpus", "workloads": results}
+              "machine": f"{platform.platform()}, {os.cpu_count()} cpus", "backend": args.backend,
+              "repeats": args.repeats, "workloads": results}
     text = markdown(report)
     print(text)
     if args.out:

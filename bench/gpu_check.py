@@ -25,7 +25,8 @@ builds the shim, then runs the chosen stages, each under a time limit of its own
               (native vs through xpuremote)
   4 perf      `xpu-perf validate` on two PyTorch workloads (predicted vs emulated links)
   5 answers   bench/driver_answers.py: what the real driver answers beside the shim's answers
-  6 calls     two PyTorch workloads recorded, and `xpu-perf calls`: where a step's time goes, call by call
+  6 calls     two PyTorch workloads recorded, and `xpu-perf calls`: where a step's time goes, call by call;
+              and bench/client_cpu.py: the client's CPU a call in two workloads' steps, untraced
 
 and writes DIR/gpu-check.json (everything), DIR/gpu-check.md (the summary) and DIR/gpu-check.log
 (each command's output). Exit status 0 when every chosen stage passed.
@@ -620,6 +621,7 @@ def stage_answers(ctx: Context) -> dict[str, Any]:
 
 # ---- stage 6: where a PyTorch step's time goes, call by call ---------------------------------------------
 CALLS_E2E = ("gpt2_generate", "cnn_infer_b1")  # the two furthest from native on the H200
+CALLS_CPU = ("cnn_infer_b1", "mlp_train")  # the client's CPU a call: cuDNN's calls, cuBLAS's and cuBLASLt's
 
 
 def stage_calls(ctx: Context) -> dict[str, Any]:
@@ -645,8 +647,15 @@ def stage_calls(ctx: Context) -> dict[str, Any]:
                                                    str(path)], 120))
         results.append({"workload": workload, "predict": predict, "calls": _last_json(steps[-1]["output"])})
         path.unlink(missing_ok=True)  # large; the tables are what comes back
-    ok = all("error" not in r and r["predict"] and r["calls"] for r in results)
-    return {"ok": ok, "workloads": results, "steps": [_brief(s, 12) for s in steps]}
+    out = WORK / "client_cpu.json"  # the same steps untraced: the client's CPU a call, its C paths on
+    out.unlink(missing_ok=True)
+    steps.append(ctx.run("client_cpu", [ctx.python, "bench/client_cpu.py", "--backend", ctx.backend, "--repeats", "1",
+                                        "--workloads", ",".join(CALLS_CPU if ctx.gpu else SIM_E2E[1:]), "--out",
+                                        str(out)], 240, {**ctx.env, "XPU_TORCH_PYTHON": ctx.torch_python}))
+    client_cpu = _read_json(out)
+    ok = all("error" not in r and r["predict"] and r["calls"] for r in results) and bool(client_cpu)
+    return {"ok": ok, "workloads": results, "client_cpu": client_cpu,
+            "client_cpu_markdown": _markdown(out.with_suffix(".md")), "steps": [_brief(s, 12) for s in steps]}
 
 
 STAGES: dict[str, Callable[[Context], dict[str, Any]]] = {
@@ -743,6 +752,10 @@ def _md_calls(stage: dict[str, Any]) -> list[str]:
                 f"{r['inside_ns'] / r['count'] / 1e3:.2f} | {r['server_ns'] / 1e6:.2f} | {r['waits']} | "
                 f"{r['wait_ns'] / 1e6:.2f} |" for r in c.get("calls", [])]
         out.append("")
+    cpu = stage.get("client_cpu_markdown", "").splitlines()
+    if cpu:  # its own title, and its headings two levels down
+        out += ["### The client's CPU a call, untraced (bench/client_cpu.py)", "",
+                *("##" + line if line.startswith("#") else line for line in cpu[1:])]
     return out
 
 
