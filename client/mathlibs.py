@@ -802,12 +802,27 @@ def _by_value_scalars(d: Driver, pointers: bytes) -> tuple[bytes, bytes] | None:
     """A variant pack's pointer outside device memory, readable here, is a by-value scalar's (cudnn-frontend
     passes attention scales so): which ones, and their bytes, 8 each (the widest scalar), for the server to
     hold where its cuDNN reads them. None where there is none."""
-    addresses = [p for (p,) in struct.iter_unpack("<Q", pointers)]
-    flags, scalars = bytearray(len(addresses)), bytearray(8 * len(addresses))
-    for i, address in enumerate(addresses):
-        if address and not memory.is_device(d, address) and (found := memory.host_bytes(address, 8)) is not None:
+    devices = memory.maps(d)[0]
+    if ON_DEVICE.get(pointers) == devices.changes:  # PyTorch's caching allocator gives a step the same addresses
+        return None
+    flags, scalars = bytearray(len(pointers) // 8), bytearray(len(pointers))
+    on_device = True
+    for i, (address,) in enumerate(struct.iter_unpack("<Q", pointers)):
+        if not address or devices.find(address) is not None:
+            continue
+        on_device = False
+        if (found := memory.host_bytes(address, 8)) is not None:
             flags[i], scalars[8 * i:8 * i + len(found)] = 1, found
+    if on_device:
+        if len(ON_DEVICE) >= HEURISTICS_KEPT:
+            ON_DEVICE.clear()
+        ON_DEVICE[pointers] = devices.changes
+        return None
     return (bytes(flags), bytes(scalars)) if any(flags) else None
+
+
+# a variant pack's pointers -> the device memory map's `changes` when they were all found in it (or NULL)
+ON_DEVICE: dict[bytes, int] = {}
 
 
 @implements("cudnnBackendGetAttribute")

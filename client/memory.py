@@ -56,15 +56,18 @@ class RangeMap:
 
     bases: list[int] = field(default_factory=list)
     ranges: dict[int, Range] = field(default_factory=dict)
+    changes: int = 0  # ranges added and removed: what was found by address holds while this stays
 
     def add(self, r: Range) -> None:
         bisect.insort(self.bases, r.base)
         self.ranges[r.base] = r
+        self.changes += 1
 
     def remove(self, base: int) -> Range | None:
         r = self.ranges.pop(base, None)
         if r is not None:
             self.bases.remove(base)
+            self.changes += 1
         return r
 
     def find(self, address: int) -> Range | None:
