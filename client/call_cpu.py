@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 Handler = Callable[[Any], int]
-SPENT: dict[str, list[int]] = {}  # entry point -> [calls, CPU nanoseconds]
+SPENT: dict[str, list[int]] = {}  # entry point -> [calls, CPU nanoseconds]; threads adding at once may lose one
 
 
 def wanted() -> bool:

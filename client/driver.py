@@ -296,13 +296,13 @@ def _library_of(symbol: str) -> str:
 
 # Set by client/streams.py: while a capture is on, refuses work it forbids before it is sent.
 CAPTURE_CHECK: list[Callable[[Driver, Call, list[Any]], None]] = []
-Translation = Callable[["Driver", int], int]
-CU_STREAM_PER_THREAD = 2
 # Hooks that make a lazily created object exist on the server before a call uses it.
 ENSURE: dict[str, Callable[[Driver, int], None]] = {}
 # Handles the client keeps that stand for a server object of its choosing: the handle that object has there.
 SERVER_OBJECT: dict[str, Callable[[Driver, int], int]] = {}
+Translation = Callable[["Driver", int], int]
 _TRANSLATIONS: dict[str, list[tuple[int, Translation]]] = {}  # symbol -> what Driver.translate() changes
+CU_STREAM_PER_THREAD = 2
 
 
 def _translations(call: Call) -> list[tuple[int, Translation]]:

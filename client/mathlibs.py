@@ -798,6 +798,10 @@ def _post_attribute(d: Driver, descriptor: int, name: int, attribute_type: int, 
            [descriptor, name, attribute_type, count, wire.frame(raw) if size else None], size)
 
 
+# a variant pack's pointers -> the device memory map's `changes` when they were all found in it (or NULL)
+ON_DEVICE: dict[bytes, int] = {}
+
+
 def _by_value_scalars(d: Driver, pointers: bytes) -> tuple[bytes, bytes] | None:
     """A variant pack's pointer outside device memory, readable here, is a by-value scalar's (cudnn-frontend
     passes attention scales so): which ones, and their bytes, 8 each (the widest scalar), for the server to
@@ -820,9 +824,6 @@ def _by_value_scalars(d: Driver, pointers: bytes) -> tuple[bytes, bytes] | None:
         return None
     return (bytes(flags), bytes(scalars)) if any(flags) else None
 
-
-# a variant pack's pointers -> the device memory map's `changes` when they were all found in it (or NULL)
-ON_DEVICE: dict[bytes, int] = {}
 
 
 @implements("cudnnBackendGetAttribute")
