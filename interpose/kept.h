@@ -143,8 +143,8 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
 
 /* ---- for the core ---------------------------------------------------------------------------- */
 /* A kept descriptor's record copied out: its generation, or -1 if the table does not keep it (any more).
- * `adopt`: the core takes it over, its slot kept taken. */
-/* `out` NULL: the generation alone, for a core whose copy may still be current */
+ * `out` NULL: the generation alone, for a core whose copy may still be current. `adopt`: the core takes it
+ * over, its slot kept taken. */
 static int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt) {
     pthread_mutex_lock(&xpu_kept.lock);
     struct xpu_kept_record *r = xpu_kept_find(handle);
