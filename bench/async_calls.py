@@ -43,6 +43,7 @@ sys.path.insert(0, str(HERE))
 from foundation import clean_env, publish, run_facts, start_server, start_stand_in, stop  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
+LANE_BYTES = 256 << 10  # interpose/front.h's XPU_LANE_BYTES: the raw baseline's messages are a full lane's
 
 
 def cpu_seconds(pid: int) -> float:
@@ -110,7 +111,7 @@ def raw_run(calls: int) -> dict[str, float]:
 
     record = wire.LANE_RECORD.pack(CALLS["cuMemsetD8Async"].opcode, 4, wire.LANE_NO_BLOB, 0, 0, 1) \
         + struct.pack("<4Q", 1 << 40, 7, 256, 0)
-    per_message = (48 << 10) // len(record)
+    per_message = LANE_BYTES // len(record)
     message = record * per_message
     ctx = zmq.Context()
     router, dealer = ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)

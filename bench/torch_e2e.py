@@ -193,32 +193,34 @@ def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP) -> 
         step()
     torch.cuda.synchronize()
     times = []
-    cpu, served = time.process_time(), workers_cpu_s()
+    cpu, workers = time.process_time(), workers_cpu_s()
     for _ in range(steps):
         start = time.perf_counter()
         step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
-    cpu, served = time.process_time() - cpu, workers_cpu_s() - served
+    cpu = time.process_time() - cpu
+    served = sum(now - workers.get(pid, 0.0) for pid, now in workers_cpu_s().items())
     return {"workload": name, "steps_s": times, "median_ms": 1000 * statistics.median(times), "checksum": checksum(),
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "max_allocated": torch.cuda.max_memory_allocated(),
             "cpu_ms": 1000 * cpu / steps, "server_cpu_ms": 1000 * served / steps}
 
 
-def workers_cpu_s() -> float:
-    """CPU seconds of this machine's xpu-server session workers (all their threads): where the step's calls
-    ran. With this process's own CPU (the application's and the client's), it says which side a step waits
-    for. Clock ticks: meaningful over all the timed steps, not one."""
-    total = 0.0
+def workers_cpu_s() -> dict[int, float]:
+    """CPU seconds of each of this machine's xpu-server session workers (all their threads), by pid: where the
+    step's calls ran. With this process's own CPU (the application's and the client's), it says which side a
+    step waits for. Clock ticks: meaningful over all the timed steps, not one. The caller compares the same
+    pids: another session's worker that ends meanwhile takes its CPU with it."""
+    found = {}
     for proc in Path("/proc").iterdir():
         try:
             if proc.name.isdigit() and b"xpuremote.server.worker" in (proc / "cmdline").read_bytes():
                 fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+                found[int(proc.name)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         except OSError:  # gone meanwhile
             continue
-    return total
+    return found
 
 
 # ---- the comparison ---------------------------------------------------------------------------------

@@ -6,8 +6,10 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#define XPU_FRONT_VERSION 5
-#define XPU_LANE_BYTES (48 << 10)  /* the fast lane's buffer (lane.h): full, it declines and the core sends it */
+#define XPU_FRONT_VERSION 6
+/* The fast lane's buffer (lane.h): full, it declines and the core sends it. Room for about ten of
+ * PyTorch's foreach launches, whose argument bytes (a TensorListMetadata) are about 25 KiB each. */
+#define XPU_LANE_BYTES (256 << 10)
 
 typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
 

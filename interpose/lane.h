@@ -17,7 +17,7 @@
 
 #include <sys/timerfd.h>
 
-#define XPU_LANE_BLOB_MAX 4096     /* kernel argument bytes a launch record may carry */
+#define XPU_LANE_BLOB_MAX 32764    /* kernel argument bytes a launch record may carry: the driver's bound */
 #define XPU_LANE_ARGS_MAX 12
 #define XPU_LANE_CONTEXTS 64
 #define XPU_LANE_FUNCTIONS 8192    /* a power of two: the open-addressing table of kernels */

@@ -91,13 +91,18 @@ def test_the_legacy_convolution_path(math_server: Server) -> None:
     assert_close(convolutions)
 
 
-def test_linear_backward_and_two_optimizer_steps_match_the_cpu(math_server: Server) -> None:
-    """Gradients of nn.Linear, and an MLP's two SGD steps (plain and with momentum): losses and
-    parameters as on the CPU. ATen's own kernels on this path run, on the sim, as tests/torch_sim_kernels.py."""
-    results, _ = run_math(math_server, TRAIN)
+def test_linear_backward_optimizer_steps_and_foreach_ops_match_the_cpu(math_server: Server, tmp_path: Path) -> None:
+    """Gradients of nn.Linear, an MLP's two SGD steps (plain and with momentum) and 200 foreach additions:
+    losses and parameters as on the CPU. ATen's own kernels on this path run, on the sim, as
+    tests/torch_sim_kernels.py. A foreach kernel's 25 KiB of arguments fit the fast lane: all but its first
+    launch skip the client core (XPU_CALL_CPU counts the core's)."""
+    table = tmp_path / "calls.tsv"
+    results, _ = run_math(math_server, TRAIN, XPU_CALL_CPU=str(table))
     assert {"linear_backward_weight", "linear_backward_bias", "linear_backward_input", "mlp_loss_step1",
-            "mlp_loss_step2", "mlp_params_after", "mlp_momentum_params_after"} <= set(results)
+            "mlp_loss_step2", "mlp_params_after", "mlp_momentum_params_after", "foreach_add_many"} <= set(results)
     assert_close(results)
+    core = {name: int(n) for name, n, _ in (line.split("\t") for line in table.read_text().splitlines())}
+    assert core.get("cuLaunchKernel", 0) < 100, core  # of 200 foreach launches and the rest: each kernel's first
 
 
 E2E_ARGS = [str(E2E), "--run", ",".join(E2E_WORKLOADS), "--steps", "1", "--warmup", "1", "--size", "small"]

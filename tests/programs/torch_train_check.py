@@ -93,5 +93,18 @@ def _() -> float:
     return params_diff(0.9)
 
 
+FOREACH_ROUNDS = 200  # the test counts the launches that reached the client core
+
+
+@check("foreach_add_many")
+def _() -> float:
+    """Many launches of one foreach kernel: its argument bytes (a TensorListMetadata) are about 25 KiB."""
+    lists = {device: [torch.full((n,), 0.5, device=device) for n in (3, 70, 1000)] for device in ("cpu", "cuda")}
+    for tensors in lists.values():
+        for i in range(FOREACH_ROUNDS):
+            torch._foreach_add_(tensors, float(i % 7))
+    return max(diff(d, c) for d, c in zip(lists["cuda"], lists["cpu"], strict=True))
+
+
 if __name__ == "__main__":
     report()
