@@ -385,6 +385,7 @@ def backend_finalize(d: Driver, call: Call, args: list[Any]) -> None:
     """Waits for its answer (finalizing an engine's plan may fail, and callers rely on hearing it),
     except a variant pack's, made and finalized before every execution: kept here, or queued (a failure
     surfaces at the next call that waits, as an execution's would)."""
+    _kept(args[0])  # one C keeps is taken over
     pack = STATE.get(args[0], {})
     if "kept" in pack and not pack["finalized"]:
         pack["finalized"] = True
@@ -497,18 +498,28 @@ SERVER_OBJECT.update(dict.fromkeys(DESCRIPTORS, server_descriptor))
 
 
 # ---- descriptors kept in C (interpose/kept.h) --------------------------------------------------------------
-# With the shim, a tensor descriptor's create, its three setters and its destroy, and cuBLASLt's descriptors'
-# creates, attribute setters and destroys are answered in C, and the descriptor is a record there: read when a
-# call names it (as the state `keep_descriptor` and the setters here make), taken over by this module for
-# anything else. The roles and a record's kinds are kept.h's; the record's layout is front.h's.
-CREATE, SET_ND, SET_4D, SET_4D_EX, DESTROY, LT_CREATE, LT_SET, LT_DESTROY = range(1, 9)  # kept.h's XPU_KEPT_*
-IN_C_OPS = {  # symbol -> (role, kind: 0 a tensor, 1-3 cuBLASLt's)
+# With the shim, a tensor descriptor's create, its three setters and its destroy, cuBLASLt's descriptors'
+# creates, attribute setters and destroys, and a variant pack's create, attributes, finalize and destroy are
+# answered in C, and the descriptor is a record there: read when a call names it (as the state `keep_descriptor`,
+# the setters and `backend_create` here make), taken over by this module for anything else. The roles and a
+# record's kinds are kept.h's; the record's layout is front.h's.
+(CREATE, SET_ND, SET_4D, SET_4D_EX, DESTROY, LT_CREATE, LT_SET, LT_DESTROY,
+ PACK_CREATE, PACK_SET, PACK_FINALIZE, PACK_DESTROY) = range(1, 13)  # kept.h's XPU_KEPT_*
+PACK = 4  # a variant pack's record kind
+IN_C_OPS = {  # symbol -> (role, kind: 0 a tensor, 1-3 cuBLASLt's, 4 a variant pack)
     "cudnnCreateTensorDescriptor": (CREATE, 0), "cudnnSetTensorNdDescriptor": (SET_ND, 0),
     "cudnnSetTensor4dDescriptor": (SET_4D, 0), "cudnnSetTensor4dDescriptorEx": (SET_4D_EX, 0),
     "cudnnDestroyTensorDescriptor": (DESTROY, 0),
     **{f"cublasLt{name}{verb}": (role, kind) for kind, name in enumerate(("MatmulDesc", "MatrixLayout",
                                                                           "MatmulPreference"), 1)
-       for verb, role in (("Create", LT_CREATE), ("SetAttribute", LT_SET), ("Destroy", LT_DESTROY))}}
+       for verb, role in (("Create", LT_CREATE), ("SetAttribute", LT_SET), ("Destroy", LT_DESTROY))},
+    **{f"cudnnBackend{verb}": (role, PACK) for verb, role in (
+        ("CreateDescriptor", PACK_CREATE), ("SetAttribute", PACK_SET), ("Finalize", PACK_FINALIZE),
+        ("DestroyDescriptor", PACK_DESTROY))}}
+PACK_HEAD = struct.Struct("<ii3q")  # front.h's xpu_kept_pack before its values: finalized, attributes set, counts
+# a pack record's attributes in its order (kept.h's): (name, element type)
+PACK_ORDER = tuple((name, mathlibs.CUDNN_PACK_ATTRIBUTES[name]) for name in (PACK_UIDS, mathlibs.CUDNN_DATA_POINTERS,
+                                                                            PACK_WORKSPACE))
 IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items()}
 IN_C_DECODERS = {kind: marshal.slot_decoder(call) for (role, kind), call in IN_C_CALLS.items() if role == LT_CREATE}
 IN_C_DIMS = 8  # a tensor record's ints: type, count, dims at 2, strides at 2 + IN_C_DIMS (front.h)
@@ -523,6 +534,8 @@ class KeptInC:
         # a record's content (all but its generation) -> what it answers: PyTorch makes the same descriptors anew
         # for every operation, and reading a record's setting costs 5-10 µs (a GEMM names five)
         self.parsed: dict[bytes, dict[str, Any]] = {}
+        self.packs: dict[bytes, dict[str, Any]] = {}  # a pack's bytes -> what its execution reads
+        self.pack_at = ffi.offsetof("struct xpu_kept_record", "pack")
 
     def mark(self) -> None:
         for symbol, (role, kind) in IN_C_OPS.items():
@@ -530,6 +543,8 @@ class KeptInC:
             made = len(call.params) - 1 if role == LT_CREATE else 0  # a cuBLASLt create's setting: its arguments
             self.lib.xpu_kept_mark(mathlibs.LIBRARIES.index(mathlibs.BY_NAME[call.library]),
                                    LIBRARY_SYMBOLS[call.library].index(symbol), role, kind, made)
+        names = [name for name, _ in PACK_ORDER]
+        self.lib.xpu_kept_pack_names(self.ffi.new("int64_t[]", [VARIANT_PACK, *names, *(t for _, t in PACK_ORDER)]))
 
     def state(self, handle: int) -> dict[str, Any] | None:
         """The descriptor's state if C keeps it, made once per setting: its key and the answers it gives; the
@@ -539,7 +554,7 @@ class KeptInC:
             return copy[1]  # unchanged since it was read: a call names a descriptor several times
         record = self.ffi.new("struct xpu_kept_record *")
         generation = self.lib.xpu_kept_read(handle, record, 0)
-        if generation < 0:
+        if generation < 0 or record.kind == PACK:  # a pack where a descriptor is named: the server says so
             return None
         record.generation = 0  # what is left is the setting
         state = self._answers(handle, record)
@@ -553,6 +568,32 @@ class KeptInC:
         if self.lib.xpu_kept_read(handle, record, 1) < 0:
             return None
         return self._as_made(handle, record)
+
+    def pack(self, handle: int, adopt: bool) -> dict[str, Any] | None:
+        """A variant pack C keeps, as `backend_create` keeps one: taken over, or only read for its execution
+        (then shared: PyTorch executes the same packs step after step)."""
+        record = self.ffi.new("struct xpu_kept_record *")
+        if self.lib.xpu_kept_read(handle, record, 0) < 0 or record.kind != PACK:
+            return None
+        if adopt and self.lib.xpu_kept_read(handle, record, 1) < 0:
+            return None
+        raw = self.ffi.buffer(record)[self.pack_at:]
+        if adopt:
+            return self._pack(raw)
+        found = self.packs.get(raw)
+        if found is None:
+            if len(self.packs) >= PARSED_KEPT:
+                self.packs.clear()
+            found = self.packs[raw] = self._pack(raw)
+        return found
+
+    def _pack(self, raw: bytes) -> dict[str, Any]:
+        """A pack record's `struct xpu_kept_pack` bytes as `backend_create` keeps a pack."""
+        finalized, attributes, *counts = PACK_HEAD.unpack_from(raw)
+        size, at = 8 * self.lib.XPU_KEPT_PACK, PACK_HEAD.size
+        kept = {name: (element, counts[a], raw[at + a * size:at + a * size + 8 * counts[a]])
+                for a, (name, element) in enumerate(PACK_ORDER) if attributes >> a & 1}
+        return {"descriptor_type": VARIANT_PACK, "kept": kept, "finalized": bool(finalized)}
 
     def release(self, handle: int) -> bool:
         """A destroyed descriptor's slot freed: True if it was one of C's."""
@@ -588,6 +629,8 @@ class KeptInC:
 
     def _as_made(self, handle: int, record: Any) -> dict[str, Any]:
         """The descriptor's whole state, as this module keeps one: with the calls that made it."""
+        if record.kind == PACK:
+            return self._pack(record)
         create = IN_C_CALLS[(CREATE, 0) if record.kind == 0 else (LT_CREATE, record.kind)]
         state = {"replay": {"": (create, [handle, *self._made(record)], 0)}, "kind": _kind(create)}
         if record.kind == 0 and record.setter:
@@ -655,13 +698,19 @@ def _adopt(handle: int) -> dict[str, Any] | None:
 
 # ---- cuDNN's variant packs: kept here, sent with their execution --------------------------------------
 # PyTorch (cudnn-frontend) makes, fills, finalizes, executes and destroys a variant pack for every convolution
-# it runs: seven calls, each a message's call for the client and the server. A pack is kept here instead and
-# goes as one xpuCudnnExecute, which the server runs as those calls. A pack used any other way is sent as it
-# was made (`_send_pack`), and from then on its calls go to the server.
+# it runs: seven calls, each a message's call for the client and the server. A pack is kept instead (in C with
+# the shim, the execution reading it there) and goes as one xpuCudnnExecute, which the server runs as those calls.
+# A pack used any other way is taken over from C and sent as it was made (`_send_pack`), and from then on its
+# calls go to the server.
 
 
-def _kept(handle: int) -> dict[str, Any] | None:
+def _kept(handle: int, adopt: bool = True) -> dict[str, Any] | None:
+    """A variant pack kept here, or in C (taken over, unless it is only read for its execution)."""
     pack = STATE.get(handle)
+    if pack is None and IN_C is not None:
+        pack = IN_C.pack(handle, adopt)
+        if adopt and pack is not None:
+            STATE[handle] = pack
     return pack if pack is not None and "kept" in pack else None
 
 
@@ -702,7 +751,7 @@ def _execution(d: Driver, pack: dict[str, Any]) -> list[Any] | None:
 @implements("cudnnBackendExecute")
 def backend_execute(d: Driver, call: Call, args: list[Any]) -> None:
     handle, plan, pack_handle = args
-    pack = _kept(pack_handle)
+    pack = _kept(pack_handle, adopt=False)  # C keeps it on for its destroy
     if pack is not None:
         sent = _execution(d, pack)
         if sent is not None:

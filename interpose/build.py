@@ -61,14 +61,18 @@ size_t xpu_lane_take(unsigned char *out, uint64_t *state);
 uint64_t xpu_lane_waiting(void);
 uint64_t xpu_lane_appended(void);
 struct xpu_kept_attribute { uint32_t name, size; unsigned char value[...]; };
+struct xpu_kept_pack { int32_t finalized, set; int64_t count[3]; uint64_t value[...]; };
+#define XPU_KEPT_PACK ...
 struct xpu_kept_record {
     int32_t state, kind, setter, attributes;
     int64_t generation;
     int32_t ints[...];
     uint64_t made[...];
     struct xpu_kept_attribute attribute[...];
+    struct xpu_kept_pack pack;
 };
 void xpu_kept_mark(int library, int op, int role, int kind, int made);
+void xpu_kept_pack_names(const int64_t *names);
 int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt);
 int xpu_kept_release(uint64_t handle);
 """

@@ -78,6 +78,7 @@ static uint64_t xpu_lane_appended(void) { return front->lane_appended(); }
 static void xpu_kept_mark(int library, int op, int role, int kind, int made) {
     front->kept_mark(library, op, role, kind, made);
 }
+static void xpu_kept_pack_names(const int64_t *names) { front->kept_pack_names(names); }
 static int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt) {
     return front->kept_read(handle, out, adopt);
 }

@@ -1,9 +1,10 @@
-/* Descriptors kept in C (included by shim.c, after lane.h): cuDNN's tensor descriptors and cuBLASLt's matmul
- * descriptors, matrix layouts and matmul preferences. PyTorch makes them anew for every operation and
- * destroys them after: a batch norm's two tensor descriptors (a create, a setter and a destroy each), a
- * cuBLASLt GEMM's five (sixteen calls with their attributes), 120 calls in a ResNet-18 inference step, 3 to
- * 12 µs apiece through the core. Such a descriptor holds only its setting, so here it is a record in a table
- * (front.h), and its handle is the record's.
+/* Descriptors kept in C (included by shim.c, after lane.h): cuDNN's tensor descriptors and variant packs, and
+ * cuBLASLt's matmul descriptors, matrix layouts and matmul preferences. PyTorch makes them anew for every
+ * operation and destroys them after: a batch norm's two tensor descriptors (a create, a setter and a destroy
+ * each), a convolution's variant pack (a create, three attributes, a finalize and a destroy around its
+ * execution), a cuBLASLt GEMM's five (sixteen calls with their attributes), 240 calls in a ResNet-18 inference
+ * step, 3 to 16 µs apiece through the core. Such a descriptor holds only its setting, so here it is a record in
+ * a table (front.h), and its handle is the record's.
  *
  * The core reads a record (xpu_kept_read) when a call names the descriptor: it sends the call with the
  * server's descriptor for that setting (client/mathlibs.py, `server_descriptor`). A call this table does
@@ -21,7 +22,8 @@
 /* What a marked op is (client/mathlibs.py names the same numbers): a create, a setter or a destroy of one
  * kind of descriptor. A tensor record's setter is one of the three SET_ it was set by. */
 enum { XPU_KEPT_NONE, XPU_KEPT_CREATE, XPU_KEPT_SET_ND, XPU_KEPT_SET_4D, XPU_KEPT_SET_4D_EX, XPU_KEPT_DESTROY,
-       XPU_KEPT_LT_CREATE, XPU_KEPT_LT_SET, XPU_KEPT_LT_DESTROY };
+       XPU_KEPT_LT_CREATE, XPU_KEPT_LT_SET, XPU_KEPT_LT_DESTROY,
+       XPU_KEPT_PACK_CREATE, XPU_KEPT_PACK_SET, XPU_KEPT_PACK_FINALIZE, XPU_KEPT_PACK_DESTROY };
 enum { XPU_SLOT_FREE, XPU_SLOT_KEPT, XPU_SLOT_ADOPTED };
 
 static struct {
@@ -32,7 +34,18 @@ static struct {
     uint16_t free[XPU_KEPT_SLOTS];
     struct xpu_kept_record slot[XPU_KEPT_SLOTS];
     struct { unsigned char role, kind, made; } op[3][1 << 10];  /* library, op -> XPU_KEPT_*, kind, creates' ints */
+    /* cuDNN's numbers (the core's): the variant pack's descriptor type; the ids', data pointers' and workspace's
+     * attribute names, then their element types. 0 until told: no pack is kept. */
+    int64_t pack_type, pack_name[3], pack_element[3];
 } xpu_kept = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void xpu_kept_pack_names(const int64_t *names) {
+    pthread_mutex_lock(&xpu_kept.lock);
+    xpu_kept.pack_type = names[0];
+    memcpy(xpu_kept.pack_name, names + 1, sizeof xpu_kept.pack_name);
+    memcpy(xpu_kept.pack_element, names + 4, sizeof xpu_kept.pack_element);
+    pthread_mutex_unlock(&xpu_kept.lock);
+}
 
 /* `made`: a create's integer arguments after its output (cuBLASLt's: its setting) */
 static void xpu_kept_mark(int library, int op, int role, int kind, int made) {
@@ -56,6 +69,7 @@ static struct xpu_kept_record *xpu_kept_own(uint64_t handle, int kind) {
     return r && r->state == XPU_SLOT_KEPT && r->kind == kind ? r : NULL;
 }
 
+/* `s`: the create's arguments from its output */
 static int xpu_kept_create(int kind, int made, const uint64_t *s) {
     uint64_t *out = (uint64_t *)(uintptr_t)s[0];
     if (!out || (xpu_kept.fresh == XPU_KEPT_SLOTS && xpu_kept.head == xpu_kept.tail))
@@ -106,6 +120,24 @@ static int xpu_kept_set_attribute(int kind, const uint64_t *s) {
     return 0;
 }
 
+/* cudnnBackendSetAttribute(pack, name, type, count, elements) of one of the three attributes an execution takes
+ * (8 bytes an element), before the pack is finalized. */
+static int xpu_kept_set_pack(int kind, const uint64_t *s) {
+    struct xpu_kept_record *r = xpu_kept_own(s[0], kind);
+    int64_t count = (int64_t)s[3];
+    int a = 0;
+    while (a < 3 && xpu_kept.pack_name[a] != (int64_t)(uint32_t)s[1]) a++;
+    if (!r || r->pack.finalized || a == 3 || xpu_kept.pack_element[a] != (int64_t)(uint32_t)s[2] || count < 0
+        || count > XPU_KEPT_PACK || (count && !s[4]))
+        return -1;
+    if (count)
+        memcpy(r->pack.value + a * XPU_KEPT_PACK, (const void *)(uintptr_t)s[4], (size_t)count * sizeof(uint64_t));
+    r->pack.count[a] = count;
+    r->pack.set |= 1 << a;
+    r->generation = ++xpu_kept.generation;
+    return 0;
+}
+
 static void xpu_kept_free(struct xpu_kept_record *r) {
     r->state = XPU_SLOT_FREE;
     xpu_kept.free[xpu_kept.tail++ % XPU_KEPT_SLOTS] = (uint16_t)(r - xpu_kept.slot);
@@ -126,6 +158,7 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
         break;
     case XPU_KEPT_DESTROY:
     case XPU_KEPT_LT_DESTROY:
+    case XPU_KEPT_PACK_DESTROY:
         if ((r = xpu_kept_own(slots[0], kind))) {
             xpu_kept_free(r);
             rc = 0;
@@ -133,6 +166,20 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
         break;
     case XPU_KEPT_LT_SET:
         rc = xpu_kept_set_attribute(kind, slots);
+        break;
+    case XPU_KEPT_PACK_CREATE:  /* cudnnBackendCreateDescriptor(type, &descriptor): a variant pack's */
+        if (xpu_kept.pack_type && (int64_t)(uint32_t)slots[0] == xpu_kept.pack_type)
+            rc = xpu_kept_create(kind, 0, slots + 1);
+        break;
+    case XPU_KEPT_PACK_SET:
+        rc = xpu_kept_set_pack(kind, slots);
+        break;
+    case XPU_KEPT_PACK_FINALIZE:
+        if ((r = xpu_kept_own(slots[0], kind)) && !r->pack.finalized) {
+            r->pack.finalized = 1;
+            r->generation = ++xpu_kept.generation;
+            rc = 0;
+        }
         break;
     default:
         rc = xpu_kept_set_tensor(role, slots);

@@ -179,20 +179,26 @@ def test_an_operations_descriptors_cost_the_server_nothing_after_the_first(tmp_p
     for a convolution (seven cuDNN calls), two tensor descriptors for a batch norm (six calls beside the one
     that computes), a matmul descriptor, three layouts and a preference for a cuBLASLt GEMM (thirteen beside
     it). The client keeps them: ten more operations cost the server only the calls that compute (none for a
-    convolution: its execution is an internal call), and the results are the CPU's."""
+    convolution: its execution is an internal call), their descriptor calls are answered in C and never reach
+    the client core (XPU_CALL_CPU counts the core's calls), and the results are the CPU's."""
+    from xpuremote.client.mathlibs import IN_C_OPS
+
     program = tmp_path / "repeated.py"
     program.write_text(REPEATED)
     library, each = PER_OPERATION[op]
-    served = []
+    served, in_core = [], []
     for n in (2, 12):
-        srv = start_server(tmp_path, env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS})
+        srv, table = start_server(tmp_path, env={"XPU_SIM_KERNELS": TORCH_SIM_KERNELS}), tmp_path / f"core-{n}.tsv"
         try:
-            proc = run_torch(srv, [str(program), op, str(n)])
+            proc = run_torch(srv, [str(program), op, str(n)], XPU_CALL_CPU=str(table))
         finally:
             srv.stop()
         assert proc.returncode == 0 and float(proc.stdout.split()[-1]) < 1e-4, proc.stderr[-3000:]
         served.append(library_calls(srv).get(library, 0))
+        core = {name: int(calls) for name, calls, _ in (line.split("\t") for line in table.read_text().splitlines())}
+        in_core.append({name: calls for name, calls in core.items() if name in IN_C_OPS})
     assert served[0] > 0 and served[1] == served[0] + 10 * each, served
+    assert in_core[1] == in_core[0], in_core
 
 
 # On a GPU the other tests here are the cuda backend's, with NVIDIA's libcuda and math libraries.
