@@ -104,6 +104,8 @@ implements("cudnnCreate")(_creator(mathlibs.CUDNN, stream=0))
             "cudnnBackendDestroyDescriptor")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
     state = STATE.get(args[0])
+    if IN_C is not None and call.family in HANDLE_DESTROYS:
+        IN_C.forget_settings(args[0])
     in_c = IN_C is not None and call.symbol in IN_C_OPS and IN_C.release(args[0])
     if in_c and state is None:  # kept in C, destroyed while C does not answer (the lane closed)
         return
@@ -123,12 +125,13 @@ def _state(handle: int) -> dict[str, int]:
 def _setter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
     """A handle's setting kept here for the getters. One that the library only keeps is sent only when its
     value changes: PyTorch sets the stream and the math mode before each call, nearly always to the value
-    they have."""
+    they have. With the shim, C answers a call that sets the value held (kept.h)."""
     def set_(d: Driver, call: Call, args: list[Any]) -> None:
-        if _state(args[0])[key] == args[1]:
-            return
-        d.forward(call, args)
-        STATE[args[0]][key] = args[1]
+        if _state(args[0])[key] != args[1]:
+            d.forward(call, args)
+            STATE[args[0]][key] = args[1]
+        if IN_C is not None:
+            IN_C.setting(call, args[0], args[1])
 
     return set_
 
@@ -178,6 +181,7 @@ def _getter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
 
 
 implements("cublasGetStream")(_getter("stream"))
+HANDLE_DESTROYS = ("cublasDestroy", "cudnnDestroy")  # of the handles whose settings these are
 for _key, _set, _get in (("pointer_mode", "cublasSetPointerMode", "cublasGetPointerMode"),
                          ("math_mode", "cublasSetMathMode", "cublasGetMathMode"),
                          ("atomics_mode", "cublasSetAtomicsMode", "cublasGetAtomicsMode"),
@@ -504,7 +508,7 @@ SERVER_OBJECT.update(dict.fromkeys(DESCRIPTORS, server_descriptor))
 # the setters and `backend_create` here make), taken over by this module for anything else. The roles and a
 # record's kinds are kept.h's; the record's layout is front.h's.
 (CREATE, SET_ND, SET_4D, SET_4D_EX, DESTROY, LT_CREATE, LT_SET, LT_DESTROY,
- PACK_CREATE, PACK_SET, PACK_FINALIZE, PACK_DESTROY) = range(1, 13)  # kept.h's XPU_KEPT_*
+ PACK_CREATE, PACK_SET, PACK_FINALIZE, PACK_DESTROY, SETTING) = range(1, 14)  # kept.h's XPU_KEPT_*
 PACK = 4  # a variant pack's record kind
 IN_C_OPS = {  # symbol -> (role, kind: 0 a tensor, 1-3 cuBLASLt's, 4 a variant pack)
     "cudnnCreateTensorDescriptor": (CREATE, 0), "cudnnSetTensorNdDescriptor": (SET_ND, 0),
@@ -515,12 +519,18 @@ IN_C_OPS = {  # symbol -> (role, kind: 0 a tensor, 1-3 cuBLASLt's, 4 a variant p
        for verb, role in (("Create", LT_CREATE), ("SetAttribute", LT_SET), ("Destroy", LT_DESTROY))},
     **{f"cudnnBackend{verb}": (role, PACK) for verb, role in (
         ("CreateDescriptor", PACK_CREATE), ("SetAttribute", PACK_SET), ("Finalize", PACK_FINALIZE),
-        ("DestroyDescriptor", PACK_DESTROY))}}
+        ("DestroyDescriptor", PACK_DESTROY))},
+    **{symbol: (SETTING, 0) for symbol in ("cublasSetAtomicsMode", "cublasSetMathMode", "cublasSetPointerMode_v2",
+                                           "cublasSetSmCountTarget", "cudnnSetStream")}}
 PACK_HEAD = struct.Struct("<ii3q")  # front.h's xpu_kept_pack before its values: finalized, attributes set, counts
 # a pack record's attributes in its order (kept.h's): (name, element type)
 PACK_ORDER = tuple((name, mathlibs.CUDNN_PACK_ATTRIBUTES[name]) for name in (PACK_UIDS, mathlibs.CUDNN_DATA_POINTERS,
                                                                             PACK_WORKSPACE))
-IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items()}
+IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items() if role != SETTING}
+# a setter's symbol -> its (library, op) numbers, as C names it
+SETTING_OPS = {symbol: (mathlibs.LIBRARIES.index(mathlibs.BY_NAME[CALLS[symbol].library]),
+                        LIBRARY_SYMBOLS[CALLS[symbol].library].index(symbol))
+               for symbol, (role, _) in IN_C_OPS.items() if role == SETTING}
 IN_C_DECODERS = {kind: marshal.slot_decoder(call) for (role, kind), call in IN_C_CALLS.items() if role == LT_CREATE}
 IN_C_DIMS = 8  # a tensor record's ints: type, count, dims at 2, strides at 2 + IN_C_DIMS (front.h)
 
@@ -594,6 +604,14 @@ class KeptInC:
         kept = {name: (element, counts[a], raw[at + a * size:at + a * size + 8 * counts[a]])
                 for a, (name, element) in enumerate(PACK_ORDER) if attributes >> a & 1}
         return {"descriptor_type": VARIANT_PACK, "kept": kept, "finalized": bool(finalized)}
+
+    def setting(self, call: Call, handle: int, value: int) -> None:
+        """`handle`'s setter `call` holds `value` now: C answers a call that sets it again."""
+        if (op := SETTING_OPS.get(call.symbol)) is not None:
+            self.lib.xpu_kept_setting(handle, *op, value & 0xFFFF_FFFF_FFFF_FFFF)
+
+    def forget_settings(self, handle: int) -> None:
+        self.lib.xpu_kept_setting(handle, 0, -1, 0)
 
     def release(self, handle: int) -> bool:
         """A destroyed descriptor's slot freed: True if it was one of C's."""

@@ -73,6 +73,7 @@ struct xpu_kept_record {
 };
 void xpu_kept_mark(int library, int op, int role, int kind, int made);
 void xpu_kept_pack_names(const int64_t *names);
+void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value);
 int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt);
 int xpu_kept_release(uint64_t handle);
 """

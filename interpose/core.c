@@ -79,6 +79,9 @@ static void xpu_kept_mark(int library, int op, int role, int kind, int made) {
     front->kept_mark(library, op, role, kind, made);
 }
 static void xpu_kept_pack_names(const int64_t *names) { front->kept_pack_names(names); }
+static void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value) {
+    front->kept_setting(handle, library, op, value);
+}
 static int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt) {
     return front->kept_read(handle, out, adopt);
 }

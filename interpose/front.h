@@ -6,7 +6,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#define XPU_FRONT_VERSION 7
+#define XPU_FRONT_VERSION 8
 /* The fast lane's buffer (lane.h): full, it declines and the core sends it. Room for about ten of
  * PyTorch's foreach launches, whose argument bytes (a TensorListMetadata) are about 25 KiB each. */
 #define XPU_LANE_BYTES (256 << 10)
@@ -70,6 +70,7 @@ struct xpu_front {
     /* descriptors kept in C (kept.h) */
     void (*kept_mark)(int library, int op, int role, int kind, int made);
     void (*kept_pack_names)(const int64_t *names);
+    void (*kept_setting)(uint64_t handle, int library, int op, uint64_t value);
     int64_t (*kept_read)(uint64_t handle, struct xpu_kept_record *out, int adopt);
     int (*kept_release)(uint64_t handle);
 };

@@ -23,7 +23,8 @@
  * kind of descriptor. A tensor record's setter is one of the three SET_ it was set by. */
 enum { XPU_KEPT_NONE, XPU_KEPT_CREATE, XPU_KEPT_SET_ND, XPU_KEPT_SET_4D, XPU_KEPT_SET_4D_EX, XPU_KEPT_DESTROY,
        XPU_KEPT_LT_CREATE, XPU_KEPT_LT_SET, XPU_KEPT_LT_DESTROY,
-       XPU_KEPT_PACK_CREATE, XPU_KEPT_PACK_SET, XPU_KEPT_PACK_FINALIZE, XPU_KEPT_PACK_DESTROY };
+       XPU_KEPT_PACK_CREATE, XPU_KEPT_PACK_SET, XPU_KEPT_PACK_FINALIZE, XPU_KEPT_PACK_DESTROY, XPU_KEPT_SETTING };
+#define XPU_KEPT_SETTINGS 256  /* (handle, setter) pairs whose last value C knows */
 enum { XPU_SLOT_FREE, XPU_SLOT_KEPT, XPU_SLOT_ADOPTED };
 
 static struct {
@@ -37,6 +38,10 @@ static struct {
     /* cuDNN's numbers (the core's): the variant pack's descriptor type; the ids', data pointers' and workspace's
      * attribute names, then their element types. 0 until told: no pack is kept. */
     int64_t pack_type, pack_name[3], pack_element[3];
+    /* A library handle's settings (the stream, the math mode): PyTorch sets them before each call, nearly always
+     * to the value they have, which the core does not even send. The core says each value it holds; a call that
+     * sets it again is answered here. A free entry's handle is 0. */
+    struct { uint64_t handle, value; int16_t library, op; } setting[XPU_KEPT_SETTINGS];
 } xpu_kept = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void xpu_kept_pack_names(const int64_t *names) {
@@ -44,6 +49,34 @@ static void xpu_kept_pack_names(const int64_t *names) {
     xpu_kept.pack_type = names[0];
     memcpy(xpu_kept.pack_name, names + 1, sizeof xpu_kept.pack_name);
     memcpy(xpu_kept.pack_element, names + 4, sizeof xpu_kept.pack_element);
+    pthread_mutex_unlock(&xpu_kept.lock);
+}
+
+/* The entry of (library, op) for `handle`, or a free one (found: 0), or -1 when there is neither. */
+static int xpu_kept_setting_find(uint64_t handle, int library, int op, int *found) {
+    int free_at = -1;
+    for (int i = 0; i < XPU_KEPT_SETTINGS; i++) {
+        if (handle && xpu_kept.setting[i].handle == handle && xpu_kept.setting[i].library == library
+            && xpu_kept.setting[i].op == op)
+            return *found = 1, i;
+        if (!xpu_kept.setting[i].handle && free_at < 0) free_at = i;
+    }
+    return *found = 0, free_at;
+}
+
+/* The core's: `handle`'s setter (library, op) holds `value` now; op < 0: the handle is destroyed. */
+static void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value) {
+    pthread_mutex_lock(&xpu_kept.lock);
+    if (op < 0) {
+        for (int i = 0; i < XPU_KEPT_SETTINGS; i++)
+            if (xpu_kept.setting[i].handle == handle) xpu_kept.setting[i].handle = 0;
+    } else if (handle) {
+        int found, i = xpu_kept_setting_find(handle, library, op, &found);
+        if (i >= 0) {
+            xpu_kept.setting[i].handle = handle, xpu_kept.setting[i].value = value;
+            xpu_kept.setting[i].library = (int16_t)library, xpu_kept.setting[i].op = (int16_t)op;
+        }
+    }
     pthread_mutex_unlock(&xpu_kept.lock);
 }
 
@@ -174,6 +207,11 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
     case XPU_KEPT_PACK_SET:
         rc = xpu_kept_set_pack(kind, slots);
         break;
+    case XPU_KEPT_SETTING: {  /* setter(handle, value): the value it holds already */
+        int found, i = xpu_kept_setting_find(slots[0], library, op, &found);
+        if (found && xpu_kept.setting[i].value == slots[1]) rc = 0;
+        break;
+    }
     case XPU_KEPT_PACK_FINALIZE:
         if ((r = xpu_kept_own(slots[0], kind)) && !r->pack.finalized) {
             r->pack.finalized = 1;

@@ -499,6 +499,6 @@ static struct xpu_front xpu_front_table = {
     .setspecific = pthread_setspecific, .lane_allow = xpu_lane_allow, .lane_set_open = xpu_lane_set_open,
     .lane_context = xpu_lane_context, .lane_kernel = xpu_lane_kernel, .lane_take = xpu_lane_take,
     .lane_waiting = xpu_lane_waiting, .lane_appended = xpu_lane_appended, .kept_mark = xpu_kept_mark,
-    .kept_pack_names = xpu_kept_pack_names,
+    .kept_pack_names = xpu_kept_pack_names, .kept_setting = xpu_kept_setting,
     .kept_read = xpu_kept_read, .kept_release = xpu_kept_release,
 };

@@ -261,6 +261,8 @@ assert dnn.cudnnSetStream(handle, None) == 0  # another stream: sent
 assert dnn.cudnnGetStream(handle, ctypes.byref(found)) == 0 and not found.value
 assert blas.cublasSetStream_v2(blas_handle, None) == 0  # another stream, cuBLAS's own workspace: sent
 assert blas.cublasSetMathMode(blas_handle, 0) == 0  # before this call
+assert dnn.cudnnDestroy(handle) == 0
+assert dnn.cudnnSetStream(handle, None) != 0  # the value it held, but the handle is gone: C does not answer
 """
 
 
@@ -268,7 +270,9 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     """PyTorch sets a cuDNN handle's stream, and a cuBLAS handle's stream, workspace and math mode, before each
     call: five settings of the values a handle already has cost the server what one does, and the getters
     answer the value last set. A cuBLAS handle's stream and workspace are sent before the next call that names
-    the handle, where they differ from the server's (cublasSetStream also puts back cuBLAS's own workspace)."""
+    the handle, where they differ from the server's (cublasSetStream also puts back cuBLAS's own workspace).
+    A stream or math mode set to the value it holds is answered in C: the client core (XPU_CALL_CPU counts its
+    calls) sees those setters as often for five rounds as for one, and not after the handle is destroyed."""
     from conftest import shim_env, start_server
 
     from xpuremote.interpose.build import ensure_shim
@@ -276,13 +280,20 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     srv = start_server(tmp_path)
     try:
         runs = [subprocess.run([sys.executable, "-c", SETTINGS_PROGRAM, str(n)], capture_output=True, text=True,
-                               timeout=60, env=shim_env(ensure_shim(), srv.address)) for n in (1, 5)]
+                               timeout=60, env=shim_env(ensure_shim(), srv.address,
+                                                        XPU_CALL_CPU=str(tmp_path / f"core-{n}.tsv")))
+                for n in (1, 5)]
     finally:
         srv.stop()
     assert all(run.returncode == 0 for run in runs), runs[-1].stderr[-3000:]
+    in_core, setters = [], ("cudnnSetStream", "cublasSetMathMode")
+    for n in (1, 5):
+        lines = (line.split("\t") for line in (tmp_path / f"core-{n}.tsv").read_text().splitlines())
+        in_core.append({name: int(calls) for name, calls, _ in lines if name in setters})
+    assert in_core[0] == in_core[1] and in_core[0]["cudnnSetStream"] <= 3, in_core
     dnn = [int(n) for n in re.findall(r"library calls: .*cudnn=(\d+)", srv.log())]
     blas = [int(n) for n in re.findall(r"library calls: .*cublas=(\d+)", srv.log())]
-    assert len(dnn) == 2 and dnn[0] == dnn[1] == 3, dnn  # create, the stream set once, then the other stream
+    assert len(dnn) == 2 and dnn[0] == dnn[1] == 4, dnn  # create, the stream set once, the other stream, destroy
     # created; the stream and workspace before the first math mode; then the default stream before the last
     assert len(blas) == 2 and blas[0] == blas[1] == 6, blas
 
