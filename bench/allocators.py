@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -26,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from foundation import clean_env, machine, start_server, stop  # noqa: E402
+from foundation import TORCH_PYTHON, clean_env, machine, start_server, stop  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TORCH_PYTHON = Path(os.environ.get("XPU_TORCH_PYTHON") or ROOT / ".venv-torch" / "bin" / "python")
 CONFIGS = {"caching (default)": "", "expandable_segments": "expandable_segments:True",
            "cudaMallocAsync": "backend:cudaMallocAsync"}
 AGENT = r"""

@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-TORCH_PYTHON = Path(os.environ.get("XPU_TORCH_PYTHON") or ROOT / ".venv-torch" / "bin" / "python")
+sys.path.insert(0, str(ROOT / "bench"))
+from foundation import TORCH_PYTHON  # noqa: E402
+
 STEPS = 20
 TOP = 12  # entry points listed per workload
 

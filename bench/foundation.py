@@ -63,6 +63,8 @@ from xpuremote.protocol import wire
 from xpuremote.protocol.calls import CALLS
 
 ROOT = Path(__file__).resolve().parent.parent
+# the PyTorch interpreter of the benchmarks that run PyTorch: `make torch`'s venv, or XPU_TORCH_PYTHON's
+TORCH_PYTHON = Path(os.environ.get("XPU_TORCH_PYTHON") or ROOT / ".venv-torch" / "bin" / "python")
 MIB = 1 << 20
 SMALL = 256  # bytes of the memset buffer
 SHARE_CTX = 0x7C00_0000_1000  # the context the in-process session makes, as a client names one

@@ -40,13 +40,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from foundation import RawAgent, echo_server  # noqa: E402
+from foundation import TORCH_PYTHON, RawAgent, echo_server  # noqa: E402
 
 from xpuremote.protocol import trace as trace_format  # noqa: E402
 from xpuremote.protocol.calls import CALLS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-TORCH_PYTHON = Path(os.environ.get("XPU_TORCH_PYTHON") or ROOT / ".venv-torch" / "bin" / "python")
 WORKLOADS = ("mlp_train", "cnn_train_fp32", "cnn_infer_b1", "gpt2_step_bf16", "gpt2_generate")
 KERNELS = str(ROOT / "tests" / "torch_sim_kernels.py")
 
