@@ -19,7 +19,7 @@ typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
 #define XPU_KEPT_MADE 4         /* a cuBLASLt create's integer arguments: a layout's type, rows, columns, ld */
 #define XPU_KEPT_ATTRIBUTES 12  /* a cuBLASLt descriptor's attributes, each of at most XPU_KEPT_VALUE bytes */
 #define XPU_KEPT_VALUE 16
-#define XPU_KEPT_PACK 8         /* a variant pack's data pointers, unique ids and workspace: elements of each */
+#define XPU_KEPT_PACK 16        /* a variant pack's data pointers, unique ids and workspace: elements of each */
 struct xpu_kept_attribute { uint32_t name, size; unsigned char value[XPU_KEPT_VALUE]; };
 struct xpu_kept_pack {                   /* cuDNN's variant pack: its attributes in kept.h's order (ids, ...) */
     int32_t finalized, set;              /* set: a bit per attribute set */
