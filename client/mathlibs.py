@@ -648,7 +648,7 @@ class KeptInC:
     def _as_made(self, handle: int, record: Any) -> dict[str, Any]:
         """The descriptor's whole state, as this module keeps one: with the calls that made it."""
         if record.kind == PACK:
-            return self._pack(record)
+            return self._pack(self.ffi.buffer(record)[self.pack_at:])
         create = IN_C_CALLS[(CREATE, 0) if record.kind == 0 else (LT_CREATE, record.kind)]
         state = {"replay": {"": (create, [handle, *self._made(record)], 0)}, "kind": _kind(create)}
         if record.kind == 0 and record.setter:

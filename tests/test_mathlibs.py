@@ -66,6 +66,13 @@ ok(dnn.cudnnBackendGetAttribute(pack, E["CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"], E
                                 ctypes.byref(count), ids), "get the pack's unique ids")
 print(count.value, list(ids))
 ok(dnn.cudnnBackendDestroyDescriptor(pack), "destroy pack")
+
+# a pack named as a tensor descriptor: taken over from C, and the setter queued; the server refuses it, which the
+# next call that waits says
+ok(dnn.cudnnBackendCreateDescriptor(E["CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR"], ctypes.byref(pack)), "create pack")
+ok(dnn.cudnnSetTensor4dDescriptor(pack, 0, E["CUDNN_DATA_FLOAT"], 1, 1, 1, 1), "a setter, queued")
+assert dnn.cudnnBackendGetAttribute(pack, E["CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS"], E["CUDNN_TYPE_INT64"], i64(2),
+                                    ctypes.byref(count), ids) != 0
 """
 
 
@@ -74,7 +81,8 @@ ok(dnn.cudnnBackendDestroyDescriptor(pack), "destroy pack")
 def test_get_attribute_writes_only_the_elements_the_descriptor_holds(run_on, request, where: str) -> None:
     """A GPU check found the stock PyTorch sizing an array by a first call's count, then asking
     again with a larger request: every element requested was written back, past its end (the
-    cuda backend's buffer is the request's size; the sim's answer was the held elements only)."""
+    cuda backend's buffer is the request's size; the sim's answer was the held elements only). A variant pack
+    kept in C and asked about, or named as a tensor descriptor, is taken over by the client first."""
     address = request.getfixturevalue("chained")[0].address if where == "cuda backend" else None
     result = run_on([sys.executable, "-c", PROGRAM], timeout=60, address=address)
     assert result.returncode == 0, result.stderr[-3000:]
