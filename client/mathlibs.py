@@ -125,7 +125,7 @@ def _state(handle: int) -> dict[str, int]:
 def _setter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
     """A handle's setting kept here for the getters. One that the library only keeps is sent only when its
     value changes: PyTorch sets the stream and the math mode before each call, nearly always to the value
-    they have. With the shim, C answers a call that sets the value held (kept.h)."""
+    they have. With the shim, C answers a call that sets the value held, or asks it (kept.h)."""
     def set_(d: Driver, call: Call, args: list[Any]) -> None:
         if _state(args[0])[key] != args[1]:
             d.forward(call, args)
@@ -182,6 +182,10 @@ def _getter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
 
 implements("cublasGetStream")(_getter("stream"))
 HANDLE_DESTROYS = ("cublasDestroy", "cudnnDestroy")  # of the handles whose settings these are
+# the settings C answers (kept.h): setter -> getter, as the libraries export them
+SETTERS = {"cublasSetAtomicsMode": "cublasGetAtomicsMode", "cublasSetMathMode": "cublasGetMathMode",
+           "cublasSetPointerMode_v2": "cublasGetPointerMode_v2", "cublasSetSmCountTarget": "cublasGetSmCountTarget",
+           "cudnnSetStream": "cudnnGetStream"}
 for _key, _set, _get in (("pointer_mode", "cublasSetPointerMode", "cublasGetPointerMode"),
                          ("math_mode", "cublasSetMathMode", "cublasGetMathMode"),
                          ("atomics_mode", "cublasSetAtomicsMode", "cublasGetAtomicsMode"),
@@ -508,7 +512,7 @@ SERVER_OBJECT.update(dict.fromkeys(DESCRIPTORS, server_descriptor))
 # the setters and `backend_create` here make), taken over by this module for anything else. The roles and a
 # record's kinds are kept.h's; the record's layout is front.h's.
 (CREATE, SET_ND, SET_4D, SET_4D_EX, DESTROY, LT_CREATE, LT_SET, LT_DESTROY,
- PACK_CREATE, PACK_SET, PACK_FINALIZE, PACK_DESTROY, SETTING) = range(1, 14)  # kept.h's XPU_KEPT_*
+ PACK_CREATE, PACK_SET, PACK_FINALIZE, PACK_DESTROY, SETTING, GETTING) = range(1, 15)  # kept.h's XPU_KEPT_*
 PACK = 4  # a variant pack's record kind
 IN_C_OPS = {  # symbol -> (role, kind: 0 a tensor, 1-3 cuBLASLt's, 4 a variant pack)
     "cudnnCreateTensorDescriptor": (CREATE, 0), "cudnnSetTensorNdDescriptor": (SET_ND, 0),
@@ -520,17 +524,23 @@ IN_C_OPS = {  # symbol -> (role, kind: 0 a tensor, 1-3 cuBLASLt's, 4 a variant p
     **{f"cudnnBackend{verb}": (role, PACK) for verb, role in (
         ("CreateDescriptor", PACK_CREATE), ("SetAttribute", PACK_SET), ("Finalize", PACK_FINALIZE),
         ("DestroyDescriptor", PACK_DESTROY))},
-    **{symbol: (SETTING, 0) for symbol in ("cublasSetAtomicsMode", "cublasSetMathMode", "cublasSetPointerMode_v2",
-                                           "cublasSetSmCountTarget", "cudnnSetStream")}}
+    **{symbol: (SETTING, 0) for symbol in SETTERS},
+    **{symbol: (GETTING, CALLS[symbol].params[1].pointee_size) for symbol in SETTERS.values()}}  # kind: its bytes
 PACK_HEAD = struct.Struct("<ii3q")  # front.h's xpu_kept_pack before its values: finalized, attributes set, counts
 # a pack record's attributes in its order (kept.h's): (name, element type)
 PACK_ORDER = tuple((name, mathlibs.CUDNN_PACK_ATTRIBUTES[name]) for name in (PACK_UIDS, mathlibs.CUDNN_DATA_POINTERS,
                                                                             PACK_WORKSPACE))
-IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items() if role != SETTING}
-# a setter's symbol -> its (library, op) numbers, as C names it
-SETTING_OPS = {symbol: (mathlibs.LIBRARIES.index(mathlibs.BY_NAME[CALLS[symbol].library]),
-                        LIBRARY_SYMBOLS[CALLS[symbol].library].index(symbol))
-               for symbol, (role, _) in IN_C_OPS.items() if role == SETTING}
+IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items()
+              if role not in (SETTING, GETTING)}
+
+
+def _op(symbol: str) -> tuple[int, int]:
+    """A library call's (library, op) numbers, as C names it."""
+    library = CALLS[symbol].library
+    return mathlibs.LIBRARIES.index(mathlibs.BY_NAME[library]), LIBRARY_SYMBOLS[library].index(symbol)
+
+
+SETTING_OPS = {setter: (_op(setter), _op(getter)) for setter, getter in SETTERS.items()}
 IN_C_DECODERS = {kind: marshal.slot_decoder(call) for (role, kind), call in IN_C_CALLS.items() if role == LT_CREATE}
 IN_C_DIMS = 8  # a tensor record's ints: type, count, dims at 2, strides at 2 + IN_C_DIMS (front.h)
 
@@ -607,7 +617,7 @@ class KeptInC:
 
     def setting(self, call: Call, handle: int, value: int) -> None:
         """`handle`'s setter `call` holds `value` now: C answers a call that sets it again."""
-        if (op := SETTING_OPS.get(call.symbol)) is not None:
+        for op in SETTING_OPS.get(call.symbol, ()):
             self.lib.xpu_kept_setting(handle, *op, value & 0xFFFF_FFFF_FFFF_FFFF)
 
     def forget_settings(self, handle: int) -> None:

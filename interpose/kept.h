@@ -23,7 +23,8 @@
  * kind of descriptor. A tensor record's setter is one of the three SET_ it was set by. */
 enum { XPU_KEPT_NONE, XPU_KEPT_CREATE, XPU_KEPT_SET_ND, XPU_KEPT_SET_4D, XPU_KEPT_SET_4D_EX, XPU_KEPT_DESTROY,
        XPU_KEPT_LT_CREATE, XPU_KEPT_LT_SET, XPU_KEPT_LT_DESTROY,
-       XPU_KEPT_PACK_CREATE, XPU_KEPT_PACK_SET, XPU_KEPT_PACK_FINALIZE, XPU_KEPT_PACK_DESTROY, XPU_KEPT_SETTING };
+       XPU_KEPT_PACK_CREATE, XPU_KEPT_PACK_SET, XPU_KEPT_PACK_FINALIZE, XPU_KEPT_PACK_DESTROY, XPU_KEPT_SETTING,
+       XPU_KEPT_GETTING };
 #define XPU_KEPT_SETTINGS 256  /* (handle, setter) pairs whose last value C knows */
 enum { XPU_SLOT_FREE, XPU_SLOT_KEPT, XPU_SLOT_ADOPTED };
 
@@ -39,8 +40,9 @@ static struct {
      * attribute names, then their element types. 0 until told: no pack is kept. */
     int64_t pack_type, pack_name[3], pack_element[3];
     /* A library handle's settings (the stream, the math mode): PyTorch sets them before each call, nearly always
-     * to the value they have, which the core does not even send. The core says each value it holds; a call that
-     * sets it again is answered here. A free entry's handle is 0. */
+     * to the value they have, which the core does not even send. The core says each value it holds, under its
+     * setter's op and its getter's; a call that sets it again, or asks it, is answered here. A free entry's
+     * handle is 0. */
     struct { uint64_t handle, value; int16_t library, op; } setting[XPU_KEPT_SETTINGS];
 } xpu_kept = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -210,6 +212,14 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
     case XPU_KEPT_SETTING: {  /* setter(handle, value): the value it holds already */
         int found, i = xpu_kept_setting_find(slots[0], library, op, &found);
         if (found && xpu_kept.setting[i].value == slots[1]) rc = 0;
+        break;
+    }
+    case XPU_KEPT_GETTING: {  /* getter(handle, &value): `kind` bytes, little-endian as the value's slot */
+        int found, i = xpu_kept_setting_find(slots[0], library, op, &found);
+        if (found && slots[1]) {
+            memcpy((void *)(uintptr_t)slots[1], &xpu_kept.setting[i].value, (size_t)kind);
+            rc = 0;
+        }
         break;
     }
     case XPU_KEPT_PACK_FINALIZE:

@@ -279,8 +279,9 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     call: five settings of the values a handle already has cost the server what one does, and the getters
     answer the value last set. A cuBLAS handle's stream and workspace are sent before the next call that names
     the handle, where they differ from the server's (cublasSetStream also puts back cuBLAS's own workspace).
-    A stream or math mode set to the value it holds is answered in C: the client core (XPU_CALL_CPU counts its
-    calls) sees those setters as often for five rounds as for one, and not after the handle is destroyed."""
+    A stream or math mode set to the value it holds, or asked once set, is answered in C: the client core
+    (XPU_CALL_CPU counts its calls) sees those setters as often for five rounds as for one, their getters never,
+    and a setter after the handle is destroyed."""
     from conftest import shim_env, start_server
 
     from xpuremote.interpose.build import ensure_shim
@@ -294,11 +295,12 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     finally:
         srv.stop()
     assert all(run.returncode == 0 for run in runs), runs[-1].stderr[-3000:]
-    in_core, setters = [], ("cudnnSetStream", "cublasSetMathMode")
+    in_core, setters = [], ("cudnnSetStream", "cublasSetMathMode", "cudnnGetStream", "cublasGetMathMode")
     for n in (1, 5):
         lines = (line.split("\t") for line in (tmp_path / f"core-{n}.tsv").read_text().splitlines())
         in_core.append({name: int(calls) for name, calls, _ in lines if name in setters})
     assert in_core[0] == in_core[1] and in_core[0]["cudnnSetStream"] <= 3, in_core
+    assert not {"cudnnGetStream", "cublasGetMathMode"} & set(in_core[0]), in_core
     dnn = [int(n) for n in re.findall(r"library calls: .*cudnn=(\d+)", srv.log())]
     blas = [int(n) for n in re.findall(r"library calls: .*cublas=(\d+)", srv.log())]
     assert len(dnn) == 2 and dnn[0] == dnn[1] == 4, dnn  # create, the stream set once, the other stream, destroy
