@@ -20,7 +20,8 @@
 #define XPU_KEPT_BASE 0x7B0000000000ull  /* below the core's own handles (client/driver.py) */
 
 /* What a marked op is (client/mathlibs.py names the same numbers): a create, a setter or a destroy of one
- * kind of descriptor. A tensor record's setter is one of the three SET_ it was set by. */
+ * kind of descriptor (a pack's finalize too), or a library handle's setter or getter (its `kind`: the bytes
+ * it writes). A tensor record's setter is one of the three SET_ it was set by. */
 enum { XPU_KEPT_NONE, XPU_KEPT_CREATE, XPU_KEPT_SET_ND, XPU_KEPT_SET_4D, XPU_KEPT_SET_4D_EX, XPU_KEPT_DESTROY,
        XPU_KEPT_LT_CREATE, XPU_KEPT_LT_SET, XPU_KEPT_LT_DESTROY,
        XPU_KEPT_PACK_CREATE, XPU_KEPT_PACK_SET, XPU_KEPT_PACK_FINALIZE, XPU_KEPT_PACK_DESTROY, XPU_KEPT_SETTING,
@@ -209,6 +210,13 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
     case XPU_KEPT_PACK_SET:
         rc = xpu_kept_set_pack(kind, slots);
         break;
+    case XPU_KEPT_PACK_FINALIZE:
+        if ((r = xpu_kept_own(slots[0], kind)) && !r->pack.finalized) {
+            r->pack.finalized = 1;
+            r->generation = ++xpu_kept.generation;
+            rc = 0;
+        }
+        break;
     case XPU_KEPT_SETTING: {  /* setter(handle, value): the value it holds already */
         int found, i = xpu_kept_setting_find(slots[0], library, op, &found);
         if (found && xpu_kept.setting[i].value == slots[1]) rc = 0;
@@ -222,13 +230,6 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
         }
         break;
     }
-    case XPU_KEPT_PACK_FINALIZE:
-        if ((r = xpu_kept_own(slots[0], kind)) && !r->pack.finalized) {
-            r->pack.finalized = 1;
-            r->generation = ++xpu_kept.generation;
-            rc = 0;
-        }
-        break;
     default:
         rc = xpu_kept_set_tensor(role, slots);
     }
