@@ -382,17 +382,20 @@ class Session:
             return self.generic(call)
         run, count = self.backend.runner(call), len(call.params)
         resolvers = [(i, self.resolver(call.params[i])) for i in plain.handles]
+        outputs = [(i, call.params[i]) for i in plain.outputs]
 
         def plain_call(args: list[Any]) -> list[Any]:
             self.calls += 1
             if len(args) != count:
                 raise CudaError(errors.INVALID_VALUE, f"{call.symbol} takes {count} arguments, got {len(args)}")
             decoded = self.decode_plain(call, args, plain, resolvers)
+            for i, p in outputs:
+                decoded[i] = self.output_size(call, p, args[i])
             try:
-                run(decoded)
+                outs = run(decoded)
             except BACKEND_FAULTS as exc:
                 raise _invalid(call, exc) from None
-            return []
+            return [self.encode(p, args[i], o, call) for (i, p), o in zip(outputs, outs)] if outputs else []
         return plain_call
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
@@ -541,9 +544,11 @@ def _invalid(call: Call, exc: Exception) -> CudaError:
 
 @dataclasses.dataclass(frozen=True)
 class Plain:
-    """A call whose parameters are all integers and handles, with no outputs: what it checks of each."""
+    """A call whose parameters are integers, handles and outputs the client sizes (not handles: nothing is
+    made): what it checks of each."""
     ints: tuple[tuple[int, int, int], ...]  # (index, lowest, past the highest value)
     handles: tuple[int, ...]
+    outputs: tuple[int, ...]
 
 
 _PLAIN: dict[str, Plain | None] = {}
@@ -555,9 +560,11 @@ def _plain(call: Call) -> Plain | None:
     except KeyError:
         pass
     plain = None
-    if not call.outputs and all(p.kind in ("int", "handle") for p in call.params):
+    outputs = tuple(i for i, p in enumerate(call.params) if p.direction != "in")
+    if all(p.kind in ("int", "handle") and p.direction == "in" or i in outputs and p.pointee != "handle"
+           for i, p in enumerate(call.params)):
         ints = tuple((i, *_int_range(p)) for i, p in enumerate(call.params) if p.kind == "int")
-        plain = Plain(ints, tuple(i for i, p in enumerate(call.params) if p.kind == "handle"))
+        plain = Plain(ints, tuple(i for i, p in enumerate(call.params) if p.kind == "handle"), outputs)
     _PLAIN[call.symbol] = plain
     return plain
 
