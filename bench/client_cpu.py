@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from foundation import TORCH_PYTHON  # noqa: E402
 
+from xpuremote.client import call_cpu  # noqa: E402
+
 STEPS = 20
 TOP = 12  # entry points listed per workload
 
@@ -51,7 +53,7 @@ def run_once(workload: str, steps: int, folder: Path, backend: str) -> tuple[dic
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines or not table.is_file():
         raise SystemExit(f"{workload} failed ({done.returncode}): {done.stderr[-2000:]}")
-    spent = {name: [int(n), int(ns)] for name, n, ns in (row.split("\t") for row in table.read_text().splitlines())}
+    spent = {name: list(row) for name, row in call_cpu.read(table).items()}
     return spent, json.loads(lines[-1])["cpu_ms"]
 
 

@@ -15,6 +15,7 @@ from conftest import Server, shim_env, start_server
 from pyclient import CTX, PyClient
 from toolchain import cudart_path
 
+from xpuremote.client import call_cpu
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import CALLS
 from xpuremote.protocol.errors import CudaError
@@ -160,7 +161,7 @@ def test_the_clients_cpu_per_call_counts_what_reaches_the_core(tmp_path: Path, s
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     [written] = tmp_path.glob("cpu-*.tsv")
     assert written.name[4:-4].isdigit()  # %p: the process id
-    spent = {name: (int(n), int(ns)) for name, n, ns in (line.split("\t") for line in written.read_text().splitlines())}
+    spent = call_cpu.read(written)
     assert spent["cuMemAlloc_v2"][0] >= 4 and spent["cuMemAlloc_v2"][1] > 0, spent
     assert set(spent) <= set(CALLS), set(spent) - set(CALLS)
     memsets = sum(n for name, (n, _) in spent.items() if name.startswith("cuMemset"))

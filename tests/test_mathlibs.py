@@ -284,6 +284,7 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     and a setter after the handle is destroyed."""
     from conftest import shim_env, start_server
 
+    from xpuremote.client import call_cpu
     from xpuremote.interpose.build import ensure_shim
 
     srv = start_server(tmp_path)
@@ -297,8 +298,8 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     assert all(run.returncode == 0 for run in runs), runs[-1].stderr[-3000:]
     in_core, setters = [], ("cudnnSetStream", "cublasSetMathMode", "cudnnGetStream", "cublasGetMathMode")
     for n in (1, 5):
-        lines = (line.split("\t") for line in (tmp_path / f"core-{n}.tsv").read_text().splitlines())
-        in_core.append({name: int(calls) for name, calls, _ in lines if name in setters})
+        in_core.append({name: calls for name, (calls, _) in call_cpu.read(tmp_path / f"core-{n}.tsv").items()
+                        if name in setters})
     assert in_core[0] == in_core[1] and in_core[0]["cudnnSetStream"] <= 3, in_core
     assert not {"cudnnGetStream", "cublasGetMathMode"} & set(in_core[0]), in_core
     dnn = [int(n) for n in re.findall(r"library calls: .*cudnn=(\d+)", srv.log())]
