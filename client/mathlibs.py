@@ -37,6 +37,17 @@ SCALAR_BYTES = {LT_DESC[name]: size for name, size in mathlibs.SCALAR_BYTES.item
 
 # client handle -> what the local answers need: {"stream", "pointer_mode", "math_mode", ...}
 STATE: dict[int, dict[str, int]] = {}
+MEMO_ENTRIES = 4096  # what each of this module's memos holds; a full one starts again
+
+
+def remember(memo: dict[Any, Any], key: Any, value: Any) -> Any:
+    """`value`, now in `memo` under `key` (emptied first when full: a workload asks a few problems over and over)."""
+    if len(memo) >= MEMO_ENTRIES:
+        memo.clear()
+    memo[key] = value
+    return value
+
+
 _served: dict[str, tuple[int, int, int] | None] = {}  # library -> the server's copy's version, asked once
 
 
@@ -221,7 +232,6 @@ def ctc_loss(d: Driver, call: Call, args: list[Any]) -> None:
 # asked (cuBLASLt keeps a cache of them itself), so a question asked before is answered from the first answer.
 # A descriptor's setting: how it was made, and each attribute's last bytes.
 HEURISTICS: dict[tuple, tuple[bytes, bytes]] = {}
-HEURISTICS_KEPT = 4096  # distinct problems remembered; then the memory starts again
 LT_POINTERS = frozenset(v for k, v in LT_DESC.items()
                         if k.startswith("CUBLASLT_MATMUL_DESC_") and k.endswith("_POINTER"))
 
@@ -291,9 +301,8 @@ def lt_heuristic(d: Driver, call: Call, args: list[Any]) -> None:
         return
     d.forward(call, args)
     if key:
-        if len(HEURISTICS) >= HEURISTICS_KEPT:
-            HEURISTICS.clear()
-        HEURISTICS[key] = marshal.read(results, requested * call.params[-2].pointee_size), marshal.read(count_out, 4)
+        remember(HEURISTICS, key, (marshal.read(results, requested * call.params[-2].pointee_size),
+                                   marshal.read(count_out, 4)))
 
 
 def scalar_sizer(call: Call, p: Param) -> Callable[[dict[str, Any]], int | None]:
@@ -369,9 +378,7 @@ def memo(d: Driver, call: Call, args: list[Any]) -> None:
     found = MEMO.get(tuple(key))
     if found is None:
         d.forward(call, args)
-        if len(MEMO) >= HEURISTICS_KEPT:  # as many answers as the heuristic's, then the memory starts again
-            MEMO.clear()
-        MEMO[tuple(key)] = marshal.get(call.params[-1], out)
+        remember(MEMO, tuple(key), marshal.get(call.params[-1], out))
     else:
         marshal.put(call.params[-1], out, found)
 
@@ -602,9 +609,7 @@ class KeptInC:
             return self._pack(raw)
         found = self.packs.get(raw)
         if found is None:
-            if len(self.packs) >= PARSED_KEPT:
-                self.packs.clear()
-            found = self.packs[raw] = self._pack(raw)
+            found = remember(self.packs, raw, self._pack(raw))
         return found
 
     def _pack(self, raw: bytes) -> dict[str, Any]:
@@ -637,9 +642,7 @@ class KeptInC:
         raw = bytes(self.ffi.buffer(record))  # its generation zeroed: the setting alone
         parsed = self.parsed.get(raw)
         if parsed is None:
-            if len(self.parsed) >= PARSED_KEPT:
-                self.parsed.clear()
-            parsed = self.parsed[raw] = self._parse(record)
+            parsed = remember(self.parsed, raw, self._parse(record))
         return {**parsed, "replay": None, "record": (handle, raw)}
 
     def _parse(self, record: Any) -> dict[str, Any]:
@@ -700,7 +703,6 @@ class KeptInC:
 
 
 IN_C: KeptInC | None = None  # set by the shim (interpose/entry.py)
-PARSED_KEPT = 4096  # distinct settings of C's records remembered; then the memory starts again
 
 
 def _replay(state: dict[str, Any]) -> dict[str, tuple[Call, list[Any], int]]:
@@ -895,9 +897,7 @@ def _by_value_scalars(d: Driver, pointers: bytes) -> tuple[bytes, bytes] | None:
         if (found := memory.host_bytes(address, 8)) is not None:
             flags[i], scalars[8 * i:8 * i + len(found)] = 1, found
     if on_device:
-        if len(ON_DEVICE) >= HEURISTICS_KEPT:
-            ON_DEVICE.clear()
-        ON_DEVICE[pointers] = devices.changes
+        remember(ON_DEVICE, pointers, devices.changes)
         return None
     return (bytes(flags), bytes(scalars)) if any(flags) else None
 
