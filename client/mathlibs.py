@@ -99,7 +99,10 @@ def _creator(lib: mathlibs.Library, **defaults: int) -> Callable[[Driver, Call, 
     def create(d: Driver, call: Call, args: list[Any]) -> None:
         check_version(d, lib)
         d.forward(call, args)
-        STATE[_created(call, args)] = dict(defaults)
+        handle = _created(call, args)
+        STATE[handle] = dict(defaults)
+        if "workspace" in defaults:  # a cuBLAS handle: C holds its stream and workspace (see `blas_settings`)
+            _hold_pair(handle, defaults["stream"], defaults["workspace"])
 
     return create
 
@@ -148,20 +151,39 @@ def _setter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
 
 
 # A cuBLAS handle's stream and workspace: PyTorch sets both before each GEMM, nearly always to what they are.
-# cublasSetStream also puts back cuBLAS's own workspace, so the pair is what counts: kept here, and the
-# server's handle brought to it before the next call that names the handle (`blas_settings`).
+# cublasSetStream also puts back cuBLAS's own workspace, so the pair is what counts: kept (with the shim in C,
+# which answers both setters and cublasGetStream: kept.h), and the server's handle brought to it before the
+# next call that names the handle (`blas_settings`).
+Pair = tuple[int, tuple[int, int] | None]  # a stream, and a workspace and its bytes (None: cuBLAS's own)
+
+
 @implements("cublasSetStream")
 def blas_set_stream(d: Driver, call: Call, args: list[Any]) -> None:
-    state = _state(args[0])
+    _state(args[0])
     d.session()
-    state.update(stream=args[1], workspace=None)  # None: cuBLAS's own
+    _hold_pair(args[0], args[1], None)
 
 
 @implements("cublasSetWorkspace")
 def blas_set_workspace(d: Driver, call: Call, args: list[Any]) -> None:
-    state = _state(args[0])
+    stream, _ = _pair(args[0])
     d.session()
-    state["workspace"] = (args[1], args[2])
+    _hold_pair(args[0], stream, (args[1], args[2]))
+
+
+def _pair(handle: int) -> Pair:
+    """The stream and workspace the application set last on a cuBLAS handle."""
+    held = IN_C.blas(handle) if IN_C is not None else None
+    if held is not None:
+        return held
+    state = _state(handle)
+    return state["stream"], state["workspace"]
+
+
+def _hold_pair(handle: int, stream: int, workspace: tuple[int, int] | None) -> None:
+    """Keep a cuBLAS handle's pair: in C if it holds the handle or has room, else here."""
+    if IN_C is None or not IN_C.hold_blas(handle, stream, workspace):
+        STATE[handle].update(stream=stream, workspace=workspace)
 
 
 def blas_settings(d: Driver, handle: int) -> int:
@@ -169,7 +191,7 @@ def blas_settings(d: Driver, handle: int) -> int:
     state = STATE.get(handle)
     if state is None or "workspace" not in state:
         return handle
-    want, sent = (state["stream"], state["workspace"]), state.get("sent", (0, None))  # a new handle's
+    want, sent = _pair(handle), state.get("sent", (0, None))  # a new handle's
     if want != sent:
         if want[0] != sent[0] or want[1] is None:
             d.post(CALLS["cublasSetStream_v2"], [handle, want[0]])
@@ -182,16 +204,16 @@ def blas_settings(d: Driver, handle: int) -> int:
 SERVER_OBJECT["cublasHandle_t"] = blas_settings
 
 
-def _getter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
+def _getter(value: Callable[[int], int]) -> Callable[[Driver, Call, list[Any]], None]:
     def get(d: Driver, call: Call, args: list[Any]) -> None:
         if not args[1]:
             raise errors.CudaError(errors.INVALID_VALUE, f"{call.symbol}: NULL output")
-        marshal.put(call.params[1], args[1], _state(args[0])[key])
+        marshal.put(call.params[1], args[1], value(args[0]))
 
     return get
 
 
-implements("cublasGetStream")(_getter("stream"))
+implements("cublasGetStream")(_getter(lambda handle: _pair(handle)[0]))
 HANDLE_DESTROYS = ("cublasDestroy", "cudnnDestroy")  # of the handles whose settings these are
 # the settings C answers (kept.h): setter -> getter, as the libraries export them
 SETTERS = {"cublasSetAtomicsMode": "cublasGetAtomicsMode", "cublasSetMathMode": "cublasGetMathMode",
@@ -203,7 +225,7 @@ for _key, _set, _get in (("pointer_mode", "cublasSetPointerMode", "cublasGetPoin
                          ("sm_count", "cublasSetSmCountTarget", "cublasGetSmCountTarget"),
                          ("stream", "cudnnSetStream", "cudnnGetStream")):
     implements(_set)(_setter(_key))
-    implements(_get)(_getter(_key))
+    implements(_get)(_getter(lambda handle, key=_key: _state(handle)[key]))
 
 
 @implements("cublasSdot", "cublasDdot", "cublasCdotu", "cublasCdotc", "cublasZdotu", "cublasZdotc", "cublasDotEx")
@@ -518,8 +540,9 @@ SERVER_OBJECT.update(dict.fromkeys(DESCRIPTORS, server_descriptor))
 # answered in C, and the descriptor is a record there: read when a call names it (as the state `keep_descriptor`,
 # the setters and `backend_create` here make), taken over by this module for anything else. The roles and a
 # record's kinds are kept.h's; the record's layout is front.h's.
-(CREATE, SET_ND, SET_4D, SET_4D_EX, DESTROY, LT_CREATE, LT_SET, LT_DESTROY,
- PACK_CREATE, PACK_SET, PACK_FINALIZE, PACK_DESTROY, SETTING, GETTING) = range(1, 15)  # kept.h's XPU_KEPT_*
+(CREATE, SET_ND, SET_4D, SET_4D_EX, DESTROY, LT_CREATE, LT_SET, LT_DESTROY, PACK_CREATE, PACK_SET, PACK_FINALIZE,
+ PACK_DESTROY, SETTING, GETTING, BLAS_STREAM, BLAS_WORKSPACE, BLAS_GET_STREAM) = range(1, 18)  # kept.h's XPU_KEPT_*
+HANDLE_ROLES = (SETTING, GETTING, BLAS_STREAM, BLAS_WORKSPACE, BLAS_GET_STREAM)  # a library handle's calls
 PACK = 4  # a variant pack's record kind
 IN_C_OPS = {  # symbol -> (role, kind: 0 a tensor, 1-3 cuBLASLt's, 4 a variant pack)
     "cudnnCreateTensorDescriptor": (CREATE, 0), "cudnnSetTensorNdDescriptor": (SET_ND, 0),
@@ -532,13 +555,14 @@ IN_C_OPS = {  # symbol -> (role, kind: 0 a tensor, 1-3 cuBLASLt's, 4 a variant p
         ("CreateDescriptor", PACK_CREATE), ("SetAttribute", PACK_SET), ("Finalize", PACK_FINALIZE),
         ("DestroyDescriptor", PACK_DESTROY))},
     **{symbol: (SETTING, 0) for symbol in SETTERS},
-    **{symbol: (GETTING, CALLS[symbol].params[1].pointee_size) for symbol in SETTERS.values()}}  # kind: its bytes
+    **{symbol: (GETTING, CALLS[symbol].params[1].pointee_size) for symbol in SETTERS.values()},  # kind: its bytes
+    "cublasSetStream_v2": (BLAS_STREAM, 0), "cublasSetWorkspace_v2": (BLAS_WORKSPACE, 0),
+    "cublasGetStream_v2": (BLAS_GET_STREAM, 0)}
 PACK_HEAD = struct.Struct("<ii3q")  # front.h's xpu_kept_pack before its values: finalized, attributes set, counts
 # a pack record's attributes in its order (kept.h's): (name, element type)
 PACK_ORDER = tuple((name, mathlibs.CUDNN_PACK_ATTRIBUTES[name]) for name in (PACK_UIDS, mathlibs.CUDNN_DATA_POINTERS,
                                                                             PACK_WORKSPACE))
-IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items()
-              if role not in (SETTING, GETTING)}
+IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items() if role not in HANDLE_ROLES}
 
 
 def _op(symbol: str) -> tuple[int, int]:
@@ -627,6 +651,23 @@ class KeptInC:
 
     def forget_settings(self, handle: int) -> None:
         self.lib.xpu_kept_setting(handle, 0, -1, 0)
+        self.lib.xpu_kept_blas(handle, -1, self.ffi.NULL)
+
+    def blas(self, handle: int) -> Pair | None:
+        """A cuBLAS handle's stream and workspace, if C holds them."""
+        lib, pair = self.lib, self.ffi.new("uint64_t[]", self.lib.XPU_BLAS_PAIR)
+        if not lib.xpu_kept_blas(handle, 0, pair):
+            return None
+        own = pair[lib.XPU_BLAS_OWN]
+        return pair[lib.XPU_BLAS_STREAM], None if own else (pair[lib.XPU_BLAS_WORKSPACE], pair[lib.XPU_BLAS_BYTES])
+
+    def hold_blas(self, handle: int, stream: int, workspace: tuple[int, int] | None) -> bool:
+        """C holds `handle`'s pair from now on, and answers its setters; False: no room there."""
+        lib, pair = self.lib, self.ffi.new("uint64_t[]", self.lib.XPU_BLAS_PAIR)
+        pair[lib.XPU_BLAS_STREAM], pair[lib.XPU_BLAS_OWN] = stream, workspace is None
+        if workspace is not None:
+            pair[lib.XPU_BLAS_WORKSPACE], pair[lib.XPU_BLAS_BYTES] = workspace
+        return bool(lib.xpu_kept_blas(handle, 1, pair))
 
     def release(self, handle: int) -> bool:
         """A destroyed descriptor's slot freed: True if it was one of C's."""

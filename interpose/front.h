@@ -6,7 +6,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#define XPU_FRONT_VERSION 8
+#define XPU_FRONT_VERSION 9
 /* The fast lane's buffer (lane.h): full, it declines and the core sends it. Room for about ten of
  * PyTorch's foreach launches, whose argument bytes (a TensorListMetadata) are about 25 KiB each. */
 #define XPU_LANE_BYTES (256 << 10)
@@ -35,6 +35,9 @@ struct xpu_kept_record {
     struct xpu_kept_attribute attribute[XPU_KEPT_ATTRIBUTES];
     struct xpu_kept_pack pack;
 };
+/* A cuBLAS handle's stream and workspace as kept.h holds them: the stream, the workspace, its bytes, and 1
+ * while the workspace is cuBLAS's own (cublasSetStream puts it back). */
+enum { XPU_BLAS_STREAM, XPU_BLAS_WORKSPACE, XPU_BLAS_BYTES, XPU_BLAS_OWN, XPU_BLAS_PAIR };
 
 struct xpu_front {
     int version, symbol_count;
@@ -73,6 +76,7 @@ struct xpu_front {
     void (*kept_setting)(uint64_t handle, int library, int op, uint64_t value);
     int64_t (*kept_read)(uint64_t handle, struct xpu_kept_record *out, int adopt);
     int (*kept_release)(uint64_t handle);
+    int (*kept_blas)(uint64_t handle, int verb, uint64_t *pair);
 };
 
 /* What each of the two libcs in the process needs, compiled into both sides so that each call binds to

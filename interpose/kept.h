@@ -20,13 +20,15 @@
 #define XPU_KEPT_BASE 0x7B0000000000ull  /* below the core's own handles (client/driver.py) */
 
 /* What a marked op is (client/mathlibs.py names the same numbers): a create, a setter or a destroy of one
- * kind of descriptor (a pack's finalize too), or a library handle's setter or getter (its `kind`: the bytes
- * it writes). A tensor record's setter is one of the three SET_ it was set by. */
+ * kind of descriptor (a pack's finalize too), a library handle's setter or getter (its `kind`: the bytes
+ * it writes), or cuBLAS's stream and workspace setters and stream getter. A tensor record's setter is one of
+ * the three SET_ it was set by. */
 enum { XPU_KEPT_NONE, XPU_KEPT_CREATE, XPU_KEPT_SET_ND, XPU_KEPT_SET_4D, XPU_KEPT_SET_4D_EX, XPU_KEPT_DESTROY,
        XPU_KEPT_LT_CREATE, XPU_KEPT_LT_SET, XPU_KEPT_LT_DESTROY,
        XPU_KEPT_PACK_CREATE, XPU_KEPT_PACK_SET, XPU_KEPT_PACK_FINALIZE, XPU_KEPT_PACK_DESTROY, XPU_KEPT_SETTING,
-       XPU_KEPT_GETTING };
+       XPU_KEPT_GETTING, XPU_KEPT_BLAS_STREAM, XPU_KEPT_BLAS_WORKSPACE, XPU_KEPT_BLAS_GET_STREAM };
 #define XPU_KEPT_SETTINGS 256  /* (handle, setter) pairs whose last value C knows */
+#define XPU_KEPT_BLAS 64       /* cuBLAS handles whose stream and workspace C holds */
 enum { XPU_SLOT_FREE, XPU_SLOT_KEPT, XPU_SLOT_ADOPTED };
 
 static struct {
@@ -45,6 +47,11 @@ static struct {
      * setter's op and its getter's; a call that sets it again, or asks it, is answered here. A free entry's
      * handle is 0. */
     struct { uint64_t handle, value; int16_t library, op; } setting[XPU_KEPT_SETTINGS];
+    /* A cuBLAS handle's stream and workspace (front.h's XPU_BLAS_*): PyTorch sets both before each GEMM, nearly
+     * always to what they are. cublasSetStream also puts back cuBLAS's own workspace, so a repeated one is not a
+     * no-op: the pair is held here, as the core registered the handle, and the core reads it when a call names
+     * the handle (client/mathlibs.py, `blas_settings`). A free entry's handle is 0. */
+    struct { uint64_t handle, pair[XPU_BLAS_PAIR]; } blas[XPU_KEPT_BLAS];
 } xpu_kept = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void xpu_kept_pack_names(const int64_t *names) {
@@ -81,6 +88,32 @@ static void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t valu
         }
     }
     pthread_mutex_unlock(&xpu_kept.lock);
+}
+
+/* Where `handle` is in the cuBLAS table, or -1; under the lock. */
+static int xpu_kept_blas_at(uint64_t handle) {
+    for (int i = 0; handle && i < XPU_KEPT_BLAS; i++)
+        if (xpu_kept.blas[i].handle == handle) return i;
+    return -1;
+}
+
+static uint64_t *xpu_kept_blas_find(uint64_t handle) {
+    int i = xpu_kept_blas_at(handle);
+    return i < 0 ? NULL : xpu_kept.blas[i].pair;
+}
+
+/* The core's: verb 1 holds `pair` for `handle`, a live cuBLAS handle (0: no room); 0 reads it into `pair`
+ * (0: not held); -1 forgets the handle (destroyed). */
+static int xpu_kept_blas(uint64_t handle, int verb, uint64_t *pair) {
+    pthread_mutex_lock(&xpu_kept.lock);
+    int i = xpu_kept_blas_at(handle);
+    for (int free_at = 0; i < 0 && verb == 1 && handle && free_at < XPU_KEPT_BLAS; free_at++)
+        if (!xpu_kept.blas[free_at].handle) xpu_kept.blas[free_at].handle = handle, i = free_at;
+    if (i >= 0 && verb == 1) memcpy(xpu_kept.blas[i].pair, pair, sizeof xpu_kept.blas[i].pair);
+    if (i >= 0 && verb == 0) memcpy(pair, xpu_kept.blas[i].pair, sizeof xpu_kept.blas[i].pair);
+    if (i >= 0 && verb < 0) xpu_kept.blas[i].handle = 0;
+    pthread_mutex_unlock(&xpu_kept.lock);
+    return i >= 0;
 }
 
 /* `made`: a create's integer arguments after its output (cuBLASLt's: its setting) */
@@ -220,6 +253,21 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
     case XPU_KEPT_SETTING: {  /* setter(handle, value): the value it holds already */
         int found, i = xpu_kept_setting_find(slots[0], library, op, &found);
         if (found && xpu_kept.setting[i].value == slots[1]) rc = 0;
+        break;
+    }
+    case XPU_KEPT_BLAS_STREAM: {  /* cublasSetStream(handle, stream): cuBLAS's own workspace again */
+        uint64_t *pair = xpu_kept_blas_find(slots[0]);
+        if (pair) pair[XPU_BLAS_STREAM] = slots[1], pair[XPU_BLAS_OWN] = 1, rc = 0;
+        break;
+    }
+    case XPU_KEPT_BLAS_WORKSPACE: {  /* cublasSetWorkspace(handle, workspace, bytes) */
+        uint64_t *pair = xpu_kept_blas_find(slots[0]);
+        if (pair) pair[XPU_BLAS_WORKSPACE] = slots[1], pair[XPU_BLAS_BYTES] = slots[2], pair[XPU_BLAS_OWN] = 0, rc = 0;
+        break;
+    }
+    case XPU_KEPT_BLAS_GET_STREAM: {  /* cublasGetStream(handle, &stream) */
+        uint64_t *pair = xpu_kept_blas_find(slots[0]);
+        if (pair && slots[1]) memcpy((void *)(uintptr_t)slots[1], &pair[XPU_BLAS_STREAM], 8), rc = 0;
         break;
     }
     case XPU_KEPT_GETTING: {  /* getter(handle, &value): `kind` bytes, little-endian as the value's slot */

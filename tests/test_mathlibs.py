@@ -268,9 +268,11 @@ assert blas.cublasGetStream_v2(blas_handle, ctypes.byref(found)) == 0 and found.
 assert dnn.cudnnSetStream(handle, None) == 0  # another stream: sent
 assert dnn.cudnnGetStream(handle, ctypes.byref(found)) == 0 and not found.value
 assert blas.cublasSetStream_v2(blas_handle, None) == 0  # another stream, cuBLAS's own workspace: sent
+assert blas.cublasGetStream_v2(blas_handle, ctypes.byref(found)) == 0 and not found.value
 assert blas.cublasSetMathMode(blas_handle, 0) == 0  # before this call
-assert dnn.cudnnDestroy(handle) == 0
+assert dnn.cudnnDestroy(handle) == 0 and blas.cublasDestroy_v2(blas_handle) == 0
 assert dnn.cudnnSetStream(handle, None) != 0  # the value it held, but the handle is gone: C does not answer
+assert blas.cublasSetStream_v2(blas_handle, None) != 0
 """
 
 
@@ -281,7 +283,8 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     the handle, where they differ from the server's (cublasSetStream also puts back cuBLAS's own workspace).
     A stream or math mode set to the value it holds, or asked once set, is answered in C: the client core
     (XPU_CALL_CPU counts its calls) sees those setters as often for five rounds as for one, their getters never,
-    and a setter after the handle is destroyed."""
+    and a setter after the handle is destroyed. C holds a cuBLAS handle's stream and workspace: their setters and
+    cublasGetStream never reach the core, and the server gets the pair from there."""
     from conftest import shim_env, start_server
 
     from xpuremote.client import call_cpu
@@ -296,17 +299,19 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     finally:
         srv.stop()
     assert all(run.returncode == 0 for run in runs), runs[-1].stderr[-3000:]
-    in_core, setters = [], ("cudnnSetStream", "cublasSetMathMode", "cudnnGetStream", "cublasGetMathMode")
+    in_core, setters = [], ("cudnnSetStream", "cublasSetMathMode", "cudnnGetStream", "cublasGetMathMode",
+                            "cublasSetStream_v2", "cublasSetWorkspace_v2", "cublasGetStream_v2")
     for n in (1, 5):
         in_core.append({name: calls for name, (calls, _) in call_cpu.read(tmp_path / f"core-{n}.tsv").items()
                         if name in setters})
     assert in_core[0] == in_core[1] and in_core[0]["cudnnSetStream"] <= 3, in_core
-    assert not {"cudnnGetStream", "cublasGetMathMode"} & set(in_core[0]), in_core
+    assert not {"cudnnGetStream", "cublasGetMathMode", "cublasSetWorkspace_v2", "cublasGetStream_v2"} & set(in_core[0])
+    assert in_core[0].get("cublasSetStream_v2", 0) == 1, in_core  # after its handle was destroyed
     dnn = [int(n) for n in re.findall(r"library calls: .*cudnn=(\d+)", srv.log())]
     blas = [int(n) for n in re.findall(r"library calls: .*cublas=(\d+)", srv.log())]
     assert len(dnn) == 2 and dnn[0] == dnn[1] == 4, dnn  # create, the stream set once, the other stream, destroy
-    # created; the stream and workspace before the first math mode; then the default stream before the last
-    assert len(blas) == 2 and blas[0] == blas[1] == 6, blas
+    # created; the stream and workspace before the first math mode; the default stream before the last; destroyed
+    assert len(blas) == 2 and blas[0] == blas[1] == 7, blas
 
 
 IN_C_PROGRAM = r"""
