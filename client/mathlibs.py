@@ -100,9 +100,9 @@ def _creator(lib: mathlibs.Library, **defaults: int) -> Callable[[Driver, Call, 
         check_version(d, lib)
         d.forward(call, args)
         handle = _created(call, args)
-        STATE[handle] = dict(defaults)
-        if "workspace" in defaults:  # a cuBLAS handle: C holds its stream and workspace (see `blas_settings`)
-            _hold_pair(handle, defaults["stream"], defaults["workspace"])
+        state = STATE[handle] = dict(defaults)
+        if "workspace" in defaults and IN_C is not None:  # a cuBLAS handle: C holds its stream and workspace
+            state["held"] = IN_C.hold_blas(handle)  # None: no room there (see `blas_settings`)
 
     return create
 
@@ -159,31 +159,35 @@ Pair = tuple[int, tuple[int, int] | None]  # a stream, and a workspace and its b
 
 @implements("cublasSetStream")
 def blas_set_stream(d: Driver, call: Call, args: list[Any]) -> None:
-    _state(args[0])
+    state = _state(args[0])
     d.session()
-    _hold_pair(args[0], args[1], None)
+    _hold_pair(state, args[1], None)
 
 
 @implements("cublasSetWorkspace")
 def blas_set_workspace(d: Driver, call: Call, args: list[Any]) -> None:
-    stream, _ = _pair(args[0])
+    state = _state(args[0])
     d.session()
-    _hold_pair(args[0], stream, (args[1], args[2]))
+    _hold_pair(state, _pair(state)[0], (args[1], args[2]))
 
 
-def _pair(handle: int) -> Pair:
-    """The stream and workspace the application set last on a cuBLAS handle."""
-    held = IN_C.blas(handle) if IN_C is not None else None
-    if held is not None:
-        return held
-    state = _state(handle)
-    return state["stream"], state["workspace"]
+def _pair(state: dict[str, Any]) -> Pair:
+    """The stream and workspace the application set last on a cuBLAS handle (its state)."""
+    held = state.get("held")
+    if held is None:
+        return state["stream"], state["workspace"]
+    return held.stream, None if held.own else (held.workspace, held.bytes)
 
 
-def _hold_pair(handle: int, stream: int, workspace: tuple[int, int] | None) -> None:
-    """Keep a cuBLAS handle's pair: in C if it holds the handle or has room, else here."""
-    if IN_C is None or not IN_C.hold_blas(handle, stream, workspace):
-        STATE[handle].update(stream=stream, workspace=workspace)
+def _hold_pair(state: dict[str, Any], stream: int, workspace: tuple[int, int] | None) -> None:
+    """A cuBLAS handle's pair set (where C does not answer: a trace, a capture)."""
+    held = state.get("held")
+    if held is None:
+        state.update(stream=stream, workspace=workspace)
+    else:
+        held.stream, held.own = stream, workspace is None
+        if workspace is not None:
+            held.workspace, held.bytes = workspace
 
 
 def blas_settings(d: Driver, handle: int) -> int:
@@ -191,7 +195,7 @@ def blas_settings(d: Driver, handle: int) -> int:
     state = STATE.get(handle)
     if state is None or "workspace" not in state:
         return handle
-    want, sent = _pair(handle), state.get("sent", (0, None))  # a new handle's
+    want, sent = _pair(state), state.get("sent", (0, None))  # a new handle's
     if want != sent:
         if want[0] != sent[0] or want[1] is None:
             d.post(CALLS["cublasSetStream_v2"], [handle, want[0]])
@@ -213,7 +217,7 @@ def _getter(value: Callable[[int], int]) -> Callable[[Driver, Call, list[Any]], 
     return get
 
 
-implements("cublasGetStream")(_getter(lambda handle: _pair(handle)[0]))
+implements("cublasGetStream")(_getter(lambda handle: _pair(_state(handle))[0]))
 HANDLE_DESTROYS = ("cublasDestroy", "cudnnDestroy")  # of the handles whose settings these are
 # the settings C answers (kept.h): setter -> getter, as the libraries export them
 SETTERS = {"cublasSetAtomicsMode": "cublasGetAtomicsMode", "cublasSetMathMode": "cublasGetMathMode",
@@ -651,23 +655,13 @@ class KeptInC:
 
     def forget_settings(self, handle: int) -> None:
         self.lib.xpu_kept_setting(handle, 0, -1, 0)
-        self.lib.xpu_kept_blas(handle, -1, self.ffi.NULL)
+        self.lib.xpu_kept_blas(handle, 0)
 
-    def blas(self, handle: int) -> Pair | None:
-        """A cuBLAS handle's stream and workspace, if C holds them."""
-        lib, pair = self.lib, self.ffi.new("uint64_t[]", self.lib.XPU_BLAS_PAIR)
-        if not lib.xpu_kept_blas(handle, 0, pair):
-            return None
-        own = pair[lib.XPU_BLAS_OWN]
-        return pair[lib.XPU_BLAS_STREAM], None if own else (pair[lib.XPU_BLAS_WORKSPACE], pair[lib.XPU_BLAS_BYTES])
-
-    def hold_blas(self, handle: int, stream: int, workspace: tuple[int, int] | None) -> bool:
-        """C holds `handle`'s pair from now on, and answers its setters; False: no room there."""
-        lib, pair = self.lib, self.ffi.new("uint64_t[]", self.lib.XPU_BLAS_PAIR)
-        pair[lib.XPU_BLAS_STREAM], pair[lib.XPU_BLAS_OWN] = stream, workspace is None
-        if workspace is not None:
-            pair[lib.XPU_BLAS_WORKSPACE], pair[lib.XPU_BLAS_BYTES] = workspace
-        return bool(lib.xpu_kept_blas(handle, 1, pair))
+    def hold_blas(self, handle: int) -> Any:
+        """Where C holds a new cuBLAS handle's stream and workspace (a struct xpu_blas_pair), answering its
+        setters from now on until the handle is destroyed; None: no room there."""
+        held = self.lib.xpu_kept_blas(handle, 1)
+        return None if held == self.ffi.NULL else held
 
     def release(self, handle: int) -> bool:
         """A destroyed descriptor's slot freed: True if it was one of C's."""

@@ -76,8 +76,8 @@ void xpu_kept_pack_names(const int64_t *names);
 void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value);
 int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt);
 int xpu_kept_release(uint64_t handle);
-enum { XPU_BLAS_STREAM, XPU_BLAS_WORKSPACE, XPU_BLAS_BYTES, XPU_BLAS_OWN, XPU_BLAS_PAIR };
-int xpu_kept_blas(uint64_t handle, int verb, uint64_t *pair);
+struct xpu_blas_pair { uint64_t stream, workspace, bytes, own; };
+struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold);
 """
 
 # Runs in the core's interpreter as it starts, before cffi imports _cffi_backend: the install's

@@ -86,7 +86,7 @@ static int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int a
     return front->kept_read(handle, out, adopt);
 }
 static int xpu_kept_release(uint64_t handle) { return front->kept_release(handle); }
-static int xpu_kept_blas(uint64_t handle, int verb, uint64_t *pair) { return front->kept_blas(handle, verb, pair); }
+static struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold) { return front->kept_blas(handle, hold); }
 static void xpu_set_python_ready(void) {
     xpu_python_ready = 1;
     front->set_python_ready();

@@ -35,9 +35,9 @@ struct xpu_kept_record {
     struct xpu_kept_attribute attribute[XPU_KEPT_ATTRIBUTES];
     struct xpu_kept_pack pack;
 };
-/* A cuBLAS handle's stream and workspace as kept.h holds them: the stream, the workspace, its bytes, and 1
- * while the workspace is cuBLAS's own (cublasSetStream puts it back). */
-enum { XPU_BLAS_STREAM, XPU_BLAS_WORKSPACE, XPU_BLAS_BYTES, XPU_BLAS_OWN, XPU_BLAS_PAIR };
+/* A cuBLAS handle's stream and workspace as kept.h holds them, and the core reads and writes them where they
+ * lie. own: 1 while the workspace is cuBLAS's own (cublasSetStream puts it back). */
+struct xpu_blas_pair { uint64_t stream, workspace, bytes, own; };
 
 struct xpu_front {
     int version, symbol_count;
@@ -76,7 +76,7 @@ struct xpu_front {
     void (*kept_setting)(uint64_t handle, int library, int op, uint64_t value);
     int64_t (*kept_read)(uint64_t handle, struct xpu_kept_record *out, int adopt);
     int (*kept_release)(uint64_t handle);
-    int (*kept_blas)(uint64_t handle, int verb, uint64_t *pair);
+    struct xpu_blas_pair *(*kept_blas)(uint64_t handle, int hold);
 };
 
 /* What each of the two libcs in the process needs, compiled into both sides so that each call binds to

@@ -47,11 +47,11 @@ static struct {
      * setter's op and its getter's; a call that sets it again, or asks it, is answered here. A free entry's
      * handle is 0. */
     struct { uint64_t handle, value; int16_t library, op; } setting[XPU_KEPT_SETTINGS];
-    /* A cuBLAS handle's stream and workspace (front.h's XPU_BLAS_*): PyTorch sets both before each GEMM, nearly
+    /* A cuBLAS handle's stream and workspace (front.h): PyTorch sets both before each GEMM, nearly
      * always to what they are. cublasSetStream also puts back cuBLAS's own workspace, so a repeated one is not a
-     * no-op: the pair is held here, as the core registered the handle, and the core reads it when a call names
-     * the handle (client/mathlibs.py, `blas_settings`). A free entry's handle is 0. */
-    struct { uint64_t handle, pair[XPU_BLAS_PAIR]; } blas[XPU_KEPT_BLAS];
+     * no-op: the pair is held here for each handle the core made, and the core reads it where it lies when a
+     * call names the handle (client/mathlibs.py, `blas_settings`). A free entry's handle is 0. */
+    struct { uint64_t handle; struct xpu_blas_pair pair; } blas[XPU_KEPT_BLAS];
 } xpu_kept = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void xpu_kept_pack_names(const int64_t *names) {
@@ -97,23 +97,25 @@ static int xpu_kept_blas_at(uint64_t handle) {
     return -1;
 }
 
-static uint64_t *xpu_kept_blas_find(uint64_t handle) {
+static struct xpu_blas_pair *xpu_kept_blas_find(uint64_t handle) {
     int i = xpu_kept_blas_at(handle);
-    return i < 0 ? NULL : xpu_kept.blas[i].pair;
+    return i < 0 ? NULL : &xpu_kept.blas[i].pair;
 }
 
-/* The core's: verb 1 holds `pair` for `handle`, a live cuBLAS handle (0: no room); 0 reads it into `pair`
- * (0: not held); -1 forgets the handle (destroyed). */
-static int xpu_kept_blas(uint64_t handle, int verb, uint64_t *pair) {
+/* The core's: hold `handle`, a new cuBLAS handle (its stream 0, cuBLAS's own workspace), and give where its pair
+ * is, for the core to read and write from then on (NULL: no room); or (hold 0) forget it, destroyed. */
+static struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold) {
     pthread_mutex_lock(&xpu_kept.lock);
     int i = xpu_kept_blas_at(handle);
-    for (int free_at = 0; i < 0 && verb == 1 && handle && free_at < XPU_KEPT_BLAS; free_at++)
-        if (!xpu_kept.blas[free_at].handle) xpu_kept.blas[free_at].handle = handle, i = free_at;
-    if (i >= 0 && verb == 1) memcpy(xpu_kept.blas[i].pair, pair, sizeof xpu_kept.blas[i].pair);
-    if (i >= 0 && verb == 0) memcpy(pair, xpu_kept.blas[i].pair, sizeof xpu_kept.blas[i].pair);
-    if (i >= 0 && verb < 0) xpu_kept.blas[i].handle = 0;
+    if (i >= 0 && !hold) xpu_kept.blas[i].handle = 0;
+    for (int free_at = 0; i < 0 && hold && handle && free_at < XPU_KEPT_BLAS; free_at++)
+        if (!xpu_kept.blas[free_at].handle) {
+            i = free_at;
+            xpu_kept.blas[i].handle = handle;
+            xpu_kept.blas[i].pair = (struct xpu_blas_pair){.own = 1};
+        }
     pthread_mutex_unlock(&xpu_kept.lock);
-    return i >= 0;
+    return i >= 0 && hold ? &xpu_kept.blas[i].pair : NULL;
 }
 
 /* `made`: a create's integer arguments after its output (cuBLASLt's: its setting) */
@@ -256,18 +258,18 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
         break;
     }
     case XPU_KEPT_BLAS_STREAM: {  /* cublasSetStream(handle, stream): cuBLAS's own workspace again */
-        uint64_t *pair = xpu_kept_blas_find(slots[0]);
-        if (pair) pair[XPU_BLAS_STREAM] = slots[1], pair[XPU_BLAS_OWN] = 1, rc = 0;
+        struct xpu_blas_pair *pair = xpu_kept_blas_find(slots[0]);
+        if (pair) pair->stream = slots[1], pair->own = 1, rc = 0;
         break;
     }
     case XPU_KEPT_BLAS_WORKSPACE: {  /* cublasSetWorkspace(handle, workspace, bytes) */
-        uint64_t *pair = xpu_kept_blas_find(slots[0]);
-        if (pair) pair[XPU_BLAS_WORKSPACE] = slots[1], pair[XPU_BLAS_BYTES] = slots[2], pair[XPU_BLAS_OWN] = 0, rc = 0;
+        struct xpu_blas_pair *pair = xpu_kept_blas_find(slots[0]);
+        if (pair) pair->workspace = slots[1], pair->bytes = slots[2], pair->own = 0, rc = 0;
         break;
     }
     case XPU_KEPT_BLAS_GET_STREAM: {  /* cublasGetStream(handle, &stream) */
-        uint64_t *pair = xpu_kept_blas_find(slots[0]);
-        if (pair && slots[1]) memcpy((void *)(uintptr_t)slots[1], &pair[XPU_BLAS_STREAM], 8), rc = 0;
+        struct xpu_blas_pair *pair = xpu_kept_blas_find(slots[0]);
+        if (pair && slots[1]) memcpy((void *)(uintptr_t)slots[1], &pair->stream, 8), rc = 0;
         break;
     }
     case XPU_KEPT_GETTING: {  /* getter(handle, &value): `kind` bytes, little-endian as the value's slot */

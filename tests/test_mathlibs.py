@@ -284,7 +284,8 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     A stream or math mode set to the value it holds, or asked once set, is answered in C: the client core
     (XPU_CALL_CPU counts its calls) sees those setters as often for five rounds as for one, their getters never,
     and a setter after the handle is destroyed. C holds a cuBLAS handle's stream and workspace: their setters and
-    cublasGetStream never reach the core, and the server gets the pair from there."""
+    cublasGetStream never reach the core, and the server gets the pair from there. Under a trace the core answers
+    them all, as the same pair."""
     from conftest import shim_env, start_server
 
     from xpuremote.client import call_cpu
@@ -293,12 +294,13 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     srv = start_server(tmp_path)
     try:
         runs = [subprocess.run([sys.executable, "-c", SETTINGS_PROGRAM, str(n)], capture_output=True, text=True,
-                               timeout=60, env=shim_env(ensure_shim(), srv.address,
-                                                        XPU_CALL_CPU=str(tmp_path / f"core-{n}.tsv")))
-                for n in (1, 5)]
+                               timeout=60, env=shim_env(ensure_shim(), srv.address, **env))
+                for n, env in ((1, {"XPU_CALL_CPU": str(tmp_path / "core-1.tsv")}),
+                               (5, {"XPU_CALL_CPU": str(tmp_path / "core-5.tsv")}),
+                               (5, {"XPU_TRACE": str(tmp_path / "traced")}))]  # a trace: every call is the core's
     finally:
         srv.stop()
-    assert all(run.returncode == 0 for run in runs), runs[-1].stderr[-3000:]
+    assert all(run.returncode == 0 for run in runs), [run.stderr[-3000:] for run in runs]
     in_core, setters = [], ("cudnnSetStream", "cublasSetMathMode", "cudnnGetStream", "cublasGetMathMode",
                             "cublasSetStream_v2", "cublasSetWorkspace_v2", "cublasGetStream_v2")
     for n in (1, 5):
@@ -309,9 +311,9 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     assert in_core[0].get("cublasSetStream_v2", 0) == 1, in_core  # after its handle was destroyed
     dnn = [int(n) for n in re.findall(r"library calls: .*cudnn=(\d+)", srv.log())]
     blas = [int(n) for n in re.findall(r"library calls: .*cublas=(\d+)", srv.log())]
-    assert len(dnn) == 2 and dnn[0] == dnn[1] == 4, dnn  # create, the stream set once, the other stream, destroy
+    assert dnn == [4] * 3, dnn  # create, the stream set once, the other stream, destroy
     # created; the stream and workspace before the first math mode; the default stream before the last; destroyed
-    assert len(blas) == 2 and blas[0] == blas[1] == 7, blas
+    assert blas == [7] * 3, blas
 
 
 IN_C_PROGRAM = r"""
