@@ -374,9 +374,9 @@ class Session:
         return run
 
     def runner(self, call: Call) -> Callable[[list[Any]], Any]:
-        """execute() compiled for one call: for a call of integers and handles (the lane's hot calls, and most
-        of a batch's), its shape checked, its handles resolved, then the backend's runner (the limits' checks
-        included); for any other, `generic`."""
+        """execute() compiled for one call: for a call of integers, handles and outputs the client sizes (the
+        lane's hot calls, most of a batch's, a copy to the host), its shape checked, its handles resolved, then
+        the backend's runner (the limits' checks included); for any other, `generic`."""
         plain = _plain(call)
         if plain is None or call.destroys or self.gpu_timer or not call.sent or call.library != "cuda":
             return self.generic(call)
