@@ -8,6 +8,7 @@ application was built against, and the size of each alpha/beta (by pointer mode 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import struct
 import threading
@@ -101,14 +102,13 @@ def _creator(lib: mathlibs.Library, **defaults: int) -> Callable[[Driver, Call, 
         d.forward(call, args)
         handle = _created(call, args)
         state = STATE[handle] = dict(defaults)
-        if "workspace" in defaults and IN_C is not None:  # a cuBLAS handle: C holds its stream and workspace
-            state["held"] = IN_C.hold_blas(handle)  # None: no room there (see `blas_settings`)
+        if lib is mathlibs.CUBLAS:  # its stream and workspace: in C if it has room (see `blas_settings`)
+            state["pair"] = (IN_C.hold_blas(handle) if IN_C is not None else None) or BlasPair()
 
     return create
 
 
-implements("cublasCreate")(_creator(mathlibs.CUBLAS, stream=0, workspace=None, pointer_mode=0, math_mode=0,
-                                    atomics_mode=0, sm_count=0))
+implements("cublasCreate")(_creator(mathlibs.CUBLAS, pointer_mode=0, math_mode=0, atomics_mode=0, sm_count=0))
 implements("cublasLtCreate")(_creator(mathlibs.CUBLASLT))
 implements("cudnnCreate")(_creator(mathlibs.CUDNN, stream=0))
 
@@ -157,6 +157,15 @@ def _setter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
 Pair = tuple[int, tuple[int, int] | None]  # a stream, and a workspace and its bytes (None: cuBLAS's own)
 
 
+@dataclasses.dataclass
+class BlasPair:
+    """front.h's struct xpu_blas_pair, kept here where C holds none (no shim, or no room there)."""
+    stream: int = 0
+    workspace: int = 0
+    bytes: int = 0
+    own: int = 1  # the workspace is cuBLAS's own
+
+
 @implements("cublasSetStream")
 def blas_set_stream(d: Driver, call: Call, args: list[Any]) -> None:
     state = _state(args[0])
@@ -173,27 +182,22 @@ def blas_set_workspace(d: Driver, call: Call, args: list[Any]) -> None:
 
 def _pair(state: dict[str, Any]) -> Pair:
     """The stream and workspace the application set last on a cuBLAS handle (its state)."""
-    held = state.get("held")
-    if held is None:
-        return state["stream"], state["workspace"]
-    return held.stream, None if held.own else (held.workspace, held.bytes)
+    pair = state["pair"]
+    return pair.stream, None if pair.own else (pair.workspace, pair.bytes)
 
 
 def _hold_pair(state: dict[str, Any], stream: int, workspace: tuple[int, int] | None) -> None:
-    """A cuBLAS handle's pair set (where C does not answer: a trace, a capture)."""
-    held = state.get("held")
-    if held is None:
-        state.update(stream=stream, workspace=workspace)
-    else:
-        held.stream, held.own = stream, workspace is None
-        if workspace is not None:
-            held.workspace, held.bytes = workspace
+    """A cuBLAS handle's pair set (where C does not answer: a trace, a capture, no shim)."""
+    pair = state["pair"]
+    pair.stream, pair.own = stream, int(workspace is None)
+    if workspace is not None:
+        pair.workspace, pair.bytes = workspace
 
 
 def blas_settings(d: Driver, handle: int) -> int:
     """The server's cuBLAS handle given the stream and workspace the application set last, if they differ."""
     state = STATE.get(handle)
-    if state is None or "workspace" not in state:
+    if state is None or "pair" not in state:
         return handle
     want, sent = _pair(state), state.get("sent", (0, None))  # a new handle's
     if want != sent:
