@@ -36,7 +36,7 @@ DNN_ELEMENT_BYTES = {DNN[f"CUDNN_DATA_{t}"]: size for t, size in (
 # value of a cudaDataType_t or cublasComputeType_t -> bytes of one scalar of it
 SCALAR_BYTES = {LT_DESC[name]: size for name, size in mathlibs.SCALAR_BYTES.items() if name in LT_DESC}
 
-# client handle -> what the local answers need: {"stream", "pointer_mode", "math_mode", ...}
+# client handle -> what the local answers need: {"stream", "pointer_mode", "math_mode", "pair", ...}
 STATE: dict[int, dict[str, int]] = {}
 MEMO_ENTRIES = 4096  # what each of this module's memos holds; a full one starts again
 
