@@ -11,6 +11,9 @@ long-lived agent processes:
   raw agent   the same traffic with bare pyzmq + msgpack (DEALER -> ROUTER echo, same tcp
               loopback transport, same header shapes), the floor any remoting layer stands on.
 
+A third agent, the shim again with a second server, makes the sync calls with neither end spinning
+before it blocks (XPU_SPIN_US=0, --spin-us 0; protocol/spin.py): what the spin is worth, beside it.
+
 The parent interleaves the two agents' repeats, so that load drift hits both alike, and prints
 each figure beside its baseline:
 
@@ -804,6 +807,13 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
         if Path(shim_agent.hello["library"]).resolve() != shim.resolve():
             raise RuntimeError(f"the shim agent loaded {shim_agent.hello['library']}, not {shim}")
         shim_agent.peer = session_worker(server.pid)
+        # the same sync calls with neither end spinning (protocol/spin.py): what the spin is worth, in this run
+        blocking_server, blocking_address = start_server(tmp / "server-blocking.log", args.backend, keys,
+                                                         ("--spin-us", "0"))
+        procs.append(blocking_server)
+        blocking = Agent("shim", extra, {**env, "XPU_SERVER": blocking_address, "XPU_SPIN_US": "0"})
+        blocking.peer = session_worker(blocking_server.pid)
+        agents.append(blocking)
         native = None  # on a GPU, the same calls on the machine's own driver (the agent's class does not care)
         if args.backend == "cuda":
             native = Agent("native", extra, {**clean_env(), **({"XPU_BENCH_CUDART": cudart} if cudart else {})})
@@ -819,6 +829,7 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
         raw("h2d_tcp", bulk)
         raw("d2h_tcp", bulk)
         raw("sync_tcp", min(args.sync_n, 2000))
+        blocking("sync", min(args.sync_n, 2000))
 
         samples: dict[str, list[float]] = {}
         cpu: dict[str, list[list[float]]] = {}
@@ -834,7 +845,8 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
             cpu.setdefault(key, []).append([(y - x) * scale for x, y in zip(before, after)])
 
         n, m = args.sync_n, args.async_n
-        through_cudart = [("sync_cudart", shim_agent, "sync_cudart", n, n, lambda t: t / n * 1e6)] if cudart else []
+        through_cudart = [(key, a, "sync_cudart", n, n, lambda t: t / n * 1e6) for key, a in (
+            ("sync_cudart", shim_agent), ("sync_cudart_blocking", blocking))] if cudart else []
         natively: dict[str, list[tuple]] = {"sync": [], "async": [], "bulk": []}
         if native:
             natively["sync"] = [("sync_native", native, "sync", n, n, lambda t: t / n * 1e6)] + (
@@ -845,6 +857,7 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
         phases = [
             (args.repeats, [("sync_raw", raw, "sync", n, n, lambda t: t / n * 1e6),
                             ("sync_shim", shim_agent, "sync", n, n, lambda t: t / n * 1e6),
+                            ("sync_shim_blocking", blocking, "sync", n, n, lambda t: t / n * 1e6),
                             ("sync_tcp", raw, "sync_tcp", n, n, lambda t: t / n * 1e6), *through_cudart,
                             *natively["sync"]]),
             (args.repeats, [("async_raw_batched", raw, "async_batched", m, m, lambda t: m / t),
@@ -884,6 +897,7 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
     return results
 
 
+BLOCKING = "the shim with neither end spinning before it blocks (XPU_SPIN_US=0, xpu-server --spin-us 0; µs/call)"
 NATIVE = "native CUDA, the same calls on the GPU machine's own driver ({})"
 
 
@@ -903,11 +917,12 @@ def figures(args: argparse.Namespace, results: dict[str, Any]) -> list[dict[str,
         row(f"sync latency, cuCtxSynchronize x {args.sync_n}", "µs/call", "sync_shim", "sync_raw",
             "pyzmq+msgpack echo round trip", "ratio <= 1.15", lambda r, v: r <= 1.15, "µs/call",
             **{"bare TCP+msgpack echo round trip, the transport the shim's sync calls take (µs/call)": "sync_tcp",
-               NATIVE.format("µs/call"): "sync_native"}),
+               BLOCKING: "sync_shim_blocking", NATIVE.format("µs/call"): "sync_native"}),
         *([row(f"sync latency, libcudart 13 cudaMemcpy 8 B device to host x {args.sync_n}", "µs/call",
                "sync_cudart", "sync_raw", "pyzmq+msgpack echo round trip", "ratio <= 1.15", lambda r, v: r <= 1.15,
                "µs/call", **{"bare TCP+msgpack echo round trip (µs/call)": "sync_tcp",
-                             NATIVE.format("µs/call"): "sync_cudart_native"})] if "sync_cudart" in m else []),
+                             BLOCKING: "sync_cudart_blocking", NATIVE.format("µs/call"): "sync_cudart_native"})]
+          if "sync_cudart" in m else []),
         row(f"async throughput, cuMemsetD8Async {SMALL} B x {args.async_n} + 1 sync", "calls/s", "async_shim",
             "async_raw_batched", f"pyzmq+msgpack, {MAX_BATCH_CALLS} calls a message, no answers, then 1 echo",
             ">= 150,000 calls/s", lambda r, v: v >= 150_000, "µs/call",

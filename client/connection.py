@@ -44,7 +44,7 @@ from urllib.parse import urlparse
 import zmq
 import zmq.utils.monitor
 
-from xpuremote.protocol import errors, wire
+from xpuremote.protocol import errors, spin, wire
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import NO_LINK, LinkSpec, Wire
@@ -121,6 +121,7 @@ class Connection:
         if port and data.wanted() and self.keys is None and not link.active and not measure:
             self.data = self._open_data(port, connect_timeout_s)
         self.data_ready = select.poll()  # a wait for an answer there, in slices, as on ZeroMQ
+        self.spin_ns = spin.default_us() * 1000  # how long that wait looks before it blocks (protocol/spin.py)
         if self.data is not None:
             self.data_ready.register(self.data, select.POLLIN)
         self.request_budget = wire.request_budget(self.max_request_bytes)  # payload bytes a request may carry
@@ -202,10 +203,11 @@ class Connection:
             elif not self.batch_open:
                 self._start_batch()
 
-    def call(self, call: Call, args: list[Any], ctx: int | None,
-             by_data: bool = False) -> tuple[int, list[Any], list[list[Any]]]:
+    def call(self, call: Call, args: list[Any], ctx: int | None, by_data: bool = False,
+             ctx_flags: int = 0) -> tuple[int, list[Any], list[list[Any]]]:
         """Send everything queued plus this call; wait for its (status, outputs, deferred errors).
-        `by_data`: some of `args` are wire.Data, to go on the data connection (or, without one, in the message)."""
+        `by_data`: some of `args` are wire.Data, to go on the data connection (or, without one, in the message).
+        `ctx_flags`: the context's, whose scheduling flags say how to wait, as for the GPU (protocol/spin.py)."""
         with self.lock:
             self._check()
             values = self._data_values(args) if by_data else ()
@@ -215,7 +217,7 @@ class Connection:
             stream = stream and self.data is not None  # not if it failed there (then it went on ZeroMQ)
             if values:
                 self._send_data(values)
-            answer = self._receive_stream(seq, not values) if stream else self._receive(seq)
+            answer = self._receive_stream(seq, not values, ctx_flags) if stream else self._receive(seq)
             if stream and self.later:
                 self._read_later()
             if values and answer.get("outs"):
@@ -461,12 +463,13 @@ class Connection:
             return False
         return True
 
-    def _receive_stream(self, seq: int, alone: bool = False) -> dict[str, Any]:
+    def _receive_stream(self, seq: int, alone: bool = False, ctx_flags: int = 0) -> dict[str, Any]:
         """The answer to message `seq`, sent on the data connection: it comes there, or, if the stream is lost
         on the way, on ZeroMQ (the worker sends it there when it cannot send it on the stream). `alone`: no
         output follows it there."""
-        while self.data is not None and not self._stream_ready():
-            self._watch()
+        if not self._spun(ctx_flags):
+            while self.data is not None and not self._stream_ready():
+                self._watch()
         try:
             if self.data is None:  # lost while the message's input was sent
                 raise OSError("it failed while the call's input was sent")
@@ -504,6 +507,15 @@ class Connection:
                     return answer
             if deadline and time.monotonic() > deadline:
                 self._die(f"the server at {self.address} did not answer within {timeout_s:g} s")
+
+    def _spun(self, ctx_flags: int) -> bool:
+        """Whether the answer began to arrive while this thread looked for it without sleeping (protocol/spin.py):
+        not for a context that blocks (CU_CTX_SCHED_BLOCKING_SYNC), nor while answers are due on ZeroMQ."""
+        sched = ctx_flags & spin.SCHED_MASK
+        if self.later or self.data is None or sched == spin.SCHED_BLOCKING_SYNC:
+            return False
+        poll = self.data_ready.poll
+        return spin.spin(lambda: poll(0), self.spin_ns, sched == spin.SCHED_YIELD) is not None
 
     def _stream_ready(self) -> bool:
         """Whether the answer on the data connection has begun to arrive, within RECEIVE_SLICE_MS. Meanwhile the

@@ -361,9 +361,7 @@ def cu_ctx_get_device(d: Driver, call: Call, args: list[Any]) -> None:
 
 @implements("cuCtxGetFlags")
 def cu_ctx_get_flags(d: Driver, call: Call, args: list[Any]) -> None:
-    ctx = d.context(0)
-    flags = d.primaries[ctx.device].flags if ctx.primary else ctx.flags
-    out(call, "flags", args[0], flags)
+    out(call, "flags", args[0], d.flags(d.context(0)))
 
 
 @implements("cuCtxSetFlags")

@@ -213,6 +213,10 @@ class Driver:
             raise CudaError(errors.INVALID_CONTEXT, f"{handle:#x} is not a context")
         return ctx
 
+    def flags(self, ctx: Context) -> int:
+        """A context's flags: a primary context has its device's."""
+        return self.primaries[ctx.device].flags if ctx.primary else ctx.flags
+
     def ensure_primary(self, dev: int) -> Primary:
         """Make the primary context of `dev` exist on the server (without retaining it for the app)."""
         p = self.primaries[dev]
@@ -240,7 +244,9 @@ class Driver:
     def call(self, call: Call, wire_args: list[Any], by_data: bool = False) -> list[Any]:
         """A synchronous call: its outputs, or CudaError (its own, or a deferred async one). `by_data`: see
         Connection.call."""
-        status, outs, deferred = self.session().call(call, wire_args, self.wire_ctx(), by_data)
+        ctx = self.wire_ctx()
+        info = self.ctxs.get(ctx) if ctx else None
+        status, outs, deferred = self.session().call(call, wire_args, ctx, by_data, self.flags(info) if info else 0)
         for symbol, code, detail in deferred:
             log.warning("an earlier %s failed: %s (%s)", symbol, errors.status_name(code, _library_of(symbol)), detail)
         if status:

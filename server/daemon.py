@@ -40,7 +40,7 @@ from urllib.parse import urlparse
 import zmq
 import zmq.utils.monitor
 
-from xpuremote.protocol import errors, logs, wire
+from xpuremote.protocol import errors, logs, spin, wire
 from xpuremote.protocol import pool as protocol_pool
 
 from . import auth, metrics, pool
@@ -74,6 +74,7 @@ class Options:
     metrics_token: str = ""  # a bearer token the metrics requests must show ("": none)
     pool: str = ""  # a Ray cluster to join as a pool member ("": none)
     advertise: str = ""  # the endpoint the pool hands out ("": the listen address)
+    spin_us: int | None = None  # how long a worker looks for the next message before it blocks (None: its default)
 
 
 @dataclass
@@ -133,6 +134,8 @@ class Daemon:
                "--backend", self.backend, "--session", session, "--mem-quota", str(limits.mem_quota),
                "--max-request-bytes", str(limits.max_request_bytes), "--max-handles", str(limits.max_handles),
                "--connect-timeout", str(self.options.connect_timeout_s)]
+        if self.options.spin_us is not None:
+            cmd += ["--spin-us", str(self.options.spin_us)]
         if self.options.keys is not None:
             cmd += ["--key", self.options.keys.secret_path, f"--client-key={key}"]  # a z85 key may start with -
         env = dict(os.environ)  # the operator's own tunables come last, so they win
@@ -423,11 +426,16 @@ def serve_main(argv: list[str]) -> int:
     parser.add_argument("--advertise", metavar="ENDPOINT",
                         help="the endpoint the pool gives clients (default: --listen)")
     parser.add_argument("--shutdown-grace", type=float, default=10.0, help="seconds sessions get to end on SIGTERM")
+    parser.add_argument("--spin-us", type=int, metavar="US",
+                        help="how long a session's worker looks for the client's next message before it blocks "
+                             f"(default: XPU_SPIN_US, or {spin.DEFAULT_US} with {spin.SPIN_MIN_CPUS}+ CPUs, else 0)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logs.level("INFO"), stream=sys.stderr,
                         format="xpu-server %(levelname)s %(message)s")
     if bool(args.key) != bool(args.allowed_keys):
         parser.error("--key and --allowed-keys go together")
+    if args.spin_us is not None and args.spin_us < 0:
+        parser.error("--spin-us cannot be negative")
     try:
         keys = auth.load_server_keys(args.key) if args.key else None
         token = metrics.read_token(args.metrics_token) if args.metrics_token else ""
@@ -435,6 +443,8 @@ def serve_main(argv: list[str]) -> int:
             raise ValueError(f"--allowed-keys {args.allowed_keys} is not a directory")
         if args.pool:
             protocol_pool.ray_address(args.pool)
+        if args.spin_us is None:
+            spin.default_us()  # a bad XPU_SPIN_US is said here, not by each worker
     except (OSError, ValueError) as exc:
         print(f"xpu-server: {exc}", file=sys.stderr)
         return 2
@@ -442,7 +452,7 @@ def serve_main(argv: list[str]) -> int:
                       args.max_clients, args.max_clients_per_peer, args.max_pending_per_peer, args.connect_timeout,
                       args.metrics_port, shutdown_grace_s=args.shutdown_grace,
                       metrics_bind=args.metrics_bind.strip("[]"), metrics_token=token, pool=args.pool or "",
-                      advertise=args.advertise or "")
+                      advertise=args.advertise or "", spin_us=args.spin_us)
     daemon = Daemon(args.listen, args.backend, options)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stopping.set())

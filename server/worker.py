@@ -30,7 +30,7 @@ from typing import Any
 import zmq
 import zmq.utils.monitor
 
-from xpuremote.protocol import errors, logs, wire
+from xpuremote.protocol import errors, logs, spin, wire
 from xpuremote.protocol.calls import BY_OPCODE, CALLS, DEFAULT_STREAMS, Call, Param
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import LinkSpec, Wire, wait_until
@@ -651,7 +651,8 @@ def _name_of(item: Any) -> str:
 
 # ---- the process ------------------------------------------------------------------------
 def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-          limits: Limits | None = None, keys: auth.ServerKeys | None = None, client_key: str = "") -> int:
+          limits: Limits | None = None, keys: auth.ServerKeys | None = None, client_key: str = "",
+          spin_us: int = 0) -> int:
     backend = Accounted(load_backend(backend_name), limits or Limits())
     session = Session(backend, secrets.token_bytes(wire.KEY_BYTES), session_id)
     session.limits = backend.limits
@@ -673,9 +674,10 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
     endpoint = _bind(sock, bind, session_id)
     if keys is None:  # the data connection is plain TCP: not beside an encrypted session
         session.listener = data.listen(bind)
+        log.info("session %s: waits on the data connection spin up to %d µs", session_id, spin_us)
     print(f"endpoint {endpoint} {session.key.hex()}", flush=True)  # to the daemon's pipe only
     watchdog = Watchdog(monitor, session)
-    poller = Poller()
+    poller = Poller(spin_us * 1000)
     poller.register(sock, zmq.POLLIN)
     sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)
     started, look_at, reported = time.monotonic(), 0.0, None
@@ -832,9 +834,15 @@ def _next(sock: zmq.Socket, session: Session, poller: Poller) -> bool:
 
 class Poller(zmq.Poller):
     """ZeroMQ's poller over the worker's socket and, while there is one to read, the data connection: kept
-    registered from one wait to the next (registering it anew for each message cost as much as the poll)."""
+    registered from one wait to the next (registering it anew for each message cost as much as the poll).
+    While the data connection is open, a wait looks without sleeping for `spin_ns` first (protocol/spin.py):
+    a call the client waits for comes there, and its answer is sooner if this end need not be woken."""
 
     stream: socket.socket | None = None
+
+    def __init__(self, spin_ns: int = 0) -> None:
+        super().__init__()
+        self.spin_ns = spin_ns
 
     def wait(self, stream: socket.socket | None, wait_ms: int, buffered: bool = False) -> dict[Any, int]:
         """What of ZeroMQ and the data connection (if given) has a message within `wait_ms`. `buffered`: the
@@ -847,6 +855,10 @@ class Poller(zmq.Poller):
             if stream is not None:
                 self.register(stream, zmq.POLLIN)
             self.stream = stream
+        if stream is not None and self.spin_ns:
+            ready = spin.spin(lambda: dict(self.poll(0)), self.spin_ns)
+            if ready:
+                return ready
         return dict(self.poll(wait_ms))
 
 
@@ -1102,12 +1114,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--client-key", default="", help="z85 public key of the only client admitted (with --key)")
     parser.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
                         help="seconds the client has to connect after its hello; then the session ends")
+    parser.add_argument("--spin-us", type=int, help="how long to look for the client's next message before blocking")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logs.level("INFO"), stream=sys.stderr,
                         format=f"xpu-server[{args.session}] %(levelname)s %(message)s")
     keys = auth.load_server_keys(args.key) if args.key else None
     limits = Limits(args.mem_quota, args.max_request_bytes, args.max_handles)
-    return serve(args.bind, args.backend, args.session, args.connect_timeout, limits, keys, args.client_key)
+    spin_us = spin.default_us() if args.spin_us is None else max(0, args.spin_us)
+    return serve(args.bind, args.backend, args.session, args.connect_timeout, limits, keys, args.client_key, spin_us)
 
 
 if __name__ == "__main__":

@@ -62,16 +62,21 @@ print("pinned", out.raw == ctypes.string_at(pinned, size), flush=True)
 BY_DATA = 9 * SIZE
 
 
-@pytest.mark.parametrize("wanted, backend", [
-    ("1", "sim"), ("0", "sim"),
-    pytest.param("1", "cuda", marks=pytest.mark.sim_only(reason="the cuda backend on a stand-in libcuda"))],
-    ids=["data-connection", "XPU_DATA_CONNECTION=0", "cuda backend"])
-def test_large_copies_go_on_the_data_connection(wanted: str, backend: str, shim: Path, tmp_path: Path) -> None:
-    """On the cuda backend an input goes to the GPU in pieces through page-locked buffers (cuda_upload.py)."""
-    srv, inner = start_chain(tmp_path, shim) if backend == "cuda" else (start_server(tmp_path), None)
+@pytest.mark.parametrize("wanted, backend, spin_us", [
+    ("1", "sim", "0"), ("0", "sim", "0"), ("1", "sim", "2000"),
+    pytest.param("1", "cuda", "0", marks=pytest.mark.sim_only(reason="the cuda backend on a stand-in libcuda"))],
+    ids=["data-connection", "XPU_DATA_CONNECTION=0", "both ends spinning", "cuda backend"])
+def test_large_copies_go_on_the_data_connection(wanted: str, backend: str, spin_us: str, shim: Path,
+                                                tmp_path: Path) -> None:
+    """On the cuda backend an input goes to the GPU in pieces through page-locked buffers (cuda_upload.py).
+    Spinning (protocol/spin.py): the client's waits and the worker's look for a message before they block."""
+    if backend == "cuda":
+        srv, inner = start_chain(tmp_path, shim)
+    else:
+        srv, inner = start_server(tmp_path, args=("--spin-us", spin_us)), None
     try:
-        result = subprocess.run(program(COPIES), env=shim_env(shim, srv.address, XPU_DATA_CONNECTION=wanted),
-                                capture_output=True, text=True, timeout=120)
+        env = shim_env(shim, srv.address, XPU_DATA_CONNECTION=wanted, XPU_SPIN_US=spin_us)
+        result = subprocess.run(program(COPIES), env=env, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stdout + result.stderr
         for line in ("sync", "pageable async", "unified", "unified async", "small", "pinned"):
             assert f"{line} True" in result.stdout, result.stdout + result.stderr
@@ -80,6 +85,9 @@ def test_large_copies_go_on_the_data_connection(wanted: str, backend: str, shim:
         assert moved == (BY_DATA if wanted == "1" else 0), (moved, BY_DATA)
         assert ("data connection open" in srv.log()) == (wanted == "1")
         assert "Traceback" not in srv.log()
+        if backend == "sim":  # the worker was told how long to spin
+            said = rf"session \S+: waits on the data connection spin up to {spin_us} µs"
+            assert re.search(said, srv.log()), srv.log()[-2000:]
         if inner is not None:  # the pieces went from page-locked memory, so the stand-in libcuda sends them
             # in messages; on its own data connection: the 5 device-to-host copies, and the pinned pair's
             # host-to-device copy, which reached the cuda backend in a message (9 more without the pieces)
