@@ -8,9 +8,12 @@ contexts than the machine has CPUs, and yields or blocks otherwise (the context'
 
 So the client's wait for an answer, and the worker's wait for the next message after one, spin for
 up to `XPU_SPIN_US` µs (the worker: `xpu-server --spin-us`) before they block. The default is
-DEFAULT_US where the machine has SPIN_MIN_CPUS or more, and 0 below: on two CPUs the spinning end
-would take the CPU the other end needs. Only the data connection's waits spin (client/data.py); a
-session over ZeroMQ alone waits in ZeroMQ's own receive, behind its I/O thread's wake-up anyway.
+DEFAULT_US where the process may use SPIN_MIN_CPUS or more, and 0 below: on two CPUs the spinning
+end would take the CPU the other end needs. A server's new session spins by default only while the
+sessions are fewer than its CPUs, as the driver's rule counts contexts.
+
+Only the data connection's waits spin (client/data.py); a session over ZeroMQ alone waits in
+ZeroMQ's own receive, behind its I/O thread's wake-up anyway.
 """
 
 from __future__ import annotations
@@ -27,15 +30,25 @@ SPIN_MIN_CPUS = 4
 T = TypeVar("T")
 
 
-def default_us() -> int:
-    """The spin bound this machine's ends use unless told otherwise: XPU_SPIN_US, or the CPU rule."""
+def cpus() -> int:
+    """The CPUs this process may run on: a container's or taskset's share, not the whole machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_us(spinners: int = 1) -> int:
+    """The spin bound an end uses unless told otherwise: XPU_SPIN_US, or DEFAULT_US where this process may use
+    SPIN_MIN_CPUS or more and `spinners` (the ends that would spin here: a server's sessions) are fewer."""
     value = os.environ.get("XPU_SPIN_US")
     if value is not None:
         try:
             return max(0, int(value))
         except ValueError:
             raise ValueError(f"XPU_SPIN_US={value!r} is not a whole number of microseconds") from None
-    return DEFAULT_US if (os.cpu_count() or 1) >= SPIN_MIN_CPUS else 0
+    n = cpus()
+    return DEFAULT_US if n >= SPIN_MIN_CPUS and spinners < n else 0
 
 
 def spin(ready: Callable[[], T], bound_ns: int, yielding: bool = False) -> T | None:

@@ -74,7 +74,7 @@ class Options:
     metrics_token: str = ""  # a bearer token the metrics requests must show ("": none)
     pool: str = ""  # a Ray cluster to join as a pool member ("": none)
     advertise: str = ""  # the endpoint the pool hands out ("": the listen address)
-    spin_us: int | None = None  # how long a worker looks for the next message before it blocks (None: its default)
+    spin_us: int | None = None  # how long a worker looks for the next message before it blocks (None: spin.default_us)
 
 
 @dataclass
@@ -134,8 +134,10 @@ class Daemon:
                "--backend", self.backend, "--session", session, "--mem-quota", str(limits.mem_quota),
                "--max-request-bytes", str(limits.max_request_bytes), "--max-handles", str(limits.max_handles),
                "--connect-timeout", str(self.options.connect_timeout_s)]
-        if self.options.spin_us is not None:
-            cmd += ["--spin-us", str(self.options.spin_us)]
+        spin_us = self.options.spin_us
+        if spin_us is None:  # spinning while the sessions are fewer than the CPUs, as the driver counts contexts
+            spin_us = spin.default_us(len(self.workers) + 1)
+        cmd += ["--spin-us", str(spin_us)]
         if self.options.keys is not None:
             cmd += ["--key", self.options.keys.secret_path, f"--client-key={key}"]  # a z85 key may start with -
         env = dict(os.environ)  # the operator's own tunables come last, so they win

@@ -31,12 +31,15 @@ def test_spin_answers_the_first_true_look_or_none_after_its_bound() -> None:
 
 def test_the_default_bound_follows_the_machine_and_xpu_spin_us(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("XPU_SPIN_US", raising=False)
-    monkeypatch.setattr(os, "cpu_count", lambda: spin.SPIN_MIN_CPUS)  # stands in for a larger machine
+    assert spin.cpus() == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(spin, "cpus", lambda: spin.SPIN_MIN_CPUS)  # stands in for a larger machine
     assert spin.default_us() == spin.DEFAULT_US
-    monkeypatch.setattr(os, "cpu_count", lambda: spin.SPIN_MIN_CPUS - 1)
+    assert spin.default_us(spin.SPIN_MIN_CPUS - 1) == spin.DEFAULT_US  # a server's sessions, fewer than its CPUs
+    assert spin.default_us(spin.SPIN_MIN_CPUS) == 0
+    monkeypatch.setattr(spin, "cpus", lambda: spin.SPIN_MIN_CPUS - 1)
     assert spin.default_us() == 0
     monkeypatch.setenv("XPU_SPIN_US", "350")
-    assert spin.default_us() == 350
+    assert spin.default_us() == 350 and spin.default_us(1000) == 350  # the operator's word wins
     monkeypatch.setenv("XPU_SPIN_US", "-5")
     assert spin.default_us() == 0
     monkeypatch.setenv("XPU_SPIN_US", "fast")
