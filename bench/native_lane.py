@@ -4,9 +4,10 @@ same records run in Python, in process, beside the driver calls alone made from 
     python bench/native_lane.py [--backend cuda|stand-in] [--records N] [--out bench/results/native-lane.json]
 
 A cuda-backend session (Accounted over CudaBackend, as a worker has it) runs lanes of `cuMemsetD8Async` records
-and lanes of `xpuLaunchKernel` records (a saxpy of n = 0, so the GPU does nothing): CPU time of this process
-per record. `cuda` uses NVIDIA's libcuda (a GPU); `stand-in` uses xpuremote's own shim chained to a sim server
-started here (named as such: its figures include the stand-in's own client, the same for both ways).
+(into one allocation, and over 1,000) and lanes of `xpuLaunchKernel` records (a saxpy of n = 0, so the GPU does
+nothing): CPU time of this process per record. `cuda` uses NVIDIA's libcuda (a GPU); `stand-in` uses xpuremote's
+own shim chained to a sim server started here (named as such: its figures include the stand-in's own client, the
+same for both ways).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ sys.path.insert(0, str(HERE))
 
 CTX, STREAM, MODULE, SAXPY = 0x7C00_0000_1000, 0x7C00_0000_2000, 0x7C00_0000_4000, 0x7C00_0000_4010
 PER_LANE = 500
+ALLOCATIONS = 1000
+MANY = f"cuMemsetD8Async over {ALLOCATIONS:,} allocations"
 
 
 def measure(records: int, repeats: int) -> dict[str, Any]:
@@ -53,21 +56,26 @@ def measure(records: int, repeats: int) -> dict[str, Any]:
     batch(("cuStreamCreate", [STREAM, 1]), ("xpuModuleLoad", [MODULE, hashlib.sha256(ptx).digest(), ptx, len(ptx)]),
           ("xpuModuleGetFunction", [SAXPY, MODULE, "saxpy"]))
     memset = wire.LANE_RECORD.pack(CALLS["cuMemsetD8Async"].opcode, 4, wire.LANE_NO_BLOB, 0, 0, CTX)
-    lanes = {"cuMemsetD8Async": b"".join(memset + struct.pack("<4Q", base + 256 * (i % 4096), i & 0xFF, 256, STREAM)
-                                         for i in range(PER_LANE))}
+    # name -> (a lane, its records)
+    lanes = {"cuMemsetD8Async": (b"".join(memset + struct.pack("<4Q", base + 256 * (i % 4096), i & 0xFF, 256, STREAM)
+                                          for i in range(PER_LANE)), PER_LANE)}
+    # the same over many allocations, as PyTorch's caching allocator holds many segments
+    many = [int.from_bytes(batch(("cuMemAlloc_v2", [8, 256]))[0], "little") for _ in range(ALLOCATIONS)]
+    lanes[MANY] = (b"".join(memset + struct.pack("<4Q", a, i & 0xFF, 256, STREAM) for i, a in enumerate(many)),
+                   ALLOCATIONS)
     blob = struct.pack("<f4xQQI", 1.0, base, base + 4096, 0)  # 28 bytes, padded to 32 in the lane
     launch = (wire.LANE_RECORD.pack(CALLS["xpuLaunchKernel"].opcode, 12, 9, len(blob), 0, CTX)
               + struct.pack("<12Q", SAXPY, 1, 1, 1, 32, 1, 1, 0, STREAM, 0, len(blob), 0) + blob + bytes(4))
-    lanes["xpuLaunchKernel"] = launch * PER_LANE
+    lanes["xpuLaunchKernel"] = (launch * PER_LANE, PER_LANE)
     figures: dict[str, Any] = {}
-    for name, data in lanes.items():
+    for name, (data, count) in lanes.items():
         session.run_lane([data, len(data)])  # warm: registered, taught
         samples = []
         for _ in range(repeats):
             began = time.process_time()
-            for _ in range(records // PER_LANE):
+            for _ in range(records // count):
                 session.run_lane([data, len(data)])
-            samples.append((time.process_time() - began) / (records // PER_LANE * PER_LANE) * 1e6)
+            samples.append((time.process_time() - began) / (records // count * count) * 1e6)
         figures[name] = statistics.median(samples)
     if session.deferred:
         raise RuntimeError(f"records failed: {session.deferred[:3]}")
@@ -132,7 +140,7 @@ def markdown(result: dict[str, Any]) -> str:
              f"of {result['repeats']}; load average after {[round(x, 2) for x in result['load']]}. In process: "
              "a cuda-backend session runs the lanes.", "",
              "| record | in C, µs | in Python, µs | Python / C |", "|---|---:|---:|---:|"]
-    for kind in ("cuMemsetD8Async", "xpuLaunchKernel"):
+    for kind in ("cuMemsetD8Async", MANY, "xpuLaunchKernel"):
         c, py = rows["in C"][kind], rows["in Python"][kind]
         lines.append(f"| {kind} | {c:.2f} | {py:.2f} | {py / c:.1f}x |")
     lines += ["", f"The same memsets called straight from cffi (the driver's own cost with cffi's call on top): "

@@ -18,7 +18,7 @@
 #define XPU_NATIVE_ARGS 12
 #define XPU_NATIVE_OPS 64          /* registered ops: a power of two */
 #define XPU_NATIVE_HANDLES 1024    /* taught handles: a power of two; full, the table starts again */
-#define XPU_NATIVE_RANGES 16       /* taught ranges; full, the oldest goes */
+#define XPU_NATIVE_RANGES 4096     /* taught ranges (allocations); full, the table starts again */
 #define XPU_NO_BLOB 0xFFFF
 
 enum { XPU_ARG_INT = 0, XPU_ARG_HANDLE = 1, XPU_ARG_BLOB = 2 };
@@ -48,8 +48,8 @@ struct xpu_native {
     struct xpu_native_op ops[XPU_NATIVE_OPS];
     struct xpu_native_handle handles[XPU_NATIVE_HANDLES];
     uint32_t taught;
-    uint64_t low[XPU_NATIVE_RANGES], high[XPU_NATIVE_RANGES];
-    uint32_t ranges, next_range;
+    uint64_t low[XPU_NATIVE_RANGES], high[XPU_NATIVE_RANGES];  /* by `low`: allocations do not overlap */
+    uint32_t ranges;
 };
 
 struct xpu_native *xpu_native_new(void) { return calloc(1, sizeof(struct xpu_native)); }
@@ -89,7 +89,7 @@ static struct xpu_native_handle *handle_slot(struct xpu_native *n, uint64_t key)
 
 void xpu_native_forget(struct xpu_native *n) {
     memset(n->handles, 0, sizeof n->handles);
-    n->taught = n->ranges = n->next_range = 0;
+    n->taught = n->ranges = 0;
 }
 
 /* A handle Python has resolved: the client's value, its family, the driver's object. 1 where the table
@@ -107,17 +107,35 @@ int xpu_native_handle(struct xpu_native *n, uint64_t key, uint32_t family, uint6
     return emptied;
 }
 
-/* Device memory [low, high) that Python found inside the client's allocations. */
+/* How many taught ranges begin at or below `address`: the one that may hold it is the last of them. */
+static uint32_t ranges_from(const struct xpu_native *n, uint64_t address) {
+    uint32_t lo = 0, hi = n->ranges;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (n->low[mid] <= address) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+/* Device memory [low, high) that Python found inside the client's allocations: one allocation, kept in
+ * order of `low` (PyTorch's caching allocator holds many segments; a memset may name any of them). */
 void xpu_native_range(struct xpu_native *n, uint64_t low, uint64_t high) {
-    uint32_t i = n->ranges < XPU_NATIVE_RANGES ? n->ranges++ : (n->next_range++ % XPU_NATIVE_RANGES);
+    uint32_t i = ranges_from(n, low);
+    if (i && n->low[i - 1] == low) {  /* taught again */
+        n->high[i - 1] = high;
+        return;
+    }
+    if (n->ranges == XPU_NATIVE_RANGES) n->ranges = i = 0;
+    memmove(n->low + i + 1, n->low + i, (n->ranges - i) * sizeof n->low[0]);
+    memmove(n->high + i + 1, n->high + i, (n->ranges - i) * sizeof n->high[0]);
     n->low[i] = low;
     n->high[i] = high;
+    n->ranges++;
 }
 
 static int in_range(const struct xpu_native *n, uint64_t address, uint64_t size) {
-    for (uint32_t i = 0; i < n->ranges; i++)
-        if (n->low[i] <= address && size <= n->high[i] - address && address < n->high[i]) return 1;
-    return 0;
+    uint32_t i = ranges_from(n, address);
+    return i && size <= n->high[i - 1] - address && address < n->high[i - 1];
 }
 
 /* The driver's arguments for a record (its blob of `blob_len` bytes), or 0 where Python must run it. */

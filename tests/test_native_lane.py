@@ -98,10 +98,17 @@ lane(*[("cuEventRecord", [e, 1]) for e in events])
 before = native.calls if (native := session.native) else 0
 lane(*[(memset, [base + 64 * i, 9, 64, 1]) for i in range(100)])
 after_full = (native.calls if native else 0) - before
+# memsets over 300 allocations (PyTorch's caching allocator holds many segments): taught once each, then in C
+many = [int.from_bytes(batch(("cuMemAlloc_v2", [8, 256]))[0], "little") for _ in range(300)]
+lane(*[(memset, [a, i & 0xFF, 256, STREAM]) for i, a in enumerate(many)])
 native = session.native
-print(json.dumps({"after_full": after_full, "first": first.hex(), "refusals": refusals, "second": second.hex(),
-                  "after": after,
-                  "third": third.hex(), "launches": launches, "y": sorted(set(ys)), "lane_calls": session.lane_calls,
+before = native.calls if native else 0
+lane(*[(memset, [a, (i + 1) & 0xFF, 256, STREAM]) for i, a in enumerate(reversed(many))])
+many_in_c = (native.calls if native else 0) - before
+many_bytes = hashlib.sha256(b"".join(read(a, 256) for a in many)).hexdigest()
+print(json.dumps({"after_full": after_full, "many_in_c": many_in_c, "many": many_bytes, "first": first.hex(),
+                  "refusals": refusals, "second": second.hex(), "after": after, "third": third.hex(),
+                  "launches": launches, "y": sorted(set(ys)), "lane_calls": session.lane_calls,
                   "in_c": native.calls if native else 0}))
 """
 
@@ -122,6 +129,7 @@ def run_scenario(env: dict[str, str], native: str) -> dict:
 def test_the_lane_in_c_does_what_the_lane_in_python_does(driver_env: dict[str, str]) -> None:
     in_c, in_python = run_scenario(driver_env, "1"), run_scenario(driver_env, "0")
     assert in_c.pop("after_full") == 99 and in_python.pop("after_full") == 0  # a lane's first record: Python
+    assert in_c.pop("many_in_c") == 299 and in_python.pop("many_in_c") == 0  # all but the first: all stay taught
     ran_in_c = in_c.pop("in_c")
     assert ran_in_c >= 990 and in_python.pop("in_c") == 0, ran_in_c  # each ran where it was meant to
     assert in_c == in_python
