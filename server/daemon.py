@@ -430,7 +430,8 @@ def serve_main(argv: list[str]) -> int:
     parser.add_argument("--shutdown-grace", type=float, default=10.0, help="seconds sessions get to end on SIGTERM")
     parser.add_argument("--spin-us", type=int, metavar="US",
                         help="how long a session's worker looks for the client's next message before it blocks "
-                             f"(default: XPU_SPIN_US, or {spin.DEFAULT_US} with {spin.SPIN_MIN_CPUS}+ CPUs, else 0)")
+                             f"(default: XPU_SPIN_US, or {spin.DEFAULT_US} while the sessions are fewer than the "
+                             f"CPUs, if those are {spin.SPIN_MIN_CPUS} or more; else 0)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logs.level("INFO"), stream=sys.stderr,
                         format="xpu-server %(levelname)s %(message)s")
