@@ -77,7 +77,7 @@ class ServerGone(CudaError):
 
 class Connection:
     def __init__(self, address: str, connect_timeout_s: float = 10.0, batch_window_us: float = 50.0,
-                 link: LinkSpec = NO_LINK, measure: bool = False, measure_gpu: bool = False) -> None:
+                 link: LinkSpec = NO_LINK, measure: bool = False, measure_gpu: bool = False, spin_us: int = 0) -> None:
         self.address = address
         self.ctx = zmq.Context()
         self.lock = threading.RLock()
@@ -121,7 +121,7 @@ class Connection:
         if port and data.wanted() and self.keys is None and not link.active and not measure:
             self.data = self._open_data(port, connect_timeout_s)
         self.data_ready = select.poll()  # a wait for an answer there, in slices, as on ZeroMQ
-        self.spin_ns = spin.default_us() * 1000  # how long that wait looks before it blocks (protocol/spin.py)
+        self.spin_ns = spin_us * 1000  # how long that wait looks before it blocks (protocol/spin.py)
         if self.data is not None:
             self.data_ready.register(self.data, select.POLLIN)
         self.request_budget = wire.request_budget(self.max_request_bytes)  # payload bytes a request may carry

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from xpuremote.protocol import errors
+from xpuremote.protocol import errors, spin
 from xpuremote.protocol.calls import CALLS, SYMBOLS, Call, Param
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import LinkSpec
@@ -140,12 +140,16 @@ class Driver:
                 raise CudaError(errors.NOT_INITIALIZED, "CUDA was initialised before fork(); "
                                 "a child process cannot use its parent's GPU session")
             if self.conn is None:
-                timeout = float(os.environ.get("XPU_CONNECT_TIMEOUT_S", "10"))
-                batch_us = float(os.environ.get("XPU_BATCH_US", "50"))
-                link = LinkSpec.from_env(os.environ)
+                try:  # the user's settings: a bad one is said as such, not as an internal error
+                    timeout = float(os.environ.get("XPU_CONNECT_TIMEOUT_S", "10"))
+                    batch_us = float(os.environ.get("XPU_BATCH_US", "50"))
+                    link = LinkSpec.from_env(os.environ)
+                    spin_us = spin.default_us()
+                except ValueError as exc:
+                    raise CudaError(errors.INVALID_VALUE, f"a setting in the environment: {exc}") from None
                 tracing = trace.requested()
                 conn = Connection(self.server(), timeout, batch_us, link, measure=tracing,
-                                  measure_gpu=tracing and os.environ.get("XPU_TRACE_GPU") == "1")
+                                  measure_gpu=tracing and os.environ.get("XPU_TRACE_GPU") == "1", spin_us=spin_us)
                 self._adopt(conn)
             return self.conn
 

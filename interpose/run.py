@@ -23,6 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Collection
 
+from xpuremote.protocol import spin
 from xpuremote.protocol.pool import die_with_parent
 
 from .build import LIBRARY_NAMES, NVML_NAME, ensure_shim
@@ -121,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("XPU_SERVER and XPU_POOL are both set: unset one, or say --server or --pool")
     if args.gpus < 1:
         parser.error("--gpus must be at least 1")
+    try:
+        spin.default_us()  # the client's and a local server's: a bad XPU_SPIN_US is said before the program starts
+    except ValueError as exc:
+        parser.error(str(exc))
     shim = ensure_shim()
     if args.pool:
         return run_leased(args, command, str(shim.parent))

@@ -43,10 +43,9 @@ def default_us(spinners: int = 1) -> int:
     SPIN_MIN_CPUS or more and `spinners` (the ends that would spin here: a server's sessions) are fewer."""
     value = os.environ.get("XPU_SPIN_US")
     if value is not None:
-        try:
-            return max(0, int(value))
-        except ValueError:
-            raise ValueError(f"XPU_SPIN_US={value!r} is not a whole number of microseconds") from None
+        if not value.strip().isdecimal():
+            raise ValueError(f"XPU_SPIN_US={value!r} is not a whole number of microseconds (0: never spin)")
+        return int(value)
     n = cpus()
     return DEFAULT_US if n >= SPIN_MIN_CPUS and spinners < n else 0
 

@@ -10,8 +10,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from conftest import free_port, shim_env
 
 from xpuremote.client.connection import Connection
 from xpuremote.protocol import spin
@@ -40,11 +42,12 @@ def test_the_default_bound_follows_the_machine_and_xpu_spin_us(monkeypatch: pyte
     assert spin.default_us() == 0
     monkeypatch.setenv("XPU_SPIN_US", "350")
     assert spin.default_us() == 350 and spin.default_us(1000) == 350  # the operator's word wins
-    monkeypatch.setenv("XPU_SPIN_US", "-5")
+    monkeypatch.setenv("XPU_SPIN_US", " 0")
     assert spin.default_us() == 0
-    monkeypatch.setenv("XPU_SPIN_US", "fast")
-    with pytest.raises(ValueError, match="XPU_SPIN_US='fast' is not a whole number"):
-        spin.default_us()
+    for bad in ("fast", "-5", "1.5", ""):
+        monkeypatch.setenv("XPU_SPIN_US", bad)
+        with pytest.raises(ValueError, match=f"XPU_SPIN_US='{bad}' is not a whole number"):
+            spin.default_us()
 
 
 class CountedPoll:
@@ -98,3 +101,16 @@ def test_the_server_refuses_a_bad_spin_setting_before_it_starts() -> None:
     assert done.returncode == 2 and "--spin-us cannot be negative" in done.stderr, done
     done = xpu_server(env={"XPU_SPIN_US": "1ms"})
     assert done.returncode == 2 and "XPU_SPIN_US='1ms' is not a whole number of microseconds" in done.stderr, done
+
+
+def test_a_bad_xpu_spin_us_is_said_before_the_program_runs_or_by_its_first_call(shim: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "xpuremote.interpose.run", "--", sys.executable, "-c", "print(1)"],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "XPU_SPIN_US": "soon"})
+    assert done.returncode == 2 and "XPU_SPIN_US='soon' is not a whole number" in done.stderr, done
+    assert "1" not in done.stdout
+    # preloaded by hand: cuInit fails with INVALID_VALUE and says why (no server is reached)
+    program = "import ctypes; print(ctypes.CDLL('libcuda.so.1').cuInit(0))"
+    env = shim_env(shim, f"tcp://127.0.0.1:{free_port()}", XPU_SPIN_US="soon")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60, env=env)
+    assert done.stdout.split() == ["1"], done
+    assert "a setting in the environment: XPU_SPIN_US='soon' is not a whole number" in done.stderr, done
