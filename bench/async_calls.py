@@ -106,10 +106,10 @@ def raw_run(calls: int) -> dict[str, float]:
     """The same records' bytes through bare pyzmq, DEALER to a ROUTER that only receives them."""
     import zmq
 
-    from xpuremote.protocol import wire
+    from xpuremote.protocol import abi
     from xpuremote.protocol.calls import CALLS
 
-    record = wire.LANE_RECORD.pack(CALLS["cuMemsetD8Async"].opcode, 4, wire.LANE_NO_BLOB, 0, 0, 1) \
+    record = abi.pack_lane_record(opcode=CALLS["cuMemsetD8Async"].opcode, nargs=4, blob_at=abi.LANE_NO_BLOB, ctx=1) \
         + struct.pack("<4Q", 1 << 40, 7, 256, 0)
     per_message = LANE_BYTES // len(record)
     message = record * per_message

@@ -34,7 +34,7 @@ MANY = f"cuMemsetD8Async over {ALLOCATIONS:,} allocations"
 
 def measure(records: int, repeats: int) -> dict[str, Any]:
     """In this process, with XPU_NATIVE_LANE as the parent set it: CPU µs per record of each kind."""
-    from xpuremote.protocol import wire
+    from xpuremote.protocol import abi
     from xpuremote.protocol.calls import CALLS
     from xpuremote.server.backends.cuda import CudaBackend
     from xpuremote.server.limits import Accounted, Limits
@@ -55,7 +55,7 @@ def measure(records: int, repeats: int) -> dict[str, Any]:
     base = int.from_bytes(batch(("cuMemAlloc_v2", [8, 1 << 20]))[0], "little")
     batch(("cuStreamCreate", [STREAM, 1]), ("xpuModuleLoad", [MODULE, hashlib.sha256(ptx).digest(), ptx, len(ptx)]),
           ("xpuModuleGetFunction", [SAXPY, MODULE, "saxpy"]))
-    memset = wire.LANE_RECORD.pack(CALLS["cuMemsetD8Async"].opcode, 4, wire.LANE_NO_BLOB, 0, 0, CTX)
+    memset = abi.pack_lane_record(opcode=CALLS["cuMemsetD8Async"].opcode, nargs=4, blob_at=abi.LANE_NO_BLOB, ctx=CTX)
     # name -> (a lane, its records)
     lanes = {"cuMemsetD8Async": (b"".join(memset + struct.pack("<4Q", base + 256 * (i % 4096), i & 0xFF, 256, STREAM)
                                           for i in range(PER_LANE)), PER_LANE)}
@@ -64,7 +64,8 @@ def measure(records: int, repeats: int) -> dict[str, Any]:
     lanes[MANY] = (b"".join(memset + struct.pack("<4Q", a, i & 0xFF, 256, STREAM) for i, a in enumerate(many)),
                    ALLOCATIONS)
     blob = struct.pack("<f4xQQI", 1.0, base, base + 4096, 0)  # 28 bytes, padded to 32 in the lane
-    launch = (wire.LANE_RECORD.pack(CALLS["xpuLaunchKernel"].opcode, 12, 9, len(blob), 0, CTX)
+    launch = (abi.pack_lane_record(opcode=CALLS["xpuLaunchKernel"].opcode, nargs=12, blob_at=9, blob_len=len(blob),
+                                   ctx=CTX)
               + struct.pack("<12Q", SAXPY, 1, 1, 1, 32, 1, 1, 0, STREAM, 0, len(blob), 0) + blob + bytes(4))
     lanes["xpuLaunchKernel"] = (launch * PER_LANE, PER_LANE)
     figures: dict[str, Any] = {}

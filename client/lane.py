@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from xpuremote.protocol import abi
 from xpuremote.protocol.calls import CALLS, LANE_LAUNCH, SYMBOLS
 
-KINDS = {"args": 1, "launch": 2}  # lane.h's XPU_LANE_PLAIN, XPU_LANE_LAUNCH
+KINDS = {"args": abi.LANE_PLAIN, "launch": abi.LANE_LAUNCH}  # calls.LANE's words
 LANE_CALL = CALLS["xpuLane"]
 
 
@@ -26,7 +27,7 @@ class Lane:
 
     def __init__(self, ffi: Any, lib: Any) -> None:
         self.ffi, self.lib = ffi, lib
-        self.buf = ffi.new("unsigned char[]", lib.XPU_LANE_BYTES)
+        self.buf = ffi.new("unsigned char[]", abi.LANE_BYTES)
         self.state = ffi.new("uint64_t[2]")
         self.kernels: set[int] = set()
         self.contexts: set[int] = set()

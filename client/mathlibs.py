@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from xpuremote.protocol import errors, mathlibs, wire
+from xpuremote.protocol import abi, errors, mathlibs, wire
 from xpuremote.protocol.calls import CALLS, LIBRARY_SYMBOLS, Call, Param
 
 from . import marshal, memory
@@ -546,27 +546,28 @@ SERVER_OBJECT.update(dict.fromkeys(DESCRIPTORS, server_descriptor))
 # With the shim, a tensor descriptor's create, its three setters and its destroy, cuBLASLt's descriptors'
 # creates, attribute setters and destroys, and a variant pack's create, attributes, finalize and destroy are
 # answered in C, and the descriptor is a record there: read when a call names it (as the state `keep_descriptor`,
-# the setters and `backend_create` here make), taken over by this module for anything else. The roles and a
-# record's kinds are kept.h's; the record's layout is front.h's.
-(CREATE, SET_ND, SET_4D, SET_4D_EX, DESTROY, LT_CREATE, LT_SET, LT_DESTROY, PACK_CREATE, PACK_SET, PACK_FINALIZE,
- PACK_DESTROY, SETTING, GETTING, BLAS_STREAM, BLAS_WORKSPACE, BLAS_GET_STREAM) = range(1, 18)  # kept.h's XPU_KEPT_*
-HANDLE_ROLES = (SETTING, GETTING, BLAS_STREAM, BLAS_WORKSPACE, BLAS_GET_STREAM)  # a library handle's calls
-PACK = 4  # a variant pack's record kind
-IN_C_OPS = {  # symbol -> (role, kind: 0 a tensor, 1-3 cuBLASLt's, 4 a variant pack)
-    "cudnnCreateTensorDescriptor": (CREATE, 0), "cudnnSetTensorNdDescriptor": (SET_ND, 0),
-    "cudnnSetTensor4dDescriptor": (SET_4D, 0), "cudnnSetTensor4dDescriptorEx": (SET_4D_EX, 0),
-    "cudnnDestroyTensorDescriptor": (DESTROY, 0),
-    **{f"cublasLt{name}{verb}": (role, kind) for kind, name in enumerate(("MatmulDesc", "MatrixLayout",
-                                                                          "MatmulPreference"), 1)
-       for verb, role in (("Create", LT_CREATE), ("SetAttribute", LT_SET), ("Destroy", LT_DESTROY))},
+# the setters and `backend_create` here make), taken over by this module for anything else. The roles, a
+# record's kinds and its layout are protocol/records.py's (abi.KEPT_*, abi.KEPT_KIND_*, abi.KEPT_RECORD_*).
+HANDLE_ROLES = (abi.KEPT_SETTING, abi.KEPT_GETTING, abi.KEPT_BLAS_STREAM, abi.KEPT_BLAS_WORKSPACE,
+                abi.KEPT_BLAS_GET_STREAM)  # a library handle's calls
+TENSOR, PACK = abi.KEPT_KIND_TENSOR, abi.KEPT_KIND_PACK
+LT_KINDS = {"MatmulDesc": abi.KEPT_KIND_LT_MATMUL, "MatrixLayout": abi.KEPT_KIND_LT_LAYOUT,
+            "MatmulPreference": abi.KEPT_KIND_LT_PREFERENCE}
+IN_C_OPS = {  # symbol -> (role, kind: a record's kind; a getter's, the bytes it writes)
+    "cudnnCreateTensorDescriptor": (abi.KEPT_CREATE, TENSOR), "cudnnSetTensorNdDescriptor": (abi.KEPT_SET_ND, TENSOR),
+    "cudnnSetTensor4dDescriptor": (abi.KEPT_SET_4D, TENSOR),
+    "cudnnSetTensor4dDescriptorEx": (abi.KEPT_SET_4D_EX, TENSOR),
+    "cudnnDestroyTensorDescriptor": (abi.KEPT_DESTROY, TENSOR),
+    **{f"cublasLt{name}{verb}": (role, kind) for name, kind in LT_KINDS.items()
+       for verb, role in (("Create", abi.KEPT_LT_CREATE), ("SetAttribute", abi.KEPT_LT_SET),
+                          ("Destroy", abi.KEPT_LT_DESTROY))},
     **{f"cudnnBackend{verb}": (role, PACK) for verb, role in (
-        ("CreateDescriptor", PACK_CREATE), ("SetAttribute", PACK_SET), ("Finalize", PACK_FINALIZE),
-        ("DestroyDescriptor", PACK_DESTROY))},
-    **{symbol: (SETTING, 0) for symbol in SETTERS},
-    **{symbol: (GETTING, CALLS[symbol].params[1].pointee_size) for symbol in SETTERS.values()},  # kind: its bytes
-    "cublasSetStream_v2": (BLAS_STREAM, 0), "cublasSetWorkspace_v2": (BLAS_WORKSPACE, 0),
-    "cublasGetStream_v2": (BLAS_GET_STREAM, 0)}
-PACK_HEAD = struct.Struct("<ii3q")  # front.h's xpu_kept_pack before its values: finalized, attributes set, counts
+        ("CreateDescriptor", abi.KEPT_PACK_CREATE), ("SetAttribute", abi.KEPT_PACK_SET),
+        ("Finalize", abi.KEPT_PACK_FINALIZE), ("DestroyDescriptor", abi.KEPT_PACK_DESTROY))},
+    **{symbol: (abi.KEPT_SETTING, 0) for symbol in SETTERS},
+    **{symbol: (abi.KEPT_GETTING, CALLS[symbol].params[1].pointee_size) for symbol in SETTERS.values()},
+    "cublasSetStream_v2": (abi.KEPT_BLAS_STREAM, 0), "cublasSetWorkspace_v2": (abi.KEPT_BLAS_WORKSPACE, 0),
+    "cublasGetStream_v2": (abi.KEPT_BLAS_GET_STREAM, 0)}
 # a pack record's attributes in its order (kept.h's): (name, element type)
 PACK_ORDER = tuple((name, mathlibs.CUDNN_PACK_ATTRIBUTES[name]) for name in (PACK_UIDS, mathlibs.CUDNN_DATA_POINTERS,
                                                                             PACK_WORKSPACE))
@@ -580,8 +581,8 @@ def _op(symbol: str) -> tuple[int, int]:
 
 
 SETTING_OPS = {setter: (_op(setter), _op(getter)) for setter, getter in SETTERS.items()}
-IN_C_DECODERS = {kind: marshal.slot_decoder(call) for (role, kind), call in IN_C_CALLS.items() if role == LT_CREATE}
-IN_C_DIMS = 8  # a tensor record's ints: type, count, dims at 2, strides at 2 + IN_C_DIMS (front.h)
+IN_C_DECODERS = {kind: marshal.slot_decoder(call) for (role, kind), call in IN_C_CALLS.items()
+                 if role == abi.KEPT_LT_CREATE}
 
 
 class KeptInC:
@@ -599,7 +600,7 @@ class KeptInC:
     def mark(self) -> None:
         for symbol, (role, kind) in IN_C_OPS.items():
             call = CALLS[symbol]
-            made = len(call.params) - 1 if role == LT_CREATE else 0  # a cuBLASLt create's setting: its arguments
+            made = len(call.params) - 1 if role == abi.KEPT_LT_CREATE else 0  # a cuBLASLt create's setting
             self.lib.xpu_kept_mark(mathlibs.LIBRARIES.index(mathlibs.BY_NAME[call.library]),
                                    LIBRARY_SYMBOLS[call.library].index(symbol), role, kind, made)
         names = [name for name, _ in PACK_ORDER]
@@ -646,8 +647,8 @@ class KeptInC:
 
     def _pack(self, raw: bytes) -> dict[str, Any]:
         """A pack record's `struct xpu_kept_pack` bytes as `backend_create` keeps a pack."""
-        finalized, attributes, *counts = PACK_HEAD.unpack_from(raw)
-        size, at = 8 * self.lib.XPU_KEPT_PACK, PACK_HEAD.size
+        finalized, attributes, *counts = abi.KEPT_PACK.unpack_from(raw)[:2 + abi.KEPT_PACK_ATTRIBUTES]
+        size, at = 8 * abi.KEPT_PACK_ELEMENTS, abi.KEPT_PACK_OFFSETS["value"]
         kept = {name: (element, counts[a], raw[at + a * size:at + a * size + 8 * counts[a]])
                 for a, (name, element) in enumerate(PACK_ORDER) if attributes >> a & 1}
         return {"descriptor_type": VARIANT_PACK, "kept": kept, "finalized": bool(finalized)}
@@ -685,12 +686,12 @@ class KeptInC:
         return {**parsed, "replay": None, "record": (handle, raw)}
 
     def _parse(self, record: Any) -> dict[str, Any]:
-        if record.kind == 0:
+        if record.kind == TENSOR:
             raw = bytes(self.ffi.buffer(record.ints))
-            kind = _kind(IN_C_CALLS[(CREATE, 0)])
+            kind = _kind(IN_C_CALLS[(abi.KEPT_CREATE, TENSOR)])
             state = {"kind": kind, "key": (kind, record.setter, raw), "setting": (record.setter, raw)}
             if record.setter:  # the data type: the first int of an Nd or 4dEx setting, the second of a 4d one
-                state["data_type"] = record.ints[1 if record.setter == SET_4D else 0]
+                state["data_type"] = record.ints[1 if record.setter == abi.KEPT_SET_4D else 0]
         else:
             attributes = self._attributes(record)
             state = self._lt(record, attributes)
@@ -701,20 +702,20 @@ class KeptInC:
         """The descriptor's whole state, as this module keeps one: with the calls that made it."""
         if record.kind == PACK:
             return self._pack(self.ffi.buffer(record)[self.pack_at:])
-        create = IN_C_CALLS[(CREATE, 0) if record.kind == 0 else (LT_CREATE, record.kind)]
+        create = IN_C_CALLS[(abi.KEPT_CREATE, TENSOR) if record.kind == TENSOR else (abi.KEPT_LT_CREATE, record.kind)]
         state = {"replay": {"": (create, [handle, *self._made(record)], 0)}, "kind": _kind(create)}
-        if record.kind == 0 and record.setter:
+        if record.kind == TENSOR and record.setter:
             call, ints = IN_C_CALLS[(record.setter, 0)], record.ints
             if call.symbol == "cudnnSetTensorNdDescriptor":
                 address = int(self.ffi.cast("uintptr_t", ints))
-                args = [handle, ints[0], ints[1], address + 4 * 2, address + 4 * (2 + IN_C_DIMS)]
+                args = [handle, ints[0], ints[1], address + 4 * 2, address + 4 * (2 + abi.KEPT_DIMS)]
             else:
                 args = [handle, *ints[0:len(call.params) - 1]]
             set_tensor(DRIVER, state, call, args)
         elif record.kind:
             attributes = self._attributes(record)
             state.update(self._lt(record, attributes))
-            call = IN_C_CALLS[(LT_SET, record.kind)]
+            call = IN_C_CALLS[(abi.KEPT_LT_SET, record.kind)]
             for name, value in attributes:
                 state["replay"][name] = (call, [handle, name, value, len(value)], len(value))
         return state
@@ -722,7 +723,7 @@ class KeptInC:
     def _lt(self, record: Any, attributes: list[tuple[int, bytes]]) -> dict[str, Any]:
         """A cuBLASLt descriptor's setting (its record's `attributes` read once by the caller) as
         `lt_descriptor_create` and `lt_descriptor_set` keep it."""
-        create, setter = IN_C_CALLS[(LT_CREATE, record.kind)], IN_C_CALLS[(LT_SET, record.kind)]
+        create, setter = IN_C_CALLS[(abi.KEPT_LT_CREATE, record.kind)], IN_C_CALLS[(abi.KEPT_LT_SET, record.kind)]
         state = {"kind": _kind(create)}
         _lt_made(state, create, self._made(record))
         for name, value in attributes:
@@ -732,9 +733,9 @@ class KeptInC:
     @staticmethod
     def _made(record: Any) -> list[Any]:
         """A create's arguments after its output, as the application passed them."""
-        if record.kind == 0:
+        if record.kind == TENSOR:
             return []
-        create = IN_C_CALLS[(LT_CREATE, record.kind)]
+        create = IN_C_CALLS[(abi.KEPT_LT_CREATE, record.kind)]
         return IN_C_DECODERS[record.kind]([0, *record.made])[1:len(create.params)]
 
     def _attributes(self, record: Any) -> list[tuple[int, bytes]]:

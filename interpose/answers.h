@@ -11,8 +11,6 @@
 
 #define XPU_KNOWN 256
 
-enum { XPU_ASK_NONE, XPU_ASK_CURRENT, XPU_ASK_DEVICE, XPU_ASK_DEVICE_OF, XPU_ASK_PRIMARY_STATE };
-
 static struct {
     pthread_mutex_t lock;
     uint64_t ctx[XPU_KNOWN];
@@ -21,10 +19,10 @@ static struct {
     int active[XPU_KNOWN], devices;      /* each device's primary context */
 } xpu_known = {PTHREAD_MUTEX_INITIALIZER};
 
-static unsigned char xpu_ask[XPU_MAX_OPS];  /* op -> XPU_ASK_*, marked at start-up */
+static unsigned char xpu_ask[XPU_DRIVER_OPS];  /* op -> XPU_ASK_*, marked at start-up */
 
 static void xpu_mark_ask(int op, int kind) {
-    if (op >= 0 && op < XPU_MAX_OPS) xpu_ask[op] = (unsigned char)kind;
+    if (op >= 0 && op < XPU_DRIVER_OPS) xpu_ask[op] = (unsigned char)kind;
 }
 
 /* The whole table at once, so that a reader never sees half of it. */
@@ -83,7 +81,7 @@ static int xpu_answer_primary_state(uint64_t *slots) {
 
 /* A call answered here while the session is up: its CUresult, or -1 where the core answers. */
 static int xpu_answer_try(int op, uint64_t *slots) {
-    int kind = op < XPU_MAX_OPS ? xpu_ask[op] : XPU_ASK_NONE;
+    int kind = op < XPU_DRIVER_OPS ? xpu_ask[op] : XPU_ASK_NONE;
     if (!kind || !xpu_lane.open) return -1;
     switch (kind) {
     case XPU_ASK_CURRENT:

@@ -12,22 +12,21 @@ Built for the Python that runs this, once per source version, into a cache direc
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import os
-import shlex
 import site
 import subprocess
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 
-from xpuremote.protocol import errors, mathlibs
+from xpuremote.protocol import abi, errors, mathlibs
+from xpuremote.protocol.cbuild import built_once, cache_root, cc
 
 HERE = Path(__file__).resolve().parent
+PROTOCOL = HERE.parent / "protocol"  # abi.h: the records, enums and limits C shares with Python
 SOURCES = ("shim.c", "entry_points.c", "front.h", "lane.h", "answers.h", "kept.h", "core.c", "first_call.h", "nvml.c",
            "mathlib.c", *(f"{lib.name}_entry_points.c" for lib in mathlibs.LIBRARIES))
 NAME = "libcuda.so.1"
@@ -57,28 +56,15 @@ void xpu_lane_context(uint64_t ctx, int ready);
 void xpu_lane_kernel(uint64_t handle, uint64_t server, int count, const uint32_t *offset, const uint32_t *size,
                      uint32_t bytes);
 size_t xpu_lane_take(unsigned char *out, uint64_t *state);
-#define XPU_LANE_BYTES ...
 uint64_t xpu_lane_waiting(void);
 uint64_t xpu_lane_appended(void);
-struct xpu_kept_attribute { uint32_t name, size; unsigned char value[...]; };
-struct xpu_kept_pack { int32_t finalized, set; int64_t count[3]; uint64_t value[...]; };
-#define XPU_KEPT_PACK ...
-struct xpu_kept_record {
-    int32_t state, kind, setter, attributes;
-    int64_t generation;
-    int32_t ints[...];
-    uint64_t made[...];
-    struct xpu_kept_attribute attribute[...];
-    struct xpu_kept_pack pack;
-};
 void xpu_kept_mark(int library, int op, int role, int kind, int made);
 void xpu_kept_pack_names(const int64_t *names);
 void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value);
 int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt);
 int xpu_kept_release(uint64_t handle);
-struct xpu_blas_pair { uint64_t stream, workspace, bytes, own; };
 struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold);
-"""
+""" + abi.CDEF
 
 # Runs in the core's interpreter as it starts, before cffi imports _cffi_backend: the install's
 # folders may not be on the build Python's own path (pip install --target, PYTHONPATH).
@@ -114,14 +100,10 @@ def cache_key() -> str:
     h = hashlib.sha256()
     for name in (*SOURCES, "build.py"):
         h.update((HERE / name).read_bytes())
-    for name in ("nvml.py", "mathlibs.py"):
+    for name in ("nvml.py", "mathlibs.py", "abi.h"):
         h.update((HERE.parent / "protocol" / name).read_bytes())
     h.update(sys.executable.encode() + sys.version.encode() + repr(python_paths()).encode())
     return h.hexdigest()[:16]
-
-
-def cc() -> list[str]:
-    return shlex.split(sysconfig.get_config_var("CC") or "cc")
 
 
 def build_core(tmp: Path) -> Path:
@@ -138,7 +120,7 @@ def build_core(tmp: Path) -> Path:
     ffi.set_source(
         "_xpuremote_core",
         "static int xpu_dispatch(int op, uint64_t *slots);\n#include \"core.c\"\n",
-        include_dirs=[str(HERE)],
+        include_dirs=[str(HERE), str(PROTOCOL)],
         define_macros=[("XPU_PYTHON", json.dumps(sys.executable)),
                        ("XPU_PYTHON_SITE", json.dumps(SITE.format(paths=python_paths())))],
         extra_compile_args=["-O2", "-fvisibility=hidden", "-Wno-unused-function"],
@@ -159,7 +141,7 @@ def build_front(tmp: Path) -> Path:
     target = tmp / NAME
     built_for = f"{sys.version.split()[0]} ({sys.executable})"
     subprocess.run([*cc(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden", "-Wno-unused-function",
-                    f"-I{HERE}", f'-DXPU_CORE_NAME="{CORE_NAME}"', f'-DXPU_BUILT_FOR="{built_for}"',
+                    f"-I{HERE}", f"-I{PROTOCOL}", f'-DXPU_CORE_NAME="{CORE_NAME}"', f'-DXPU_BUILT_FOR="{built_for}"',
                     str(HERE / "shim.c"), "-o", str(target), f"-Wl,-soname,{NAME}", NEVER_UNLOADED,
                     "-ldl", "-lpthread"], check=True)
     return target
@@ -209,28 +191,10 @@ def build_library(lib: mathlibs.Library, tmp: Path) -> Path:
     script.write_text(f"{lib.soname} {{ global: *; }};\n")
     target = tmp / lib.soname
     not_initialized = errors.status_for(errors.CudaError(errors.NOT_INITIALIZED), lib.name)
-    subprocess.run([*cc(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden", f"-I{HERE}",
+    subprocess.run([*cc(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden", f"-I{HERE}", f"-I{PROTOCOL}",
                     f'-DXPU_ENTRY_POINTS="{lib.name}_entry_points.c"', f"-DXPU_NOT_INITIALIZED={not_initialized}",
                     str(HERE / "mathlib.c"), "-o", str(target), f"-Wl,-soname,{lib.soname}",
                     f"-Wl,--version-script={script}", NEVER_UNLOADED, "-ldl", "-lpthread"], check=True)
-    return target
-
-
-def cache_root() -> Path:
-    """Where built libraries are kept, each under a name that changes with its sources."""
-    return Path(os.environ.get("XPU_SHIM_DIR") or Path.home() / ".cache" / "xpuremote")
-
-
-def built_once(target: Path, make: Callable[[], object]) -> Path:
-    """`target`, made by `make` if missing. Safe to call from parallel processes (one lock for the cache)."""
-    if target.exists():
-        return target
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not target.exists():
-            make()
     return target
 
 

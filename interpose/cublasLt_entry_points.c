@@ -3,6 +3,7 @@
  * xpu_lib_call() (interpose/mathlib.c). */
 
 #define XPU_LIBRARY_ID 1
+_Static_assert(52 <= XPU_LIBRARY_OPS_MAX, "cublasLt_entry_points.c and abi.h are of one generator run");
 
 static const xpu_status_name xpu_status_names[] = {
     {0, "CUBLAS_STATUS_SUCCESS"},

@@ -3,6 +3,7 @@
  * xpu_lib_call() (interpose/mathlib.c). */
 
 #define XPU_LIBRARY_ID 2
+_Static_assert(235 <= XPU_LIBRARY_OPS_MAX, "cudnn_entry_points.c and abi.h are of one generator run");
 
 static const xpu_status_name xpu_status_names[] = {
     {0, "CUDNN_STATUS_SUCCESS"},

@@ -16,12 +16,11 @@ from typing import Any
 
 from xpuremote.client import call_cpu, connection, driver, integrity, mathlibs, nvml, trace
 from xpuremote.client.lane import Lane
-from xpuremote.protocol import errors, logs
+from xpuremote.protocol import abi, errors, logs
 from xpuremote.protocol.calls import CALLS, LIBRARY_SYMBOLS, SYMBOLS
 from xpuremote.protocol.mathlibs import LIBRARIES
 
 log = logging.getLogger("xpuremote.client")
-XPU_OP_LIBRARY = 1 << 20  # shim.c's: where the math libraries' ops start, counted after the driver's
 
 
 class ShimContexts(driver.ContextStack):
@@ -108,8 +107,9 @@ def unknown_table(ffi: Any, slots: Any) -> int:
     return errors.INVALID_VALUE
 
 
-# The questions answered in C (answers.h), by symbol: XPU_ASK_CURRENT, _DEVICE, _DEVICE_OF, _PRIMARY_STATE.
-ASKED = {"cuCtxGetCurrent": 1, "cuCtxGetDevice": 2, "cuCtxGetDevice_v2": 3, "cuDevicePrimaryCtxGetState": 4}
+# The questions answered in C (answers.h), by symbol.
+ASKED = {"cuCtxGetCurrent": abi.ASK_CURRENT, "cuCtxGetDevice": abi.ASK_DEVICE, "cuCtxGetDevice_v2": abi.ASK_DEVICE_OF,
+         "cuDevicePrimaryCtxGetState": abi.ASK_PRIMARY_STATE}
 # Calls after which the C side's table of contexts and primary contexts is set again.
 CONTEXT_FAMILIES = frozenset({
     "cuInit", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",
@@ -150,6 +150,9 @@ def install(ffi: Any, lib: Any) -> None:
     setup_logging()
     table = driver.handlers()
     count = lib.xpu_symbol_count()
+    if count != abi.DRIVER_OPS or len(SYMBOLS) != count:  # a shim built from another generator run
+        raise RuntimeError(f"the shim has {count} driver entry points where protocol/abi.py says {abi.DRIVER_OPS}: "
+                           "rebuild it (python -m xpuremote.interpose.build)")
     nvml_table = nvml.handlers()  # ops after the internal ones: the libnvidia-ml.so.1 forwarder's
     library_tables = mathlibs.handlers()  # ops from XPU_OP_LIBRARY on: the math libraries', 1 << 16 each
     d = driver.DRIVER
@@ -179,19 +182,22 @@ def install(ffi: Any, lib: Any) -> None:
         call_cpu.write()
         return 0
 
-    internal = [primary_context, integrity_check, unknown_slot, exiting, unknown_table, context_kind]
+    internal = {abi.OP_PRIMARY_CTX: primary_context, abi.OP_INTEGRITY: integrity_check,
+                abi.OP_UNKNOWN_SLOT: unknown_slot, abi.OP_EXIT: exiting, abi.OP_UNKNOWN_TABLE: unknown_table,
+                abi.OP_CONTEXT_KIND: context_kind}
+    assert sorted(internal) == list(range(abi.OP_NVML)), "protocol/records.py's OP enum: a core op without a handler"
 
     @ffi.def_extern(error=errors.UNKNOWN)
     def xpu_dispatch(op: int, slots: Any) -> int:
         if op < count:
             return table[op](slots)
-        if op < count + len(internal):
-            return internal[op - count](ffi, slots)
         op -= count
-        if op >= XPU_OP_LIBRARY:
-            op -= XPU_OP_LIBRARY
-            return library_tables[op >> 16][op & 0xFFFF](slots)
-        return nvml_table[op - len(internal)](slots)
+        if op < abi.OP_NVML:
+            return internal[op](ffi, slots)
+        if op >= abi.OP_LIBRARY:
+            op -= abi.OP_LIBRARY
+            return library_tables[op >> abi.OP_LIBRARY_SHIFT][op & ((1 << abi.OP_LIBRARY_SHIFT) - 1)](slots)
+        return nvml_table[op - abi.OP_NVML](slots)
 
     connection.native_thread_init = lib.xpu_thread_init
     # The call table and the modules live as long as the process: a full collection walked all of them (about

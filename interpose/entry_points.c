@@ -1381,6 +1381,7 @@ const char *const xpu_symbol_names[] = {
     "cuWaitExternalSemaphoresAsync_ptsz",
 };
 const int xpu_symbol_count = 688;
+_Static_assert(688 == XPU_DRIVER_OPS, "entry_points.c and abi.h are of one generator run");
 
 void *const xpu_symbol_addrs[] = {
     (void *)cuArray3DCreate,

@@ -5,39 +5,10 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include "abi.h"  /* the records, enums and limits C shares with Python (protocol/records.py) */
 
 #define XPU_FRONT_VERSION 9
-/* The fast lane's buffer (lane.h): full, it declines and the core sends it. Room for about ten of
- * PyTorch's foreach launches, whose argument bytes (a TensorListMetadata) are about 25 KiB each. */
-#define XPU_LANE_BYTES (256 << 10)
-
 typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
-
-/* A descriptor kept in C (kept.h), as the core reads it (the cdef in build.py names its fields). */
-#define XPU_KEPT_INTS 18        /* a tensor's longest setting: an Nd one of 8 dimensions */
-#define XPU_KEPT_DIMS 8         /* CUDNN_DIM_MAX */
-#define XPU_KEPT_MADE 4         /* a cuBLASLt create's integer arguments: a layout's type, rows, columns, ld */
-#define XPU_KEPT_ATTRIBUTES 12  /* a cuBLASLt descriptor's attributes, each of at most XPU_KEPT_VALUE bytes */
-#define XPU_KEPT_VALUE 16
-#define XPU_KEPT_PACK 16        /* a variant pack's data pointers, unique ids and workspace: elements of each */
-struct xpu_kept_attribute { uint32_t name, size; unsigned char value[XPU_KEPT_VALUE]; };
-struct xpu_kept_pack {                   /* cuDNN's variant pack: its attributes in kept.h's order (ids, ...) */
-    int32_t finalized, set;              /* set: a bit per attribute set */
-    int64_t count[3];
-    uint64_t value[3 * XPU_KEPT_PACK];   /* attribute a's elements from a * XPU_KEPT_PACK */
-};
-struct xpu_kept_record {
-    int32_t state, kind;                 /* kind: 0 a tensor, 1-3 cuBLASLt's descriptor, layout, preference, 4 a pack */
-    int32_t setter, attributes;          /* a tensor's setter (kept.h's XPU_KEPT_SET_*); how many attributes */
-    int64_t generation;                  /* unique to each create and set: what the core's copy is checked by */
-    int32_t ints[XPU_KEPT_INTS];         /* a tensor's setting; Nd: type, count, dims at 2, strides at 10 */
-    uint64_t made[XPU_KEPT_MADE];        /* a cuBLASLt create's arguments, as their slots */
-    struct xpu_kept_attribute attribute[XPU_KEPT_ATTRIBUTES];
-    struct xpu_kept_pack pack;
-};
-/* A cuBLAS handle's stream and workspace as kept.h holds them, and the core reads and writes them where they
- * lie. own: 1 while the workspace is cuBLAS's own (cublasSetStream puts it back). */
-struct xpu_blas_pair { uint64_t stream, workspace, bytes, own; };
 
 struct xpu_front {
     int version, symbol_count;

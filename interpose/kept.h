@@ -19,14 +19,7 @@
 #define XPU_KEPT_SLOTS 4096
 #define XPU_KEPT_BASE 0x7B0000000000ull  /* below the core's own handles (client/driver.py) */
 
-/* What a marked op is (client/mathlibs.py names the same numbers): a create, a setter or a destroy of one
- * kind of descriptor (a pack's finalize too), a library handle's setter or getter (its `kind`: the bytes
- * it writes), or cuBLAS's stream and workspace setters and stream getter. A tensor record's setter is one of
- * the three SET_ it was set by. */
-enum { XPU_KEPT_NONE, XPU_KEPT_CREATE, XPU_KEPT_SET_ND, XPU_KEPT_SET_4D, XPU_KEPT_SET_4D_EX, XPU_KEPT_DESTROY,
-       XPU_KEPT_LT_CREATE, XPU_KEPT_LT_SET, XPU_KEPT_LT_DESTROY,
-       XPU_KEPT_PACK_CREATE, XPU_KEPT_PACK_SET, XPU_KEPT_PACK_FINALIZE, XPU_KEPT_PACK_DESTROY, XPU_KEPT_SETTING,
-       XPU_KEPT_GETTING, XPU_KEPT_BLAS_STREAM, XPU_KEPT_BLAS_WORKSPACE, XPU_KEPT_BLAS_GET_STREAM };
+/* What a marked op is, and a record's kind: abi.h's XPU_KEPT_* and XPU_KEPT_KIND_* (protocol/records.py). */
 #define XPU_KEPT_SETTINGS 256  /* (handle, setter) pairs whose last value C knows */
 #define XPU_KEPT_BLAS 64       /* cuBLAS handles whose stream and workspace C holds */
 enum { XPU_SLOT_FREE, XPU_SLOT_KEPT, XPU_SLOT_ADOPTED };
@@ -38,10 +31,10 @@ static struct {
     uint32_t head, tail;
     uint16_t free[XPU_KEPT_SLOTS];
     struct xpu_kept_record slot[XPU_KEPT_SLOTS];
-    struct { unsigned char role, kind, made; } op[3][1 << 10];  /* library, op -> XPU_KEPT_*, kind, creates' ints */
+    struct { unsigned char role, kind, made; } op[XPU_LIBRARIES][XPU_LIBRARY_OPS_MAX];  /* -> XPU_KEPT_*, kind, ints */
     /* cuDNN's numbers (the core's): the variant pack's descriptor type; the ids', data pointers' and workspace's
      * attribute names, then their element types. 0 until told: no pack is kept. */
-    int64_t pack_type, pack_name[3], pack_element[3];
+    int64_t pack_type, pack_name[XPU_KEPT_PACK_ATTRIBUTES], pack_element[XPU_KEPT_PACK_ATTRIBUTES];
     /* A library handle's settings (the stream, the math mode): PyTorch sets them before each call, nearly always
      * to the value they have, which the core does not even send. The core says each value it holds, under its
      * setter's op and its getter's; a call that sets it again, or asks it, is answered here. A free entry's
@@ -120,7 +113,7 @@ static struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold) {
 
 /* `made`: a create's integer arguments after its output (cuBLASLt's: its setting) */
 static void xpu_kept_mark(int library, int op, int role, int kind, int made) {
-    if (library < 0 || library >= 3 || op < 0 || op >= (1 << 10) || made > XPU_KEPT_MADE) return;
+    if (library < 0 || library >= XPU_LIBRARIES || op < 0 || op >= XPU_LIBRARY_OPS_MAX || made > XPU_KEPT_MADE) return;
     xpu_kept.op[library][op].role = (unsigned char)role;
     xpu_kept.op[library][op].kind = (unsigned char)kind;
     xpu_kept.op[library][op].made = (unsigned char)made;
@@ -199,10 +192,10 @@ static int xpu_kept_set_pack(int kind, const uint64_t *s) {
     int a = 0;
     while (a < 3 && xpu_kept.pack_name[a] != (int64_t)(uint32_t)s[1]) a++;
     if (!r || r->pack.finalized || a == 3 || xpu_kept.pack_element[a] != (int64_t)(uint32_t)s[2] || count < 0
-        || count > XPU_KEPT_PACK || (count && !s[4]))
+        || count > XPU_KEPT_PACK_ELEMENTS || (count && !s[4]))
         return -1;
     if (count)
-        memcpy(r->pack.value + a * XPU_KEPT_PACK, (const void *)(uintptr_t)s[4], (size_t)count * sizeof(uint64_t));
+        memcpy(r->pack.value + a * XPU_KEPT_PACK_ELEMENTS, (const void *)(uintptr_t)s[4], (size_t)count * sizeof(uint64_t));
     r->pack.count[a] = count;
     r->pack.set |= 1 << a;
     r->generation = ++xpu_kept.generation;
@@ -216,7 +209,7 @@ static void xpu_kept_free(struct xpu_kept_record *r) {
 
 /* A math library call answered here: its status (0, success), or -1 where the core answers. */
 static int xpu_kept_try(int library, int op, uint64_t *slots) {
-    if (library < 0 || library >= 3 || op < 0 || op >= (1 << 10) || !xpu_lane.open) return -1;
+    if (library < 0 || library >= XPU_LIBRARIES || op < 0 || op >= XPU_LIBRARY_OPS_MAX || !xpu_lane.open) return -1;
     int role = xpu_kept.op[library][op].role, kind = xpu_kept.op[library][op].kind;
     if (!role) return -1;
     pthread_mutex_lock(&xpu_kept.lock);

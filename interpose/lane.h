@@ -9,21 +9,15 @@
  * which contexts exist on the server, and which kernels' layouts are known. A call the lane declines
  * (return -1) takes the usual path through the core, which sends the records first.
  *
- * Record, little-endian: u32 opcode, u16 argument count, u16 index of the argument that the blob
- * replaces (0xFFFF: none), u32 blob bytes, u32 zero, u64 context; the arguments (u64 each); the
- * blob, padded to 8 bytes. */
+ * A record is a struct xpu_lane_record (protocol/records.py), its arguments (u64 each) and its blob,
+ * padded to 8 bytes. */
 #ifndef XPU_LANE_H
 #define XPU_LANE_H
 
 #include <sys/timerfd.h>
 
-#define XPU_LANE_BLOB_MAX 32764    /* kernel argument bytes a launch record may carry: the driver's bound */
-#define XPU_LANE_ARGS_MAX 12
 #define XPU_LANE_CONTEXTS 64
 #define XPU_LANE_FUNCTIONS 8192    /* a power of two: the open-addressing table of kernels */
-#define XPU_LANE_NO_BLOB 0xFFFF
-
-enum { XPU_LANE_OFF = 0, XPU_LANE_PLAIN = 1, XPU_LANE_LAUNCH = 2 };
 
 struct xpu_lane_op { uint32_t opcode; uint8_t kind, nargs; int8_t stream_arg; };
 
@@ -32,8 +26,6 @@ struct xpu_lane_kernel {  /* a kernel's argument layout, as the core learnt it *
     uint32_t bytes, count;
     uint32_t offset[];    /* then size[count] */
 };
-
-struct xpu_lane_record { uint32_t opcode; uint16_t nargs, blob_at; uint32_t blob_len, zero; uint64_t ctx; };
 
 static struct {
     pthread_mutex_t lock;
@@ -48,11 +40,11 @@ static struct {
     struct { uint64_t handle; struct xpu_lane_kernel *k; } kernels[XPU_LANE_FUNCTIONS];
 } xpu_lane = {.lock = PTHREAD_MUTEX_INITIALIZER, .alarm_fd = -1};
 
-static struct xpu_lane_op xpu_lane_ops[XPU_MAX_OPS];
+static struct xpu_lane_op xpu_lane_ops[XPU_DRIVER_OPS];
 
 /* ---- set by the core ------------------------------------------------------------------------ */
 static void xpu_lane_allow(int op, uint32_t opcode, int kind, int nargs, int stream_arg) {
-    if (op >= 0 && op < XPU_MAX_OPS && nargs <= XPU_LANE_ARGS_MAX)
+    if (op >= 0 && op < XPU_DRIVER_OPS && nargs <= XPU_LANE_ARGS_MAX)
         xpu_lane_ops[op] = (struct xpu_lane_op){opcode, (uint8_t)kind, (uint8_t)nargs, (int8_t)stream_arg};
 }
 
@@ -171,7 +163,8 @@ static int xpu_lane_append(const struct xpu_lane_op *lo, const uint64_t *slots, 
     else
         memcpy(args, slots, lo->nargs * sizeof(uint64_t));
     if (lo->stream_arg >= 0 && !args[lo->stream_arg]) args[lo->stream_arg] = 2;  /* CU_STREAM_PER_THREAD */
-    struct xpu_lane_record head = {lo->opcode, lo->nargs, k ? 9 : XPU_LANE_NO_BLOB, blob_len, 0, ctx};
+    struct xpu_lane_record head = {.opcode = lo->opcode, .nargs = lo->nargs, .blob_at = k ? 9 : XPU_LANE_NO_BLOB,
+                                   .blob_len = blob_len, .ctx = ctx};
     memcpy(at, &head, sizeof head);
     if (!xpu_lane.len && xpu_lane.alarm_fd >= 0) timerfd_settime(xpu_lane.alarm_fd, 0, &xpu_lane.window, NULL);
     xpu_lane.len += size;

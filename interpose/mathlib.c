@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "abi.h"
 
 #define XPU_EXPORT __attribute__((visibility("default")))
 

@@ -43,11 +43,9 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid);
 
 #include "entry_points.c"
 
-/* Operations the export tables ask of the client, numbered after the driver symbols; the
- * NVML functions (protocol/nvml.py order) follow them; the math libraries' functions start at
- * XPU_OP_LIBRARY, 1 << 16 ops for each (protocol.calls.LIBRARY_SYMBOLS order). */
-enum { XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2, XPU_OP_EXIT = 3,
-       XPU_OP_UNKNOWN_TABLE = 4, XPU_OP_CONTEXT_KIND = 5, XPU_OP_NVML = 6, XPU_OP_LIBRARY = 1 << 20 };
+/* Operations the export tables ask of the client are numbered after the driver symbols (abi.h's XPU_OP_*); the
+ * NVML functions (protocol/nvml.py order) follow them; the math libraries' functions start at XPU_OP_LIBRARY,
+ * 1 << XPU_OP_LIBRARY_SHIFT ops for each (their entry points' order). */
 
 static volatile int xpu_finalized, xpu_python_ready, xpu_start_failed, xpu_forked;
 static volatile int xpu_max_requested_version;
@@ -151,7 +149,7 @@ XPU_EXPORT int xpu_lib_enter(int library, int op, uint64_t *slots) {
         return -1;
     int rc = xpu_python_ready ? xpu_kept_try(library, op, slots) : -1;  /* answered in C (kept.h) */
     if (rc >= 0) return rc;
-    rc = xpu_internal(XPU_OP_LIBRARY + (library << 16) + op, slots);
+    rc = xpu_internal(XPU_OP_LIBRARY + (library << XPU_OP_LIBRARY_SHIFT) + op, slots);
     return xpu_start_failed ? -1 : rc;
 }
 
@@ -191,15 +189,13 @@ static int xpu_ctx_push(uint64_t ctx) {
 }
 static uint64_t xpu_ctx_pop(void) { return ctx_depth ? ctx_stack[--ctx_depth] : 0; }
 
-#define XPU_MAX_OPS 4096 /* more than the driver's symbols */
-
 /* ---- the fast lane, and the questions answered in C ---------------------------------- */
 #include "lane.h"
 #include "answers.h"
 #include "kept.h"
 
 static int xpu_lane_try(int op, const uint64_t *slots) {
-    return op < XPU_MAX_OPS && xpu_lane_ops[op].kind ? xpu_lane_put(op, slots) : -1;
+    return op < XPU_DRIVER_OPS && xpu_lane_ops[op].kind ? xpu_lane_put(op, slots) : -1;
 }
 
 /* ---- after the session -----------------------------------------------------------
@@ -217,15 +213,15 @@ static int xpu_family_is(const char *name, const char *family) {
 }
 
 /* the ops of calls that only give something back (protocol.calls: Call.releases), marked at start-up */
-static unsigned char xpu_release_ops[XPU_MAX_OPS];
+static unsigned char xpu_release_ops[XPU_DRIVER_OPS];
 
 static void xpu_mark_release(int op) {
-    if (op >= 0 && op < XPU_MAX_OPS) xpu_release_ops[op] = 1;
+    if (op >= 0 && op < XPU_DRIVER_OPS) xpu_release_ops[op] = 1;
 }
 
 static int xpu_after_session(int op, uint64_t *slots) {
     if (op >= xpu_symbol_count) return CUDA_ERROR_DEINITIALIZED;
-    if (op < XPU_MAX_OPS && xpu_release_ops[op]) return CUDA_SUCCESS;
+    if (op < XPU_DRIVER_OPS && xpu_release_ops[op]) return CUDA_SUCCESS;
     const char *name = xpu_symbol_names[op];
     uint64_t *out = (uint64_t *)(uintptr_t)slots[0];
     if (xpu_family_is(name, "cuCtxGetCurrent")) {

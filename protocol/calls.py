@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from . import mathlibs
+from . import abi, mathlibs
 from .cuda_api import FUNCTIONS, TYPES
 
 CLASSES = ("local", "async", "shadow", "sync")
@@ -827,10 +827,13 @@ for _lib in mathlibs.LIBRARIES:
     CALLS.update(_build(_lib.spec, _api.FUNCTIONS, {**TYPES, **_api.TYPES}, _lib.name))
 _validate(CALLS)  # opcodes unique across the libraries too
 BY_OPCODE: dict[int, Call] = {c.opcode: c for c in CALLS.values()}
-SYMBOLS: tuple[str, ...] = tuple(sorted(FUNCTIONS))  # index = the shim's op number
+# The generator writes FUNCTIONS in the order its entry points number the ops (protocol/generate.py, `op_order`):
+SYMBOLS: tuple[str, ...] = tuple(FUNCTIONS)  # index = the shim's op number
 # each library's symbols; index = the op number its replacement library's entry points use
 LIBRARY_SYMBOLS: dict[str, tuple[str, ...]] = {
-    lib.name: tuple(sorted(mathlibs.api(lib).FUNCTIONS)) for lib in mathlibs.LIBRARIES}
+    lib.name: tuple(mathlibs.api(lib).FUNCTIONS) for lib in mathlibs.LIBRARIES}
+if len(SYMBOLS) != abi.DRIVER_OPS or {n: len(s) for n, s in LIBRARY_SYMBOLS.items()} != abi.LIBRARY_OPS:
+    raise TableError("protocol/abi.py and the *_api.py modules come from different generator runs: re-run it")
 for _family, _symbol in SENT_INSTEAD.items():
     if not any(c.family == _family for c in CALLS.values()) or (_symbol is not None and _symbol not in CALLS):
         raise TableError(f"SENT_INSTEAD: {_family} -> {_symbol} names no call of the table")

@@ -51,6 +51,7 @@ TYPES = {
 }
 
 # exported symbol -> ((C type, parameter name), ...)
+# in op order: the index of each in interpose/<lib>_entry_points.c
 FUNCTIONS = {
     'cublasLtCreate': (('cublasLtHandle_t *', 'lightHandle'),),
     'cublasLtDestroy': (('cublasLtHandle_t', 'lightHandle'),),

@@ -72,6 +72,7 @@ TYPES = {
 }
 
 # exported symbol -> ((C type, parameter name), ...)
+# in op order: the index of each in interpose/<lib>_entry_points.c
 FUNCTIONS = {
     'cublasAsumEx': (('cublasHandle_t', 'handle'), ('int', 'n'), ('const void *', 'x'), ('cudaDataType', 'xType'), ('int', 'incx'), ('void *', 'result'), ('cudaDataType', 'resultType'), ('cudaDataType', 'executiontype')),
     'cublasAsumEx_64': (('cublasHandle_t', 'handle'), ('int64_t', 'n'), ('const void *', 'x'), ('cudaDataType', 'xType'), ('int64_t', 'incx'), ('void *', 'result'), ('cudaDataType', 'resultType'), ('cudaDataType', 'executiontype')),

@@ -260,7 +260,7 @@ TYPES = {
     'void **': ('ptr', 8, 0, 'ptr', 8),
 }
 
-# exported symbol -> ((C type, parameter name), ...)
+# exported symbol -> ((C type, parameter name), ...), in op order (the entry points' numbers)
 FUNCTIONS = {
     'cuArray3DCreate': (('CUarray *', 'pHandle'), ('const CUDA_ARRAY3D_DESCRIPTOR_v1 *', 'pAllocateArray')),
     'cuArray3DCreate_v2': (('CUarray *', 'pHandle'), ('const CUDA_ARRAY3D_DESCRIPTOR *', 'pAllocateArray')),

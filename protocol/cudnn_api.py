@@ -163,6 +163,7 @@ TYPES = {
 }
 
 # exported symbol -> ((C type, parameter name), ...)
+# in op order: the index of each in interpose/<lib>_entry_points.c
 FUNCTIONS = {
     'cudnnActivationBackward': (('cudnnHandle_t', 'handle'), ('cudnnActivationDescriptor_t', 'activationDesc'), ('const void *', 'alpha'), ('cudnnTensorDescriptor_t', 'yDesc'), ('const void *', 'y'), ('cudnnTensorDescriptor_t', 'dyDesc'), ('const void *', 'dy'), ('cudnnTensorDescriptor_t', 'xDesc'), ('const void *', 'x'), ('const void *', 'beta'), ('cudnnTensorDescriptor_t', 'dxDesc'), ('void *', 'dx')),
     'cudnnActivationForward': (('cudnnHandle_t', 'handle'), ('cudnnActivationDescriptor_t', 'activationDesc'), ('const void *', 'alpha'), ('cudnnTensorDescriptor_t', 'xDesc'), ('const void *', 'x'), ('const void *', 'beta'), ('cudnnTensorDescriptor_t', 'yDesc'), ('void *', 'y')),

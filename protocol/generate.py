@@ -21,6 +21,9 @@ and the same two for each math library of `protocol/mathlibs.py` (cuBLAS, cuBLAS
 wheels that declare them (`--libraries DIR ...`: folders holding those headers; without it,
 the `nvidia` folders of this Python and of the project's `.venv-torch`, where PyTorch's
 dependencies bring them).
+
+and the record ABI that C and Python share, `protocol/abi.h` and `protocol/abi.py`, from
+`protocol/records.py` and the op counts of the entry points above (`generate_abi.py`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from . import generate_abi
 from .mathlibs import LIBRARIES, Library
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -196,7 +200,8 @@ def error_docs(include: Path) -> dict[str, str]:
     return out
 
 
-def generate(includes: list[Path]) -> tuple[str, str]:
+def generate(includes: list[Path]) -> tuple[str, str, int]:
+    """(protocol/cuda_api.py, interpose/entry_points.c, how many ops the entry points number)."""
     functions: dict[str, list[tuple[str, str]]] = {}
     variant_rows: dict[tuple[str, int, int], str] = {}
     handles: set[str] = set()
@@ -220,7 +225,7 @@ def generate(includes: list[Path]) -> tuple[str, str]:
     if missing:  # a type only an older header declares: probe it there
         types.update(probe_types(includes[-1], missing, handles))
     api = _api_module(versions, functions, variant_rows, types, consts, docs)
-    return api, _entry_points(functions, types, variant_rows)
+    return api, _entry_points(functions, types, variant_rows), len(functions)
 
 
 def _api_module(versions, functions, variant_rows, types, consts, docs) -> str:
@@ -237,10 +242,10 @@ def _api_module(versions, functions, variant_rows, types, consts, docs) -> str:
         *[f"    {t!r}: {tuple(info)!r}," for t, info in sorted(types.items())],
         "}",
         "",
-        "# exported symbol -> ((C type, parameter name), ...)",
+        "# exported symbol -> ((C type, parameter name), ...), in op order (the entry points' numbers)",
         "FUNCTIONS = {",
     ]
-    for name in sorted(functions):
+    for name in op_order(functions):
         out.append(f"    {name!r}: {tuple(tuple(p) for p in functions[name])!r},")
     out += ["}", "", "# (name, cudaVersion, per_thread) -> symbol, as cuGetProcAddress resolves it", "VARIANTS = {"]
     for key in sorted(variant_rows):
@@ -280,6 +285,13 @@ def _struct_body(size: int) -> str:
     return f"uint32_t w[{size // 4}];" if size <= 16 else f"unsigned char b[{size}];"
 
 
+def op_order(functions: dict[str, list]) -> list[str]:
+    """The symbols in the order of their op numbers: what an entry point passes, the index of its symbol in the
+    generated FUNCTIONS (calls.SYMBOLS), counted in abi.h. Sorted, so a new release moves numbers only within
+    one build: the op numbers never travel (the wire carries opcodes, CRC-32s of the names)."""
+    return sorted(functions)
+
+
 def _entry_points(functions, types, variant_rows) -> str:
     sizes = sorted({types[t][1] for ps in functions.values() for t, _ in ps if types[t][0] == "struct"})
     out = [
@@ -289,7 +301,7 @@ def _entry_points(functions, types, variant_rows) -> str:
         *[f"typedef struct {{ {_struct_body(s)} }} xpu_struct{s};" for s in sizes],
         "",
     ]
-    for op, name in enumerate(sorted(functions)):
+    for op, name in enumerate(op_order(functions)):
         if name in NATIVE:
             continue
         params = functions[name]
@@ -298,12 +310,14 @@ def _entry_points(functions, types, variant_rows) -> str:
         out.append(f"XPU_EXPORT int {name}({', '.join(decls) or 'void'}) "
                    f"{{ {slots} return xpu_enter({op}, s); }}")
     out += ["", "const char *const xpu_symbol_names[] = {"]
-    out += [f'    "{name}",' for name in sorted(functions)]
-    out += ["};", f"const int xpu_symbol_count = {len(functions)};", ""]
+    out += [f'    "{name}",' for name in op_order(functions)]
+    out += ["};", f"const int xpu_symbol_count = {len(functions)};",
+            f'_Static_assert({len(functions)} == XPU_DRIVER_OPS, "entry_points.c and abi.h are of one generator run");',
+            ""]
     out.append("void *const xpu_symbol_addrs[] = {")
-    out += [f"    (void *){name}," for name in sorted(functions)]
+    out += [f"    (void *){name}," for name in op_order(functions)]
     out += ["};", ""]
-    ops = {name: op for op, name in enumerate(sorted(functions))}
+    ops = {name: op for op, name in enumerate(op_order(functions))}
     out.append("/* (name, cudaVersion, per-thread) -> symbol, sorted for bsearch */")
     out.append("const xpu_variant xpu_variants[] = {")
     out += [f'    {{"{n}", {v}, {p}, {ops[sym]}}},' for (n, v, p), sym in sorted(variant_rows.items())]
@@ -336,8 +350,8 @@ def library_enums(text: str, prefixes: tuple[str, ...]) -> dict[str, int]:
     return out
 
 
-def library_api(lib: Library, includes: list[Path]) -> tuple[str, str]:
-    """(protocol/<lib>_api.py, interpose/<lib>_entry_points.c) from the library's headers."""
+def library_api(lib: Library, includes: list[Path]) -> tuple[str, str, int]:
+    """(protocol/<lib>_api.py, interpose/<lib>_entry_points.c, its op count) from the library's headers."""
     text = " ".join(library_text(lib, includes).split())
     functions: dict[str, list[tuple[str, str]]] = {}
     returns: dict[str, str] = {}
@@ -369,7 +383,8 @@ def library_api(lib: Library, includes: list[Path]) -> tuple[str, str]:
         "TYPES = {", *[f"    {t!r}: {tuple(info)!r}," for t, info in sorted(types.items())], "}",
         "",
         "# exported symbol -> ((C type, parameter name), ...)",
-        "FUNCTIONS = {", *[f"    {n!r}: {tuple(tuple(p) for p in functions[n])!r}," for n in sorted(functions)], "}",
+        "# in op order: the index of each in interpose/<lib>_entry_points.c",
+        "FUNCTIONS = {", *[f"    {n!r}: {tuple(tuple(p) for p in functions[n])!r}," for n in op_order(functions)], "}",
         "",
         f"# functions that return something else than {lib.status_type}",
         "RETURNS = {", *[f"    {n!r}: {r!r}," for n, r in sorted(returns.items())], "}",
@@ -377,7 +392,7 @@ def library_api(lib: Library, includes: list[Path]) -> tuple[str, str]:
         "ENUMS = {", *[f"    {k!r}: {v!r}," for k, v in sorted(consts.items())], "}",
         "",
     ]
-    return "\n".join(api), _library_entry_points(lib, functions, returns, types, statuses)
+    return "\n".join(api), _library_entry_points(lib, functions, returns, types, statuses), len(functions)
 
 
 def _library_entry_points(lib: Library, functions, returns, types, statuses: dict[int, str]) -> str:
@@ -388,6 +403,8 @@ def _library_entry_points(lib: Library, functions, returns, types, statuses: dic
         " * xpu_lib_call() (interpose/mathlib.c). */",
         "",
         f"#define XPU_LIBRARY_ID {LIBRARIES.index(lib)}",
+        f'_Static_assert({len(functions)} <= XPU_LIBRARY_OPS_MAX, "{lib.name}_entry_points.c and abi.h are of one '
+        'generator run");',
         *[f"typedef struct {{ {_struct_body(s)} }} xpu_struct{s};" for s in sizes],
         "",
         "static const xpu_status_name xpu_status_names[] = {",
@@ -395,7 +412,7 @@ def _library_entry_points(lib: Library, functions, returns, types, statuses: dic
         "};",
         "",
     ]
-    for op, name in enumerate(sorted(functions)):
+    for op, name in enumerate(op_order(functions)):
         params = functions[name]
         decls, packs = zip(*[_c_param(t, types[t], i) for i, (t, _) in enumerate(params)]) if params else ((), ())
         signature = f"{name}({', '.join(decls) or 'void'})"
@@ -444,13 +461,17 @@ def main(argv: list[str]) -> int:
     if not includes:
         print(__doc__, file=sys.stderr)
         return 2
-    outputs = dict(zip((API_OUT, C_OUT), generate(includes)))
+    *driver, driver_ops = generate(includes)
+    outputs = dict(zip((API_OUT, C_OUT), driver))
+    library_ops = {}
     for lib in LIBRARIES:
         if not any((i / lib.header).is_file() for i in lib_includes):
             print(f"no {lib.header} found (install the torch extra: `make torch`), or name its folder "
                   "after --libraries", file=sys.stderr)
             return 2
-        outputs.update(zip(library_outputs(lib), library_api(lib, lib_includes)))
+        *texts, library_ops[lib.name] = library_api(lib, lib_includes)
+        outputs.update(zip(library_outputs(lib), texts))
+    outputs.update(generate_abi.outputs(ROOT, driver_ops, library_ops))
     if check:
         stale = [str(p.relative_to(ROOT)) for p, text in outputs.items() if not p.exists() or p.read_text() != text]
         if stale:

@@ -47,6 +47,7 @@ Server -> client, unasked:
 from __future__ import annotations
 
 import hmac
+import operator
 import socket
 import struct
 import threading
@@ -54,6 +55,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
+
+from xpuremote.protocol import abi
 
 PROTOCOL_VERSION = 1
 KEY_BYTES = 32  # a session's key: 256 bits from `secrets`
@@ -69,26 +72,27 @@ _LENGTH = struct.Struct("<Q")
 HEADER_ALLOWANCE = 64 * 1024  # of a request's size limit, kept for what is not payload (header, opcodes)
 
 
-# A fast-lane record (interpose/lane.h): opcode, argument count, the argument its blob replaces, blob bytes,
-# zero, context; then the arguments (u64 each) and the blob, padded to 8 bytes.
-LANE_RECORD = struct.Struct("<IHHIIQ")
-LANE_NO_BLOB = 0xFFFF
-_LANE_ARGS = [struct.Struct(f"<{n}Q") for n in range(16)]
+# A fast-lane record (protocol/records.py's lane_record): its head, the arguments (u64 each) and the blob,
+# padded to 8 bytes.
+_LANE_ARGS = [struct.Struct(f"<{n}Q") for n in range(abi.LANE_ARGS_MAX + 1)]
+_LANE_HEAD = operator.itemgetter(*(abi.LANE_RECORD_FIELDS.index(f) for f in ("opcode", "nargs", "blob_at", "blob_len",
+                                                                            "ctx")))
 
 
 def lane_record(view: memoryview, at: int) -> tuple[int, int, list[Any], int]:
     """(opcode, context, arguments, where the next record begins) of the record at `at`; WireError if it is
     malformed."""
     end = len(view)
-    if at + LANE_RECORD.size > end:
+    if at + abi.LANE_RECORD.size > end:
         raise WireError(f"a lane record is cut short at byte {at}")
-    opcode, count, blob_at, blob_len, _, ctx = LANE_RECORD.unpack_from(view, at)
-    at += LANE_RECORD.size
-    if count >= len(_LANE_ARGS) or at + 8 * count + blob_len > end or (blob_at != LANE_NO_BLOB and blob_at >= count):
-        raise WireError(f"a lane record at byte {at - LANE_RECORD.size} is malformed")
+    opcode, count, blob_at, blob_len, ctx = _LANE_HEAD(abi.LANE_RECORD.unpack_from(view, at))
+    at += abi.LANE_RECORD.size
+    blob_past_args = blob_at != abi.LANE_NO_BLOB and blob_at >= count
+    if count >= len(_LANE_ARGS) or at + 8 * count + blob_len > end or blob_past_args:
+        raise WireError(f"a lane record at byte {at - abi.LANE_RECORD.size} is malformed")
     args = list(_LANE_ARGS[count].unpack_from(view, at))
     at += 8 * count
-    if blob_at != LANE_NO_BLOB:
+    if blob_at != abi.LANE_NO_BLOB:
         args[blob_at] = bytes(view[at : at + blob_len])
         at += (blob_len + 7) & ~7
     return opcode, ctx, args, at

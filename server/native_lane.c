@@ -9,22 +9,18 @@
  * usual way and says what is wrong with it. So a record runs here only where Python would have
  * run the same call with the same values.
  *
- * Record format: interpose/lane.h (u32 opcode, u16 count, u16 blob index, u32 blob bytes, u32
- * zero, u64 context; count u64 arguments; the blob padded to 8 bytes). */
+ * A record is a struct xpu_lane_record (protocol/records.py), its arguments (u64 each) and its blob,
+ * padded to 8 bytes. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "abi.h"
 
-#define XPU_NATIVE_ARGS 12
 #define XPU_NATIVE_OPS 64          /* registered ops: a power of two */
 #define XPU_NATIVE_HANDLES 1024    /* taught handles: a power of two; full, the table starts again */
 #define XPU_NATIVE_RANGES 4096     /* taught ranges (allocations); full, the table starts again */
-#define XPU_NO_BLOB 0xFFFF
-
-enum { XPU_ARG_INT = 0, XPU_ARG_HANDLE = 1, XPU_ARG_BLOB = 2 };
-/* How the driver function takes the arguments: as they are (integers and handles, up to 8), or as
- * cuLaunchKernel takes xpuLaunchKernel's (the blob, its kernel's arguments, through `extra`). */
-enum { XPU_PLAIN = 0, XPU_LAUNCH = 1 };
+/* An argument's kind (XPU_NATIVE_ARG_*) and how the driver function takes the arguments (XPU_NATIVE_CALL_*)
+ * are abi.h's. */
 
 typedef int (*xpu_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
 typedef int (*xpu_launch_fn)(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by,
@@ -35,8 +31,8 @@ struct xpu_native_op {
     uint32_t count;
     void *fn;
     uint32_t convention;
-    uint8_t kind[XPU_NATIVE_ARGS], family[XPU_NATIVE_ARGS];
-    uint64_t max[XPU_NATIVE_ARGS];  /* an integer's largest value; a blob's, in bytes */
+    uint8_t kind[XPU_LANE_ARGS_MAX], family[XPU_LANE_ARGS_MAX];
+    uint64_t max[XPU_LANE_ARGS_MAX];  /* an integer's largest value; a blob's, in bytes */
     int32_t address, length;         /* the device address's argument and its length's, or -1 */
     uint64_t scale;                  /* bytes per unit of the length */
     int32_t blob, blob_size;         /* the blob's argument and the one that says its size, or -1 */
@@ -68,8 +64,8 @@ int xpu_native_op(struct xpu_native *n, uint32_t opcode, void *fn, uint32_t conv
                   const uint8_t *kind, const uint8_t *family, const uint64_t *max, int32_t address, int32_t length,
                   uint64_t scale, int32_t blob, int32_t blob_size) {
     struct xpu_native_op *op = op_slot(n, opcode);
-    int plain = convention == XPU_PLAIN && count <= 8 && blob < 0;
-    int launch = convention == XPU_LAUNCH && count == 12 && blob == 9 && blob_size == 10;
+    int plain = convention == XPU_NATIVE_CALL_PLAIN && count <= 8 && blob < 0;
+    int launch = convention == XPU_NATIVE_CALL_LAUNCH && count == 12 && blob == 9 && blob_size == 10;
     if (!op || !fn || !(plain || launch)) return -1;
     *op = (struct xpu_native_op){.opcode = opcode, .count = count, .fn = fn, .convention = convention,
                                  .address = address, .length = length, .scale = scale, .blob = blob,
@@ -143,9 +139,9 @@ static int arguments(const struct xpu_native *n, const struct xpu_native_op *op,
                      uint64_t blob_len, uint64_t *out) {
     for (uint32_t i = 0; i < op->count; i++) {
         uint64_t v = in[i];
-        if (op->kind[i] == XPU_ARG_BLOB) {
+        if (op->kind[i] == XPU_NATIVE_ARG_BLOB) {
             if (blob_len > op->max[i] || in[op->blob_size] != blob_len) return 0;
-        } else if (op->kind[i] == XPU_ARG_INT) {
+        } else if (op->kind[i] == XPU_NATIVE_ARG_INT) {
             if (v > op->max[i]) return 0;
             out[i] = v;
         } else if (v == 0) {
@@ -165,7 +161,7 @@ static int arguments(const struct xpu_native *n, const struct xpu_native_op *op,
 }
 
 static int call(const struct xpu_native_op *op, const uint64_t *a, const uint8_t *blob, uint64_t blob_len) {
-    if (op->convention == XPU_PLAIN) return ((xpu_fn)op->fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
+    if (op->convention == XPU_NATIVE_CALL_PLAIN) return ((xpu_fn)op->fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
     size_t size = blob_len;
     void *extra[] = {(void *)1, (void *)blob, (void *)2, &size, NULL};  /* CU_LAUNCH_PARAM_BUFFER_*, END */
     return ((xpu_launch_fn)op->fn)(a[0], (uint32_t)a[1], (uint32_t)a[2], (uint32_t)a[3], (uint32_t)a[4],
@@ -179,26 +175,22 @@ void xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uin
                     uint64_t *ran, uint32_t *failed_op, int32_t *status, uint32_t room, uint32_t *failures) {
     uint64_t pos = *at;
     *failures = 0;
-    while (len - pos >= 24) {
-        uint32_t opcode, blob_len;
-        uint16_t count, blob_at;
-        uint64_t record_ctx;
-        memcpy(&opcode, data + pos, 4);
-        memcpy(&count, data + pos + 4, 2);
-        memcpy(&blob_at, data + pos + 6, 2);
-        memcpy(&blob_len, data + pos + 8, 4);
-        memcpy(&record_ctx, data + pos + 16, 8);
+    const uint64_t head = sizeof(struct xpu_lane_record);
+    while (len - pos >= head) {
+        struct xpu_lane_record r;
+        memcpy(&r, data + pos, head);
+        uint32_t opcode = r.opcode, blob_len = r.blob_len, count = r.nargs;
         const struct xpu_native_op *op = op_slot(n, opcode);
-        int blob_ok = op && (op->blob < 0 ? blob_at == XPU_NO_BLOB && !blob_len : blob_at == op->blob);
-        if (!op || !op->fn || op->count != count || !blob_ok || record_ctx != ctx
-            || len - pos - 24 < 8u * count + (uint64_t)blob_len)
+        int blob_ok = op && (op->blob < 0 ? r.blob_at == XPU_LANE_NO_BLOB && !blob_len : r.blob_at == op->blob);
+        if (!op || !op->fn || op->count != count || !blob_ok || r.ctx != ctx
+            || len - pos - head < 8u * count + (uint64_t)blob_len)
             break;
-        uint64_t in[XPU_NATIVE_ARGS], out[XPU_NATIVE_ARGS] = {0};
-        memcpy(in, data + pos + 24, 8u * count);
+        uint64_t in[XPU_LANE_ARGS_MAX], out[XPU_LANE_ARGS_MAX] = {0};
+        memcpy(in, data + pos + head, 8u * count);
         if (!arguments(n, op, in, blob_len, out)) break;
-        const uint8_t *blob = data + pos + 24 + 8u * count;
+        const uint8_t *blob = data + pos + head + 8u * count;
         int rc = call(op, out, blob, blob_len);
-        uint64_t next = pos + 24 + 8u * count + (((uint64_t)blob_len + 7) & ~(uint64_t)7);
+        uint64_t next = pos + head + 8u * count + (((uint64_t)blob_len + 7) & ~(uint64_t)7);
         pos = next < len ? next : len;  /* the blob's padding may run past the end, as Python reads it */
         (*ran)++;
         if (rc) {

@@ -30,9 +30,13 @@ from typing import Any
 
 import cffi
 
+from xpuremote.protocol import abi
+from xpuremote.protocol.cbuild import built_once, cache_root, cc
+
 log = logging.getLogger("xpuremote.server")
 
 SOURCE = Path(__file__).with_name("native_lane.c")
+ABI = Path(abi.__file__).with_name("abi.h")  # the lane record's layout and this module's enums
 CDEF = """
 struct xpu_native;
 struct xpu_native *xpu_native_new(void);
@@ -46,9 +50,6 @@ void xpu_native_range(struct xpu_native *n, uint64_t low, uint64_t high);
 void xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uint64_t *at, uint64_t ctx,
                     uint64_t *ran, uint32_t *failed_op, int32_t *status, uint32_t room, uint32_t *failures);
 """
-PLAIN, LAUNCH = 0, 1  # how the driver function takes the arguments (native_lane.c)
-INT, HANDLE, BLOB = 0, 1, 2  # an argument's kind
-FAILURES = 64  # failures one run reports before it hands back
 _loaded: tuple[Any, Any] | None = None
 _tried = False
 
@@ -86,16 +87,14 @@ def _library() -> tuple[Any, Any] | None:
 
 
 def _build() -> Path:
-    from xpuremote.interpose.build import built_once, cache_root, cc
-
-    digest = hashlib.sha256(SOURCE.read_bytes() + repr(cc()).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(SOURCE.read_bytes() + ABI.read_bytes() + repr(cc()).encode()).hexdigest()[:16]
     target = cache_root() / f"native-lane-{digest}.so"
 
     def make() -> None:
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             built = Path(tmp) / target.name
-            subprocess.run([*cc(), "-shared", "-fPIC", "-O2", str(SOURCE), "-o", str(built)], check=True,
-                           capture_output=True)
+            subprocess.run([*cc(), "-shared", "-fPIC", "-O2", f"-I{ABI.parent}", str(SOURCE), "-o", str(built)],
+                           check=True, capture_output=True)
             os.replace(built, target)
     return built_once(target, make)
 
@@ -110,7 +109,8 @@ class NativeLane:
         self.marks: tuple[int, int] = (-1, -1)  # the session's removals when the C side was last emptied
         self.defaults: list[tuple[int, int, int]] = []  # (handle, family, object) every session has
         self.at, self.ran = ffi.new("uint64_t *"), ffi.new("uint64_t *")
-        self.failed_op, self.status = ffi.new("uint32_t[]", FAILURES), ffi.new("int32_t[]", FAILURES)
+        room = abi.NATIVE_FAILURES
+        self.failed_op, self.status = ffi.new("uint32_t[]", room), ffi.new("int32_t[]", room)
         self.failures = ffi.new("uint32_t *")
         self.calls = 0  # records run here
 
@@ -147,10 +147,10 @@ class NativeLane:
 
     def run(self, data: Any, at: int, ctx: int) -> tuple[int, int, list[tuple[int, int]]]:
         """(where it stopped, records run, each failure's (opcode, status)): at the end, at a record for
-        Python, or after FAILURES failures."""
+        Python, or after abi.NATIVE_FAILURES failures."""
         self.at[0], self.ran[0] = at, 0
         buffer = self.ffi.from_buffer("uint8_t[]", data)
         self.lib.xpu_native_run(self.state, buffer, len(data), self.at, ctx, self.ran, self.failed_op, self.status,
-                                FAILURES, self.failures)
+                                abi.NATIVE_FAILURES, self.failures)
         self.calls += self.ran[0]
         return self.at[0], self.ran[0], [(self.failed_op[i], self.status[i]) for i in range(self.failures[0])]

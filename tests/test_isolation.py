@@ -17,7 +17,7 @@ import pytest
 from conftest import Server, start_server
 from pyclient import CTX, PyClient, rss, sessions
 
-from xpuremote.protocol import errors, mathlibs, memprops
+from xpuremote.protocol import abi, errors, mathlibs, memprops
 from xpuremote.protocol.calls import CALLS, SENT_INSTEAD
 from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
 from xpuremote.server.backends import sim
@@ -35,6 +35,12 @@ PTX = b"""
 }
 """
 MODULE, FUNCTION = 0x7C00_0000_4000, 0x7C00_0000_4010
+
+
+def lane_record(opcode: int, *args: int) -> bytes:
+    """A fast-lane record of integer arguments in context CTX."""
+    head = abi.pack_lane_record(opcode=opcode, nargs=len(args), blob_at=abi.LANE_NO_BLOB, ctx=CTX)
+    return head + struct.pack(f"<{len(args)}Q", *args)
 
 
 def load(client: PyClient) -> None:
@@ -175,7 +181,7 @@ def test_freed_memory_is_refused_right_after_calls_that_named_it(server: Server)
         first, second = client.alloc(SIZE), client.alloc(SIZE)
         for _ in range(3):
             client.post("cuMemsetD8Async", first, 1, SIZE, 0)
-        record = struct.pack("<IHHIIQ4Q", CALLS["cuMemsetD8Async"].opcode, 4, 0xFFFF, 0, 0, CTX, first, 2, SIZE, 0)
+        record = lane_record(CALLS["cuMemsetD8Async"].opcode, first, 2, SIZE, 0)
         client.post("xpuLane", record, len(record))
         client.post("cuMemFree_v2", first)
         assert client.status_of("cuMemsetD8_v2", first, 3, SIZE) == errors.INVALID_VALUE
@@ -198,7 +204,7 @@ def test_the_limits_refuse_on_the_compiled_path_where_the_backend_would_not() ->
     mine = int.from_bytes(session.execute(CALLS["cuMemAlloc_v2"], [8, SIZE])[0], "little")
     foreign = backend.inner.memory.alloc(SIZE)  # the sim has it; the limits never saw it
     memset = CALLS["cuMemsetD8Async"]
-    lane = b"".join(struct.pack("<IHHIIQ4Q", memset.opcode, 4, 0xFFFF, 0, 0, CTX, address, 7, SIZE, 0)
+    lane = b"".join(lane_record(memset.opcode, address, 7, SIZE, 0)
                     for address in (foreign, mine))
     for batch in ([[memset.opcode, [foreign, 7, SIZE, 0]]], [[CALLS["xpuLane"].opcode, [lane, len(lane)]]]):
         answer = session.run_batch(batch + [[CALLS["cuCtxSynchronize"].opcode, []]], True)

@@ -16,7 +16,7 @@ from pyclient import CTX, PyClient
 from toolchain import cudart_path
 
 from xpuremote.client import call_cpu
-from xpuremote.protocol import errors, wire
+from xpuremote.protocol import abi, errors
 from xpuremote.protocol.calls import CALLS
 from xpuremote.protocol.errors import CudaError
 
@@ -49,7 +49,7 @@ def test_libcudart_async_calls_from_threads_arrive_in_order(tmp_path: Path, shim
 
 
 def records(*calls: tuple[int, list[int]], ctx: int = CTX) -> bytes:
-    return b"".join(wire.LANE_RECORD.pack(opcode, len(args), wire.LANE_NO_BLOB, 0, 0, ctx)
+    return b"".join(abi.pack_lane_record(opcode=opcode, nargs=len(args), blob_at=abi.LANE_NO_BLOB, ctx=ctx)
                     + struct.pack(f"<{len(args)}Q", *args) for opcode, args in calls)
 
 
@@ -76,7 +76,7 @@ def test_the_server_runs_lane_records_and_refuses_bad_ones(server: Server) -> No
 
         # cut short, a blob past the end, a size that does not match: refused, the session goes on
         good = records((MEMSET.opcode, [base, 1, 1, 0]))  # would set the first byte, 0xAA so far
-        blob_past_end = wire.LANE_RECORD.pack(MEMSET.opcode, 4, 0, 1 << 20, 0, CTX) + bytes(32)
+        blob_past_end = abi.pack_lane_record(opcode=MEMSET.opcode, nargs=4, blob_len=1 << 20, ctx=CTX) + bytes(32)
         for data, size in ((good[:-3], None), (blob_past_end, None), (good, len(good) + 8), (b"\x00" * 7, None)):
             post_lane(client, data, size)
             assert client.status_of("cuCtxSynchronize") == errors.INVALID_VALUE

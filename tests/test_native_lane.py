@@ -14,7 +14,7 @@ from pathlib import Path
 
 SCENARIO = r"""
 import hashlib, json, struct, sys
-from xpuremote.protocol import wire
+from xpuremote.protocol import abi
 from xpuremote.protocol.calls import CALLS
 from xpuremote.server.backends.cuda import CudaBackend
 from xpuremote.server.limits import Accounted, Limits
@@ -36,8 +36,8 @@ def batch(*calls):
     return answer["outs"]
 
 def record(symbol, args, ctx=CTX, blob=None):
-    head = wire.LANE_RECORD.pack(op(symbol), len(args), wire.LANE_NO_BLOB if blob is None else 9,
-                                 len(blob or b""), 0, ctx)
+    head = abi.pack_lane_record(opcode=op(symbol), nargs=len(args), blob_at=abi.LANE_NO_BLOB if blob is None else 9,
+                                blob_len=len(blob or b""), ctx=ctx)
     return head + struct.pack(f"<{len(args)}Q", *args) + (blob or b"") + bytes(-len(blob or b"") % 8)
 
 def lane(*records, ctx=CTX):

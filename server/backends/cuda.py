@@ -22,7 +22,7 @@ from typing import Any
 
 import cffi
 
-from xpuremote.protocol import errors, mathlibs, memprops, wire
+from xpuremote.protocol import abi, errors, mathlibs, memprops, wire
 from xpuremote.protocol.calls import CALLS, Call, Param
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
@@ -44,7 +44,6 @@ from xpuremote.protocol.layouts import (
     SM_RESOURCE,
 )
 
-from .. import native_lane
 from ..data import Incoming
 from .base import CAPTURE_REFUSED, Backend, DeviceInfo, Inventory, check_module_image, launch_attributes
 from .cuda_upload import Upload
@@ -374,10 +373,11 @@ class CudaBackend(Backend):
         (server/native_lane.py): a call `runner` compiles that names no context (a green context stands in
         for one, which only Python maps), or a launch as xpuLaunchKernel runs it."""
         if call.family == "xpuLaunchKernel":
-            return int(self.ffi.cast("uintptr_t", self.ffi.addressof(self.lib, "cuLaunchKernel"))), native_lane.LAUNCH
+            launch = self.ffi.addressof(self.lib, "cuLaunchKernel")
+            return int(self.ffi.cast("uintptr_t", launch)), abi.NATIVE_CALL_LAUNCH
         if not self.compiles(call) or any(p.ctype == "CUcontext" for p in call.params):
             return None
-        return int(self.ffi.cast("uintptr_t", self.ffi.addressof(self.lib, call.symbol))), native_lane.PLAIN
+        return int(self.ffi.cast("uintptr_t", self.ffi.addressof(self.lib, call.symbol))), abi.NATIVE_CALL_PLAIN
 
     def upload_from_network(self, call: Call, args: list[Any]) -> list[Any]:
         """A copy whose bytes come on the data connection, in pieces (cuda_upload.py). Not into a capture: its
@@ -509,7 +509,13 @@ class CudaBackend(Backend):
                 return ffi.from_buffer(value.encode() + b"\0" if isinstance(value, str) else value), None
             if p.pointee != "handle" and value is None:
                 return ffi.NULL, None
-            buf = ffi.new(made) if p.pointee == "handle" else ffi.new(made, value)
+            if p.pointee == "handle":
+                buf = ffi.new(made)
+            elif isinstance(value, int):  # an output's size
+                buf = ffi.new(made, value)
+            else:  # an inout buffer's bytes: as many back (char[] from bytes would add a NUL, one byte too many)
+                buf = ffi.new(made, len(value))
+                ffi.memmove(buf, value, len(value))
             return buf, buf
         return convert
 

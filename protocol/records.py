@@ -1,0 +1,85 @@
+"""The record ABI: what the shim's C, the client's and the worker's Python and the worker's C share.
+
+Layouts, enums and limits are declared once, here. `python -m xpuremote.protocol.generate` writes them out
+as `protocol/abi.h` (C: `#define`s, enums, structs with their sizes and offsets asserted at compile time) and
+`protocol/abi.py` (Python: the same constants, each record's `struct.Struct` and offsets, the cffi
+declarations of the records the core reads), together with the op numbers of the generated entry points.
+Neither side types any of it again: change a row here, regenerate, and both follow
+(`tests/test_abi.py` shows it).
+
+A C name is `XPU_` and the Python name: `LANE_BYTES` is `XPU_LANE_BYTES`; an enum's member `KEPT`,
+`CREATE` is `KEPT_CREATE` in Python and `XPU_KEPT_CREATE` in C; a record `lane_record` is
+`struct xpu_lane_record` in C and `LANE_RECORD` (a `struct.Struct`, where its fields are flat) in Python.
+"""
+
+from __future__ import annotations
+
+# name -> (value, why)
+LIMITS: dict[str, tuple[int, str]] = {
+    "LANE_BYTES": (256 << 10, "the fast lane's buffer (interpose/lane.h): full, it declines and the core sends it. "
+                   "Room for about ten of PyTorch's foreach launches, whose argument bytes are about 25 KiB each"),
+    "LANE_BLOB_MAX": (32764, "kernel argument bytes a launch record may carry: the driver's bound"),
+    "LANE_ARGS_MAX": (12, "arguments of a lane record: xpuLaunchKernel's"),
+    "LANE_NO_BLOB": (0xFFFF, "a lane record's blob_at when none of its arguments is a blob"),
+    "KEPT_INTS": (18, "a kept tensor's longest setting: an Nd one of KEPT_DIMS dimensions (type, count, dims, "
+                  "strides)"),
+    "KEPT_DIMS": (8, "CUDNN_DIM_MAX"),
+    "KEPT_MADE": (4, "a cuBLASLt create's integer arguments: a layout's type, rows, columns, ld"),
+    "KEPT_ATTRIBUTES": (12, "a kept cuBLASLt descriptor's attributes, each of at most KEPT_VALUE bytes"),
+    "KEPT_VALUE": (16, "bytes of one kept attribute"),
+    "KEPT_PACK_ELEMENTS": (16, "a kept variant pack's elements of each attribute"),
+    "KEPT_PACK_ATTRIBUTES": (3, "a variant pack's attributes an execution takes: unique ids, data pointers, "
+                             "workspace"),
+    "NATIVE_FAILURES": (64, "failed records one run of server/native_lane.c reports before it hands back"),
+    "OP_LIBRARY": (1 << 20, "the core's op numbers of the math libraries start here"),
+    "OP_LIBRARY_SHIFT": (16, "a math library's op numbers: OP_LIBRARY + (library << OP_LIBRARY_SHIFT) + op"),
+}
+
+# name -> (why, members); members are numbered from 0 in order
+ENUMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "LANE": ("how the fast lane takes an op (calls.LANE): not at all, its arguments as they are, or packed "
+             "as xpuLaunchKernel with the kernel's argument bytes", ("OFF", "PLAIN", "LAUNCH")),
+    "KEPT": ("what an op marked for interpose/kept.h is: a create, a setter or a destroy of one kind of "
+             "descriptor (a pack's finalize too), a library handle's setter or getter, or cuBLAS's stream and "
+             "workspace setters and stream getter. A tensor record's setter is one of the three SET_",
+             ("NONE", "CREATE", "SET_ND", "SET_4D", "SET_4D_EX", "DESTROY", "LT_CREATE", "LT_SET", "LT_DESTROY",
+              "PACK_CREATE", "PACK_SET", "PACK_FINALIZE", "PACK_DESTROY", "SETTING", "GETTING", "BLAS_STREAM",
+              "BLAS_WORKSPACE", "BLAS_GET_STREAM")),
+    "KEPT_KIND": ("the kind of a kept descriptor's record",
+                  ("TENSOR", "LT_MATMUL", "LT_LAYOUT", "LT_PREFERENCE", "PACK")),
+    "ASK": ("the context questions interpose/answers.h answers in C",
+            ("NONE", "CURRENT", "DEVICE", "DEVICE_OF", "PRIMARY_STATE")),
+    "OP": ("the core's own ops, numbered after the driver's symbols (the export tables' requests, exit); the "
+           "NVML functions follow from OP_NVML", ("PRIMARY_CTX", "INTEGRITY", "UNKNOWN_SLOT", "EXIT",
+                                                   "UNKNOWN_TABLE", "CONTEXT_KIND", "NVML")),
+    "NATIVE_ARG": ("a lane record argument's kind, for server/native_lane.c", ("INT", "HANDLE", "BLOB")),
+    "NATIVE_CALL": ("how server/native_lane.c calls an op's driver function: its arguments as they are (integers "
+                    "and handles, up to 8), or as cuLaunchKernel takes xpuLaunchKernel's", ("PLAIN", "LAUNCH")),
+}
+
+# Field types: u8..u64, i32, i64, or another record's name. A count is a number or a limit's name, or a
+# tuple of them, multiplied.
+Field = tuple[str, str] | tuple[str, str, int | str | tuple[int | str, ...]]
+
+# name -> (why, fields), in C's declaration order (a record names only those before it)
+RECORDS: dict[str, tuple[str, tuple[Field, ...]]] = {
+    "lane_record": ("a fast-lane record's head, little-endian; `nargs` u64 arguments follow, then the blob that "
+                    "replaces argument `blob_at` (LANE_NO_BLOB: none), padded to 8 bytes",
+                    (("opcode", "u32"), ("nargs", "u16"), ("blob_at", "u16"), ("blob_len", "u32"),
+                     ("zero", "u32"), ("ctx", "u64"))),
+    "kept_attribute": ("one attribute of a kept cuBLASLt descriptor: its name and last bytes",
+                       (("name", "u32"), ("size", "u32"), ("value", "u8", "KEPT_VALUE"))),
+    "kept_pack": ("a kept variant pack: its attributes in KEPT_PACK_ATTRIBUTES' order (ids, data pointers, "
+                  "workspace); `set` has a bit per attribute set; attribute a's elements from a * KEPT_PACK_ELEMENTS",
+                  (("finalized", "i32"), ("set", "i32"), ("count", "i64", "KEPT_PACK_ATTRIBUTES"),
+                   ("value", "u64", ("KEPT_PACK_ATTRIBUTES", "KEPT_PACK_ELEMENTS")))),
+    "kept_record": ("a descriptor kept in C (interpose/kept.h), as the core reads it. `generation` is unique to "
+                    "each create and set; a tensor's setting in `ints` (Nd: type, count, dims at 2, strides at "
+                    "2 + KEPT_DIMS); a cuBLASLt create's arguments in `made`",
+                    (("state", "i32"), ("kind", "i32"), ("setter", "i32"), ("attributes", "i32"),
+                     ("generation", "i64"), ("ints", "i32", "KEPT_INTS"), ("made", "u64", "KEPT_MADE"),
+                     ("attribute", "kept_attribute", "KEPT_ATTRIBUTES"), ("pack", "kept_pack"))),
+    "blas_pair": ("a cuBLAS handle's stream and workspace as kept.h holds them; the core reads and writes them "
+                  "where they lie. own: 1 while the workspace is cuBLAS's own (cublasSetStream puts it back)",
+                  (("stream", "u64"), ("workspace", "u64"), ("bytes", "u64"), ("own", "u64"))),
+}
