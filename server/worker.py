@@ -30,12 +30,12 @@ from typing import Any
 import zmq
 import zmq.utils.monitor
 
-from xpuremote.protocol import errors, logs, spin, wire
+from xpuremote.protocol import abi, errors, logs, spin, wire
 from xpuremote.protocol.calls import BY_OPCODE, CALLS, DEFAULT_STREAMS, Call, Param
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import LinkSpec, Wire, wait_until
 
-from . import auth, data, metrics, native_lane
+from . import auth, data, metrics
 from .backends import load_backend
 from .backends.base import Backend
 from .data import DATA_TIMEOUT_S, Asked, DataConnection, DataError, Incoming
@@ -596,15 +596,15 @@ def _native_shape(call: Call) -> tuple[tuple[int, ...], tuple[int, ...], tuple[i
     names = [p.name for p in call.params]
     for i, p in enumerate(call.params):
         if p.kind == "int":
-            kinds.append(native_lane.INT)
+            kinds.append(abi.NATIVE_ARG_INT)
             bounds.append(_int_range(p)[1] - 1)
         elif p.kind == "handle":
-            kinds.append(native_lane.HANDLE)
+            kinds.append(abi.NATIVE_ARG_HANDLE)
             bounds.append(0)
         elif (p.kind == "ptr" and p.direction == "in" and blob < 0 and p.count in names
               and not (p.is_address or p.is_scalar or p.is_string)):
             blob, blob_size = i, names.index(p.count)
-            kinds.append(native_lane.BLOB)
+            kinds.append(abi.NATIVE_ARG_BLOB)
             bounds.append(0)
         else:
             return None
