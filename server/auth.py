@@ -22,6 +22,8 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
+from . import metrics
+
 log = logging.getLogger("xpuremote.server")
 ZAP_DOMAIN = "xpuremote"
 
@@ -109,27 +111,41 @@ class AllowedKeys:
         return key in self.keys
 
 
-class _Provider:
-    """ZAP callback: True admits a client key (z85 bytes); a refusal is logged with the key."""
+class _Authenticator(ThreadAuthenticator):
+    """pyzmq's ZAP handler, keeping the address of the request it is deciding: ZAP gives it, the key
+    callback does not, and a refusal is said once per address (a peer can make keys at will)."""
 
-    def __init__(self, admits: Callable[[bytes], bool], where: str) -> None:
-        self.admits = admits
-        self.where = where
+    address = ""
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        self.address = msg[3].decode("utf-8", "replace") if len(msg) > 3 else ""
+        await super().handle_zap_message(msg)
+
+
+class _Provider:
+    """ZAP callback: True admits a client key (z85 bytes); a refusal is said with the key and address, once
+    a minute per address (metrics.Repeats)."""
+
+    def __init__(self, admits: Callable[[bytes], bool], where: str, handler: _Authenticator,
+                 repeats: metrics.Repeats) -> None:
+        self.admits, self.where, self.handler, self.repeats = admits, where, handler, repeats
 
     def callback(self, domain: str, key: bytes) -> bool:
         if self.admits(key):
             return True
-        log.warning("%s refused a client: its key %s is not allowed (CURVE authentication failed)",
-                    self.where, key.decode())
+        address = self.handler.address or "an unknown address"
+        self.repeats.say("handshake", address, f"{self.where} refused a client from {address}: its key "
+                         f"{key.decode()} is not allowed (CURVE authentication failed)")
         return False
 
 
-def start_authenticator(ctx: zmq.Context, admits: Callable[[bytes], bool], where: str) -> ThreadAuthenticator:
+def start_authenticator(ctx: zmq.Context, admits: Callable[[bytes], bool], where: str,
+                        repeats: metrics.Repeats) -> ThreadAuthenticator:
     """A ZAP handler for every CURVE server socket of `ctx`."""
-    auth = ThreadAuthenticator(ctx, log=logging.getLogger("xpuremote.zap"))
-    auth.start()
-    auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_Provider(admits, where))
-    return auth
+    handler = _Authenticator(ctx, log=logging.getLogger("xpuremote.zap"))
+    handler.start()
+    handler.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_Provider(admits, where, handler, repeats))
+    return handler
 
 
 def peer_key(frame: zmq.Frame) -> str:

@@ -4,7 +4,7 @@
                [--key server.key_secret --allowed-keys DIR] [--mem-quota 8G] [--max-clients 64]
                [--max-clients-per-peer N] [--max-pending-per-peer 8] [--connect-timeout 10]
                [--max-request-bytes 1G] [--metrics-port 9400 [--metrics-bind ADDR] [--metrics-token FILE]]
-               [--pool ray://HEAD:PORT|HEAD:PORT|auto [--advertise tcp://HOST:PORT]]
+               [--pool ray://HEAD:PORT|HEAD:PORT|auto [--advertise tcp://HOST:PORT]] [--refusal-log-interval 60]
     xpu-server keygen DIR [--name NAME]      a CURVE key pair: NAME.key, NAME.key_secret
     xpu-server status [--listen ADDR]        the sessions and devices of a running server
 
@@ -17,6 +17,9 @@ With --pool it also joins a Ray cluster as a pool member (server/pool.py), befor
 Prints a line containing `ready` on stderr once it accepts clients. SIGTERM (or SIGINT) stops
 it gracefully: no new sessions, each worker finishes the batch in flight and tells its
 client, then exit.
+At start-up it raises its own limit of open files to the hard limit, and says what it has. A refusal a
+peer repeats (a failed handshake, a refused hello, a bad message) is said once a minute per source,
+with the count of those kept quiet since.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import itertools
 import json
 import logging
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -75,6 +79,7 @@ class Options:
     pool: str = ""  # a Ray cluster to join as a pool member ("": none)
     advertise: str = ""  # the endpoint the pool hands out ("": the listen address)
     spin_us: int | None = None  # how long a worker looks for the next message before it blocks (None: spin.default_us)
+    refusal_log_interval_s: float = metrics.REPEAT_INTERVAL_S  # a source's repeated refusals: said once in this long
 
 
 @dataclass
@@ -115,6 +120,7 @@ class Daemon:
         self.metrics_server = None
         self.board: Path | None = None  # the sim backend's board directory (backends/sim_board.py)
         self.pool_helper: subprocess.Popen | None = None  # our membership in a Ray pool (server/pool.py)
+        self.repeats = metrics.Repeats(log, self.options.refusal_log_interval_s)  # refusals, once per source
 
     def worker_bind(self) -> str:
         """Where workers listen: the daemon's host on a free port, or an ipc path beside its own."""
@@ -137,7 +143,7 @@ class Daemon:
         spin_us = self.options.spin_us
         if spin_us is None:  # spinning while the sessions are fewer than the CPUs, as the driver counts contexts
             spin_us = spin.default_us(len(self.workers) + 1)
-        cmd += ["--spin-us", str(spin_us)]
+        cmd += ["--spin-us", str(spin_us), "--refusal-log-interval", str(self.options.refusal_log_interval_s)]
         if self.options.keys is not None:
             cmd += ["--key", self.options.keys.secret_path, f"--client-key={key}"]  # a z85 key may start with -
         env = dict(os.environ)  # the operator's own tunables come last, so they win
@@ -174,7 +180,7 @@ class Daemon:
         try:
             header = wire.decode(frames)
         except wire.WireError as exc:
-            log.warning("malformed message to the daemon: %s", exc)
+            self.repeats.say("bad message", peer, f"malformed message to the daemon from {peer}: {exc}")
             return {"op": "reply", "status": errors.INVALID_VALUE, "error": f"malformed message: {exc}"}
         if header["op"] == "status":
             return {"op": "reply", "status": 0, **self.status()}
@@ -185,8 +191,9 @@ class Daemon:
         refusal = self.refusal(peer)
         if refusal:
             self.totals["sessions_refused"] += 1
-            log.warning(metrics.kv("session_refused", user=client["user"], host=client["host"], pid=client["pid"],
-                                   key=key, peer=peer, reason=refusal))
+            self.repeats.say("session_refused", peer, metrics.kv("session_refused", user=client["user"],
+                             host=client["host"], pid=client["pid"], key=key, peer=peer, reason=refusal),
+                             structured=True)
             return {"op": "reply", "status": errors.NOT_PERMITTED, "error": refusal}
         try:
             worker = self.spawn(client, key, peer)
@@ -242,7 +249,7 @@ class Daemon:
         if keys is not None:
             auth.make_server(self.sock, keys)
             allowed = auth.AllowedKeys(self.options.allowed_keys)
-            self.authenticator = auth.start_authenticator(self.ctx, allowed.__contains__, "the daemon")
+            self.authenticator = auth.start_authenticator(self.ctx, allowed.__contains__, "the daemon", self.repeats)
         elif not auth.is_loopback(self.listen):
             log.warning("listening on %s without CURVE keys: anyone who can reach this port can use the GPU and "
                         "read the traffic; use --key and --allowed-keys beyond a trusted network", self.listen)
@@ -273,11 +280,10 @@ class Daemon:
         while not self.stopping.is_set():
             ready = dict(poller.poll(500))
             if monitor in ready:
-                event = zmq.utils.monitor.recv_monitor_message(monitor)
-                self.totals["auth_failures"] += 1
-                log.warning("refused a client at %s: %s", self.listen, auth.describe_handshake_failure(event))
+                self.handshake_failed(zmq.utils.monitor.recv_monitor_message(monitor))
             if self.sock in ready:
                 self.take()
+            self.repeats.flush()
             self.reap()
             self.watch_pool()
         self.sock.disable_monitor()
@@ -285,13 +291,21 @@ class Daemon:
         self.shutdown()
         return 0
 
+    def handshake_failed(self, event: dict[str, Any]) -> None:
+        """A connection that failed CURVE's handshake. A refused key was said by the ZAP handler, with its
+        address; ZeroMQ names no address for the other failures, so each kind of them counts as one source."""
+        self.totals["auth_failures"] += 1
+        if event["event"] != zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            what = auth.describe_handshake_failure(event)
+            self.repeats.say("handshake", what, f"refused a client at {self.listen}: {what}")
+
     def take(self) -> None:
         """Answer one message; one over the bounds is refused, unread, and its memory given back."""
         (identity, *frames), refusal = wire.receive(self.sock, DAEMON_MAX_MESSAGE, DAEMON_MAX_FRAMES)
         key = auth.peer_key(frames[0]) if frames and self.options.keys is not None else ""
         peer = key or auth.peer_address(frames[-1] if frames else identity)  # whom per-peer limits count
         if refusal:
-            log.warning("refused a message from %s: %s", peer, refusal)
+            self.repeats.say("bad message", peer, f"refused a message from {peer}: {refusal}")
             answer = {"op": "reply", "status": errors.INVALID_VALUE, "error": f"refused: {refusal}"}
             give_back_memory()
         else:
@@ -331,7 +345,8 @@ class Daemon:
             log.warning("metrics on %s without --metrics-token: anyone who reaches the port sees every session's "
                         "user and host", bind)
         self.metrics_server = metrics.serve_metrics(bind, self.options.metrics_port,
-                                                    lambda: metrics.render(self.status(), self.totals), token)
+                                                    lambda: metrics.render(self.status(), self.totals), token,
+                                                    self.repeats)
 
     def shutdown(self) -> None:
         """Graceful: no new sessions, then each worker finishes its batch in flight, tells its
@@ -360,6 +375,25 @@ class Daemon:
         if self.board is not None:
             shutil.rmtree(self.board, ignore_errors=True)
         self.ctx.term()
+
+
+def raise_descriptor_limit() -> None:
+    """Raise this process's soft limit of open files to its hard limit, and say what it has: each session, and
+    each metrics connection, holds descriptors of the daemon's, and running out refuses every new session."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)  # Linux's default nr_open
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("open files: cannot raise the soft limit %d to %d: %s", soft, target, exc)
+    now = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    log.info("open files: the daemon may hold %s (soft limit%s; hard limit %s)", _limit(now),
+             f", raised from {soft}" if now != soft else "", _limit(hard))
+
+
+def _limit(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
 
 
 def _client(value: Any) -> dict[str, str]:
@@ -417,7 +451,10 @@ def serve_main(argv: list[str]) -> int:
                         help="largest request a client may send, e.g. 1G (0: no limit)")
     parser.add_argument("--max-handles", type=int, default=DEFAULT_MAX_HANDLES,
                         help="live allocations, streams, events, modules, ... of each kind per client (0: no limit)")
-    parser.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port (plain HTTP)")
+    parser.add_argument("--metrics-port", type=int,
+                        help="serve Prometheus metrics on this port (plain HTTP; at most "
+                             f"{metrics.METRICS_MAX_CONNECTIONS} connections at a time, each closed "
+                             f"{metrics.METRICS_TIMEOUT_S:g} s after it opens)")
     parser.add_argument("--metrics-bind", default="127.0.0.1", metavar="ADDR",
                         help="address the metrics port listens on (default: loopback only)")
     parser.add_argument("--metrics-token", metavar="FILE",
@@ -428,17 +465,22 @@ def serve_main(argv: list[str]) -> int:
     parser.add_argument("--advertise", metavar="ENDPOINT",
                         help="the endpoint the pool gives clients (default: --listen)")
     parser.add_argument("--shutdown-grace", type=float, default=10.0, help="seconds sessions get to end on SIGTERM")
+    parser.add_argument("--refusal-log-interval", type=float, default=metrics.REPEAT_INTERVAL_S, metavar="S",
+                        help="a refusal a source repeats (a failed handshake, a refused hello, a bad message, a "
+                             "metrics request without the token) is logged once in this many seconds, with the "
+                             f"count of those kept quiet since (default {metrics.REPEAT_INTERVAL_S:g})")
     parser.add_argument("--spin-us", type=int, metavar="US",
                         help="how long a session's worker looks for the client's next message before it blocks "
                              f"(default: XPU_SPIN_US, or {spin.DEFAULT_US} while the sessions are fewer than the "
                              f"CPUs, if those are {spin.SPIN_MIN_CPUS} or more; else 0)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logs.level("INFO"), stream=sys.stderr,
-                        format="xpu-server %(levelname)s %(message)s")
+    metrics.log_to_stderr("xpu-server", logs.level("INFO"))
     if bool(args.key) != bool(args.allowed_keys):
         parser.error("--key and --allowed-keys go together")
     if args.spin_us is not None and args.spin_us < 0:
         parser.error("--spin-us cannot be negative")
+    if not args.refusal_log_interval > 0:
+        parser.error("--refusal-log-interval must be a positive number of seconds")
     try:
         keys = auth.load_server_keys(args.key) if args.key else None
         token = metrics.read_token(args.metrics_token) if args.metrics_token else ""
@@ -455,7 +497,9 @@ def serve_main(argv: list[str]) -> int:
                       args.max_clients, args.max_clients_per_peer, args.max_pending_per_peer, args.connect_timeout,
                       args.metrics_port, shutdown_grace_s=args.shutdown_grace,
                       metrics_bind=args.metrics_bind.strip("[]"), metrics_token=token, pool=args.pool or "",
-                      advertise=args.advertise or "", spin_us=args.spin_us)
+                      advertise=args.advertise or "", spin_us=args.spin_us,
+                      refusal_log_interval_s=args.refusal_log_interval)
+    raise_descriptor_limit()
     daemon = Daemon(args.listen, args.backend, options)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: daemon.stopping.set())

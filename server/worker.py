@@ -21,7 +21,6 @@ import secrets
 import signal
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -46,7 +45,6 @@ from .native_lane import NativeLane, NativeOp
 log = logging.getLogger("xpuremote.worker")
 
 RECEIVE_SLICE_MS = 100  # the loop looks at the rest (the watchdog, reports) after this long without a message
-MAX_REFUSALS_LOGGED = 256  # sources whose refused messages are logged (once each)
 MAX_OUTPUT_BYTES = 1 << 34  # a single reply larger than this is an error, not an attempt
 SERVER_HANDLE_BASE = 0x5E00_0000_0000
 LANE, SET_CONTEXT = CALLS["xpuLane"], CALLS["cuCtxSetCurrent"]
@@ -119,7 +117,7 @@ class Session:
         self.stream_pending = False  # a message from the data connection not yet served: nothing more is read there
         self.peer: Any = None  # the client's socket identity: where a last word goes at shutdown
         self.peers: set[int] = set()  # connections (fds) that have sent messages with the key: the client's own
-        self.refused: set[str] = set()  # sources of messages without the key, logged once each
+        self.repeats = metrics.Repeats(log)  # refusals (messages without the key), said once a minute per source
         self.limits = Limits()
         self.named: dict[tuple[str, Any], int] = {}  # (type, object) -> its handle, of objects the backend made
         self.owned: dict[Any, list[int]] = {}  # owner object -> handles named for objects it holds
@@ -652,10 +650,11 @@ def _name_of(item: Any) -> str:
 # ---- the process ------------------------------------------------------------------------
 def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float = DEFAULT_CONNECT_TIMEOUT_S,
           limits: Limits | None = None, keys: auth.ServerKeys | None = None, client_key: str = "",
-          spin_us: int = 0) -> int:
+          spin_us: int = 0, refusal_interval_s: float = metrics.REPEAT_INTERVAL_S) -> int:
     backend = Accounted(load_backend(backend_name), limits or Limits())
     session = Session(backend, secrets.token_bytes(wire.KEY_BYTES), session_id)
     session.limits = backend.limits
+    session.repeats = metrics.Repeats(log, refusal_interval_s)
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -667,7 +666,8 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
     authenticator = None
     if keys is not None:  # only the client this session was started for gets in
         auth.make_server(sock, keys)
-        authenticator = auth.start_authenticator(ctx, lambda key: key.decode() == client_key, f"session {session_id}")
+        authenticator = auth.start_authenticator(ctx, lambda key: key.decode() == client_key, f"session {session_id}",
+                                                 session.repeats)
     stopping = _stop_on_sigterm()
     # MONITOR_STOPPED: disable_monitor() at the end wakes the watchdog at once
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_MONITOR_STOPPED)
@@ -694,6 +694,7 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
                     pass
             look_at = time.monotonic() + 1.0
             reported = _report(session, reported)
+            session.repeats.flush()
             stream = _stream_of(session)
             ready = poller.wait(stream, 1000, stream is not None and session.data.buffered())
             if watchdog.gone:
@@ -939,10 +940,8 @@ def _admit(sock: zmq.Socket, session: Session, frames: list[zmq.Frame]) -> bool:
         session.peers.add(frames[-1].get(zmq.SRCFD))
         return True
     source = auth.peer_address(frames[-1])
-    if source not in session.refused and len(session.refused) < MAX_REFUSALS_LOGGED:
-        session.refused.add(source)
-        log.warning("session %s: refused messages from %s: its connection did not present the session's key "
-                    "(logged once per source)", session.name, source)
+    session.repeats.say("no key", source, f"session {session.name}: refused a message from {source}: its "
+                        "connection did not present the session's key")
     refusal = {"op": "reply", "status": errors.NOT_PERMITTED,
                "error": "refused: this connection did not present its session's key (ask the daemon with hello)"}
     sock.send_multipart([frames[0], *wire.encode(refusal)])
@@ -1115,13 +1114,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect-timeout", type=float, default=DEFAULT_CONNECT_TIMEOUT_S,
                         help="seconds the client has to connect after its hello; then the session ends")
     parser.add_argument("--spin-us", type=int, help="how long to look for the client's next message before blocking")
+    parser.add_argument("--refusal-log-interval", type=float, default=metrics.REPEAT_INTERVAL_S,
+                        help="seconds between lines saying one source's refused messages")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logs.level("INFO"), stream=sys.stderr,
-                        format=f"xpu-server[{args.session}] %(levelname)s %(message)s")
+    metrics.log_to_stderr(f"xpu-server[{args.session}]", logs.level("INFO"))
     keys = auth.load_server_keys(args.key) if args.key else None
     limits = Limits(args.mem_quota, args.max_request_bytes, args.max_handles)
     spin_us = spin.default_us() if args.spin_us is None else max(0, args.spin_us)
-    return serve(args.bind, args.backend, args.session, args.connect_timeout, limits, keys, args.client_key, spin_us)
+    return serve(args.bind, args.backend, args.session, args.connect_timeout, limits, keys, args.client_key, spin_us,
+                 args.refusal_log_interval)
 
 
 if __name__ == "__main__":
