@@ -19,12 +19,12 @@ import zmq.utils.monitor
 from xpuremote.protocol import errors
 from xpuremote.protocol.errors import CudaError
 
-FAILED = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "the server does not accept this client's key",
-          zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "the two ends disagree on security (one uses CURVE keys, the other not)",
-          zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the handshake failed"}
+FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 WATCHED = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 for _event in FAILED:
     WATCHED |= _event
+KEY_FIX = ("give this client a key the server allows: XPU_CLIENT_KEY=NAME.key_secret (xpu-run --key) whose NAME.key "
+           "is in the server's --allowed-keys, and XPU_SERVER_KEY=the server's public key file (xpu-run --server-key)")
 
 
 @dataclass(frozen=True)
@@ -76,11 +76,25 @@ def wait_for_answer(sock: zmq.Socket, monitor: zmq.Socket, timeout_s: float, cur
         if sock in ready:
             return None
         if monitor in ready:
-            event = zmq.utils.monitor.recv_monitor_message(monitor)
-            if event["event"] in FAILED:
-                return FAILED[event["event"]]
-            if event["event"] == zmq.EVENT_DISCONNECTED and curve:
-                # a CURVE server that cannot open our hello (another server key) just hangs up
-                return "the server closed the connection during the CURVE handshake (is XPU_SERVER_KEY its key?)"
+            event = zmq.utils.monitor.recv_monitor_message(monitor)["event"]
+            if event in FAILED or (event == zmq.EVENT_DISCONNECTED and curve):
+                return refusal(event, curve)
         remaining_ms -= int((time.monotonic() - start) * 1000) or 1
     return "timeout"
+
+
+def refusal(event: int, curve: bool) -> str:
+    """Why the handshake failed, and the fix, for a client with CURVE keys (`curve`) or without. xpu-server
+    speaks CURVE or plain TCP: a client without keys that fails a handshake met a CURVE server."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return f"the server does not accept this client's key; fix: {KEY_FIX}"
+    if not curve:
+        return f"the server requires CURVE keys and this client has none; fix: {KEY_FIX}"
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        return ("the server speaks plain TCP and this client uses CURVE keys; fix: unset XPU_CLIENT_KEY and "
+                "XPU_SERVER_KEY (xpu-run --key, --server-key), or start that server with --key")
+    if event == zmq.EVENT_DISCONNECTED:  # a CURVE server that cannot open our hello (another server key) hangs up
+        return ("the server closed the connection during the CURVE handshake, so XPU_SERVER_KEY is not its key; "
+                "fix: set XPU_SERVER_KEY (xpu-run --server-key) to that server's public key file")
+    return ("the CURVE handshake failed: the server does not take this client's key, or XPU_SERVER_KEY is not its "
+            f"public key; fix: {KEY_FIX}")

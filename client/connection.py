@@ -75,6 +75,10 @@ class ServerGone(CudaError):
     pass
 
 
+class NoAnswer(ServerGone):
+    """The server said nothing within the time a request had."""
+
+
 class Connection:
     def __init__(self, address: str, connect_timeout_s: float = 10.0, batch_window_us: float = 50.0,
                  link: LinkSpec = NO_LINK, measure: bool = False, measure_gpu: bool = False, spin_us: int = 0) -> None:
@@ -109,17 +113,14 @@ class Connection:
         self.down_bytes = 0  # size of the last answer read (kept for a trace or a link)
         self.data: socket.socket | None = None  # the data connection (client/data.py), when there is one
         self.scratch = memoryview(bytearray(data.SCRATCH))  # where an answer there is read
-        self.keys = auth.client_keys()  # CURVE keys from the environment, or None for plain TCP
-        self.endpoint, self.session, self.key = self._hello(connect_timeout_s)
-        self.sock = self._socket(self.endpoint, wire.routing_id(self.key))
-        self.sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)
-        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.inventory = self.request({"op": "init", "link": link.to_wire(), "measure": measure, "gpu": measure_gpu},
-                                      connect_timeout_s)
-        self.max_request_bytes = self.inventory.get("max_request_bytes") or 0  # the worker's limit (0: none)
-        port = self.inventory.get("data_port")
-        if port and data.wanted() and self.keys is None and not link.active and not measure:
-            self.data = self._open_data(port, connect_timeout_s)
+        self.starting = True  # a failure now is said by whoever connects (Driver.connect), once, not here
+        try:
+            self._start(connect_timeout_s, measure, measure_gpu)
+        except BaseException:
+            self.ctx.destroy(0)  # the sockets of a session that never started: a retry makes its own
+            self.alarm.close()
+            raise
+        self.starting = False
         self.data_ready = select.poll()  # a wait for an answer there, in slices, as on ZeroMQ
         self.spin_ns = spin_us * 1000  # how long that wait looks before it blocks (protocol/spin.py)
         if self.data is not None:
@@ -130,6 +131,25 @@ class Connection:
         threading.Thread(target=self._flusher, name="xpuremote-flush", daemon=True).start()
 
     # ---- set-up -------------------------------------------------------------------------
+    def _start(self, timeout_s: float, measure: bool, measure_gpu: bool) -> None:
+        """The session: the daemon's hello, then its worker's inventory, and the data connection if wanted."""
+        self.keys = auth.client_keys()  # CURVE keys from the environment, or None for plain TCP
+        self.endpoint, self.session, self.key = self._hello(timeout_s)
+        self.sock = self._socket(self.endpoint, wire.routing_id(self.key))
+        self.sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)
+        self.monitor = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            self.inventory = self.request({"op": "init", "link": self.link.to_wire(), "measure": measure,
+                                           "gpu": measure_gpu}, timeout_s)
+        except NoAnswer as exc:
+            raise ServerGone(errors.NO_DEVICE, f"{exc.detail}: its worker for this session, at {self.endpoint}, "
+                             "did not answer; fix: let this host reach that address (each session's worker "
+                             "listens on a port of its own, on the host of the server's --listen)") from None
+        self.max_request_bytes = self.inventory.get("max_request_bytes") or 0  # the worker's limit (0: none)
+        port = self.inventory.get("data_port")
+        if port and data.wanted() and self.keys is None and not self.link.active and not measure:
+            self.data = self._open_data(port, timeout_s)
+
     def _socket(self, endpoint: str, routing_id: bytes | None = None) -> zmq.Socket:
         """A DEALER to `endpoint`; one to the worker presents the session's key as its routing id."""
         sock = self.ctx.socket(zmq.DEALER)
@@ -143,18 +163,22 @@ class Connection:
         return sock
 
     def _hello(self, timeout_s: float) -> tuple[str, str, bytes]:
-        sock = self._socket(self.address)
+        try:
+            sock = self._socket(self.address)
+        except zmq.ZMQError as exc:
+            raise CudaError(errors.INVALID_VALUE, f"cannot connect to the server at {self.address!r} ({exc}); "
+                            "fix: name it as tcp://HOST:PORT with --server / XPU_SERVER") from None
         monitor = sock.get_monitor_socket(auth.WATCHED)  # a refused handshake fails now, not at the timeout
         try:
             client = {"pid": os.getpid(), "host": socket.gethostname(), "user": getpass.getuser()}
             sock.send_multipart(wire.encode({"op": "hello", "client": client}))
             why = auth.wait_for_answer(sock, monitor, timeout_s, self.keys is not None)
             if why == "timeout":
-                raise ServerGone(errors.NO_DEVICE, f"no xpuremote server answered at {self.address} "
-                                 f"within {timeout_s:g} s (is xpu-server running there?)")
+                raise ServerGone(errors.NO_DEVICE, f"no xpuremote server answered at {self.address} within "
+                                 f"{timeout_s:g} s; fix: start xpu-server there, or name another with --server / "
+                                 "XPU_SERVER (XPU_CONNECT_TIMEOUT_S: how long to wait)")
             if why:
-                raise ServerGone(errors.NO_DEVICE, f"the server at {self.address} refused the connection: {why} "
-                                 "(XPU_CLIENT_KEY, XPU_SERVER_KEY)")
+                raise ServerGone(errors.NO_DEVICE, f"the server at {self.address} refused the connection: {why}")
             answer = wire.decode(sock.recv_multipart())
         finally:
             sock.disable_monitor()
@@ -506,7 +530,7 @@ class Connection:
                 elif seq is None or answer.get("seq") == seq or "seq" not in answer:
                     return answer
             if deadline and time.monotonic() > deadline:
-                self._die(f"the server at {self.address} did not answer within {timeout_s:g} s")
+                self._die(f"the server at {self.address} did not answer within {timeout_s:g} s", NoAnswer)
 
     def _spun(self, ctx_flags: int) -> bool:
         """Whether the answer began to arrive while this thread looked for it without sleeping (protocol/spin.py):
@@ -598,12 +622,13 @@ class Connection:
         if self.dead:
             raise ServerGone(errors.DEINITIALIZED if os.getpid() == self.pid else errors.NOT_INITIALIZED, self.dead)
 
-    def _die(self, why: str) -> None:
+    def _die(self, why: str, kind: type[ServerGone] = ServerGone) -> None:
         self.dead = why
         if self.lane is not None:
             self.lane.close()  # every later call goes through the client, which says the session is gone
-        log.error("%s", why)
-        raise ServerGone(errors.DEINITIALIZED, why)
+        if not self.starting:
+            log.error("%s", why)
+        raise kind(errors.DEINITIALIZED, why)
 
     def _flusher(self) -> None:
         """Send queued async calls that would otherwise wait for the next sync call, and read

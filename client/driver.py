@@ -127,6 +127,7 @@ class Driver:
     lock: threading.RLock = field(default_factory=threading.RLock)
     _ids: itertools.count = field(default_factory=lambda: itertools.count(CLIENT_HANDLE_BASE, 16))
     _said: set[str] = field(default_factory=set)
+    unreachable: str | None = None  # why the last try to start the session failed (said once)
 
     # ---- connection -----------------------------------------------------------------------
     def server(self) -> str:
@@ -140,18 +141,29 @@ class Driver:
                 raise CudaError(errors.NOT_INITIALIZED, "CUDA was initialised before fork(); "
                                 "a child process cannot use its parent's GPU session")
             if self.conn is None:
-                try:  # the user's settings: a bad one is said as such, not as an internal error
-                    timeout = float(os.environ.get("XPU_CONNECT_TIMEOUT_S", "10"))
-                    batch_us = float(os.environ.get("XPU_BATCH_US", "50"))
-                    link = LinkSpec.from_env(os.environ)
-                    spin_us = spin.default_us()
-                except ValueError as exc:
-                    raise CudaError(errors.INVALID_VALUE, f"a setting in the environment: {exc}") from None
-                tracing = trace.requested()
-                conn = Connection(self.server(), timeout, batch_us, link, measure=tracing,
-                                  measure_gpu=tracing and os.environ.get("XPU_TRACE_GPU") == "1", spin_us=spin_us)
+                try:
+                    conn = self._open()
+                except CudaError as exc:  # said here, once per process, whichever call asked first: the runtime
+                    # asks cuDriverGetVersion and gives up before cuInit; PyTorch then says only "no NVIDIA driver"
+                    self.unreachable = exc.detail
+                    self.say_once(f"unreachable {exc.detail}", "%s", exc.detail, level=logging.ERROR)
+                    raise
+                self.unreachable = None
                 self._adopt(conn)
             return self.conn
+
+    def _open(self) -> Connection:
+        """A new session with the server the environment names, with its settings."""
+        try:  # the user's settings: a bad one is said as such, not as an internal error
+            timeout = float(os.environ.get("XPU_CONNECT_TIMEOUT_S", "10"))
+            batch_us = float(os.environ.get("XPU_BATCH_US", "50"))
+            link = LinkSpec.from_env(os.environ)
+            spin_us = spin.default_us()
+        except ValueError as exc:
+            raise CudaError(errors.INVALID_VALUE, f"a setting in the environment: {exc}") from None
+        tracing = trace.requested()
+        return Connection(self.server(), timeout, batch_us, link, measure=tracing,
+                          measure_gpu=tracing and os.environ.get("XPU_TRACE_GPU") == "1", spin_us=spin_us)
 
     def _adopt(self, conn: Connection) -> None:
         inv = conn.inventory
@@ -179,7 +191,8 @@ class Driver:
     def session(self) -> Connection:
         """The connection, for calls that need an initialised driver."""
         if self.conn is None:
-            raise CudaError(errors.NOT_INITIALIZED, "cuInit has not been called")
+            raise CudaError(errors.NOT_INITIALIZED, f"no session: {self.unreachable}" if self.unreachable
+                            else "cuInit has not been called")
         if self.conn.pid != os.getpid():
             return self.connect()  # raises the fork error
         return self.conn
@@ -366,6 +379,20 @@ def visible_devices(servers: list[Device], spec: str | None) -> list[Device]:
 
 
 DRIVER = Driver()
+# NVIDIA's math libraries start the runtime, and so the driver, at their first handle: so do their replacements,
+# and a program whose first call is one of these is told why there is no server as any other is.
+STARTS_SESSION = frozenset({"cublasCreate", "cublasLtCreate", "cudnnCreate"})
+
+
+def _starting(impl: Impl) -> Impl:
+    def start_then(d: Driver, call: Call, args: list[Any]) -> int | None:
+        if d.conn is None:
+            try:
+                d.connect()
+            except CudaError as exc:  # NVIDIA's say NOT_INITIALIZED when the runtime does not start
+                raise CudaError(errors.NOT_INITIALIZED, exc.detail) from None
+        return impl(d, call, args)
+    return start_then
 
 
 def handler(call: Call) -> Callable[[Any], int]:
@@ -373,6 +400,8 @@ def handler(call: Call) -> Callable[[Any], int]:
     calls_logged = log.isEnabledFor(EVERY_CALL)  # XPU_LOG=CALLS: every call as it starts, with its arguments
     decode = marshal.slot_decoder(call)
     impl = IMPLEMENTATIONS.get(call.symbol) or IMPLEMENTATIONS.get(call.family)
+    if impl is not None and call.family in STARTS_SESSION:
+        impl = _starting(impl)
     if impl is None and call.cls in ("sync", "async", "shadow"):
         def impl(d: Driver, c: Call, args: list[Any]) -> None:
             d.forward(c, args)

@@ -99,8 +99,7 @@ def put_text(address: int, length: int, text: str) -> None:
 def nvml_init(n: Nvml, args: list[int]) -> int:
     try:
         n.driver.connect()
-    except CudaError as exc:
-        log.error("nvmlInit: %s", exc.detail)
+    except CudaError:  # connect() said why, once per process
         return nvml.DRIVER_NOT_LOADED
     with n.lock:
         n.inits += 1
