@@ -3,8 +3,8 @@
  * No Python here: each function packs its arguments into 64-bit slots and calls
  * xpu_nvml_enter() of the libcuda.so.1 shim (loaded already when xpu-run preloads both; else
  * found on the library path), whose embedded client answers it (client/nvml.py). The
- * functions themselves are generated from protocol/nvml.py into nvml_entry_points.c at build
- * time.
+ * functions themselves are generated from protocol/nvml.py into nvml_entry_points.c by
+ * `python -m xpuremote.protocol.generate`.
  */
 #include <dlfcn.h>
 #include <pthread.h>

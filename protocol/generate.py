@@ -24,6 +24,9 @@ dependencies bring them).
 
 and the record ABI that C and Python share, `protocol/abi.h` and `protocol/abi.py`, from
 `protocol/records.py` and the op counts of the entry points above (`generate_abi.py`).
+
+and the NVML forwarder's entry points, `interpose/nvml_entry_points.c`, from the table of
+`protocol/nvml.py` (`generate_nvml.py`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import generate_abi
+from . import generate_abi, generate_nvml
 from .mathlibs import LIBRARIES, Library
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -472,6 +475,7 @@ def main(argv: list[str]) -> int:
         *texts, library_ops[lib.name] = library_api(lib, lib_includes)
         outputs.update(zip(library_outputs(lib), texts))
     outputs.update(generate_abi.outputs(ROOT, driver_ops, library_ops))
+    outputs.update(generate_nvml.outputs(ROOT))
     if check:
         stale = [str(p.relative_to(ROOT)) for p, text in outputs.items() if not p.exists() or p.read_text() != text]
         if stale:
