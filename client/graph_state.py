@@ -172,6 +172,7 @@ def set_node(d: Driver, graph_exec: int, node: int, copies: list[HostCopy]) -> N
     """Record a node's host copies (none: a device-only node) in its instantiation or its graph."""
     r = registry(d)
     if graph_exec:
+        _lane_forgets(d, graph_exec)
         _put(d, r.execs.setdefault(graph_exec, {}), node, copies)
     elif node in r.nodes:
         _put(d, r.graphs.setdefault(r.nodes[node], {}), node, copies)
@@ -214,9 +215,16 @@ def cloned(d: Driver, original: int, clone: int) -> None:
         registry(d).graphs[clone] = _held(table)
 
 
+def _lane_forgets(d: Driver, graph_exec: int) -> None:
+    """The instantiation's launches come here again (its host copies may change), until one shows none."""
+    if d.lane is not None:
+        d.lane.forget(graph_exec)
+
+
 def instantiated(d: Driver, graph: int, graph_exec: int) -> None:
     """A new instantiation, or one updated from `graph` (cuGraphExecUpdate): the graph's copies."""
     r = registry(d)
+    _lane_forgets(d, graph_exec)
     _release(d, _flat(r.execs.pop(graph_exec, None)))
     table = r.graphs.get(graph)
     if table:
@@ -265,6 +273,7 @@ def forget_graph(d: Driver, graph: int) -> None:
 @implements("cuGraphExecDestroy")
 def cu_graph_exec_destroy(d: Driver, call: Call, args: list[Any]) -> None:
     d.forward(call, args)
+    _lane_forgets(d, args[0])
     r = registry(d)
     _release(d, _flat(r.execs.pop(args[0], None)))
     _release_memory(d, r.exec_memory.pop(args[0], None))
@@ -301,6 +310,8 @@ def cu_graph_launch(d: Driver, call: Call, args: list[Any]) -> None:
         if c.to_device:
             memory.to_device(d, c.host, c.pitch, c.staging.address, c.width, c.width, c.rows, stream)
     d.forward(call, args)
+    if not copies and d.lane is not None:  # its next launches need nothing of this module: C queues them
+        d.lane.allow(graph_exec)
     for c in copies:
         if not c.to_device:
             _to_host_later(d, c, stream)

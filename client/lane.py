@@ -8,7 +8,8 @@ application made it, and sends them as one `xpuLane` call of its batch.
 The lane is open only where a record needs nothing the client would do: a session without a trace,
 an emulated link or per-call logging, no stream capture under way, and contexts the server already
 has. A launch takes it once the client has learnt the kernel's argument layout (its first launch
-goes the usual way). Everything else the lane declines goes through the client as before.
+goes the usual way), a graph's launch once the client has seen that the instantiation has no host copies.
+Everything else the lane declines goes through the client as before.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from xpuremote.protocol import abi
 from xpuremote.protocol.calls import CALLS, LANE_LAUNCH, SYMBOLS
 
-KINDS = {"args": abi.LANE_PLAIN, "launch": abi.LANE_LAUNCH}  # calls.LANE's words
+KINDS = {"args": abi.LANE_PLAIN, "launch": abi.LANE_LAUNCH, "known": abi.LANE_KNOWN}  # calls.LANE's words
 LANE_CALL = CALLS["xpuLane"]
 
 
@@ -30,6 +31,7 @@ class Lane:
         self.buf = ffi.new("unsigned char[]", abi.LANE_BYTES)
         self.state = ffi.new("uint64_t[2]")
         self.kernels: set[int] = set()
+        self.known: set[int] = set()
         self.contexts: set[int] = set()
         self.is_open = False
         for op, symbol in enumerate(SYMBOLS):
@@ -78,6 +80,17 @@ class Lane:
             offsets = self.ffi.new("uint32_t[]", [o for o, _ in params] or [0])
             sizes = self.ffi.new("uint32_t[]", [s for _, s in params] or [0])
             self.lib.xpu_lane_kernel(handle, server, len(params), offsets, sizes, size)
+
+    def allow(self, handle: int) -> None:
+        """Calls of kind `known` naming `handle` first may take the lane (a graph instantiation's launches)."""
+        if handle not in self.known:
+            self.known.add(handle)
+            self.lib.xpu_lane_known(handle, 1)
+
+    def forget(self, handle: int) -> None:
+        if handle in self.known:
+            self.known.discard(handle)
+            self.lib.xpu_lane_known(handle, 0)
 
     def forget_kernel(self, handle: int) -> None:
         if handle in self.kernels:

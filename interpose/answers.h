@@ -1,5 +1,6 @@
 /* Answers in C (included by shim.c, after lane.h): the questions NVIDIA's runtime asks around almost
- * every runtime call, which device a context is on and whether a device's primary context is active.
+ * every runtime call, which device a context is on and whether a device's primary context is active; and
+ * whether a default stream is capturing, which PyTorch asks before allocations and events.
  * PyTorch asks them about 1,100 times in a ResNet-18 inference step; through the core each costs 2-4 µs
  * of the application's thread, here a lock and a few loads.
  *
@@ -93,6 +94,10 @@ static int xpu_answer_try(int op, uint64_t *slots) {
         return xpu_answer_device(slots, kind == XPU_ASK_DEVICE_OF);
     case XPU_ASK_PRIMARY_STATE:
         return xpu_answer_primary_state(slots);
+    case XPU_ASK_STREAM_CAPTURING:  /* (stream, &status): an open lane means no capture is under way */
+        if (slots[0] > 2 || !slots[1] || !xpu_ctx_current()) return -1;  /* the core checks other streams */
+        *(int *)(uintptr_t)slots[1] = 0;  /* CU_STREAM_CAPTURE_STATUS_NONE */
+        return CUDA_SUCCESS;
     }
     return -1;
 }

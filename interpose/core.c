@@ -72,6 +72,7 @@ static void xpu_lane_kernel(uint64_t handle, uint64_t server, int count, const u
                             uint32_t bytes) {
     front->lane_kernel(handle, server, count, offset, size, bytes);
 }
+static void xpu_lane_known(uint64_t handle, int allow) { front->lane_known(handle, allow); }
 static size_t xpu_lane_take(unsigned char *out, uint64_t *state) { return front->lane_take(out, state); }
 static uint64_t xpu_lane_waiting(void) { return front->lane_waiting(); }
 static uint64_t xpu_lane_appended(void) { return front->lane_appended(); }

@@ -109,7 +109,8 @@ def unknown_table(ffi: Any, slots: Any) -> int:
 
 # The questions answered in C (answers.h), by symbol.
 ASKED = {"cuCtxGetCurrent": abi.ASK_CURRENT, "cuCtxGetDevice": abi.ASK_DEVICE, "cuCtxGetDevice_v2": abi.ASK_DEVICE_OF,
-         "cuDevicePrimaryCtxGetState": abi.ASK_PRIMARY_STATE}
+         "cuDevicePrimaryCtxGetState": abi.ASK_PRIMARY_STATE, "cuStreamIsCapturing": abi.ASK_STREAM_CAPTURING,
+         "cuStreamIsCapturing_ptsz": abi.ASK_STREAM_CAPTURING}
 # Calls after which the C side's table of contexts and primary contexts is set again.
 CONTEXT_FAMILIES = frozenset({
     "cuInit", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include "abi.h"  /* the records, enums and limits C shares with Python (protocol/records.py) */
 
-#define XPU_FRONT_VERSION 9
+#define XPU_FRONT_VERSION 10
 typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
 
 struct xpu_front {
@@ -38,6 +38,7 @@ struct xpu_front {
     void (*lane_context)(uint64_t ctx, int ready);
     void (*lane_kernel)(uint64_t handle, uint64_t server, int count, const uint32_t *offset, const uint32_t *size,
                         uint32_t bytes);
+    void (*lane_known)(uint64_t handle, int allow);
     size_t (*lane_take)(unsigned char *out, uint64_t *state);
     uint64_t (*lane_waiting)(void);
     uint64_t (*lane_appended)(void);

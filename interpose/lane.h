@@ -6,7 +6,8 @@
  *
  * The core decides everything here: which ops may take the lane and how (xpu_lane_allow, from the
  * call table), when the lane is open (a session without a trace, a capture or an emulated link),
- * which contexts exist on the server, and which kernels' layouts are known. A call the lane declines
+ * which contexts exist on the server, which kernels' layouts are known, and which handles may take it
+ * (graph instantiations without host copies, whose launches need nothing of the core). A call the lane declines
  * (return -1) takes the usual path through the core, which sends the records first.
  *
  * A record is a struct xpu_lane_record (protocol/records.py), its arguments (u64 each) and its blob,
@@ -38,6 +39,7 @@ static struct {
     _Alignas(8) unsigned char buf[XPU_LANE_BYTES];
     uint64_t contexts[XPU_LANE_CONTEXTS];     /* on the server: the lane may name them */
     struct { uint64_t handle; struct xpu_lane_kernel *k; } kernels[XPU_LANE_FUNCTIONS];
+    uint64_t known[XPU_LANE_KNOWN_HANDLES];   /* open addressing; XPU_LANE_GONE marks a forgotten one */
 } xpu_lane = {.lock = PTHREAD_MUTEX_INITIALIZER, .alarm_fd = -1};
 
 static struct xpu_lane_op xpu_lane_ops[XPU_DRIVER_OPS];
@@ -70,6 +72,30 @@ static void xpu_lane_context(uint64_t ctx, int ready) {
         if (!xpu_lane.contexts[i] && free_at == -1) free_at = i;
     }
     if (ready && free_at >= 0) xpu_lane.contexts[free_at] = ctx;  /* a 65th context takes the core's path */
+    pthread_mutex_unlock(&xpu_lane.lock);
+}
+
+#define XPU_LANE_GONE UINT64_MAX
+
+/* Where `handle` is in the known handles, or the first free slot for it; -1: neither. */
+static int xpu_lane_known_slot(uint64_t handle) {
+    unsigned i = (unsigned)(handle >> 4) & (XPU_LANE_KNOWN_HANDLES - 1);
+    int free_at = -1;
+    for (int n = 0; n < XPU_LANE_KNOWN_HANDLES; n++, i = (i + 1) & (XPU_LANE_KNOWN_HANDLES - 1)) {
+        if (xpu_lane.known[i] == handle) return (int)i;
+        if (xpu_lane.known[i] == XPU_LANE_GONE && free_at < 0) free_at = (int)i;
+        if (!xpu_lane.known[i]) return free_at >= 0 ? free_at : (int)i;
+    }
+    return free_at;
+}
+
+/* The core's: calls of kind KNOWN naming `handle` first may take the lane (allow), or no longer. */
+static void xpu_lane_known(uint64_t handle, int allow) {
+    if (!handle || handle == XPU_LANE_GONE) return;
+    pthread_mutex_lock(&xpu_lane.lock);
+    int i = xpu_lane_known_slot(handle);
+    if (i >= 0 && allow) xpu_lane.known[i] = handle;  /* a full table: the core's path */
+    else if (i >= 0 && xpu_lane.known[i] == handle) xpu_lane.known[i] = XPU_LANE_GONE;
     pthread_mutex_unlock(&xpu_lane.lock);
 }
 
@@ -128,7 +154,12 @@ static int xpu_lane_context_ready(uint64_t ctx) {
     return 0;
 }
 
-static const struct xpu_lane_kernel *xpu_lane_known(uint64_t handle) {
+static int xpu_lane_is_known(uint64_t handle) {
+    int i = handle ? xpu_lane_known_slot(handle) : -1;
+    return i >= 0 && xpu_lane.known[i] == handle;
+}
+
+static const struct xpu_lane_kernel *xpu_lane_layout(uint64_t handle) {
     int i = xpu_lane_kernel_slot(handle);
     return i >= 0 && xpu_lane.kernels[i].handle == handle ? xpu_lane.kernels[i].k : NULL;
 }
@@ -150,8 +181,10 @@ static int xpu_lane_append(const struct xpu_lane_op *lo, const uint64_t *slots, 
     if (!xpu_lane.open || !xpu_lane_context_ready(ctx)) return -1;
     const struct xpu_lane_kernel *k = NULL;
     if (lo->kind == XPU_LANE_LAUNCH) {  /* a kernel whose layout is known, given kernelParams, not `extra` */
-        k = xpu_lane_known(slots[0]);
+        k = xpu_lane_layout(slots[0]);
         if (!k || slots[10] || (k->count && !slots[9])) return -1;
+    } else if (lo->kind == XPU_LANE_KNOWN && !xpu_lane_is_known(slots[0])) {
+        return -1;
     }
     uint32_t blob_len = k ? k->bytes : 0;
     size_t size = sizeof(struct xpu_lane_record) + lo->nargs * sizeof(uint64_t) + ((blob_len + 7u) & ~7u);

@@ -16,6 +16,8 @@
 #define XPU_LANE_ARGS_MAX 12
 /* a lane record's blob_at when none of its arguments is a blob */
 #define XPU_LANE_NO_BLOB 65535
+/* handles the core let take the lane (a power of two): graph instantiations */
+#define XPU_LANE_KNOWN_HANDLES 1024
 /* a kept tensor's longest setting: an Nd one of KEPT_DIMS dimensions (type, count, dims, strides) */
 #define XPU_KEPT_INTS 18
 /* CUDNN_DIM_MAX */
@@ -42,11 +44,12 @@
 #define XPU_LIBRARIES 3
 #define XPU_LIBRARY_OPS_MAX 517
 
-/* how the fast lane takes an op (calls.LANE): not at all, its arguments as they are, or packed as
- * xpuLaunchKernel with the kernel's argument bytes
+/* how the fast lane takes an op (calls.LANE): not at all, its arguments as they are, packed as xpuLaunchKernel
+ * with the kernel's argument bytes, or as they are where the core let its first argument take the lane (a graph
+ * instantiation without host copies)
  */
 enum {
-    XPU_LANE_OFF = 0, XPU_LANE_PLAIN = 1, XPU_LANE_LAUNCH = 2
+    XPU_LANE_OFF = 0, XPU_LANE_PLAIN = 1, XPU_LANE_LAUNCH = 2, XPU_LANE_KNOWN = 3
 };
 /* what an op marked for interpose/kept.h is: a create, a setter or a destroy of one kind of descriptor (a pack's
  * finalize too), a library handle's setter or getter, or cuBLAS's stream and workspace setters and stream
@@ -67,7 +70,7 @@ enum {
 /* the context questions interpose/answers.h answers in C */
 enum {
     XPU_ASK_NONE = 0, XPU_ASK_CURRENT = 1, XPU_ASK_DEVICE = 2, XPU_ASK_DEVICE_OF = 3, XPU_ASK_PRIMARY_STATE =
-    4
+    4, XPU_ASK_STREAM_CAPTURING = 5
 };
 /* the core's own ops, numbered after the driver's symbols (the export tables' requests, exit); the NVML
  * functions follow from OP_NVML

@@ -494,13 +494,15 @@ SENT_LOCAL = ("cuCtxSetCurrent", "cuModuleUnload")  # answered locally, and stil
 
 # Calls the shim may queue itself, in C, without entering the client (interpose/lane.h, docs/design.md "The
 # fast lane"): family -> how. `args`: the arguments as they are; `launch`: packed as xpuLaunchKernel with the
-# kernel's argument bytes, once the client knows the kernel's layout. A batch carries them as one xpuLane call
-# of records, which the server runs as the calls they name: those with a `lane` here, and xpuLaunchKernel.
+# kernel's argument bytes, once the client knows the kernel's layout; `known`: the arguments as they are, once
+# the client has let the first one take the lane (a graph instantiation without host copies, whose launch
+# needs nothing of the client). A batch carries them as one xpuLane call of records, which the server runs as
+# the calls they name: those with a `lane` here, and xpuLaunchKernel.
 LANE = {
     "cuMemsetD8Async": "args", "cuMemsetD16Async": "args", "cuMemsetD32Async": "args",
     "cuMemsetD2D8Async": "args", "cuMemsetD2D16Async": "args", "cuMemsetD2D32Async": "args",
     "cuEventRecord": "args", "cuEventRecordWithFlags": "args", "cuStreamWaitEvent": "args",
-    "cuLaunchKernel": "launch",
+    "cuMemcpyDtoDAsync": "args", "cuLaunchKernel": "launch", "cuGraphLaunch": "known",
 }
 LANE_LAUNCH = "xpuLaunchKernel"
 
@@ -674,7 +676,7 @@ class Call:
     @cached_property
     def in_lane(self) -> bool:
         """A lane record may name this call (the server runs no other from a lane)."""
-        return (self.lane == "args" and self.sent) or self.symbol == LANE_LAUNCH
+        return (self.lane in ("args", "known") and self.sent) or self.symbol == LANE_LAUNCH
 
     @cached_property
     def by_data(self) -> bool:

@@ -21,6 +21,7 @@ LIMITS: dict[str, tuple[int, str]] = {
     "LANE_BLOB_MAX": (32764, "kernel argument bytes a launch record may carry: the driver's bound"),
     "LANE_ARGS_MAX": (12, "arguments of a lane record: xpuLaunchKernel's"),
     "LANE_NO_BLOB": (0xFFFF, "a lane record's blob_at when none of its arguments is a blob"),
+    "LANE_KNOWN_HANDLES": (1024, "handles the core let take the lane (a power of two): graph instantiations"),
     "KEPT_INTS": (18, "a kept tensor's longest setting: an Nd one of KEPT_DIMS dimensions (type, count, dims, "
                   "strides)"),
     "KEPT_DIMS": (8, "CUDNN_DIM_MAX"),
@@ -37,8 +38,10 @@ LIMITS: dict[str, tuple[int, str]] = {
 
 # name -> (why, members); members are numbered from 0 in order
 ENUMS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "LANE": ("how the fast lane takes an op (calls.LANE): not at all, its arguments as they are, or packed "
-             "as xpuLaunchKernel with the kernel's argument bytes", ("OFF", "PLAIN", "LAUNCH")),
+    "LANE": ("how the fast lane takes an op (calls.LANE): not at all, its arguments as they are, packed as "
+             "xpuLaunchKernel with the kernel's argument bytes, or as they are where the core let its first "
+             "argument take the lane (a graph instantiation without host copies)",
+             ("OFF", "PLAIN", "LAUNCH", "KNOWN")),
     "KEPT": ("what an op marked for interpose/kept.h is: a create, a setter or a destroy of one kind of "
              "descriptor (a pack's finalize too), a library handle's setter or getter, or cuBLAS's stream and "
              "workspace setters and stream getter. A tensor record's setter is one of the three SET_",
@@ -48,7 +51,7 @@ ENUMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "KEPT_KIND": ("the kind of a kept descriptor's record",
                   ("TENSOR", "LT_MATMUL", "LT_LAYOUT", "LT_PREFERENCE", "PACK")),
     "ASK": ("the context questions interpose/answers.h answers in C",
-            ("NONE", "CURRENT", "DEVICE", "DEVICE_OF", "PRIMARY_STATE")),
+            ("NONE", "CURRENT", "DEVICE", "DEVICE_OF", "PRIMARY_STATE", "STREAM_CAPTURING")),
     "OP": ("the core's own ops, numbered after the driver's symbols (the export tables' requests, exit); the "
            "NVML functions follow from OP_NVML", ("PRIMARY_CTX", "INTEGRITY", "UNKNOWN_SLOT", "EXIT",
                                                    "UNKNOWN_TABLE", "CONTEXT_KIND", "NVML")),

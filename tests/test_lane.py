@@ -168,3 +168,83 @@ def test_the_clients_cpu_per_call_counts_what_reaches_the_core(tmp_path: Path, s
     assert memsets <= 4 * 3, spent  # of 6,000: the lane took them but those made before a context was ready
     rows = list(spent.values())
     assert rows == sorted(rows, key=lambda row: -row[1])  # dearest first
+
+
+# Device-to-device copies, graph launches and a default stream's capture question: queued or answered in C
+# while the lane is open, by the client with XPU_LANE=0; the two runs must print the same.
+GRAPHS_AND_COPIES = r"""
+import ctypes, struct, sys
+cu = ctypes.CDLL("libcuda.so.1")
+c_int, c_void_p, byref = ctypes.c_int, ctypes.c_void_p, ctypes.byref
+N = 256
+
+def check(rc, what):
+    if rc:
+        sys.exit(f"{what} failed: {rc}")
+
+def alloc():
+    p = c_void_p()
+    check(cu.cuMemAlloc_v2(byref(p), 4 * N), "cuMemAlloc")
+    return p
+
+def read(p):
+    host = ctypes.create_string_buffer(4 * N)
+    check(cu.cuMemcpyDtoH_v2(host, p, 4 * N), "cuMemcpyDtoH")
+    return sorted(set(struct.unpack(f"<{N}I", host.raw)))
+
+def capturing(stream):
+    status = c_int(-1)
+    return cu.cuStreamIsCapturing(stream, byref(status)), status.value
+
+ctx, stream, graph, graph_exec = c_void_p(), c_void_p(), c_void_p(), c_void_p()
+check(cu.cuInit(0), "cuInit")
+check(cu.cuDevicePrimaryCtxRetain(byref(ctx), 0), "cuDevicePrimaryCtxRetain")
+check(cu.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+x, y, z = alloc(), alloc(), alloc()
+check(cu.cuStreamCreate(byref(stream), 1), "cuStreamCreate")
+print("default streams", [capturing(c_void_p(s)) for s in (0, 1, 2)], "a stream", capturing(stream))
+check(cu.cuMemsetD32Async(x, 5, N, None), "cuMemsetD32Async")
+check(cu.cuMemcpyDtoDAsync_v2(z, x, 4 * N, None), "cuMemcpyDtoDAsync")
+check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+print("copied", read(z))
+check(cu.cuStreamBeginCapture_v2(stream, 2), "cuStreamBeginCapture")
+print("capturing", capturing(stream), "the default stream", capturing(None))
+check(cu.cuMemsetD32Async(x, 7, N, stream), "cuMemsetD32Async in the capture")
+check(cu.cuMemcpyDtoDAsync_v2(y, x, 4 * N, stream), "cuMemcpyDtoDAsync in the capture")
+check(cu.cuStreamEndCapture(stream, byref(graph)), "cuStreamEndCapture")
+check(cu.cuGraphInstantiateWithFlags(byref(graph_exec), graph, 0), "cuGraphInstantiate")
+for i in range(5):
+    check(cu.cuMemsetD32Async(y, i, N, stream), "cuMemsetD32Async between launches")
+    check(cu.cuGraphLaunch(graph_exec, stream), "cuGraphLaunch")
+check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+print("launched", read(y), read(x))
+check(cu.cuGraphExecDestroy(graph_exec), "cuGraphExecDestroy")
+print("a destroyed instantiation", cu.cuGraphLaunch(graph_exec, stream), cu.cuStreamSynchronize(stream))
+"""
+
+
+def test_copies_graph_launches_and_capture_questions_take_the_lane(tmp_path: Path, shim: Path,
+                                                                     server: Server) -> None:
+    """cuMemcpyDtoDAsync takes the lane; a graph's launches do once the client has seen its instantiation has no
+    host copies, until it is destroyed; cuStreamIsCapturing of a default stream is answered in C. The core sees
+    only the first launch and the questions it must answer (a stream of the application's, a capture)."""
+    runs = {}
+    for lane in ("1", "0"):
+        table = tmp_path / f"cpu-{lane}.tsv"
+        proc = subprocess.run([sys.executable, "-c", GRAPHS_AND_COPIES], capture_output=True, text=True, timeout=120,
+                              env=shim_env(shim, server.address, XPU_LANE=lane, XPU_CALL_CPU=str(table)))
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+        runs[lane] = (proc.stdout, call_cpu.read(table))
+    assert runs["1"][0] == runs["0"][0], (runs["1"][0], runs["0"][0])
+    lines = runs["1"][0].splitlines()
+    assert lines[0] == "default streams [(0, 0), (0, 0), (0, 0)] a stream (0, 0)", lines
+    assert lines[1] == "copied [5]" and lines[2] == "capturing (0, 1) the default stream (0, 0)", lines
+    assert lines[3] == "launched [7] [7]", lines
+    assert lines[4].startswith("a destroyed instantiation 0 ") and not lines[4].endswith(" 0"), lines
+    in_c, by_core = runs["1"][1], runs["0"][1]
+    # the first launch, and the destroyed instantiation's: forgotten by C at the destroy
+    assert by_core["cuGraphLaunch"][0] == 6 and in_c["cuGraphLaunch"][0] == 2, (in_c, by_core)
+    # the copy outside the capture took the lane; the one in it, the client's way (a capture is the client's)
+    assert by_core["cuMemcpyDtoDAsync_v2"][0] == 2 and in_c["cuMemcpyDtoDAsync_v2"][0] == 1, (in_c, by_core)
+    # asked 6 times: of the application's stream (twice) and in the capture (twice) the core answers
+    assert by_core["cuStreamIsCapturing"][0] == 6 and in_c["cuStreamIsCapturing"][0] == 3, (in_c, by_core)
