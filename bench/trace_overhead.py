@@ -28,8 +28,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 from toolchain import nvcc_lib_dir, nvcc_path  # noqa: E402
 
 from xpuremote.interpose.build import ensure_shim  # noqa: E402
-from xpuremote.interpose.run import child_env, start_local_server  # noqa: E402
+from xpuremote.interpose.run import child_env  # noqa: E402
 from xpuremote.protocol import trace  # noqa: E402
+from xpuremote.protocol.local_server import start_local_server  # noqa: E402
 
 MIXES = (("async", 2000), ("sync", 2000))
 

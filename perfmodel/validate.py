@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from xpuremote.interpose.run import on_cpus, start_local_server
 from xpuremote.protocol import trace as fmt
+from xpuremote.protocol.local_server import on_cpus, start_local_server
 
 from .model import Model, Network
 
