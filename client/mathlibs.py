@@ -328,11 +328,14 @@ def lt_heuristic(d: Driver, call: Call, args: list[Any]) -> None:
         d.session()  # as any call: not in a forked child, not before cuInit
         marshal.write(results, found[0])
         marshal.write(count_out, found[1])
-        return
-    d.forward(call, args)
-    if key:
-        remember(HEURISTICS, key, (marshal.read(results, requested * call.params[-2].pointee_size),
-                                   marshal.read(count_out, 4)))
+    else:
+        d.forward(call, args)
+        if not key:
+            return
+        found = remember(HEURISTICS, key, (marshal.read(results, requested * call.params[-2].pointee_size),
+                                           marshal.read(count_out, 4)))
+    if IN_C is not None:  # with the shim, C answers it from now on: no Python at either end
+        IN_C.learn_heuristic(args, *found)
 
 
 def scalar_sizer(call: Call, p: Param) -> Callable[[dict[str, Any]], int | None]:
@@ -567,11 +570,13 @@ IN_C_OPS = {  # symbol -> (role, kind: a record's kind; a getter's, the bytes it
     **{symbol: (abi.KEPT_SETTING, 0) for symbol in SETTERS},
     **{symbol: (abi.KEPT_GETTING, CALLS[symbol].params[1].pointee_size) for symbol in SETTERS.values()},
     "cublasSetStream_v2": (abi.KEPT_BLAS_STREAM, 0), "cublasSetWorkspace_v2": (abi.KEPT_BLAS_WORKSPACE, 0),
-    "cublasGetStream_v2": (abi.KEPT_BLAS_GET_STREAM, 0)}
+    "cublasGetStream_v2": (abi.KEPT_BLAS_GET_STREAM, 0),
+    "cublasLtMatmulAlgoGetHeuristic": (abi.KEPT_HEURISTIC, 0)}
 # a pack record's attributes in its order (kept.h's): (name, element type)
 PACK_ORDER = tuple((name, mathlibs.CUDNN_PACK_ATTRIBUTES[name]) for name in (PACK_UIDS, mathlibs.CUDNN_DATA_POINTERS,
                                                                             PACK_WORKSPACE))
-IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items() if role not in HANDLE_ROLES}
+IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items()
+              if role not in (*HANDLE_ROLES, abi.KEPT_HEURISTIC)}  # the descriptors' calls
 
 
 def _op(symbol: str) -> tuple[int, int]:
@@ -605,6 +610,12 @@ class KeptInC:
                                    LIBRARY_SYMBOLS[call.library].index(symbol), role, kind, made)
         names = [name for name, _ in PACK_ORDER]
         self.lib.xpu_kept_pack_names(self.ffi.new("int64_t[]", [VARIANT_PACK, *names, *(t for _, t in PACK_ORDER)]))
+        self.lib.xpu_kept_lt_pointers(self.ffi.new("uint32_t[]", sorted(LT_POINTERS)), len(LT_POINTERS))
+
+    def learn_heuristic(self, args: list[Any], results: bytes, count: bytes) -> None:
+        """C answers the same question (the handle, the descriptors' settings, the count) from now on."""
+        self.lib.xpu_kept_learn(self.ffi.new("uint64_t[]", args[:8]), results, len(results),
+                                int.from_bytes(count, "little", signed=True))
 
     def state(self, handle: int) -> dict[str, Any] | None:
         """The descriptor's state if C keeps it, made once per setting: its key and the answers it gives; the

@@ -65,6 +65,8 @@ void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value);
 int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt);
 int xpu_kept_release(uint64_t handle);
 struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold);
+void xpu_kept_learn(const uint64_t *slots, const void *answer, uint64_t bytes, int32_t count);
+void xpu_kept_lt_pointers(const uint32_t *names, int count);
 """ + abi.CDEF
 
 # Runs in the core's interpreter as it starts, before cffi imports _cffi_backend: the install's
@@ -89,8 +91,8 @@ def python_paths() -> list[str]:
     import xpuremote.client  # noqa: F401  (the package must be importable from here)
 
     paths = [*site.getsitepackages(), site.getusersitepackages()]
-    # The folder holding the package (pip install --target, PYTHONPATH); an editable install's
-    # package is the checkout itself and is found through site-packages.
+    # The folder holding the package (pip install --target, PYTHONPATH, the tree of links of a strict
+    # editable install); the default editable install's import hook is found through site-packages.
     holder = Path(sys.modules["xpuremote.client"].__file__).parents[2]  # as found, links and all
     if (holder / "xpuremote").is_dir():
         paths.append(str(holder))

@@ -88,6 +88,10 @@ static int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int a
 }
 static int xpu_kept_release(uint64_t handle) { return front->kept_release(handle); }
 static struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold) { return front->kept_blas(handle, hold); }
+static void xpu_kept_learn(const uint64_t *slots, const void *answer, uint64_t bytes, int32_t count) {
+    front->kept_learn(slots, answer, bytes, count);
+}
+static void xpu_kept_lt_pointers(const uint32_t *names, int count) { front->kept_lt_pointers(names, count); }
 static void xpu_set_python_ready(void) {
     xpu_python_ready = 1;
     front->set_python_ready();

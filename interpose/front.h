@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include "abi.h"  /* the records, enums and limits C shares with Python (protocol/records.py) */
 
-#define XPU_FRONT_VERSION 10
+#define XPU_FRONT_VERSION 11
 typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
 
 struct xpu_front {
@@ -49,6 +49,8 @@ struct xpu_front {
     int64_t (*kept_read)(uint64_t handle, struct xpu_kept_record *out, int adopt);
     int (*kept_release)(uint64_t handle);
     struct xpu_blas_pair *(*kept_blas)(uint64_t handle, int hold);
+    void (*kept_learn)(const uint64_t *slots, const void *answer, uint64_t bytes, int32_t count);
+    void (*kept_lt_pointers)(const uint32_t *names, int count);
 };
 
 /* What each of the two libcs in the process needs, compiled into both sides so that each call binds to

@@ -45,6 +45,13 @@ static struct {
      * no-op: the pair is held here for each handle the core made, and the core reads it where it lies when a
      * call names the handle (client/mathlibs.py, `blas_settings`). A free entry's handle is 0. */
     struct { uint64_t handle; struct xpu_blas_pair pair; } blas[XPU_KEPT_BLAS];
+    /* cuBLASLt's heuristic: PyTorch asks it before every cuBLASLt GEMM, of descriptors made anew. Its answer
+     * depends only on the handle, the descriptors' settings and the count asked, so the core's answer is kept
+     * here under those (xpu_kept_heuristic_key) and given again. A free entry's bytes are NULL. */
+    struct { uint64_t hash, handle; uint32_t key_len, answer_len; int32_t count; unsigned char *bytes; }
+        heuristic[XPU_KEPT_HEURISTICS];
+    uint32_t heuristics, lt_pointers;
+    uint32_t lt_pointer[XPU_KEPT_LT_POINTERS];  /* matmul attributes holding device pointers: keyed by alignment */
 } xpu_kept = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void xpu_kept_pack_names(const int64_t *names) {
@@ -67,12 +74,15 @@ static int xpu_kept_setting_find(uint64_t handle, int library, int op, int *foun
     return *found = 0, free_at;
 }
 
+static void xpu_kept_heuristics_forget(uint64_t handle);
+
 /* The core's: `handle`'s setter (library, op) holds `value` now; op < 0: the handle is destroyed. */
 static void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value) {
     pthread_mutex_lock(&xpu_kept.lock);
     if (op < 0) {
         for (int i = 0; i < XPU_KEPT_SETTINGS; i++)
             if (xpu_kept.setting[i].handle == handle) xpu_kept.setting[i].handle = 0;
+        xpu_kept_heuristics_forget(handle);
     } else if (handle) {
         int found, i = xpu_kept_setting_find(handle, library, op, &found);
         if (i >= 0) {
@@ -207,6 +217,138 @@ static void xpu_kept_free(struct xpu_kept_record *r) {
     xpu_kept.free[xpu_kept.tail++ % XPU_KEPT_SLOTS] = (uint16_t)(r - xpu_kept.slot);
 }
 
+/* ---- cuBLASLt's heuristic ----------------------------------------------------------------------------- */
+static int xpu_kept_is_pointer(uint32_t name) {
+    for (uint32_t i = 0; i < xpu_kept.lt_pointers; i++)
+        if (xpu_kept.lt_pointer[i] == name) return 1;
+    return 0;
+}
+
+/* A cuBLASLt descriptor's setting into `key`: its kind, how it was made, its attributes by name. Of a device
+ * pointer (a bias, a scale) only its alignment: PyTorch casts the bias anew at every step under autocast. */
+static size_t xpu_kept_setting_key(const struct xpu_kept_record *r, unsigned char *key) {
+    size_t n = 0;
+    memcpy(key, &r->kind, 4), n += 4;
+    memcpy(key + n, r->made, sizeof r->made), n += sizeof r->made;
+    memcpy(key + n, &r->attributes, 4), n += 4;
+    uint32_t last = 0;
+    for (int a = 0; a < r->attributes; a++) {  /* in the order of their names, whatever order they were set in */
+        int next = -1;
+        for (int b = 0; b < r->attributes; b++)
+            if ((a == 0 || r->attribute[b].name > last) && (next < 0 || r->attribute[b].name < r->attribute[next].name))
+                next = b;
+        const struct xpu_kept_attribute *at = &r->attribute[next];
+        last = at->name;
+        memcpy(key + n, &at->name, 4), n += 4;
+        memcpy(key + n, &at->size, 4), n += 4;
+        uint64_t v[2] = {0, 0};
+        memcpy(v, at->value, at->size);
+        if (r->kind == XPU_KEPT_KIND_LT_MATMUL && at->size == 8 && xpu_kept_is_pointer(at->name)) {
+            uint64_t lowest = v[0] & -v[0];
+            v[0] = lowest && lowest < 256 ? lowest : 256 * !!v[0];
+        }
+        memcpy(key + n, v, sizeof v), n += sizeof v;
+    }
+    return n;
+}
+
+#define XPU_KEPT_HEURISTIC_KEY (12 + 6 * (12 + 8 * XPU_KEPT_MADE + 24 * XPU_KEPT_ATTRIBUTES))
+
+/* cublasLtMatmulAlgoGetHeuristic(handle, operation, A, B, C, D, preference, requested, results, count)'s key:
+ * its length, 0 where C cannot say (a descriptor it does not keep, a count out of range). Under the lock. */
+static size_t xpu_kept_heuristic_key(const uint64_t *s, unsigned char *key) {
+    int32_t requested = (int32_t)s[7];
+    if (!s[0] || requested <= 0 || requested > XPU_KEPT_HEURISTIC_RESULTS) return 0;
+    size_t n = 0;
+    memcpy(key, &s[0], 8), n += 8;
+    memcpy(key + n, &requested, 4), n += 4;
+    for (int d = 1; d <= 6; d++) {
+        const struct xpu_kept_record *r = xpu_kept_find(s[d]);
+        if (!r || r->state != XPU_SLOT_KEPT || r->kind < XPU_KEPT_KIND_LT_MATMUL || r->kind > XPU_KEPT_KIND_LT_PREFERENCE)
+            return 0;
+        n += xpu_kept_setting_key(r, key + n);
+    }
+    return n;
+}
+
+static uint64_t xpu_kept_hash(const unsigned char *key, size_t n) {
+    uint64_t h = 1469598103934665603ull;  /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ key[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The entry for `key`, or the free one where it would go (its bytes NULL). Under the lock. */
+static int xpu_kept_heuristic_slot(uint64_t hash, const unsigned char *key, size_t n) {
+    uint32_t i = (uint32_t)hash & (XPU_KEPT_HEURISTICS - 1);
+    for (;; i = (i + 1) & (XPU_KEPT_HEURISTICS - 1)) {  /* never full: it starts over at half */
+        if (!xpu_kept.heuristic[i].bytes) return (int)i;
+        if (xpu_kept.heuristic[i].hash == hash && xpu_kept.heuristic[i].key_len == n
+            && !memcmp(xpu_kept.heuristic[i].bytes, key, n))
+            return (int)i;
+    }
+}
+
+static void xpu_kept_heuristics_clear(void) {
+    for (int i = 0; i < XPU_KEPT_HEURISTICS; i++) {
+        free(xpu_kept.heuristic[i].bytes);
+        xpu_kept.heuristic[i].bytes = NULL;
+    }
+    xpu_kept.heuristics = 0;
+}
+
+/* A destroyed handle's answers go (a new handle may be given the same value). Under the lock. */
+static void xpu_kept_heuristics_forget(uint64_t handle) {
+    for (int i = 0; i < XPU_KEPT_HEURISTICS; i++)
+        if (xpu_kept.heuristic[i].bytes && xpu_kept.heuristic[i].handle == handle) {
+            xpu_kept_heuristics_clear();  /* open addressing has no single removal: the few left are asked again */
+            return;
+        }
+}
+
+/* The core's: its answer to the heuristic question `s` (`bytes` of results, `count` of them), kept for the
+ * next time the same descriptors' settings are asked. */
+static void xpu_kept_learn(const uint64_t *s, const void *answer, uint64_t bytes, int32_t count) {
+    unsigned char key[XPU_KEPT_HEURISTIC_KEY];
+    pthread_mutex_lock(&xpu_kept.lock);
+    size_t n = xpu_kept_heuristic_key(s, key);
+    if (n && bytes <= 4096) {
+        if (xpu_kept.heuristics >= XPU_KEPT_HEURISTICS / 2) xpu_kept_heuristics_clear();
+        uint64_t hash = xpu_kept_hash(key, n);
+        int i = xpu_kept_heuristic_slot(hash, key, n);
+        unsigned char *kept = xpu_kept.heuristic[i].bytes ? NULL : malloc(n + bytes);
+        if (kept) {
+            memcpy(kept, key, n);
+            memcpy(kept + n, answer, bytes);
+            xpu_kept.heuristic[i].hash = hash, xpu_kept.heuristic[i].handle = s[0];
+            xpu_kept.heuristic[i].key_len = (uint32_t)n, xpu_kept.heuristic[i].answer_len = (uint32_t)bytes;
+            xpu_kept.heuristic[i].count = count, xpu_kept.heuristic[i].bytes = kept;
+            xpu_kept.heuristics++;
+        }
+    }
+    pthread_mutex_unlock(&xpu_kept.lock);
+}
+
+/* The heuristic question `s` answered from what the core answered before: 0, or -1 (the core answers). */
+static int xpu_kept_heuristic(uint64_t *s) {
+    unsigned char key[XPU_KEPT_HEURISTIC_KEY];
+    size_t n = s[8] && s[9] ? xpu_kept_heuristic_key(s, key) : 0;
+    if (!n) return -1;
+    int i = xpu_kept_heuristic_slot(xpu_kept_hash(key, n), key, n);
+    if (!xpu_kept.heuristic[i].bytes) return -1;
+    memcpy((void *)(uintptr_t)s[8], xpu_kept.heuristic[i].bytes + n, xpu_kept.heuristic[i].answer_len);
+    memcpy((void *)(uintptr_t)s[9], &xpu_kept.heuristic[i].count, 4);
+    return 0;
+}
+
+/* The core's: the matmul attributes that hold a device pointer. */
+static void xpu_kept_lt_pointers(const uint32_t *names, int count) {
+    pthread_mutex_lock(&xpu_kept.lock);
+    xpu_kept.lt_pointers = count < XPU_KEPT_LT_POINTERS ? (uint32_t)count : XPU_KEPT_LT_POINTERS;
+    memcpy(xpu_kept.lt_pointer, names, xpu_kept.lt_pointers * sizeof *names);
+    xpu_kept_heuristics_clear();
+    pthread_mutex_unlock(&xpu_kept.lock);
+}
+
 /* A math library call answered here: its status (0, success), or -1 where the core answers. */
 static int xpu_kept_try(int library, int op, uint64_t *slots) {
     if (library < 0 || library >= XPU_LIBRARIES || op < 0 || op >= XPU_LIBRARY_OPS_MAX || !xpu_lane.open) return -1;
@@ -265,6 +407,9 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
         if (pair && slots[1]) memcpy((void *)(uintptr_t)slots[1], &pair->stream, 8), rc = 0;
         break;
     }
+    case XPU_KEPT_HEURISTIC:
+        rc = xpu_kept_heuristic(slots);
+        break;
     case XPU_KEPT_GETTING: {  /* getter(handle, &value): `kind` bytes, little-endian as the value's slot */
         int found, i = xpu_kept_setting_find(slots[0], library, op, &found);
         if (found && slots[1]) {

@@ -32,6 +32,12 @@
 #define XPU_KEPT_PACK_ELEMENTS 16
 /* a variant pack's attributes an execution takes: unique ids, data pointers, workspace */
 #define XPU_KEPT_PACK_ATTRIBUTES 3
+/* cuBLASLt heuristic answers kept in C (a power of two); full, it starts over */
+#define XPU_KEPT_HEURISTICS 256
+/* results a heuristic question kept in C may ask for */
+#define XPU_KEPT_HEURISTIC_RESULTS 8
+/* cuBLASLt matmul attributes that hold a device pointer, told by the core */
+#define XPU_KEPT_LT_POINTERS 16
 /* failed records one run of server/native_lane.c reports before it hands back */
 #define XPU_NATIVE_FAILURES 64
 /* the core's op numbers of the math libraries start here */
@@ -52,15 +58,16 @@ enum {
     XPU_LANE_OFF = 0, XPU_LANE_PLAIN = 1, XPU_LANE_LAUNCH = 2, XPU_LANE_KNOWN = 3
 };
 /* what an op marked for interpose/kept.h is: a create, a setter or a destroy of one kind of descriptor (a pack's
- * finalize too), a library handle's setter or getter, or cuBLAS's stream and workspace setters and stream
- * getter. A tensor record's setter is one of the three SET_
+ * finalize too), a library handle's setter or getter, cuBLAS's stream and workspace setters and stream getter,
+ * or cuBLASLt's heuristic (answered again from the core's first answer for the same descriptors). A tensor
+ * record's setter is one of the three SET_
  */
 enum {
     XPU_KEPT_NONE = 0, XPU_KEPT_CREATE = 1, XPU_KEPT_SET_ND = 2, XPU_KEPT_SET_4D = 3, XPU_KEPT_SET_4D_EX = 4,
     XPU_KEPT_DESTROY = 5, XPU_KEPT_LT_CREATE = 6, XPU_KEPT_LT_SET = 7, XPU_KEPT_LT_DESTROY = 8,
     XPU_KEPT_PACK_CREATE = 9, XPU_KEPT_PACK_SET = 10, XPU_KEPT_PACK_FINALIZE = 11, XPU_KEPT_PACK_DESTROY = 12,
     XPU_KEPT_SETTING = 13, XPU_KEPT_GETTING = 14, XPU_KEPT_BLAS_STREAM = 15, XPU_KEPT_BLAS_WORKSPACE = 16,
-    XPU_KEPT_BLAS_GET_STREAM = 17
+    XPU_KEPT_BLAS_GET_STREAM = 17, XPU_KEPT_HEURISTIC = 18
 };
 /* the kind of a kept descriptor's record */
 enum {

@@ -31,6 +31,9 @@ LIMITS: dict[str, tuple[int, str]] = {
     "KEPT_PACK_ELEMENTS": (16, "a kept variant pack's elements of each attribute"),
     "KEPT_PACK_ATTRIBUTES": (3, "a variant pack's attributes an execution takes: unique ids, data pointers, "
                              "workspace"),
+    "KEPT_HEURISTICS": (256, "cuBLASLt heuristic answers kept in C (a power of two); full, it starts over"),
+    "KEPT_HEURISTIC_RESULTS": (8, "results a heuristic question kept in C may ask for"),
+    "KEPT_LT_POINTERS": (16, "cuBLASLt matmul attributes that hold a device pointer, told by the core"),
     "NATIVE_FAILURES": (64, "failed records one run of server/native_lane.c reports before it hands back"),
     "OP_LIBRARY": (1 << 20, "the core's op numbers of the math libraries start here"),
     "OP_LIBRARY_SHIFT": (16, "a math library's op numbers: OP_LIBRARY + (library << OP_LIBRARY_SHIFT) + op"),
@@ -43,11 +46,12 @@ ENUMS: dict[str, tuple[str, tuple[str, ...]]] = {
              "argument take the lane (a graph instantiation without host copies)",
              ("OFF", "PLAIN", "LAUNCH", "KNOWN")),
     "KEPT": ("what an op marked for interpose/kept.h is: a create, a setter or a destroy of one kind of "
-             "descriptor (a pack's finalize too), a library handle's setter or getter, or cuBLAS's stream and "
-             "workspace setters and stream getter. A tensor record's setter is one of the three SET_",
+             "descriptor (a pack's finalize too), a library handle's setter or getter, cuBLAS's stream and "
+             "workspace setters and stream getter, or cuBLASLt's heuristic (answered again from the core's first "
+             "answer for the same descriptors). A tensor record's setter is one of the three SET_",
              ("NONE", "CREATE", "SET_ND", "SET_4D", "SET_4D_EX", "DESTROY", "LT_CREATE", "LT_SET", "LT_DESTROY",
               "PACK_CREATE", "PACK_SET", "PACK_FINALIZE", "PACK_DESTROY", "SETTING", "GETTING", "BLAS_STREAM",
-              "BLAS_WORKSPACE", "BLAS_GET_STREAM")),
+              "BLAS_WORKSPACE", "BLAS_GET_STREAM", "HEURISTIC")),
     "KEPT_KIND": ("the kind of a kept descriptor's record",
                   ("TENSOR", "LT_MATMUL", "LT_LAYOUT", "LT_PREFERENCE", "PACK")),
     "ASK": ("the context questions interpose/answers.h answers in C",

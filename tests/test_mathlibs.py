@@ -223,18 +223,25 @@ def test_cublaslt_heuristic_is_asked_once_per_problem(tmp_path) -> None:
     round trip each. The client answers a question it has asked before with the same settings from the first
     answer: five cost the server what one does, each with a bias at another address (autocast's); a bias of
     another alignment, a changed attribute or a destroyed descriptor is asked again. The descriptors are kept
-    by the client and made on the server only for the questions it is asked."""
+    by the client and made on the server only for the questions it is asked. With the shim a question answered
+    before is answered in C (interpose/kept.h): of the eight the second run asks, the core sees the first, the
+    other alignment's, the refused setting's and the destroyed descriptor's."""
     from conftest import shim_env, start_server
 
+    from xpuremote.client import call_cpu
     from xpuremote.interpose.build import ensure_shim
 
     srv = start_server(tmp_path)
+    tables = [tmp_path / f"cpu-{i}.tsv" for i in range(3)]
     try:
         runs = [subprocess.run([sys.executable, "-c", HEURISTIC_PROGRAM, str(n), misaligned], capture_output=True,
-                               text=True, timeout=60, env=shim_env(ensure_shim(), srv.address))
-                for n, misaligned in ((1, "1"), (5, "1"), (1, "0"))]
+                               text=True, timeout=60,
+                               env=shim_env(ensure_shim(), srv.address, XPU_CALL_CPU=str(table)))
+                for (n, misaligned), table in zip(((1, "1"), (5, "1"), (1, "0")), tables)]
     finally:
         srv.stop()
+    asked = [call_cpu.read(table)["cublasLtMatmulAlgoGetHeuristic"][0] for table in tables]
+    assert asked == [4, 4, 3], asked
     for run in runs:
         assert run.returncode == 0, run.stderr[-3000:]
         refused, gone = map(int, run.stdout.split())
