@@ -13,17 +13,33 @@ BUILD  := build
 TORCH_VENV  := .venv-torch
 TORCH_STAMP := $(TORCH_VENV)/.installed
 
-.PHONY: setup shim torch demo test lint check-generated bench gpu-bundle gpu-check clean
+# The development install is setuptools' strict editable mode: $(BUILD)/__editable__.xpuremote-*/ is a tree of
+# links to the checkout's files, which editors and static tools follow (point them at $(PY)); the default mode's
+# import hook, which maps xpuremote.* onto the top-level folders, hides every import between them from those
+# tools. An edit is seen at once. A file added to or removed from a package is seen only once the tree is made
+# again: `make setup`, and every target that needs $(VENV), reinstalls whenever the packages' list of files changed.
+EDITABLE      := --config-settings editable_mode=strict
+PACKAGE_DIRS  := protocol client server server/backends interpose perfmodel
+PACKAGE_FILES := $(sort $(foreach d,$(PACKAGE_DIRS),$(wildcard $(d)/*.py $(d)/*.c $(d)/*.h $(d)/*.json)))
+FILE_LIST     := $(VENV)/.package-files
+
+.PHONY: setup shim torch demo test lint check-generated bench gpu-bundle gpu-check clean FORCE
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(FILE_LIST)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test]' $(EDITABLE)
 	touch $@
 
-# About 2.8 GB from the package index (torch and its nvidia-* wheels), 5.3 GB installed.
+# rewritten only when the list changed, so that the install is made again only then
+$(FILE_LIST): FORCE
+	@mkdir -p $(VENV)
+	@printf '%s\n' $(PACKAGE_FILES) | cmp -s - $@ || printf '%s\n' $(PACKAGE_FILES) > $@
+
+# About 2.8 GB from the package index (torch and its nvidia-* wheels), 5.3 GB installed. Its editable install
+# is setuptools' default: no editor follows this venv, and it sees a new file without a reinstall.
 $(TORCH_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(TORCH_VENV)
 	$(TORCH_VENV)/bin/python -m pip install --quiet --upgrade pip
@@ -53,8 +69,10 @@ check-generated: setup torch
 # The tests start a few thousand short-lived Python processes (servers, workers, shimmed
 # programs): compile the project's modules once, even where the environment turns off writing
 # bytecode, rather than parse them in every process.
+# .venv imports them through the tree of links (its bytecode goes there), .venv-torch from the folders.
 test: lint check-generated shim torch
-	$(PY) -m compileall -q protocol client server interpose perfmodel
+	$(PY) -m compileall -q protocol client server interpose perfmodel \
+		$$($(PY) -c 'import xpuremote; print(*xpuremote.__path__)')
 	$(PY) -m pytest -q
 
 bench: shim torch
@@ -86,5 +104,6 @@ gpu-check: $(GPU_DEPS)
 	$(GPU_PYTHON) bench/gpu_check.py run --bundle $(GPU_BUNDLE) --out $(OUT) --backend $(BACKEND) \
 		--stages $(STAGES) --python $(GPU_PYTHON) $(GPU_TORCH)
 
+# all of $(BUILD) but the development install's tree of links (see setup)
 clean:
-	rm -rf $(BUILD) .pytest_cache
+	rm -rf .pytest_cache $(filter-out $(wildcard $(BUILD)/__editable__.*),$(wildcard $(BUILD)/*))
