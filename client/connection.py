@@ -49,7 +49,7 @@ from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import NO_LINK, LinkSpec, Wire
 
-from . import auth, data, trace
+from . import auth, data, marshal, trace
 from .alarm import Alarm
 from .lane import LANE_CALL, Lane
 
@@ -100,7 +100,8 @@ class Connection:
         self.seq = 0
         self.zmq_seq = 0  # the last batch sent on ZeroMQ: one sent on the data connection is served after it
         self.last_ctx: int | None = None
-        self.later: dict[int, Callable[[int, list[Any]], None]] = {}  # seq -> writer of a late answer
+        self.later: dict[int, tuple[Call, list[Any], Callable[[int, list[Any]], None]]] = {}  # seq -> its call, args
+        # and the writer of its late answer
         self.early: dict[str, Any] | None = None  # an answer read on ZeroMQ before its call looked there
         self.late_errors: list[list[Any]] = []
         self.dead: str | None = None
@@ -255,11 +256,12 @@ class Connection:
     def call_later(self, call: Call, args: list[Any], ctx: int | None,
                    on_answer: Callable[[int, list[Any]], None]) -> None:
         """Send this call now but do not wait: `on_answer(status, outputs)` runs when its answer is
-        read, which is before the answer to any later sync call (the server answers in order)."""
+        read, which is before the answer to any later sync call (the server answers in order). Outputs that are
+        not what `args` asked for (marshal.checked) are not given to it: they fail the next sync call."""
         with self.lock:
             self._check()
             self._queue(call, args, ctx, 0)
-            self.later[self._send(reply=True, kind="later")] = on_answer
+            self.later[self._send(reply=True, kind="later")] = (call, args, on_answer)
             self.alarm.arm(self.batch_window_s)  # the flusher reads the answer if no sync call does first
 
     def run_host_function(self, fn: Callable[[], None], token: int) -> None:
@@ -348,12 +350,13 @@ class Connection:
             if not asked or asked[0].size != out.size or self.data is None:
                 self._lose_data(f"the answer names {out.size} bytes nobody asked for")
                 raise CudaError(errors.UNKNOWN, "the server's answer does not match the copy asked for")
+            value = asked.pop(0)
             try:
-                data.receive_into(self.data, asked.pop(0).buffer)
+                data.receive_into(self.data, value.buffer)
             except OSError as exc:
                 self._lose_data(f"receiving: {exc}")
                 raise CudaError(errors.UNKNOWN, f"the copy's bytes were lost with the data connection: {exc}") from None
-            outs[i] = None  # written already
+            outs[i] = value  # written already: the value asked for stands for it (marshal.checked, unpack)
 
     def _lose_data(self, why: str) -> None:
         log.warning("the data connection to %s failed (%s); ZeroMQ carries everything from now on", self.address, why)
@@ -608,15 +611,18 @@ class Connection:
             time.sleep(0.0005)
 
     def _answer_later(self, answer: dict[str, Any]) -> None:
-        on_answer = self.later.pop(answer["seq"])
+        call, args, on_answer = self.later.pop(answer["seq"])
         if trace.RECORDER:
             trace.RECORDER.answered(answer["seq"], 0, self.down_bytes)
         self.late_errors += answer.get("deferred") or []
         status = answer.get("status", errors.UNKNOWN)
         if status:
             self.late_errors.append(["a call answered late", status, answer.get("error", "")])
-        else:
-            on_answer(status, answer.get("outs") or [])
+            return
+        try:  # read by whichever call came next: a failure is that call's to report, not to raise here
+            on_answer(status, marshal.checked(call, args, answer.get("outs") or []))
+        except CudaError as exc:
+            self.late_errors.append([call.symbol, exc.code, exc.detail])
 
     def _check(self) -> None:
         if self.dead:

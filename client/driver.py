@@ -27,7 +27,7 @@ from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import LinkSpec
 from xpuremote.protocol.logs import EVERY_CALL
 
-from . import marshal, trace
+from . import inventory, marshal, trace
 from .connection import Connection
 from .lane import Lane
 from .wake import probe as probe_wake
@@ -166,7 +166,12 @@ class Driver:
                           measure_gpu=tracing and os.environ.get("XPU_TRACE_GPU") == "1", spin_us=spin_us)
 
     def _adopt(self, conn: Connection) -> None:
-        inv = conn.inventory
+        try:  # nothing of an inventory is believed before it is checked: the session ends on a bad one
+            inv = inventory.check(conn.inventory, conn.address)
+        except CudaError as exc:
+            self.say_once(f"inventory {exc.detail}", "%s", exc.detail, level=logging.ERROR)
+            conn.close()
+            raise
         servers = [Device(i, d["name"], bytes(d["uuid"]), d["total_mem"], dict(d["attributes"]),
                           tuple(d["pci"]), d["sm"], frozenset(d.get("refused", ())))
                    for i, d in enumerate(inv["devices"])]
@@ -259,8 +264,8 @@ class Driver:
 
     # ---- talking to the server ----------------------------------------------------------------
     def call(self, call: Call, wire_args: list[Any], by_data: bool = False) -> list[Any]:
-        """A synchronous call: its outputs, or CudaError (its own, or a deferred async one). `by_data`: see
-        Connection.call."""
+        """A synchronous call: its outputs, each what `wire_args` asked for (marshal.checked), or CudaError (its
+        own, or a deferred async one). `by_data`: see Connection.call."""
         ctx = self.wire_ctx()
         info = self.ctxs.get(ctx) if ctx else None
         status, outs, deferred = self.session().call(call, wire_args, ctx, by_data, self.flags(info) if info else 0)
@@ -271,7 +276,7 @@ class Driver:
         if deferred:
             symbol, code, detail = deferred[0]
             raise CudaError(code, f"earlier {symbol}: {detail}", _library_of(symbol))
-        return outs
+        return marshal.checked(call, wire_args, outs)
 
     def query(self, call: Call, wire_args: list[Any]) -> list[Any]:
         """A synchronous call made for a tool API (NVML), not for the application's CUDA work:
@@ -283,7 +288,7 @@ class Driver:
                 conn.late_errors[:0] = deferred
         if status:
             raise CudaError(status, f"{call.symbol} on the server")
-        return outs
+        return marshal.checked(call, wire_args, outs)
 
     def post(self, call: Call, wire_args: list[Any], size: int = 0) -> None:
         self.session().post(call, wire_args, self.wire_ctx(), size)

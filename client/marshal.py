@@ -3,6 +3,7 @@ table entry, and write a reply's outputs back into the application's memory."""
 
 from __future__ import annotations
 
+import logging
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +14,7 @@ from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import Call, Param
 from xpuremote.protocol.errors import CudaError
 
+log = logging.getLogger("xpuremote.client")
 ffi = cffi.FFI()
 CHAR_P = ffi.typeof("char *")  # looked up once: by name, cffi parses the type on every cast
 SIGN = 1 << 63
@@ -243,13 +245,115 @@ def _step(call: Call, p: Param) -> Step:
 
 
 def unpack(call: Call, args: list[Any], outs: list[Any]) -> None:
-    """Write the reply's outputs through the application's output pointers."""
+    """Write the reply's outputs through the application's output pointers: outputs checked() has passed, none
+    longer than the call asked for."""
     targets = OUTPUTS.get(call.symbol)
-    if targets is None:
-        targets = OUTPUTS[call.symbol] = [i for i, p in enumerate(call.params) if p.direction != "in"]
+    if targets is None:  # no bound for an output the server sizes, nothing for a handle the client made (-1)
+        targets = OUTPUTS[call.symbol] = [-1 if rule in (FREE, MADE) else i for i, rule, _ in _rules(call)]
     for i, data in zip(targets, outs):
-        if args[i] and isinstance(data, (bytes, memoryview)):
+        if i >= 0 and args[i] and isinstance(data, (bytes, memoryview)):
             write(args[i], data)
 
 
 OUTPUTS: dict[str, list[int]] = {}  # a call's output parameters, by position
+
+
+# ---- what an answer may hold -----------------------------------------------------------------------
+# The client trusts no answer's shape: a compromised server, a man in the middle of a plain session or a server
+# bug could otherwise write past the application's buffer. Each output parameter has a rule, and a size:
+SCALAR = 0  # one value (a pointer, an int, a struct): exactly its size in bytes
+COPY = 1  # a copy's bytes: exactly as many as the call's wire argument there asks for
+UP_TO = 2  # an array the library fills up to the size asked for (dimensions, algorithms, an attribute's bytes):
+# at most that, in whole elements of its size
+FREE = 3  # sized by the server ("*"): only an implementation that bounds what it writes reads it
+MADE = 4  # a handle the client made and wrote itself: the answer holds nothing
+Rule = tuple[int, int, int]  # (the output's position, its rule, its size)
+RULES: dict[str, list[Rule]] = {}  # a call's outputs, with their rules
+
+
+def checked(call: Call, asked: list[Any], outs: Any) -> list[Any]:
+    """`outs`, the outputs a server answered `call` with, where each is what the call's wire arguments `asked`
+    for: bytes of the size asked (None where the application passed NULL: nothing is written there), or the
+    data connection's value already received into the application's buffer. Otherwise nothing is written,
+    the mismatch is logged and the call fails with CUDA_ERROR_UNKNOWN (a library's internal error): the
+    application's arguments were right, the fault is below it (INVALID_VALUE would blame its code); the data
+    connection answers a wrong size so too, and the code is not sticky, so the context goes on."""
+    rules = RULES.get(call.symbol)
+    if rules is None:
+        rules = _rules(call)
+    if type(outs) is not list or len(outs) != len(rules):
+        raise refused(call, f"{shape(outs)} where {len(rules)} outputs were asked for")
+    for (i, rule, size), data in zip(rules, outs):
+        if rule == SCALAR and (type(data) is bytes or type(data) is memoryview) and len(data) == size:
+            continue  # most outputs: a length compare
+        _check(call, i, rule, size, asked[i], data)
+    return outs
+
+
+def _check(call: Call, i: int, rule: int, size: int, want: Any, data: Any) -> None:
+    """Whether one output that is not a scalar of the right size may be written; CudaError if not."""
+    if want is None or rule == FREE:  # NULL (nothing is written there), or the server's to size
+        return
+    if rule == MADE:
+        if data is not None:
+            raise refused(call, f"{call.params[i].name} is {shape(data)}, where the client made the handle")
+        return
+    if data is want and type(want) is wire.Data:  # received into the application's buffer already
+        return
+    if rule != SCALAR:
+        size = _size_of(want)
+    if type(data) is bytes or type(data) is memoryview:
+        n = len(data)
+        if n == size or rule == UP_TO and n < size and n % _element(call, i) == 0:
+            return
+    raise refused(call, f"{call.params[i].name} is {shape(data)}, {size} bytes were asked for")
+
+
+def refused(call: Call, what: str) -> CudaError:
+    """The error of a call whose answer is refused, logged: it may be an attack, or a server's bug."""
+    log.error("%s: the server's answer is refused, nothing of it written: %s", call.symbol, what)
+    return CudaError(errors.UNKNOWN, f"{call.symbol}: the server's answer is refused: {what}")
+
+
+def _rules(call: Call) -> list[Rule]:
+    found = RULES.get(call.symbol)
+    if found is None:
+        found = RULES[call.symbol] = [_rule(call, i, p) for i, p in enumerate(call.params) if p.direction != "in"]
+    return found
+
+
+def _rule(call: Call, i: int, p: Param) -> Rule:
+    if p.count == "*":
+        return i, FREE, 0
+    if p.pointee == "handle" and call.cls == "shadow":
+        return i, MADE, 0
+    if p.count is None:
+        return i, SCALAR, p.pointee_size
+    if not p.factors[1]:  # a constant count (a value of 8 bytes): one value
+        return i, SCALAR, p.factors[0]
+    return i, COPY if "Memcpy" in call.family else UP_TO, 0
+
+
+def _element(call: Call, i: int) -> int:
+    p = call.params[i]
+    return 1 if p.pointee == "void" else max(p.pointee_size, 1)
+
+
+def _size_of(want: Any) -> int:
+    """The bytes an output's wire argument asks for: a size, a value on the data connection, an inout's bytes."""
+    if type(want) is int:
+        return want
+    if type(want) is wire.Data:
+        return want.size
+    return len(want.data if type(want) is wire.Bulk else want)
+
+
+def shape(value: Any) -> str:
+    """A peer's value, said by its type and its size (or an integer's value), never its contents: they may be
+    anything, and end up in a log."""
+    if type(value) is int:
+        return str(value)
+    try:
+        return f"{type(value).__name__} of {len(value)}"
+    except TypeError:
+        return type(value).__name__
