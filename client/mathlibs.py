@@ -19,7 +19,7 @@ from xpuremote.protocol import abi, errors, mathlibs, wire
 from xpuremote.protocol.calls import CALLS, LIBRARY_SYMBOLS, Call, Param
 
 from . import marshal, memory
-from .driver import DRIVER, SERVER_OBJECT, Driver, handler, implements
+from .driver import DRIVER, IMPLEMENTATIONS, SERVER_OBJECT, Driver, handler, implements
 
 log = logging.getLogger("xpuremote.client")
 
@@ -144,6 +144,8 @@ def _setter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
         if _state(args[0])[key] != args[1]:
             d.forward(call, args)
             STATE[args[0]][key] = args[1]
+            if key == "pointer_mode" and "pair" in STATE[args[0]]:  # C queues no GEMM in device pointer mode
+                STATE[args[0]]["pair"].pointer_mode = args[1]
         if IN_C is not None:
             IN_C.setting(call, args[0], args[1])
 
@@ -159,11 +161,17 @@ Pair = tuple[int, tuple[int, int] | None]  # a stream, and a workspace and its b
 
 @dataclasses.dataclass
 class BlasPair:
-    """front.h's struct xpu_blas_pair, kept here where C holds none (no shim, or no room there)."""
+    """protocol/records.py's blas_pair (C's struct xpu_blas_pair), kept here where C holds none (no shim, or no
+    room there)."""
     stream: int = 0
     workspace: int = 0
     bytes: int = 0
     own: int = 1  # the workspace is cuBLAS's own
+    pointer_mode: int = 0
+    sent_stream: int = 0  # what the server's handle has (a new one: stream 0, its own workspace)
+    sent_workspace: int = 0
+    sent_bytes: int = 0
+    sent_own: int = 1
 
 
 @implements("cublasSetStream")
@@ -195,17 +203,20 @@ def _hold_pair(state: dict[str, Any], stream: int, workspace: tuple[int, int] | 
 
 
 def blas_settings(d: Driver, handle: int) -> int:
-    """The server's cuBLAS handle given the stream and workspace the application set last, if they differ."""
+    """The server's cuBLAS handle given the stream and workspace the application set last, if they differ (what the
+    server's handle has is in the pair too: C queues a GEMM's settings itself, kept.h's xpu_kept_blas_sync)."""
     state = STATE.get(handle)
     if state is None or "pair" not in state:
         return handle
-    want, sent = _pair(state), state.get("sent", (0, None))  # a new handle's
+    pair = state["pair"]
+    want, sent = _pair(state), (pair.sent_stream, None if pair.sent_own else (pair.sent_workspace, pair.sent_bytes))
     if want != sent:
         if want[0] != sent[0] or want[1] is None:
             d.post(CALLS["cublasSetStream_v2"], [handle, want[0]])
         if want[1] is not None and (want[1] != sent[1] or want[0] != sent[0]):
             d.post(CALLS["cublasSetWorkspace_v2"], [handle, *want[1]])
-        state["sent"] = want
+        pair.sent_stream, pair.sent_own = want[0], int(want[1] is None)
+        pair.sent_workspace, pair.sent_bytes = want[1] or (0, 0)
     return handle
 
 
@@ -586,6 +597,13 @@ def _op(symbol: str) -> tuple[int, int]:
 
 
 SETTING_OPS = {setter: (_op(setter), _op(getter)) for setter, getter in SETTERS.items()}
+
+
+def blas_lane() -> list[str]:
+    """The cuBLAS calls C queues in the lane: those the table lets in a lane that the client forwards as they are
+    (not the setters C answers otherwise, nor a call the client implements: asked once every module is loaded)."""
+    return [s for s in LIBRARY_SYMBOLS["cublas"] if CALLS[s].blas_lane is not None and s not in IN_C_OPS
+            and CALLS[s].family not in IMPLEMENTATIONS]
 IN_C_DECODERS = {kind: marshal.slot_decoder(call) for (role, kind), call in IN_C_CALLS.items()
                  if role == abi.KEPT_LT_CREATE}
 
@@ -606,8 +624,11 @@ class KeptInC:
         for symbol, (role, kind) in IN_C_OPS.items():
             call = CALLS[symbol]
             made = len(call.params) - 1 if role == abi.KEPT_LT_CREATE else 0  # a cuBLASLt create's setting
-            self.lib.xpu_kept_mark(mathlibs.LIBRARIES.index(mathlibs.BY_NAME[call.library]),
-                                   LIBRARY_SYMBOLS[call.library].index(symbol), role, kind, made)
+            self.lib.xpu_kept_mark(*_op(symbol), role, kind, made, call.opcode)
+        for symbol in blas_lane():  # queued in the lane by C, the handle's stream and workspace before them
+            call = CALLS[symbol]
+            self.lib.xpu_kept_mark(*_op(symbol), abi.KEPT_BLAS_CALL, 0, 0, call.opcode)
+            self.lib.xpu_kept_lane(*_op(symbol), len(call.params), *call.blas_lane)
         names = [name for name, _ in PACK_ORDER]
         self.lib.xpu_kept_pack_names(self.ffi.new("int64_t[]", [VARIANT_PACK, *names, *(t for _, t in PACK_ORDER)]))
         self.lib.xpu_kept_lt_pointers(self.ffi.new("uint32_t[]", sorted(LT_POINTERS)), len(LT_POINTERS))

@@ -76,8 +76,11 @@ static void xpu_lane_known(uint64_t handle, int allow) { front->lane_known(handl
 static size_t xpu_lane_take(unsigned char *out, uint64_t *state) { return front->lane_take(out, state); }
 static uint64_t xpu_lane_waiting(void) { return front->lane_waiting(); }
 static uint64_t xpu_lane_appended(void) { return front->lane_appended(); }
-static void xpu_kept_mark(int library, int op, int role, int kind, int made) {
-    front->kept_mark(library, op, role, kind, made);
+static void xpu_kept_mark(int library, int op, int role, int kind, int made, uint32_t opcode) {
+    front->kept_mark(library, op, role, kind, made, opcode);
+}
+static void xpu_kept_lane(int library, int op, int nargs, uint32_t scalars, int type_arg, int size) {
+    front->kept_lane(library, op, nargs, scalars, type_arg, size);
 }
 static void xpu_kept_pack_names(const int64_t *names) { front->kept_pack_names(names); }
 static void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value) {

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include "abi.h"  /* the records, enums and limits C shares with Python (protocol/records.py) */
 
-#define XPU_FRONT_VERSION 11
+#define XPU_FRONT_VERSION 12
 typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
 
 struct xpu_front {
@@ -43,7 +43,8 @@ struct xpu_front {
     uint64_t (*lane_waiting)(void);
     uint64_t (*lane_appended)(void);
     /* descriptors kept in C (kept.h) */
-    void (*kept_mark)(int library, int op, int role, int kind, int made);
+    void (*kept_mark)(int library, int op, int role, int kind, int made, uint32_t opcode);
+    void (*kept_lane)(int library, int op, int nargs, uint32_t scalars, int type_arg, int size);
     void (*kept_pack_names)(const int64_t *names);
     void (*kept_setting)(uint64_t handle, int library, int op, uint64_t value);
     int64_t (*kept_read)(uint64_t handle, struct xpu_kept_record *out, int adopt);

@@ -31,7 +31,13 @@ static struct {
     uint32_t head, tail;
     uint16_t free[XPU_KEPT_SLOTS];
     struct xpu_kept_record slot[XPU_KEPT_SLOTS];
-    struct { unsigned char role, kind, made; } op[XPU_LIBRARIES][XPU_LIBRARY_OPS_MAX];  /* -> XPU_KEPT_*, kind, ints */
+    struct {
+        unsigned char role, kind, made;     /* XPU_KEPT_*, a record's kind, a create's integer arguments */
+        uint8_t nargs, size;                /* a cuBLAS call queued in the lane: its arguments, its scalars' bytes */
+        int8_t type_arg;                    /* or the argument naming their type (a cudaDataType_t or compute type) */
+        uint32_t opcode, scalars;           /* its opcode, a bit per argument that is a host scalar */
+    } op[XPU_LIBRARIES][XPU_LIBRARY_OPS_MAX];
+    uint32_t blas_stream_opcode, blas_workspace_opcode;  /* cublasSetStream_v2's and cublasSetWorkspace_v2's */
     /* cuDNN's numbers (the core's): the variant pack's descriptor type; the ids', data pointers' and workspace's
      * attribute names, then their element types. 0 until told: no pack is kept. */
     int64_t pack_type, pack_name[XPU_KEPT_PACK_ATTRIBUTES], pack_element[XPU_KEPT_PACK_ATTRIBUTES];
@@ -115,18 +121,31 @@ static struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold) {
         if (!xpu_kept.blas[free_at].handle) {
             i = free_at;
             xpu_kept.blas[i].handle = handle;
-            xpu_kept.blas[i].pair = (struct xpu_blas_pair){.own = 1};
+            xpu_kept.blas[i].pair = (struct xpu_blas_pair){.own = 1, .sent_own = 1};
         }
     pthread_mutex_unlock(&xpu_kept.lock);
     return i >= 0 && hold ? &xpu_kept.blas[i].pair : NULL;
 }
 
 /* `made`: a create's integer arguments after its output (cuBLASLt's: its setting) */
-static void xpu_kept_mark(int library, int op, int role, int kind, int made) {
+static void xpu_kept_mark(int library, int op, int role, int kind, int made, uint32_t opcode) {
     if (library < 0 || library >= XPU_LIBRARIES || op < 0 || op >= XPU_LIBRARY_OPS_MAX || made > XPU_KEPT_MADE) return;
     xpu_kept.op[library][op].role = (unsigned char)role;
     xpu_kept.op[library][op].kind = (unsigned char)kind;
     xpu_kept.op[library][op].made = (unsigned char)made;
+    xpu_kept.op[library][op].opcode = opcode;
+    if (role == XPU_KEPT_BLAS_STREAM) xpu_kept.blas_stream_opcode = opcode;
+    if (role == XPU_KEPT_BLAS_WORKSPACE) xpu_kept.blas_workspace_opcode = opcode;
+}
+
+/* A cuBLAS call C queues in the lane (XPU_KEPT_BLAS_CALL, marked first): `nargs` arguments, those of `scalars`
+ * host scalars of `size` bytes, or of the size of the type argument `type_arg` names. */
+static void xpu_kept_lane(int library, int op, int nargs, uint32_t scalars, int type_arg, int size) {
+    if (library < 0 || library >= XPU_LIBRARIES || op < 0 || op >= XPU_LIBRARY_OPS_MAX || nargs > XPU_LANE_ARGS_MAX
+        || type_arg >= nargs || size > 8)
+        return;
+    xpu_kept.op[library][op].nargs = (uint8_t)nargs, xpu_kept.op[library][op].scalars = scalars;
+    xpu_kept.op[library][op].type_arg = (int8_t)type_arg, xpu_kept.op[library][op].size = (uint8_t)size;
 }
 
 /* The record of a handle of this table, or NULL; under the lock. */
@@ -340,6 +359,61 @@ static int xpu_kept_heuristic(uint64_t *s) {
     return 0;
 }
 
+/* ---- cuBLAS calls in the lane ------------------------------------------------------------------------ */
+/* The bytes of a host scalar of a cudaDataType_t or compute type (abi.h's table), or 0. */
+static int xpu_scalar_bytes_of(int64_t type) {
+    for (int i = 0; i < XPU_SCALAR_BYTES_ROWS; i++)
+        if (xpu_scalar_bytes[i][0] == type) return (int)xpu_scalar_bytes[i][1];
+    return 0;
+}
+
+/* `pair`'s server side brought to what the application set (client/mathlibs.py's blas_settings, in C): the
+ * setters the server's handle needs, into `calls`; their count. */
+static int xpu_kept_blas_sync(uint64_t handle, const struct xpu_blas_pair *pair, struct xpu_lane_call *calls,
+                              uint64_t *stream_args, uint64_t *workspace_args) {
+    int stream_moved = pair->stream != pair->sent_stream;
+    int same = !stream_moved && pair->own == pair->sent_own
+               && (pair->own || (pair->workspace == pair->sent_workspace && pair->bytes == pair->sent_bytes));
+    int n = 0;
+    if (same) return 0;
+    stream_args[0] = workspace_args[0] = handle;
+    stream_args[1] = pair->stream;
+    workspace_args[1] = pair->workspace, workspace_args[2] = pair->bytes;
+    if (stream_moved || pair->own)
+        calls[n++] = (struct xpu_lane_call){.opcode = xpu_kept.blas_stream_opcode, .nargs = 2, .args = stream_args};
+    if (!pair->own)
+        calls[n++] = (struct xpu_lane_call){.opcode = xpu_kept.blas_workspace_opcode, .nargs = 3, .args = workspace_args};
+    return n;
+}
+
+/* A cuBLAS call of integers, device pointers and host scalars, queued in the lane with its scalars' bytes after
+ * the settings its handle's server side lacks: 0, or -1 where the core sends it (a handle C does not hold, device
+ * pointer mode, a scalar type it cannot size, a NULL scalar, the lane closed or full). Under the lock. */
+static int xpu_kept_blas_call(int library, int op, const uint64_t *s) {
+    const __typeof__(xpu_kept.op[0][0]) *o = &xpu_kept.op[library][op];
+    struct xpu_blas_pair *pair = xpu_kept_blas_find(s[0]);
+    if (!pair || pair->pointer_mode || !o->nargs || !xpu_kept.blas_stream_opcode || !xpu_kept.blas_workspace_opcode)
+        return -1;
+    int size = o->type_arg >= 0 ? xpu_scalar_bytes_of((int32_t)s[o->type_arg]) : o->size;
+    if (o->scalars && (size <= 0 || size > 8)) return -1;
+    uint64_t args[XPU_LANE_ARGS_MAX], stream_args[2], workspace_args[3];
+    memcpy(args, s, o->nargs * sizeof *args);
+    for (int i = 0; i < o->nargs; i++)
+        if (o->scalars >> i & 1) {
+            if (!s[i]) return -1;  /* the core says what is wrong */
+            args[i] = 0;
+            memcpy(&args[i], (const void *)(uintptr_t)s[i], (size_t)size);
+        }
+    struct xpu_lane_call calls[3];
+    int n = xpu_kept_blas_sync(s[0], pair, calls, stream_args, workspace_args);
+    calls[n++] = (struct xpu_lane_call){.opcode = o->opcode, .scalars = o->scalars, .nargs = o->nargs,
+                                        .scalar_size = o->scalars ? size : 0, .args = args};
+    if (xpu_lane_put_calls(calls, n)) return -1;
+    pair->sent_stream = pair->stream, pair->sent_own = pair->own;
+    pair->sent_workspace = pair->own ? 0 : pair->workspace, pair->sent_bytes = pair->own ? 0 : pair->bytes;
+    return 0;
+}
+
 /* The core's: the matmul attributes that hold a device pointer. */
 static void xpu_kept_lt_pointers(const uint32_t *names, int count) {
     pthread_mutex_lock(&xpu_kept.lock);
@@ -409,6 +483,9 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
     }
     case XPU_KEPT_HEURISTIC:
         rc = xpu_kept_heuristic(slots);
+        break;
+    case XPU_KEPT_BLAS_CALL:
+        rc = xpu_kept_blas_call(library, op, slots);
         break;
     case XPU_KEPT_GETTING: {  /* getter(handle, &value): `kind` bytes, little-endian as the value's slot */
         int found, i = xpu_kept_setting_find(slots[0], library, op, &found);

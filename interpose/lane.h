@@ -177,6 +177,8 @@ static void xpu_lane_launch(const struct xpu_lane_kernel *k, const uint64_t *slo
     args[11] = 0;
 }
 
+static void xpu_lane_grown(size_t size, int records, uint64_t ctx);
+
 static int xpu_lane_append(const struct xpu_lane_op *lo, const uint64_t *slots, uint64_t ctx) {
     if (!xpu_lane.open || !xpu_lane_context_ready(ctx)) return -1;
     const struct xpu_lane_kernel *k = NULL;
@@ -199,11 +201,48 @@ static int xpu_lane_append(const struct xpu_lane_op *lo, const uint64_t *slots, 
     struct xpu_lane_record head = {.opcode = lo->opcode, .nargs = lo->nargs, .blob_at = k ? 9 : XPU_LANE_NO_BLOB,
                                    .blob_len = blob_len, .ctx = ctx};
     memcpy(at, &head, sizeof head);
+    xpu_lane_grown(size, 1, ctx);
+    return 0;
+}
+
+/* `size` bytes of `records` more in the buffer: the flusher's timer set by the first of a batch. */
+static void xpu_lane_grown(size_t size, int records, uint64_t ctx) {
     if (!xpu_lane.len && xpu_lane.alarm_fd >= 0) timerfd_settime(xpu_lane.alarm_fd, 0, &xpu_lane.window, NULL);
     xpu_lane.len += size;
-    xpu_lane.appended++;
+    xpu_lane.appended += records;
     xpu_lane.last_ctx = ctx;
-    return 0;
+}
+
+/* Records made elsewhere in C (kept.h's cuBLAS GEMMs and the settings before them), all or none. */
+struct xpu_lane_call {
+    uint32_t opcode, scalars;   /* scalars: a bit per argument holding `scalar_size` bytes of a host scalar */
+    int nargs, scalar_size;
+    const uint64_t *args;
+};
+
+/* 0: queued in the lane; -1: the lane is closed or full, or the context is not the server's yet. */
+static int xpu_lane_put_calls(const struct xpu_lane_call *calls, int n) {
+    if (!xpu_lane.open) return -1;
+    uint64_t ctx = xpu_ctx_current();
+    size_t size = 0;
+    for (int i = 0; i < n; i++) size += sizeof(struct xpu_lane_record) + calls[i].nargs * sizeof(uint64_t);
+    pthread_mutex_lock(&xpu_lane.lock);
+    int rc = -1;
+    if (xpu_lane.open && xpu_lane_context_ready(ctx) && xpu_lane.len + size <= XPU_LANE_BYTES) {
+        unsigned char *at = xpu_lane.buf + xpu_lane.len;
+        for (int i = 0; i < n; i++) {
+            struct xpu_lane_record head = {.opcode = calls[i].opcode, .nargs = (uint8_t)calls[i].nargs,
+                                           .scalar_size = (uint8_t)calls[i].scalar_size,
+                                           .blob_at = XPU_LANE_NO_BLOB, .scalars = calls[i].scalars, .ctx = ctx};
+            memcpy(at, &head, sizeof head);
+            memcpy(at + sizeof head, calls[i].args, calls[i].nargs * sizeof(uint64_t));
+            at += sizeof head + calls[i].nargs * sizeof(uint64_t);
+        }
+        xpu_lane_grown(size, n, ctx);
+        rc = 0;
+    }
+    pthread_mutex_unlock(&xpu_lane.lock);
+    return rc;
 }
 
 /* 0: the call is queued in the lane; -1: it goes the core's way. */

@@ -496,6 +496,7 @@ static struct xpu_front xpu_front_table = {
     .lane_context = xpu_lane_context, .lane_kernel = xpu_lane_kernel, .lane_known = xpu_lane_known,
     .lane_take = xpu_lane_take,
     .lane_waiting = xpu_lane_waiting, .lane_appended = xpu_lane_appended, .kept_mark = xpu_kept_mark,
+    .kept_lane = xpu_kept_lane,
     .kept_pack_names = xpu_kept_pack_names, .kept_setting = xpu_kept_setting,
     .kept_read = xpu_kept_read, .kept_release = xpu_kept_release, .kept_blas = xpu_kept_blas,
     .kept_learn = xpu_kept_learn, .kept_lt_pointers = xpu_kept_lt_pointers,

@@ -12,8 +12,8 @@
 #define XPU_LANE_BYTES 262144
 /* kernel argument bytes a launch record may carry: the driver's bound */
 #define XPU_LANE_BLOB_MAX 32764
-/* arguments of a lane record: xpuLaunchKernel's */
-#define XPU_LANE_ARGS_MAX 12
+/* arguments of a lane record: cublasGemmStridedBatchedEx's 23, xpuLaunchKernel's 12 */
+#define XPU_LANE_ARGS_MAX 24
 /* a lane record's blob_at when none of its arguments is a blob */
 #define XPU_LANE_NO_BLOB 65535
 /* handles the core let take the lane (a power of two): graph instantiations */
@@ -59,15 +59,15 @@ enum {
 };
 /* what an op marked for interpose/kept.h is: a create, a setter or a destroy of one kind of descriptor (a pack's
  * finalize too), a library handle's setter or getter, cuBLAS's stream and workspace setters and stream getter,
- * or cuBLASLt's heuristic (answered again from the core's first answer for the same descriptors). A tensor
- * record's setter is one of the three SET_
+ * cuBLASLt's heuristic (answered again from the core's first answer for the same descriptors), or a cuBLAS call
+ * queued in the lane (a GEMM with its scalars' bytes). A tensor record's setter is one of the three SET_
  */
 enum {
     XPU_KEPT_NONE = 0, XPU_KEPT_CREATE = 1, XPU_KEPT_SET_ND = 2, XPU_KEPT_SET_4D = 3, XPU_KEPT_SET_4D_EX = 4,
     XPU_KEPT_DESTROY = 5, XPU_KEPT_LT_CREATE = 6, XPU_KEPT_LT_SET = 7, XPU_KEPT_LT_DESTROY = 8,
     XPU_KEPT_PACK_CREATE = 9, XPU_KEPT_PACK_SET = 10, XPU_KEPT_PACK_FINALIZE = 11, XPU_KEPT_PACK_DESTROY = 12,
     XPU_KEPT_SETTING = 13, XPU_KEPT_GETTING = 14, XPU_KEPT_BLAS_STREAM = 15, XPU_KEPT_BLAS_WORKSPACE = 16,
-    XPU_KEPT_BLAS_GET_STREAM = 17, XPU_KEPT_HEURISTIC = 18
+    XPU_KEPT_BLAS_GET_STREAM = 17, XPU_KEPT_HEURISTIC = 18, XPU_KEPT_BLAS_CALL = 19
 };
 /* the kind of a kept descriptor's record */
 enum {
@@ -98,15 +98,17 @@ enum {
 };
 
 /* a fast-lane record's head, little-endian; `nargs` u64 arguments follow, then the blob that replaces argument
- * `blob_at` (LANE_NO_BLOB: none), padded to 8 bytes
+ * `blob_at` (LANE_NO_BLOB: none), padded to 8 bytes. An argument whose bit is set in `scalars` holds a host
+ * scalar's first `scalar_size` bytes (a GEMM's alpha and beta)
  */
-struct xpu_lane_record { uint32_t opcode; uint16_t nargs; uint16_t blob_at; uint32_t blob_len; uint32_t zero; uint64_t ctx; };
+struct xpu_lane_record { uint32_t opcode; uint8_t nargs; uint8_t scalar_size; uint16_t blob_at; uint32_t blob_len; uint32_t scalars; uint64_t ctx; };
 _Static_assert(sizeof(struct xpu_lane_record) == 24, "protocol/records.py: lane_record");
 _Static_assert(offsetof(struct xpu_lane_record, opcode) == 0, "protocol/records.py: lane_record.opcode");
 _Static_assert(offsetof(struct xpu_lane_record, nargs) == 4, "protocol/records.py: lane_record.nargs");
+_Static_assert(offsetof(struct xpu_lane_record, scalar_size) == 5, "protocol/records.py: lane_record.scalar_size");
 _Static_assert(offsetof(struct xpu_lane_record, blob_at) == 6, "protocol/records.py: lane_record.blob_at");
 _Static_assert(offsetof(struct xpu_lane_record, blob_len) == 8, "protocol/records.py: lane_record.blob_len");
-_Static_assert(offsetof(struct xpu_lane_record, zero) == 12, "protocol/records.py: lane_record.zero");
+_Static_assert(offsetof(struct xpu_lane_record, scalars) == 12, "protocol/records.py: lane_record.scalars");
 _Static_assert(offsetof(struct xpu_lane_record, ctx) == 16, "protocol/records.py: lane_record.ctx");
 /* one attribute of a kept cuBLASLt descriptor: its name and last bytes */
 struct xpu_kept_attribute { uint32_t name; uint32_t size; uint8_t value[16]; };
@@ -138,14 +140,26 @@ _Static_assert(offsetof(struct xpu_kept_record, ints) == 24, "protocol/records.p
 _Static_assert(offsetof(struct xpu_kept_record, made) == 96, "protocol/records.py: kept_record.made");
 _Static_assert(offsetof(struct xpu_kept_record, attribute) == 128, "protocol/records.py: kept_record.attribute");
 _Static_assert(offsetof(struct xpu_kept_record, pack) == 416, "protocol/records.py: kept_record.pack");
-/* a cuBLAS handle's stream and workspace as kept.h holds them; the core reads and writes them where they lie.
- * own: 1 while the workspace is cuBLAS's own (cublasSetStream puts it back)
+/* a cuBLAS handle's stream and workspace as kept.h holds them, its pointer mode, and the stream and workspace
+ * the server's handle has (sent_*); the core reads and writes them where they lie. own: 1 while the workspace is
+ * cuBLAS's own (cublasSetStream puts it back)
  */
-struct xpu_blas_pair { uint64_t stream; uint64_t workspace; uint64_t bytes; uint64_t own; };
-_Static_assert(sizeof(struct xpu_blas_pair) == 32, "protocol/records.py: blas_pair");
+struct xpu_blas_pair { uint64_t stream; uint64_t workspace; uint64_t bytes; uint64_t own; uint64_t pointer_mode; uint64_t sent_stream; uint64_t sent_workspace; uint64_t sent_bytes; uint64_t sent_own; };
+_Static_assert(sizeof(struct xpu_blas_pair) == 72, "protocol/records.py: blas_pair");
 _Static_assert(offsetof(struct xpu_blas_pair, stream) == 0, "protocol/records.py: blas_pair.stream");
 _Static_assert(offsetof(struct xpu_blas_pair, workspace) == 8, "protocol/records.py: blas_pair.workspace");
 _Static_assert(offsetof(struct xpu_blas_pair, bytes) == 16, "protocol/records.py: blas_pair.bytes");
 _Static_assert(offsetof(struct xpu_blas_pair, own) == 24, "protocol/records.py: blas_pair.own");
+_Static_assert(offsetof(struct xpu_blas_pair, pointer_mode) == 32, "protocol/records.py: blas_pair.pointer_mode");
+_Static_assert(offsetof(struct xpu_blas_pair, sent_stream) == 40, "protocol/records.py: blas_pair.sent_stream");
+_Static_assert(offsetof(struct xpu_blas_pair, sent_workspace) == 48, "protocol/records.py: blas_pair.sent_workspace");
+_Static_assert(offsetof(struct xpu_blas_pair, sent_bytes) == 56, "protocol/records.py: blas_pair.sent_bytes");
+_Static_assert(offsetof(struct xpu_blas_pair, sent_own) == 64, "protocol/records.py: blas_pair.sent_own");
+/* bytes of a host scalar (alpha, beta) of a cudaDataType_t or cublasComputeType_t */
+static const int64_t xpu_scalar_bytes[][2] = {
+    {0, 4}, {1, 8}, {2, 2}, {3, 4}, {4, 8}, {5, 16}, {6, 4}, {10, 4}, {14, 2}, {15, 4}, {64, 2}, {65, 2}, {68,
+    4}, {69, 4}, {70, 8}, {71, 8}, {72, 4}, {73, 4}, {74, 4}, {75, 4}, {77, 4}
+};
+#define XPU_SCALAR_BYTES_ROWS 21
 
 #endif

@@ -6,7 +6,7 @@ import struct
 
 LANE_BYTES = 262144
 LANE_BLOB_MAX = 32764
-LANE_ARGS_MAX = 12
+LANE_ARGS_MAX = 24
 LANE_NO_BLOB = 65535
 LANE_KNOWN_HANDLES = 1024
 KEPT_INTS = 18
@@ -50,6 +50,7 @@ KEPT_BLAS_STREAM = 15
 KEPT_BLAS_WORKSPACE = 16
 KEPT_BLAS_GET_STREAM = 17
 KEPT_HEURISTIC = 18
+KEPT_BLAS_CALL = 19
 KEPT_KIND_TENSOR = 0
 KEPT_KIND_LT_MATMUL = 1
 KEPT_KIND_LT_LAYOUT = 2
@@ -75,13 +76,13 @@ NATIVE_CALL_PLAIN = 0
 NATIVE_CALL_LAUNCH = 1
 
 LANE_RECORD_SIZE = 24
-LANE_RECORD_OFFSETS = {'opcode': 0, 'nargs': 4, 'blob_at': 6, 'blob_len': 8, 'zero': 12, 'ctx': 16}
-LANE_RECORD_FIELDS = ('opcode', 'nargs', 'blob_at', 'blob_len', 'zero', 'ctx')
-LANE_RECORD = struct.Struct('<IHHIIQ')
+LANE_RECORD_OFFSETS = {'opcode': 0, 'nargs': 4, 'scalar_size': 5, 'blob_at': 6, 'blob_len': 8, 'scalars': 12, 'ctx': 16}
+LANE_RECORD_FIELDS = ('opcode', 'nargs', 'scalar_size', 'blob_at', 'blob_len', 'scalars', 'ctx')
+LANE_RECORD = struct.Struct('<IBBHIIQ')
 
 
-def pack_lane_record(*, opcode: int = 0, nargs: int = 0, blob_at: int = 0, blob_len: int = 0, zero: int = 0, ctx: int = 0) -> bytes:
-    return LANE_RECORD.pack(opcode, nargs, blob_at, blob_len, zero, ctx)
+def pack_lane_record(*, opcode: int = 0, nargs: int = 0, scalar_size: int = 0, blob_at: int = 0, blob_len: int = 0, scalars: int = 0, ctx: int = 0) -> bytes:
+    return LANE_RECORD.pack(opcode, nargs, scalar_size, blob_at, blob_len, scalars, ctx)
 
 
 KEPT_ATTRIBUTE_SIZE = 24
@@ -95,22 +96,23 @@ KEPT_PACK = struct.Struct('<ii3q48Q')
 KEPT_RECORD_SIZE = 832
 KEPT_RECORD_OFFSETS = {'state': 0, 'kind': 4, 'setter': 8, 'attributes': 12, 'generation': 16, 'ints': 24, 'made': 96, 'attribute': 128, 'pack': 416}
 KEPT_RECORD_FIELDS = ('state', 'kind', 'setter', 'attributes', 'generation', 'ints', 'made', 'attribute', 'pack')
-BLAS_PAIR_SIZE = 32
-BLAS_PAIR_OFFSETS = {'stream': 0, 'workspace': 8, 'bytes': 16, 'own': 24}
-BLAS_PAIR_FIELDS = ('stream', 'workspace', 'bytes', 'own')
-BLAS_PAIR = struct.Struct('<QQQQ')
+BLAS_PAIR_SIZE = 72
+BLAS_PAIR_OFFSETS = {'stream': 0, 'workspace': 8, 'bytes': 16, 'own': 24, 'pointer_mode': 32, 'sent_stream': 40, 'sent_workspace': 48, 'sent_bytes': 56, 'sent_own': 64}
+BLAS_PAIR_FIELDS = ('stream', 'workspace', 'bytes', 'own', 'pointer_mode', 'sent_stream', 'sent_workspace', 'sent_bytes', 'sent_own')
+BLAS_PAIR = struct.Struct('<QQQQQQQQQ')
 
 
-def pack_blas_pair(*, stream: int = 0, workspace: int = 0, bytes: int = 0, own: int = 0) -> bytes:
-    return BLAS_PAIR.pack(stream, workspace, bytes, own)
+def pack_blas_pair(*, stream: int = 0, workspace: int = 0, bytes: int = 0, own: int = 0, pointer_mode: int = 0, sent_stream: int = 0, sent_workspace: int = 0, sent_bytes: int = 0, sent_own: int = 0) -> bytes:
+    return BLAS_PAIR.pack(stream, workspace, bytes, own, pointer_mode, sent_stream, sent_workspace, sent_bytes, sent_own)
 
 
 
 # the records as the core's cffi module declares them
 CDEF = """
-struct xpu_lane_record { uint32_t opcode; uint16_t nargs; uint16_t blob_at; uint32_t blob_len; uint32_t zero; uint64_t ctx; };
+struct xpu_lane_record { uint32_t opcode; uint8_t nargs; uint8_t scalar_size; uint16_t blob_at; uint32_t blob_len; uint32_t scalars; uint64_t ctx; };
 struct xpu_kept_attribute { uint32_t name; uint32_t size; uint8_t value[16]; };
 struct xpu_kept_pack { int32_t finalized; int32_t set; int64_t count[3]; uint64_t value[48]; };
 struct xpu_kept_record { int32_t state; int32_t kind; int32_t setter; int32_t attributes; int64_t generation; int32_t ints[18]; uint64_t made[4]; struct xpu_kept_attribute attribute[12]; struct xpu_kept_pack pack; };
-struct xpu_blas_pair { uint64_t stream; uint64_t workspace; uint64_t bytes; uint64_t own; };
+struct xpu_blas_pair { uint64_t stream; uint64_t workspace; uint64_t bytes; uint64_t own; uint64_t pointer_mode; uint64_t sent_stream; uint64_t sent_workspace; uint64_t sent_bytes; uint64_t sent_own; };
 """
+SCALAR_BYTES = {0: 4, 1: 8, 2: 2, 3: 4, 4: 8, 5: 16, 6: 4, 10: 4, 14: 2, 15: 4, 64: 2, 65: 2, 68: 4, 69: 4, 70: 8, 71: 8, 72: 4, 73: 4, 74: 4, 75: 4, 77: 4}

@@ -676,7 +676,35 @@ class Call:
     @cached_property
     def in_lane(self) -> bool:
         """A lane record may name this call (the server runs no other from a lane)."""
-        return (self.lane in ("args", "known") and self.sent) or self.symbol == LANE_LAUNCH
+        return (self.lane in ("args", "known") and self.sent) or self.symbol == LANE_LAUNCH \
+            or self.blas_lane is not None
+
+    @cached_property
+    def blas_lane(self) -> tuple[int, int, int] | None:
+        """How the shim queues this cuBLAS call in the lane (interpose/kept.h), or None: (a bit per argument that is
+        a host scalar, the argument naming the scalars' type or -1, their fixed size). Calls of the handle first,
+        then integers, streams, device pointers and host scalars of one type, each by value in a record."""
+        if self.library != "cublas" or self.cls != "async" or not self.sent or len(self.params) > abi.LANE_ARGS_MAX \
+                or not self.params or self.params[0].ctype != "cublasHandle_t" or self.destroys:
+            return None
+        scalars, type_arg, size = 0, -1, 0
+        for i, p in enumerate(self.params[1:], 1):
+            if p.is_scalar and p.direction == "in":
+                kind = p.count.partition(":")[2]
+                at = self.names.index(kind) if kind in self.names else -1
+                if (kind and (at < 0 or self.params[at].kind != "int" or type_arg not in (-1, at))) \
+                        or (not kind and (p.pointee_size > 8 or size not in (0, p.pointee_size))):
+                    return None
+                type_arg, size = (at, size) if kind else (type_arg, p.pointee_size)
+                scalars |= 1 << i
+            elif not (p.kind == "int" or p.ctype == "cudaStream_t" or p.is_device):
+                return None
+        return None if type_arg >= 0 and size else (scalars, type_arg, size)
+
+    @cached_property
+    def signed_args(self) -> tuple[int, ...]:
+        """The signed integers among the arguments: a lane record's slots carry them as two's complement."""
+        return tuple(i for i, p in enumerate(self.params) if p.kind == "int" and p.signed)
 
     @cached_property
     def by_data(self) -> bool:

@@ -68,19 +68,20 @@ def _comment(text: str, indent: str = "") -> list[str]:
 
 
 def emit(limits: dict[str, tuple[int, str]], enums: dict[str, tuple[str, tuple[str, ...]]],
-         records: dict[str, tuple[str, tuple]], driver_ops: int, library_ops: dict[str, int]) -> tuple[str, str]:
+         records: dict[str, tuple[str, tuple]], tables: dict[str, tuple[str, dict[int, int]]], driver_ops: int,
+         library_ops: dict[str, int]) -> tuple[str, str]:
     """(abi.h, abi.py) for these declarations and op counts."""
     values = {name: value for name, (value, _) in limits.items()}
     names = [*limits, *(f"{e}_{m}" for e, (_, members) in enums.items() for m in members),
-             *(f"{r.upper()}{suffix}" for r in records for suffix in ("", "_SIZE", "_OFFSETS", "_FIELDS"))]
+             *(f"{r.upper()}{suffix}" for r in records for suffix in ("", "_SIZE", "_OFFSETS", "_FIELDS")), *tables]
     clashes = sorted({n for n in names if names.count(n) > 1})
     if clashes:
         raise SystemExit(f"protocol/records.py: {', '.join(clashes)} named twice: rename one")
     layouts: dict[str, Layout] = {}
     for name, (_, fields) in records.items():
         layouts[name] = Layout(name, fields, values, layouts)
-    return (_c(limits, enums, records, layouts, driver_ops, library_ops),
-            _python(limits, enums, records, layouts, driver_ops, library_ops))
+    return (_c(limits, enums, records, layouts, driver_ops, library_ops) + _c_tables(tables),
+            _python(limits, enums, records, layouts, driver_ops, library_ops) + _python_tables(tables))
 
 
 def _c(limits, enums, records, layouts, driver_ops: int, library_ops: dict[str, int]) -> str:
@@ -102,7 +103,21 @@ def _c(limits, enums, records, layouts, driver_ops: int, library_ops: dict[str, 
                 f"_Static_assert(sizeof(struct xpu_{name}) == {layout.size}, \"protocol/records.py: {name}\");"]
         out += [f"_Static_assert(offsetof(struct xpu_{name}, {f}) == {at}, \"protocol/records.py: {name}.{f}\");"
                 for f, _, _, at in layout.fields]
+    return "\n".join([*out, ""])
+
+
+def _c_tables(tables: dict[str, tuple[str, dict[int, int]]]) -> str:
+    out = []
+    for name, (why, rows) in tables.items():
+        out += [*_comment(why), f"static const int64_t xpu_{name.lower()}[][2] = {{",
+                *textwrap.wrap(", ".join(f"{{{k}, {v}}}" for k, v in sorted(rows.items())), 110,
+                               initial_indent="    ", subsequent_indent="    "), "};",
+                f"#define XPU_{name}_ROWS {len(rows)}"]
     return "\n".join([*out, "", "#endif", ""])
+
+
+def _python_tables(tables: dict[str, tuple[str, dict[int, int]]]) -> str:
+    return "".join(f"{name} = {dict(sorted(rows.items()))!r}\n" for name, (_, rows) in tables.items())
 
 
 def _python(limits, enums, records, layouts, driver_ops: int, library_ops: dict[str, int]) -> str:
@@ -139,5 +154,5 @@ def _packer(name: str, layout: Layout) -> list[str]:
 def outputs(root: Path, driver_ops: int, library_ops: dict[str, int]) -> dict[Path, str]:
     from . import records
 
-    header, module = emit(records.LIMITS, records.ENUMS, records.RECORDS, driver_ops, library_ops)
+    header, module = emit(records.LIMITS, records.ENUMS, records.RECORDS, records.TABLES, driver_ops, library_ops)
     return {root / "protocol" / "abi.h": header, root / "protocol" / "abi.py": module}

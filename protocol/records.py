@@ -14,12 +14,14 @@ A C name is `XPU_` and the Python name: `LANE_BYTES` is `XPU_LANE_BYTES`; an enu
 
 from __future__ import annotations
 
+from . import mathlibs
+
 # name -> (value, why)
 LIMITS: dict[str, tuple[int, str]] = {
     "LANE_BYTES": (256 << 10, "the fast lane's buffer (interpose/lane.h): full, it declines and the core sends it. "
                    "Room for about ten of PyTorch's foreach launches, whose argument bytes are about 25 KiB each"),
     "LANE_BLOB_MAX": (32764, "kernel argument bytes a launch record may carry: the driver's bound"),
-    "LANE_ARGS_MAX": (12, "arguments of a lane record: xpuLaunchKernel's"),
+    "LANE_ARGS_MAX": (24, "arguments of a lane record: cublasGemmStridedBatchedEx's 23, xpuLaunchKernel's 12"),
     "LANE_NO_BLOB": (0xFFFF, "a lane record's blob_at when none of its arguments is a blob"),
     "LANE_KNOWN_HANDLES": (1024, "handles the core let take the lane (a power of two): graph instantiations"),
     "KEPT_INTS": (18, "a kept tensor's longest setting: an Nd one of KEPT_DIMS dimensions (type, count, dims, "
@@ -47,11 +49,12 @@ ENUMS: dict[str, tuple[str, tuple[str, ...]]] = {
              ("OFF", "PLAIN", "LAUNCH", "KNOWN")),
     "KEPT": ("what an op marked for interpose/kept.h is: a create, a setter or a destroy of one kind of "
              "descriptor (a pack's finalize too), a library handle's setter or getter, cuBLAS's stream and "
-             "workspace setters and stream getter, or cuBLASLt's heuristic (answered again from the core's first "
-             "answer for the same descriptors). A tensor record's setter is one of the three SET_",
+             "workspace setters and stream getter, cuBLASLt's heuristic (answered again from the core's first "
+             "answer for the same descriptors), or a cuBLAS call queued in the lane (a GEMM with its scalars' "
+             "bytes). A tensor record's setter is one of the three SET_",
              ("NONE", "CREATE", "SET_ND", "SET_4D", "SET_4D_EX", "DESTROY", "LT_CREATE", "LT_SET", "LT_DESTROY",
               "PACK_CREATE", "PACK_SET", "PACK_FINALIZE", "PACK_DESTROY", "SETTING", "GETTING", "BLAS_STREAM",
-              "BLAS_WORKSPACE", "BLAS_GET_STREAM", "HEURISTIC")),
+              "BLAS_WORKSPACE", "BLAS_GET_STREAM", "HEURISTIC", "BLAS_CALL")),
     "KEPT_KIND": ("the kind of a kept descriptor's record",
                   ("TENSOR", "LT_MATMUL", "LT_LAYOUT", "LT_PREFERENCE", "PACK")),
     "ASK": ("the context questions interpose/answers.h answers in C",
@@ -71,9 +74,10 @@ Field = tuple[str, str] | tuple[str, str, int | str | tuple[int | str, ...]]
 # name -> (why, fields), in C's declaration order (a record names only those before it)
 RECORDS: dict[str, tuple[str, tuple[Field, ...]]] = {
     "lane_record": ("a fast-lane record's head, little-endian; `nargs` u64 arguments follow, then the blob that "
-                    "replaces argument `blob_at` (LANE_NO_BLOB: none), padded to 8 bytes",
-                    (("opcode", "u32"), ("nargs", "u16"), ("blob_at", "u16"), ("blob_len", "u32"),
-                     ("zero", "u32"), ("ctx", "u64"))),
+                    "replaces argument `blob_at` (LANE_NO_BLOB: none), padded to 8 bytes. An argument whose bit is set "
+                    "in `scalars` holds a host scalar's first `scalar_size` bytes (a GEMM's alpha and beta)",
+                    (("opcode", "u32"), ("nargs", "u8"), ("scalar_size", "u8"), ("blob_at", "u16"),
+                     ("blob_len", "u32"), ("scalars", "u32"), ("ctx", "u64"))),
     "kept_attribute": ("one attribute of a kept cuBLASLt descriptor: its name and last bytes",
                        (("name", "u32"), ("size", "u32"), ("value", "u8", "KEPT_VALUE"))),
     "kept_pack": ("a kept variant pack: its attributes in KEPT_PACK_ATTRIBUTES' order (ids, data pointers, "
@@ -86,7 +90,16 @@ RECORDS: dict[str, tuple[str, tuple[Field, ...]]] = {
                     (("state", "i32"), ("kind", "i32"), ("setter", "i32"), ("attributes", "i32"),
                      ("generation", "i64"), ("ints", "i32", "KEPT_INTS"), ("made", "u64", "KEPT_MADE"),
                      ("attribute", "kept_attribute", "KEPT_ATTRIBUTES"), ("pack", "kept_pack"))),
-    "blas_pair": ("a cuBLAS handle's stream and workspace as kept.h holds them; the core reads and writes them "
-                  "where they lie. own: 1 while the workspace is cuBLAS's own (cublasSetStream puts it back)",
-                  (("stream", "u64"), ("workspace", "u64"), ("bytes", "u64"), ("own", "u64"))),
+    "blas_pair": ("a cuBLAS handle's stream and workspace as kept.h holds them, its pointer mode, and the stream "
+                  "and workspace the server's handle has (sent_*); the core reads and writes them where they lie. "
+                  "own: 1 while the workspace is cuBLAS's own (cublasSetStream puts it back)",
+                  (("stream", "u64"), ("workspace", "u64"), ("bytes", "u64"), ("own", "u64"),
+                   ("pointer_mode", "u64"), ("sent_stream", "u64"), ("sent_workspace", "u64"),
+                   ("sent_bytes", "u64"), ("sent_own", "u64"))),
+}
+
+# name -> (why, {code: value}): lookup tables C needs of what Python knows
+TABLES: dict[str, tuple[str, dict[int, int]]] = {
+    "SCALAR_BYTES": ("bytes of a host scalar (alpha, beta) of a cudaDataType_t or cublasComputeType_t",
+                     {mathlibs.api(mathlibs.CUBLAS).ENUMS[name]: size for name, size in mathlibs.SCALAR_BYTES.items()}),
 }

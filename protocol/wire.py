@@ -75,8 +75,8 @@ HEADER_ALLOWANCE = 64 * 1024  # of a request's size limit, kept for what is not 
 # A fast-lane record (protocol/records.py's lane_record): its head, the arguments (u64 each) and the blob,
 # padded to 8 bytes.
 _LANE_ARGS = [struct.Struct(f"<{n}Q") for n in range(abi.LANE_ARGS_MAX + 1)]
-_LANE_HEAD = operator.itemgetter(*(abi.LANE_RECORD_FIELDS.index(f) for f in ("opcode", "nargs", "blob_at", "blob_len",
-                                                                            "ctx")))
+_LANE_HEAD = operator.itemgetter(*(abi.LANE_RECORD_FIELDS.index(f) for f in (
+    "opcode", "nargs", "blob_at", "blob_len", "ctx", "scalars", "scalar_size")))
 
 
 def lane_record(view: memoryview, at: int) -> tuple[int, int, list[Any], int]:
@@ -85,12 +85,17 @@ def lane_record(view: memoryview, at: int) -> tuple[int, int, list[Any], int]:
     end = len(view)
     if at + abi.LANE_RECORD.size > end:
         raise WireError(f"a lane record is cut short at byte {at}")
-    opcode, count, blob_at, blob_len, ctx = _LANE_HEAD(abi.LANE_RECORD.unpack_from(view, at))
+    opcode, count, blob_at, blob_len, ctx, scalars, scalar_size = _LANE_HEAD(abi.LANE_RECORD.unpack_from(view, at))
     at += abi.LANE_RECORD.size
     blob_past_args = blob_at != abi.LANE_NO_BLOB and blob_at >= count
-    if count >= len(_LANE_ARGS) or at + 8 * count + blob_len > end or blob_past_args:
+    if count >= len(_LANE_ARGS) or at + 8 * count + blob_len > end or blob_past_args or scalars >> count \
+            or scalar_size > 8 or bool(scalars) != bool(scalar_size):
         raise WireError(f"a lane record at byte {at - abi.LANE_RECORD.size} is malformed")
     args = list(_LANE_ARGS[count].unpack_from(view, at))
+    while scalars:  # a host scalar's bytes, as the client sends them off the lane
+        i = scalars.bit_length() - 1
+        args[i] = args[i].to_bytes(8, "little")[:scalar_size]
+        scalars ^= 1 << i
     at += 8 * count
     if blob_at != abi.LANE_NO_BLOB:
         args[blob_at] = bytes(view[at : at + blob_len])

@@ -182,7 +182,7 @@ void xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uin
         uint32_t opcode = r.opcode, blob_len = r.blob_len, count = r.nargs;
         const struct xpu_native_op *op = op_slot(n, opcode);
         int blob_ok = op && (op->blob < 0 ? r.blob_at == XPU_LANE_NO_BLOB && !blob_len : r.blob_at == op->blob);
-        if (!op || !op->fn || op->count != count || !blob_ok || r.ctx != ctx
+        if (!op || !op->fn || op->count != count || !blob_ok || r.ctx != ctx || r.scalars
             || len - pos - head < 8u * count + (uint64_t)blob_len)
             break;
         uint64_t in[XPU_LANE_ARGS_MAX], out[XPU_LANE_ARGS_MAX] = {0};

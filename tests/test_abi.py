@@ -90,15 +90,16 @@ else:
 
 # The changed row: the context first, and a field more (the head grows from 24 to 32 bytes).
 CHANGED = ("the lane record, rearranged by tests/test_abi.py", (
-    ("ctx", "u64"), ("opcode", "u32"), ("nargs", "u16"), ("blob_at", "u16"), ("blob_len", "u32"),
-    ("zero", "u32"), ("spare", "u64")))
+    ("ctx", "u64"), ("opcode", "u32"), ("nargs", "u8"), ("scalar_size", "u8"), ("blob_at", "u16"), ("blob_len", "u32"),
+    ("scalars", "u32"), ("spare", "u64")))
 
 
 def write_abi(folder: Path, lane_record: tuple | None = None) -> Path:
     declared = dict(records.RECORDS)
     if lane_record:
         declared["lane_record"] = lane_record
-    header, module = generate_abi.emit(records.LIMITS, records.ENUMS, declared, abi.DRIVER_OPS, abi.LIBRARY_OPS)
+    header, module = generate_abi.emit(records.LIMITS, records.ENUMS, declared, records.TABLES, abi.DRIVER_OPS,
+                                            abi.LIBRARY_OPS)
     folder.mkdir()
     (folder / "abi.h").write_text(header)
     (folder / "abi.py").write_text(module)
@@ -125,7 +126,7 @@ def decode(folder: Path, record: str) -> dict:
 
 
 def test_the_committed_abi_is_what_the_declarations_give() -> None:
-    header, module = generate_abi.emit(records.LIMITS, records.ENUMS, records.RECORDS, abi.DRIVER_OPS,
+    header, module = generate_abi.emit(records.LIMITS, records.ENUMS, records.RECORDS, records.TABLES, abi.DRIVER_OPS,
                                        abi.LIBRARY_OPS)
     assert (ROOT / "protocol" / "abi.h").read_text() == header
     assert (ROOT / "protocol" / "abi.py").read_text() == module
@@ -148,4 +149,4 @@ def test_a_changed_row_reaches_the_shim_and_both_ends_of_the_worker(tmp_path: Pa
 def test_a_name_given_twice_is_refused() -> None:
     limits = {**records.LIMITS, "LANE_RECORD_SIZE": (1, "a clash")}
     with pytest.raises(SystemExit, match="LANE_RECORD_SIZE"):
-        generate_abi.emit(limits, records.ENUMS, records.RECORDS, abi.DRIVER_OPS, abi.LIBRARY_OPS)
+        generate_abi.emit(limits, records.ENUMS, records.RECORDS, records.TABLES, abi.DRIVER_OPS, abi.LIBRARY_OPS)

@@ -503,3 +503,101 @@ def test_descriptors_are_kept_in_c(tmp_path) -> None:
     served = [int(n) for n in re.findall(r"library calls: .*cudnn=(\d+)", srv.log())]
     # the 60 questions asked and the server's descriptors for the settings named (made, set): not the 10,600
     assert len(served) == 1 and served[0] < 200, served
+
+
+GEMM_PROGRAM = r"""
+import ctypes, struct, sys
+from xpuremote.interpose.build import LIBRARY_NAMES
+from xpuremote.protocol.cublas_api import ENUMS as E
+
+cuda, blas = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL(LIBRARY_NAMES[0])
+ptr, N = ctypes.c_void_p, 4
+context, handle, streams = ptr(), ptr(), [ptr(), ptr()]
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0) == 0
+assert cuda.cuCtxSetCurrent(context) == 0 and blas.cublasCreate_v2(ctypes.byref(handle)) == 0
+for s in streams:
+    assert cuda.cuStreamCreate(ctypes.byref(s), 1) == 0
+
+
+def matrix(values):
+    address = ctypes.c_uint64()
+    assert cuda.cuMemAlloc_v2(ctypes.byref(address), 4 * N * N) == 0
+    data = struct.pack(f"<{N * N}f", *values)
+    assert cuda.cuMemcpyHtoD_v2(address, data, len(data)) == 0
+    return address.value
+
+
+def read(address):
+    host = ctypes.create_string_buffer(4 * N * N)
+    assert cuda.cuMemcpyDtoH_v2(host, ctypes.c_uint64(address), 4 * N * N) == 0
+    return [round(v, 3) for v in struct.unpack(f"<{N * N}f", host.raw)]
+
+
+a, b, c = matrix(range(N * N)), matrix([0.5] * (N * N)), matrix([1.0] * (N * N))
+workspace = matrix([0.0] * (N * N))
+one, half, device_one = ctypes.c_float(1.0), ctypes.c_float(0.5), matrix([1.0] * (N * N))
+f32, compute = E["CUDA_R_32F"], E["CUBLAS_COMPUTE_32F"]
+for i in range(6):  # PyTorch sets the stream and a workspace before each GEMM; a new stream every other one
+    assert blas.cublasSetStream_v2(handle, streams[i // 2 % 2]) == 0
+    if i % 3:
+        assert blas.cublasSetWorkspace_v2(handle, ctypes.c_uint64(workspace), ctypes.c_size_t(4 * N * N)) == 0
+    alpha = ctypes.c_float(1.0 + i)
+    if i % 2:
+        status = blas.cublasGemmEx(handle, 0, 0, N, N, N, ctypes.byref(alpha), ctypes.c_uint64(a), f32, N,
+                                   ctypes.c_uint64(b), f32, N, ctypes.byref(half), ctypes.c_uint64(c), f32, N, compute,
+                                   E["CUBLAS_GEMM_DEFAULT"])
+    else:
+        status = blas.cublasSgemm_v2(handle, 0, 0, N, N, N, ctypes.byref(alpha), ctypes.c_uint64(a), N,
+                                     ctypes.c_uint64(b), N, ctypes.byref(half), ctypes.c_uint64(c), N)
+    assert status == 0, (i, status)
+assert cuda.cuCtxSynchronize() == 0
+print("host scalars", read(c))
+assert blas.cublasSetPointerMode_v2(handle, 1) == 0  # the scalars' addresses travel: the client's way
+assert blas.cublasSgemm_v2(handle, 0, 0, N, N, N, ctypes.c_uint64(device_one), ctypes.c_uint64(a), N,
+                           ctypes.c_uint64(b), N, ctypes.c_uint64(device_one), ctypes.c_uint64(c), N) == 0
+assert cuda.cuCtxSynchronize() == 0
+print("device scalars", read(c))
+assert blas.cublasSetPointerMode_v2(handle, 0) == 0
+print("a NULL alpha", blas.cublasSgemm_v2(handle, 0, 0, N, N, N, None, ctypes.c_uint64(a), N, ctypes.c_uint64(b), N,
+                                          ctypes.byref(one), ctypes.c_uint64(c), N))
+"""
+
+
+@pytest.mark.sim_only(reason="counts the sim's library calls per session; the client's side is the same on any "
+                      "backend")
+def test_cublas_gemms_are_queued_in_c(tmp_path) -> None:
+    """A cuBLAS call of integers, device pointers and host scalars (cublasSgemm, cublasGemmEx, ...) is queued in
+    the fast lane by C (interpose/kept.h) with its scalars' bytes, after the stream and workspace its handle lacks
+    on the server: with the lane and without, the same results and the same calls reach the server; with it the
+    core sees none of the GEMMs in host pointer mode, and the one in device pointer mode and the one with a NULL
+    alpha go its way."""
+    from conftest import shim_env, start_server
+
+    from xpuremote.client import call_cpu
+    from xpuremote.interpose.build import ensure_shim
+
+    srv = start_server(tmp_path)
+    runs = {}
+    try:
+        for lane in ("1", "0"):
+            table = tmp_path / f"cpu-{lane}.tsv"
+            proc = subprocess.run([sys.executable, "-c", GEMM_PROGRAM], capture_output=True, text=True, timeout=60,
+                                  env=shim_env(ensure_shim(), srv.address, XPU_LANE=lane, XPU_CALL_CPU=str(table)))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            runs[lane] = proc.stdout, call_cpu.read(table)
+    finally:
+        srv.stop()
+    assert runs["1"][0] == runs["0"][0], runs
+    lines = runs["1"][0].splitlines()
+    # c = alpha * a @ b + 0.5 c, six times, alpha 1..6; column-major: a's row i is i, 4 + i, ..., b is all 0.5
+    row = [0.5 * sum(4 * j + i for j in range(4)) for i in range(4)]
+    c = [1.0] * 4
+    for alpha in range(1, 7):
+        c = [alpha * r + 0.5 * v for r, v in zip(row, c)]
+    assert lines[0] == f"host scalars {[round(v, 3) for _ in range(4) for v in c]}", lines
+    assert lines[2].startswith("a NULL alpha "), lines  # the core's answer, in both runs
+    in_c, by_core = runs["1"][1], runs["0"][1]
+    assert by_core["cublasSgemm_v2"][0] == 5 and by_core["cublasGemmEx"][0] == 3, by_core
+    assert in_c["cublasSgemm_v2"][0] == 2 and "cublasGemmEx" not in in_c, in_c  # device mode, NULL alpha
+    served = re.findall(r"library calls: .*?cublas=(\d+)", srv.log())
+    assert len(served) == 2 and served[0] == served[1], served
