@@ -67,8 +67,9 @@ class ConvolutionDescriptor:
                            w.dims[1])
 
 
-# cudnnConvolution*AlgoPerf_t: algo, status, time, memory, determinism, math type, reserved
-ALGO_PERF = struct.Struct("<iif4xQii12x")
+# cudnnConvolution*AlgoPerf_t: algo, status, time, memory, determinism, math type, reserved; 48 bytes, as C pads it
+# to its size_t's alignment (the client takes an array of them only in whole elements)
+ALGO_PERF = struct.Struct("<iif4xQii12x4x")
 
 
 def packed_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
