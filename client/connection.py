@@ -48,6 +48,8 @@ from xpuremote.protocol import errors, spin, wire
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import NO_LINK, LinkSpec, Wire
+from xpuremote.protocol.stream import KEY_BYTES as SEAL_KEY_BYTES
+from xpuremote.protocol.stream import SealBroken, message_bound, valid_keys
 
 from . import auth, data, marshal, trace
 from .alarm import Alarm
@@ -112,7 +114,8 @@ class Connection:
         self.downlink = Wire(link) if link.active else None
         self.sent_ns = 0  # when the last message went out (kept for a trace)
         self.down_bytes = 0  # size of the last answer read (kept for a trace or a link)
-        self.data: socket.socket | None = None  # the data connection (client/data.py), when there is one
+        self.data: data.Stream | None = None  # the data connection (client/data.py), when there is one
+        self.streamed = False  # the last batch went there
         self.scratch = memoryview(bytearray(data.SCRATCH))  # where an answer there is read
         self.starting = True  # a failure now is said by whoever connects (Driver.connect), once, not here
         try:
@@ -148,8 +151,9 @@ class Connection:
                              "listens on a port of its own, on the host of the server's --listen)") from None
         self.max_request_bytes = self.inventory.get("max_request_bytes") or 0  # the worker's limit (0: none)
         port = self.inventory.get("data_port")
-        if port and data.wanted() and self.keys is None and not self.link.active and not measure:
-            self.data = self._open_data(port, timeout_s)
+        seal = self.inventory.get("data_keys") if self.keys is not None else None  # CURVE: sealed, or none
+        if port and data.wanted() and not self.link.active and not measure and (self.keys is None or seal):
+            self.data = self._open_data(port, timeout_s, seal)
 
     def _socket(self, endpoint: str, routing_id: bytes | None = None) -> zmq.Socket:
         """A DEALER to `endpoint`; one to the worker presents the session's key as its routing id."""
@@ -192,11 +196,15 @@ class Connection:
             raise ServerGone(errors.NO_DEVICE, f"the server at {self.address} gave no session key")
         return self._worker_endpoint(answer["worker"]), answer["session"], key
 
-    def _open_data(self, port: int, timeout_s: float) -> socket.socket | None:
+    def _open_data(self, port: int, timeout_s: float, seal: Any = None) -> data.Stream | None:
         host = urlparse(self.endpoint).hostname or "127.0.0.1"
+        if seal is not None and not valid_keys(seal):
+            log.warning("the server's keys for the data connection are not two %d-byte keys: copies go in "
+                        "messages", SEAL_KEY_BYTES)
+            return None
         try:
-            sock = data.connect(host, port, self.key, timeout_s)
-        except OSError as exc:
+            sock = data.connect(host, port, self.key, timeout_s, seal)
+        except (OSError, ImportError) as exc:  # ImportError: no `cryptography` to seal it with
             log.warning("no data connection to %s port %d (%s): copies go in messages", host, port, exc)
             return None
         try:
@@ -239,8 +247,8 @@ class Connection:
             self._queue(call, args, ctx, 0)
             stream = self.data is not None
             seq = self._send(reply=True, stream=stream)
-            stream = stream and self.data is not None  # not if it failed there (then it went on ZeroMQ)
-            if values:
+            stream = stream and self.streamed  # not if it went on ZeroMQ (it failed there, or was too large)
+            if values and stream:
                 self._send_data(values)
             answer = self._receive_stream(seq, not values, ctx_flags) if stream else self._receive(seq)
             if stream and self.later:
@@ -323,13 +331,17 @@ class Connection:
     # ---- the data connection --------------------------------------------------------------
     def _data_values(self, args: list[Any]) -> list[wire.Data]:
         """The call's values for the data connection; without one, they go in the message instead."""
-        values = [a for a in args if type(a) is wire.Data]
         if self.data is None:
-            for i, a in enumerate(args):
-                if type(a) is wire.Data:
-                    args[i] = a.size if a.asked else wire.frame(a.buffer)
+            self._inline(args)
             return []
-        return values
+        return [a for a in args if type(a) is wire.Data]
+
+    @staticmethod
+    def _inline(args: list[Any]) -> None:
+        """A call's values for the data connection, in its message instead."""
+        for i, a in enumerate(args):
+            if type(a) is wire.Data:
+                args[i] = a.size if a.asked else wire.frame(a.buffer)
 
     def _send_data(self, values: list[wire.Data]) -> None:
         """An input's bytes, after its message. If the stream fails the server sees it end, and answers
@@ -460,10 +472,12 @@ class Connection:
         if trace.RECORDER:  # when it went out, for the answer's round trip
             self.sent_ns = header.get("sent") or time.monotonic_ns()
             trace.RECORDER.sent(self.seq, kind if reply else "async", self.sent_ns, wire.size_of(frames), calls)
+        self.streamed = False
         if stream:
-            if self._send_stream(frames):
+            if self._fits_stream(frames) and self._send_stream(frames):
+                self.streamed = True
                 return None
-            self._data_values(header["calls"][-1][1])  # ZeroMQ carries it instead, its bytes inline
+            self._inline(header["calls"][-1][1])  # ZeroMQ carries it instead, its bytes inline
             frames = wire.encode(header)
         self.zmq_seq = self.seq  # a message on the data connection after this one is served after it
         return frames
@@ -480,6 +494,11 @@ class Connection:
         with self.sending:
             pass
 
+    def _fits_stream(self, frames: list[Any]) -> bool:
+        """Whether a message is within what its head may declare on the data connection; a larger one goes on
+        ZeroMQ."""
+        return 8 * len(frames) + wire.size_of(frames) <= message_bound(self.max_request_bytes, wire.HEADER_ALLOWANCE)
+
     def _send_stream(self, frames: list[Any]) -> bool:
         """A message on the data connection; False if it failed there (the worker drops what it read of it:
         the message goes on ZeroMQ instead)."""
@@ -494,14 +513,17 @@ class Connection:
         """The answer to message `seq`, sent on the data connection: it comes there, or, if the stream is lost
         on the way, on ZeroMQ (the worker sends it there when it cannot send it on the stream). `alone`: no
         output follows it there."""
-        if not self._spun(ctx_flags):
+        if not data.pending(self.data) and not self._spun(ctx_flags):
             while self.data is not None and not self._stream_ready():
                 self._watch()
         try:
             if self.data is None:  # lost while the message's input was sent
                 raise OSError("it failed while the call's input was sent")
             answer = wire.decode(data.receive_message(self.data, self.scratch if alone else None), self._data_ref)
-        except (OSError, wire.WireError) as exc:
+        except (SealBroken, wire.WireError) as exc:  # it was sent here, but not as it came: it is lost
+            self._lose_data(f"receiving an answer: {exc}")
+            raise CudaError(errors.UNKNOWN, f"the answer was lost with the data connection: {exc}") from None
+        except OSError as exc:  # the worker gave the stream up: it sends the answer on ZeroMQ
             self._lose_data(f"receiving an answer: {exc}")
             return self._receive(seq)
         return answer

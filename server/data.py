@@ -4,12 +4,17 @@ A ZeroMQ message lands in a buffer of ZeroMQ's: a copy to the application's memo
 and one into device memory on the sim, which a plain TCP stream read straight into its destination
 does not need (protocol/wire.py says how a message points at bytes that travel here).
 
-The worker listens on a port of its own beside its ZeroMQ endpoint, for plain (non-CURVE) sessions
-on tcp:// only. The client connects, sends the session's key, then asks over ZeroMQ (`data` op);
-the worker takes the first connection that presents the key and stops listening. Bytes travel in
-the order of the messages that name them: the inputs of a message follow it, the outputs asked of
-it follow its answer. A stream that fails or stalls for DATA_TIMEOUT_S is closed; the session goes
-on over ZeroMQ, and a later message that names the data connection is refused.
+The worker listens on a port of its own beside its ZeroMQ endpoint, for sessions on tcp:// only. The
+client connects, sends the session's key, then asks over ZeroMQ (`data` op); the worker takes the first
+connection that presents the key and stops listening. A keyed (CURVE) session's stream is sealed
+(protocol/stream.py): its key travels in the first record, and a connection whose record fails its check
+presents nothing. Bytes travel in the order of the messages that name them: the inputs of a message follow
+it, the outputs asked of it follow its answer. A stream that fails or stalls for DATA_TIMEOUT_S is closed;
+the session goes on over ZeroMQ, and a later message that names the data connection is refused.
+
+A message's body takes memory only as its bytes arrive (stream.buffer_for): its head's 12 bytes commit
+nothing. A head that declares more than the session may send (stream.message_bound) is Overdeclared: the
+worker ends the session.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
-from xpuremote.protocol import wire
+from xpuremote.protocol import stream, wire
 
 log = logging.getLogger("xpuremote.worker")
 
@@ -33,6 +38,15 @@ READ_AHEAD = 64 * 1024  # a short read takes up to this much: a small message co
 
 class DataError(wire.WireError):
     """The data connection failed or is not there."""
+
+
+class Overdeclared(DataError):
+    """A message's head declared more than the session may send: no client of ours does that."""
+
+
+class Closed(DataError):
+    """The client closed the stream between two messages: no answer is owed (it gave the stream up after an
+    answer, or at its end)."""
 
 
 def listen(bind: str) -> socket.socket | None:
@@ -50,10 +64,11 @@ def listen(bind: str) -> socket.socket | None:
 
 
 class DataConnection:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, sealed: stream.Sealed | None = None) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         wire.set_stall_timeout(sock, DATA_TIMEOUT_S)
-        self.sock: socket.socket | None = sock
+        self.sock: socket.socket | stream.Sealed | None = sealed or sock
+        self.sealed = sealed is not None
         self.moved = 0  # bytes of copies read and written
         self.messages = 0  # messages read there
         self.head = memoryview(bytearray(wire.STREAM_HEAD.size))
@@ -61,8 +76,10 @@ class DataConnection:
         self.ahead_at = self.ahead_end = 0
 
     @classmethod
-    def accept(cls, listener: socket.socket, key: bytes, session: str) -> DataConnection:
-        """The first connection to `listener` that presents `key`; others are logged and closed."""
+    def accept(cls, listener: socket.socket, key: bytes, session: str,
+               seal: list[bytes] | None = None) -> DataConnection:
+        """The first connection to `listener` that presents `key` (in a sealed record, with `seal`: the keys
+        [client to worker, worker to client]); others are logged and closed."""
         deadline = time.monotonic() + ACCEPT_TIMEOUT_S
         while (left := deadline - time.monotonic()) > 0:
             listener.settimeout(left)
@@ -71,12 +88,13 @@ class DataConnection:
             except OSError:
                 break
             sock.settimeout(min(left, 1.0))
+            sealed = stream.Sealed(sock, seal[1], seal[0]) if seal else None
             try:
-                presented = _read_exactly(sock, len(key))
-            except OSError:
+                presented = _read_exactly(sealed or sock, len(key))
+            except OSError:  # a record that fails its check too
                 presented = b""
             if hmac.compare_digest(presented, key):
-                return cls(sock)
+                return cls(sock, sealed)
             log.warning("session %s: a data connection from %s did not present the session's key", session, peer)
             sock.close()
         raise DataError("no data connection presented the session's key")
@@ -94,17 +112,20 @@ class DataConnection:
         return value
 
     def read_message(self, max_bytes: int) -> tuple[list[memoryview], str | None]:
-        """A message the client sent here (wire.stream_buffers): its frames, and why it is refused (over
-        `max_bytes`, 0: no bound; read and dropped) or None. DataError if it does not follow the format."""
-        self._read(self.head)
+        """A message the client sent here (wire.stream_buffers): its frames, and why it is refused or None.
+        Overdeclared if its head declares more than `max_bytes` (0: no limit) allows; DataError if it does
+        not follow the format."""
+        self._read(self.head, between=True)
         self.messages += 1
         count, size = wire.STREAM_HEAD.unpack(self.head)
-        if max_bytes and size > max_bytes + wire.HEADER_ALLOWANCE:
-            self.skip(size, copy=False)
-            return [], f"request of {size} bytes is over the server's limit of {max_bytes} bytes"
+        bound = stream.message_bound(max_bytes, wire.HEADER_ALLOWANCE)
+        if size > bound:
+            self.close()
+            raise Overdeclared(f"a message on the data connection declared {size} bytes, over the {bound} "
+                               f"this session may send ({'--max-request-bytes' if max_bytes else 'no limit set'})")
         try:
-            body = memoryview(bytearray(size))
-        except MemoryError:
+            body = stream.buffer_for(size)  # its memory is taken as its bytes arrive
+        except (MemoryError, OSError):
             self.fail(f"a message of {size} bytes does not fit in memory")
         self._read(body)
         try:
@@ -126,11 +147,12 @@ class DataConnection:
 
     def buffered(self) -> bool:
         """Whether bytes were read ahead: the next message may have come whole, with nothing left to poll."""
-        return self.ahead_end > self.ahead_at
+        return self.ahead_end > self.ahead_at or self.sealed and self.sock is not None and self.sock.pending()
 
-    def _read(self, view: memoryview) -> None:
+    def _read(self, view: memoryview, between: bool = False) -> None:
         """Exactly len(view) bytes: what was read ahead first; a short rest read ahead again (the rest of a
-        message, or the inputs that follow it), a long one straight into `view`."""
+        message, or the inputs that follow it), a long one straight into `view`. `between`: a message's head,
+        where the stream may end (Closed)."""
         got, size = min(len(view), self.ahead_end - self.ahead_at), len(view)
         if got:
             view[:got] = self.ahead[self.ahead_at : self.ahead_at + got]
@@ -140,7 +162,7 @@ class DataConnection:
                 short = size - got < READ_AHEAD
                 n = self._live().recv_into(self.ahead if short else view[got:], READ_AHEAD if short else size - got)
                 if not n:
-                    self.fail("the client closed it")
+                    self.fail("the client closed it", Closed if between and got == 0 else DataError)
                 if short:
                     take = min(n, size - got)
                     view[got : got + take] = self.ahead[:take]
@@ -150,13 +172,12 @@ class DataConnection:
         except OSError as exc:
             self.fail(f"reading: {exc}")
 
-    def skip(self, size: int, copy: bool = True) -> None:
-        """Read and drop `size` bytes: an input the call never took (it failed first), or (`copy` false) a
-        message refused unread."""
+    def skip(self, size: int) -> None:
+        """Read and drop `size` bytes: an input the call never took (it failed first)."""
         scratch = memoryview(bytearray(min(size, SKIP_CHUNK)))
         while size > 0:
             chunk = min(size, len(scratch))
-            (self.read_into if copy else self._read)(scratch[:chunk])
+            self.read_into(scratch[:chunk])
             size -= chunk
 
     def send(self, data: Any) -> None:
@@ -175,9 +196,9 @@ class DataConnection:
             if value.left:
                 value.skip_rest()
 
-    def fail(self, why: str) -> None:
+    def fail(self, why: str, kind: type[DataError] = DataError) -> None:
         self.close()
-        raise DataError(f"data connection lost ({why}); it is closed, ZeroMQ carries the session on")
+        raise kind(f"data connection lost ({why}); it is closed, ZeroMQ carries the session on")
 
     def _live(self) -> socket.socket:
         if self.sock is None:
@@ -213,9 +234,9 @@ class Incoming:
         self.left -= len(view)
         self.conn.read_into(view)
 
-    def read(self) -> bytearray:
-        data = bytearray(self.size)
-        self.readinto(memoryview(data))
+    def read(self) -> memoryview:
+        data = stream.buffer_for(self.size)  # taken as the bytes arrive, as a message's body
+        self.readinto(data)
         return data
 
     def skip_rest(self) -> None:
@@ -230,11 +251,11 @@ class Asked:
         self.size = size
 
 
-def _read_exactly(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
+def _read_exactly(sock: socket.socket | stream.Sealed, size: int) -> bytes:
+    data, got = memoryview(bytearray(size)), 0
+    while got < size:
+        n = sock.recv_into(data[got:], size - got)
+        if not n:
             break
-        data += chunk
-    return bytes(data)
+        got += n
+    return bytes(data[:got])

@@ -33,11 +33,12 @@ from xpuremote.protocol import abi, errors, logs, spin, wire
 from xpuremote.protocol.calls import BY_OPCODE, CALLS, DEFAULT_STREAMS, Call, Param
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import LinkSpec, Wire, wait_until
+from xpuremote.protocol.stream import new_keys as new_data_keys
 
 from . import auth, data, metrics
 from .backends import load_backend
 from .backends.base import Backend
-from .data import DATA_TIMEOUT_S, Asked, DataConnection, DataError, Incoming
+from .data import DATA_TIMEOUT_S, Asked, Closed, DataConnection, DataError, Incoming, Overdeclared
 from .gpu_timer import GpuTimer, is_gpu_work
 from .limits import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_MAX_HANDLES, Accounted, Limits, give_back_memory, parse_size
 from .native_lane import NativeLane, NativeOp
@@ -124,6 +125,7 @@ class Session:
         self.owners: dict[int, Any] = {}  # a handle made with an owner -> that owner object
         self.listener: socket.socket | None = None  # where the client opens the data connection (server/data.py)
         self.data: DataConnection | None = None
+        self.data_keys: list[bytes] | None = None  # a keyed session's: its data connection is sealed with them
         self.answering = False  # the call being run is the one a reply answers: it may send an output as data
         self.outgoing: list[Any] = []  # outputs for the data connection, sent after the answer
         backend.bind(self.handles, self.name_handle, self.drop_handle, self.owner_of)
@@ -144,6 +146,8 @@ class Session:
                   "max_request_bytes": self.limits.max_request_bytes}
         if self.listener is not None and self.data is None:
             answer["data_port"] = self.listener.getsockname()[1]
+            if self.data_keys:  # in the CURVE-encrypted answer: no one else learns them
+                answer["data_keys"] = self.data_keys
         return answer
 
     def open_data(self) -> dict[str, Any]:
@@ -151,7 +155,7 @@ class Session:
         if self.listener is None:
             raise DataError("this session offers no data connection")
         try:
-            self.data = DataConnection.accept(self.listener, self.key, self.name)
+            self.data = DataConnection.accept(self.listener, self.key, self.name, self.data_keys)
         finally:
             self.listener.close()
             self.listener = None
@@ -675,8 +679,10 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
     # MONITOR_STOPPED: disable_monitor() at the end wakes the watchdog at once
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_ACCEPTED | zmq.EVENT_MONITOR_STOPPED)
     endpoint = _bind(sock, bind, session_id)
-    if keys is None:  # the data connection is plain TCP: not beside an encrypted session
-        session.listener = data.listen(bind)
+    session.listener = data.listen(bind)
+    if session.listener is not None:
+        if keys is not None:  # an encrypted session's data connection is sealed, with keys of its own
+            session.data_keys = new_data_keys()
         log.info("session %s: waits on the data connection spin up to %d µs", session_id, spin_us)
     print(f"endpoint {endpoint} {session.key.hex()}", flush=True)  # to the daemon's pipe only
     watchdog = Watchdog(monitor, session)
@@ -791,11 +797,12 @@ def _stop_on_sigterm() -> list[int]:
     return stopping
 
 
-def _say_closing(sock: zmq.Socket, session: Session) -> None:
+def _say_closing(sock: zmq.Socket, session: Session, why: str = "the server is shutting down",
+                 status: int = errors.DEINITIALIZED) -> None:
     """Tell the client that the session ends: its next call fails with this, not a timeout."""
     if session.peer is None:
         return
-    notice = {"op": "closing", "status": errors.DEINITIALIZED, "error": "the server is shutting down"}
+    notice = {"op": "closing", "status": status, "error": why}
     sock.setsockopt(zmq.LINGER, 2000)  # the notice must leave before the socket closes
     sock.send_multipart([session.peer, *wire.encode(notice)])
 
@@ -872,6 +879,13 @@ def _handle_stream(sock: zmq.Socket, session: Session) -> bool:
     they came in order, so once that one has come, all have)."""
     try:
         frames, too_big = session.data.read_message(session.limits.max_request_bytes)
+    except Overdeclared as exc:  # no client of ours declares that: the session ends now
+        log.warning("session %s: ending it: %s", session.name, exc)
+        _say_closing(sock, session, f"the server ended this session: {exc}", errors.INVALID_VALUE)
+        return False
+    except Closed as exc:  # between two messages: nothing is owed (an answer now would answer the next call)
+        log.warning("session %s: %s", session.name, exc)
+        return True
     except DataError as exc:  # the client sees the stream end and looks for the answer on ZeroMQ
         log.warning("session %s: %s", session.name, exc)
         if session.peer is not None:

@@ -8,15 +8,17 @@ import os
 import re
 import socket
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import zmq
 from conftest import Server, shim_env, start_chain, start_server
-from pyclient import PyClient, wait_for
+from pyclient import PyClient, rss, sessions, wait_for
 from test_faults import program
 
+from xpuremote.client import connection
 from xpuremote.client.connection import Connection
 from xpuremote.protocol import errors, wire
 from xpuremote.protocol.calls import CALLS
@@ -113,7 +115,7 @@ class RawSession:
         assert hello.poll(10_000), "no answer to hello"
         answer = wire.decode(hello.recv_multipart())
         hello.close(0)
-        self.key = answer["key"]
+        self.key, self.session = answer["key"], answer["session"]
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.ROUTING_ID, wire.routing_id(self.key))
         self.sock.connect(answer["worker"])
@@ -362,20 +364,103 @@ def test_a_stream_lost_in_a_call_fails_that_call_and_the_session_goes_on_over_ze
         srv.stop()
 
 
-def test_a_message_on_the_stream_over_the_request_limit_is_refused_and_dropped(tmp_path: Path) -> None:
-    srv = start_server(tmp_path, args=("--max-request-bytes", str(MIB)))
+@pytest.mark.parametrize("limit, declared", [("1M", MIB + wire.HEADER_ALLOWANCE + 1), (None, 6 << 30)],
+                         ids=["over --max-request-bytes", "6 GiB without a limit"])
+def test_a_head_that_declares_more_than_the_session_may_send_ends_it(limit: str | None, declared: int,
+                                                                      tmp_path: Path) -> None:
+    """Twelve bytes that declare a message no client of ours sends (it splits copies to the limit, and without one
+    sends a message over stream.MESSAGE_MAX on ZeroMQ): the worker takes no memory for it, tells the client why,
+    logs it and ends the session. It used to allocate and zero-fill what the head declared (6 GiB: resident
+    memory rising past 2.7 GiB), or, over the limit, wait for the bytes to drop them."""
+    srv = start_server(tmp_path, args=("--max-request-bytes", limit) if limit else ())
+    s = RawSession(srv.address)
+    try:
+        _open(s, 8)
+        worker = _worker_of(srv, s)
+        before = rss(worker)
+        s.data.sendall(wire.STREAM_HEAD.pack(1, declared))
+        peak = _peak_rss_until_gone(worker, before + 64 * MIB, 10)
+        assert peak - before < 64 * MIB, f"the worker took {(peak - before) >> 20} MiB for a head"
+        assert not _alive(worker), "the session was not ended"
+        assert s.sock.poll(5_000), "no notice"
+        notice = wire.decode(s.sock.recv_multipart())
+        assert notice["op"] == "closing" and f"declared {declared} bytes" in notice["error"], notice
+        assert re.search(rf"session {s.session}: ending it: a message on the data connection declared {declared}",
+                         srv.log()), srv.log()[-2000:]
+        assert "Traceback" not in srv.log(), srv.log()[-3000:]
+    finally:
+        s.close()
+        srv.stop()
+
+
+def test_a_message_takes_memory_only_as_its_bytes_arrive(tmp_path: Path) -> None:
+    """Under --max-request-bytes 1G, a head that declares 1 GiB, then its bytes 8 MiB at a time: the worker holds
+    what arrived (and a page or a chunk more), not what was declared. Three such heads took 3.2 GiB in 4 s, held
+    for the stall timeout. The client then closes the stream: the memory is given back, the session goes on."""
+    srv = start_server(tmp_path, args=("--max-request-bytes", "1G"))
     s = RawSession(srv.address)
     try:
         ptr = _open(s, 8)
-        big = wire.encode({"op": "calls", "seq": 99, "reply": True, "after": s.zmq_seq,
-                           "calls": [op("cuMemcpyHtoD_v2", ptr, wire.frame(bytes(2 * MIB)), 2 * MIB)]})
-        wire.send_buffers(s.data, wire.stream_buffers(big))
-        answer = s.answer_on_stream()
-        assert answer["status"] == errors.INVALID_VALUE and "over the server's limit" in answer["error"], answer
-        answer = s.calls(op("cuMemcpyHtoD_v2", ptr, b"in-frame", 8))  # the stream is still in line
-        assert answer["status"] == 0, answer
+        worker = _worker_of(srv, s)
+        before = rss(worker)
+        s.data.sendall(wire.STREAM_HEAD.pack(1, 1 << 30))
+        for sent in (8 * MIB, 16 * MIB, 24 * MIB):
+            s.data.sendall(os.urandom(8 * MIB))
+            wait_for(lambda got=sent: rss(worker) - before >= got - 2 * MIB, 10)  # read by the worker meanwhile
+            grown = rss(worker) - before
+            assert grown <= sent + 16 * MIB, f"{grown >> 20} MiB held after {sent >> 20} MiB arrived"
+        s.data.close()
+        s.data = None
+        assert s.sock.poll(20_000), "no answer"  # on ZeroMQ: the stream is gone
+        answer = wire.decode(s.sock.recv_multipart())
+        assert answer["status"] == errors.INVALID_VALUE and "the client closed it" in answer["error"], answer
+        assert wait_for(lambda: rss(worker) - before < 16 * MIB, 10), f"{(rss(worker) - before) >> 20} MiB kept"
+        assert s.calls(op("cuMemcpyHtoD_v2", ptr, b"in-frame", 8))["status"] == 0
         assert bytes(s.calls(op("cuMemcpyDtoH_v2", 8, ptr, 8))["outs"][0]) == b"in-frame"
         assert "Traceback" not in srv.log(), srv.log()[-3000:]
     finally:
         s.close()
         srv.stop()
+
+
+def test_a_message_larger_than_a_head_may_declare_goes_on_zeromq(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client sends a message over what the worker takes on the data connection (stream.MESSAGE_MAX without a
+    request limit, here made 1 MiB) on ZeroMQ, the data connection kept for the next ones."""
+    monkeypatch.setattr(connection, "message_bound", lambda limit, allowance: MIB)
+    srv = start_server(tmp_path)
+    client = PyClient(srv.address)
+    try:
+        ptr = client.alloc(2 * MIB)
+        data = os.urandom(2 * MIB)
+        client.write(ptr, data)  # 2 MiB in the message
+        assert not client.conn.streamed and client.conn.data is not None
+        assert client.read(ptr, len(data)) == data and client.conn.streamed  # the answer is a frame of 2 MiB
+        client.close()
+        assert wait_for(lambda: "messages there" in srv.log(), 10), srv.log()[-2000:]
+        assert "data connection lost" not in srv.log() and "Traceback" not in srv.log(), srv.log()[-3000:]
+    finally:
+        srv.stop()
+
+
+def _worker_of(srv: Server, s: RawSession) -> int:
+    return next(w["worker_pid"] for w in sessions(srv.address) if w["session"] == s.session)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def _peak_rss_until_gone(pid: int, bound: int, timeout_s: float) -> int:
+    """The process's largest resident memory, sampled until it ends, passes `bound`, or `timeout_s` passes."""
+    peak, deadline = 0, time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _alive(pid) and peak <= bound:
+        try:
+            peak = max(peak, rss(pid))
+        except FileNotFoundError:
+            break
+        time.sleep(0.01)
+    return peak

@@ -3,11 +3,13 @@
 Keys come from `xpu-server keygen`; the server admits the public keys in --allowed-keys. A
 client without keys, with a key not on the list, or with the wrong server key is refused,
 with a clear error on its side (at once, not at the connect timeout) and a line in the
-server's log. Captured traffic can neither be replayed into a session nor read.
+server's log. Captured traffic can neither be replayed into a session nor read, the data connection's
+included (sealed with keys the worker sends inside CURVE), and altered traffic fails cleanly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -19,6 +21,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,12 +29,14 @@ from pathlib import Path
 import pytest
 import zmq
 from conftest import Server, start_server
-from pyclient import PyClient, Relay, make_keys, rss, wait_for
+from pyclient import CTX, PyClient, Relay, make_keys, rss, wait_for
 from test_faults import PRELUDE
 from test_isolation import PTX
 
+from xpuremote.client import data
 from xpuremote.client.connection import Connection
-from xpuremote.protocol import errors, wire
+from xpuremote.protocol import errors, stream, wire
+from xpuremote.protocol.calls import CALLS
 from xpuremote.protocol.errors import CudaError
 from xpuremote.server.backends import sim_board
 from xpuremote.server.daemon import ask_status
@@ -105,8 +110,8 @@ def test_allowed_client_works_through_the_shim(keys: dict[str, Path], curve_serv
     result = run_on([sys.executable, "-c", PRELUDE + body], timeout=60, address=curve_server.address,
                     XPU_CLIENT_KEY=str(keys["alice"]), XPU_SERVER_KEY=str(keys["server.pub"]))
     assert result.returncode == 0 and "roundtrip True" in result.stdout, result.stdout + result.stderr
-    # a copy of 1 MiB goes on the data connection in plain mode: never beside an encrypted session
-    assert "data connection open" not in curve_server.log()
+    # a copy of 1 MiB goes on the data connection, sealed with the session's own keys (protocol/stream.py)
+    assert wait_for(lambda: re.search(r"[1-9]\d* bytes on the data connection", curve_server.log()), 10)
 
 
 @pytest.mark.parametrize("who", ["no keys", "unknown key", "wrong server key"])
@@ -170,42 +175,65 @@ def test_a_worker_admits_only_its_own_client(keys: dict[str, Path], curve_server
 
 
 def relayed_session(address: str, pattern: bytes, monkeypatch: pytest.MonkeyPatch) -> list[Relay]:
-    """A client session whose every connection (daemon and worker) goes through a recording relay;
-    it copies `pattern` to the device and back. The relays, daemon's first."""
+    """A client session whose every connection (daemon, worker, data connection) goes through a recording
+    relay; it copies `pattern` to the device and back, in its messages and straight from and into its buffers.
+    The relays: the daemon's, the worker's, the data connection's."""
     relays = [Relay.to(address)]
-    real = Connection._worker_endpoint
+    real, real_connect = Connection._worker_endpoint, data.connect
 
     def through_relay(self: Connection, endpoint: str) -> str:
         relays.append(Relay.to(real(self, endpoint)))
         return relays[-1].address
 
+    def data_through_relay(host: str, port: int, *args: object) -> data.Stream:
+        relays.append(Relay(host, port))
+        return real_connect("127.0.0.1", relays[-1].port, *args)
+
     monkeypatch.setattr(Connection, "_worker_endpoint", through_relay)
+    monkeypatch.setattr(data, "connect", data_through_relay)
     client = PyClient(relays[0].address)
     try:
+        assert client.conn.data is not None, "no data connection"
         ptr = client.alloc(len(pattern))
         client.write(ptr, pattern)  # over 64 KiB: a bulk frame
         assert client.read(ptr, len(pattern)) == pattern
+        _copy_by_data(client, ptr, pattern)
         small = client.alloc(4096)
         client.write(small, pattern[:4096])  # inline in the msgpack header
         assert client.read(small, 4096) == pattern[:4096]
     finally:
         client.close()
     monkeypatch.setattr(Connection, "_worker_endpoint", real)
+    monkeypatch.setattr(data, "connect", real_connect)
     return relays
+
+
+def _copy_by_data(client: PyClient, ptr: int, pattern: bytes) -> None:
+    """`pattern` to the device and back as the shim copies a large buffer: its bytes on the data connection,
+    read and written straight from and into the buffers."""
+    status, _, _ = client.conn.call(CALLS["cuMemcpyHtoD_v2"], [ptr, wire.Data(pattern), len(pattern)], CTX,
+                                    by_data=True)
+    assert status == 0, status
+    out = bytearray(len(pattern))
+    asked = wire.Data(memoryview(out), asked=True)  # written as the bytes arrive
+    status, _, _ = client.conn.call(CALLS["cuMemcpyDtoH_v2"], [asked, ptr, len(pattern)], CTX, by_data=True)
+    assert status == 0 and out == pattern, status
 
 
 @pytest.mark.parametrize("curve", [True, False], ids=["curve", "plain"])
 def test_captured_traffic_holds_none_of_the_copied_bytes(curve: bool, keys: dict[str, Path], curve_server: Server,
                                                          server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With CURVE the copied bytes appear nowhere on the wire; without it (the control) they do."""
-    pattern = secrets.token_bytes(256) * 1024
+    """With CURVE the copied bytes appear nowhere on the wire, the data connection's included (it is sealed);
+    without it (the control) they do. The copies went on the data connection, and came back unchanged."""
+    pattern = secrets.token_bytes(256) * 4096  # 1 MiB: large enough for the data connection
     use(monkeypatch, keys["alice"] if curve else None, keys["server.pub"] if curve else None)
-    monkeypatch.setenv("XPU_DATA_CONNECTION", "0")  # the control's calls would skip the relay on it
     relays = relayed_session((curve_server if curve else server).address, pattern, monkeypatch)
     capture = b"".join(r.captured() for r in relays)
     for r in relays:
         r.close()
-    assert len(relays) == 2 and len(capture) > 2 * len(pattern), len(capture)
+    assert len(relays) == 3 and len(capture) > 4 * len(pattern), len(capture)
+    up, down = relays[2].connections[0]  # two copies each way, as messages and straight from the buffers
+    assert len(up) > 2 * len(pattern) and len(down) > 2 * len(pattern), (len(up), len(down))
     probes = [pattern[i : i + 32] for i in (0, 1000, 4064, 100_000, len(pattern) - 32)]
     found = [p in capture for p in probes]
     assert found == [not curve] * len(probes), found
@@ -239,6 +267,83 @@ def test_a_replayed_session_gets_nothing(curve: bool, keys: dict[str, Path], cur
     finally:
         if not curve:
             target.stop()
+
+
+class Tamper(Relay):
+    """A relay that flips one bit of the byte at offset `at` of one way of its first connection (0: what the
+    client sends, 1: what the server sends back)."""
+
+    def __init__(self, host: str, port: int, way: int, at: int) -> None:
+        self.way, self.at = way, at
+        super().__init__(host, port)
+
+    def _accept(self) -> None:
+        client, _ = self.listener.accept()
+        server = socket.create_connection(self.upstream)
+        self.connections.append((bytearray(), bytearray()))
+        for way, (src, dst) in enumerate(((client, server), (server, client))):
+            threading.Thread(target=self._pump, args=(src, dst, self.connections[0][way], way == self.way),
+                             daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, record: bytearray, alter: bool) -> None:
+        try:
+            while chunk := bytearray(src.recv(1 << 16)):
+                if alter and len(record) <= self.at < len(record) + len(chunk):
+                    chunk[self.at - len(record)] ^= 1
+                record += chunk
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.mark.parametrize("way", [0, 1], ids=["client to worker", "worker to client"])
+def test_a_byte_altered_on_the_sealed_data_connection_fails_that_copy_cleanly(
+        way: int, keys: dict[str, Path], curve_server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One bit flipped 1 MiB into what a keyed session's data connection carries one way, inside a 2 MiB copy: the
+    copy fails, saying why; the end that saw it logs it; no byte of the altered record or after it lands (the
+    device's memory, or the application's buffer, holds the copy's checked records and what it held before);
+    and the session goes on over ZeroMQ (CURVE), its next copies right."""
+    use(monkeypatch, keys["alice"], keys["server.pub"])
+    real_connect, relays = data.connect, []
+
+    def tampered(host: str, port: int, *args: object) -> data.Stream:
+        relays.append(Tamper(host, port, way, 1 << 20))
+        return real_connect("127.0.0.1", relays[-1].port, *args)
+
+    monkeypatch.setattr(data, "connect", tampered)
+    client = PyClient(curve_server.address)
+    size, pattern = 2 << 20, secrets.token_bytes(2 << 20)
+    try:
+        assert type(client.conn.data) is stream.Sealed, client.conn.data
+        ptr = client.alloc(size)
+        if way == 0:
+            status, _, _ = client.conn.call(CALLS["cuMemcpyHtoD_v2"], [ptr, wire.Data(pattern), size], CTX,
+                                            by_data=True)
+            assert status == errors.INVALID_VALUE, status
+            assert wait_for(lambda: "a record on the data connection failed its check" in curve_server.log(), 5)
+            landed, before = client.read(ptr, size), bytes(size)  # over ZeroMQ now
+        else:
+            client.write(ptr, pattern)
+            landed = bytearray(b"\xaa" * size)
+            before = bytes(landed)
+            with pytest.raises(CudaError, match="lost with the data connection: a record on the data connection "
+                                                "failed its check"):
+                asked = wire.Data(memoryview(landed), asked=True)
+                client.conn.call(CALLS["cuMemcpyDtoH_v2"], [asked, ptr, size], CTX, by_data=True)
+        assert client.conn.data is None
+        first = next((i for i in range(size) if landed[i] != pattern[i]), size)
+        assert first < size and landed[first:] == before[first:], f"bytes not the copy's landed from byte {first}"
+        client.write(ptr, pattern[::-1])
+        assert client.read(ptr, size) == pattern[::-1]
+    finally:
+        client.close()
+        for relay in relays:
+            relay.close()
+    assert "Traceback" not in curve_server.log()
 
 
 def _read_for(sock: socket.socket, seconds: float) -> bytes:

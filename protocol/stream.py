@@ -1,0 +1,186 @@
+"""The data connection's stream (server/data.py, client/data.py): sealed records, and buffers that commit
+memory only as bytes arrive.
+
+A keyed (CURVE) session's data connection is sealed: AES-256-GCM records, one key each way, made at random
+by the worker for this session alone and handed to its client inside the CURVE-encrypted answer to `init`.
+No key material is kept or managed anywhere else, and the keys die with the session. A record is its
+plaintext length (u32, little-endian; authenticated as the record's associated data), the ciphertext, and
+the 16-byte tag; its nonce is the count of records sent before it that way, so a record dropped, replayed,
+reordered or altered fails the check of the one read in its place. Nothing a record holds is handed on
+before its tag is checked. Records carry at most RECORD_MAX bytes, so a large copy streams through a
+cache-sized buffer at each end.
+
+Python's ssl has no pre-shared keys before 3.13, and a TLS handshake with a throwaway certificate whose
+fingerprint travels over CURVE measured slower here for the same guarantees (docs/security.md).
+"""
+
+from __future__ import annotations
+
+import mmap
+import secrets
+import socket
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+KEY_BYTES = 32  # AES-256
+TAG = 16
+RECORD_HEAD = struct.Struct("<I")  # a record's plaintext length
+RECORD_MAX = 256 << 10  # plaintext bytes a record carries at most: a buffer that stays in cache
+_WHOLE = RECORD_HEAD.size + RECORD_MAX + TAG
+COALESCE = 64 << 10  # a message's buffers under this size are sealed together: a small message is one record
+EAGER = 1 << 20  # a buffer up to this size is allocated whole at once; a larger one commits pages as they fill
+MESSAGE_MAX = 4 << 30  # the most a message on the data connection may declare where no request limit is set
+
+
+class SealBroken(ConnectionError):
+    """A record that failed its check (altered, replayed, out of order, from another key) or is malformed."""
+
+
+def new_keys() -> list[bytes]:
+    """A session's data connection keys: [client to worker, worker to client]."""
+    return [secrets.token_bytes(KEY_BYTES), secrets.token_bytes(KEY_BYTES)]
+
+
+def valid_keys(keys: Any) -> bool:
+    return isinstance(keys, list) and len(keys) == 2 and all(type(k) is bytes and len(k) == KEY_BYTES for k in keys)
+
+
+def message_bound(max_request_bytes: int, allowance: int) -> int:
+    """The most a message's head on the data connection may declare: the request limit and what is not
+    payload, or MESSAGE_MAX where there is no limit (the client sends a larger message on ZeroMQ)."""
+    return max_request_bytes + allowance if max_request_bytes else MESSAGE_MAX
+
+
+def buffer_for(size: int) -> memoryview:
+    """A writable buffer of `size` bytes whose memory is committed as it is written: a small one at once, a
+    large one as anonymous pages, which the kernel backs only when bytes land in them. A peer that declares
+    a size and sends less holds only what it sent, and nothing is zero-filled ahead of the bytes."""
+    if size <= EAGER:
+        return memoryview(bytearray(size))
+    return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE))
+
+
+_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux's value; Python names it from 3.12 on
+
+
+def _nonce(count: int) -> bytes:
+    return count.to_bytes(12, "little")
+
+
+class Sealed:
+    """A TCP stream of AES-GCM records, with the calls of a socket that the data connection's ends make
+    (sendall, sendmsg, recv_into, fileno, shutdown, close). Its reads read ahead: `pending()` says whether
+    bytes wait here that the socket's poll will not announce."""
+
+    def __init__(self, sock: socket.socket, send_key: bytes, receive_key: bytes) -> None:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # only keyed sessions need it
+
+        self.sock = sock
+        self._seal = AESGCM(send_key).encrypt_into
+        self._open = AESGCM(receive_key).decrypt_into
+        self.sent = self.received = 0  # records each way: the next one's nonce
+        self.out = memoryview(bytearray(_WHOLE))  # the record being sealed
+        self.raw = memoryview(bytearray(2 * _WHOLE))  # read, not yet opened: raw[raw_at:raw_end]
+        self.raw_at = self.raw_end = 0
+        self.plain = memoryview(bytearray(RECORD_MAX))  # opened, not yet taken: plain[plain_at:plain_end]
+        self.plain_at = self.plain_end = 0
+
+    # ---- writing ---------------------------------------------------------------------------
+    def sendall(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        for at in range(0, len(view), RECORD_MAX):
+            self._record(view[at : at + RECORD_MAX])
+
+    def sendmsg(self, buffers: Sequence[Any]) -> int:
+        """All of `buffers`, small neighbours sealed together (wire.send_buffers' scatter-gather)."""
+        views = [memoryview(b).cast("B") for b in buffers]
+        total = sum(len(v) for v in views)
+        if total <= COALESCE:
+            self._record(b"".join(views))
+            return total
+        small: list[memoryview] = []
+        for view in views:
+            if len(view) >= COALESCE:
+                if small:
+                    self._record(b"".join(small))
+                    small = []
+                self.sendall(view)
+            else:
+                small.append(view)
+        if small:
+            self.sendall(b"".join(small))
+        return total
+
+    def _record(self, piece: Any) -> None:
+        n, out = len(piece), self.out
+        if not n:
+            return
+        RECORD_HEAD.pack_into(out, 0, n)
+        head = RECORD_HEAD.size
+        self._seal(_nonce(self.sent), piece, out[:head], out[head : head + n + TAG])
+        self.sent += 1
+        self.sock.sendall(out[: head + n + TAG])
+
+    # ---- reading ---------------------------------------------------------------------------
+    def recv_into(self, view: memoryview, nbytes: int = 0) -> int:
+        """Up to `nbytes` (0: len(view)) checked bytes; 0 at the end of the stream between two records."""
+        if self.plain_at == self.plain_end and not self._open_next():
+            return 0
+        n = min(nbytes or len(view), self.plain_end - self.plain_at)
+        view[:n] = self.plain[self.plain_at : self.plain_at + n]
+        self.plain_at += n
+        return n
+
+    def pending(self) -> bool:
+        return self.plain_end > self.plain_at or self.raw_end > self.raw_at
+
+    def _open_next(self) -> bool:
+        """The next record opened into `plain`; False if the stream ended cleanly before it."""
+        head = RECORD_HEAD.size
+        if not self._fill(head):
+            return False
+        (length,) = RECORD_HEAD.unpack_from(self.raw, self.raw_at)
+        if not 0 < length <= RECORD_MAX:
+            raise SealBroken(f"a record of {length} bytes on the data connection (at most {RECORD_MAX})")
+        whole = head + length + TAG
+        if not self._fill(whole):
+            raise SealBroken("the data connection ended within a record")
+        at = self.raw_at
+        try:
+            self._open(_nonce(self.received), self.raw[at + head : at + whole], self.raw[at : at + head],
+                       self.plain[:length])
+        except Exception as exc:  # cryptography's InvalidTag: nothing of it is taken
+            raise SealBroken("a record on the data connection failed its check (altered, replayed or out of "
+                             "order)") from exc
+        self.received += 1
+        self.raw_at += whole
+        self.plain_at, self.plain_end = 0, length
+        return True
+
+    def _fill(self, need: int) -> bool:
+        """At least `need` bytes in raw[raw_at:]; False if the stream ended with none there."""
+        while self.raw_end - self.raw_at < need:
+            if self.raw_at == self.raw_end:
+                self.raw_at = self.raw_end = 0
+            elif self.raw_at + need > len(self.raw):  # the rest of a record to the front, where it fits
+                kept = self.raw_end - self.raw_at
+                self.raw[:kept] = self.raw[self.raw_at : self.raw_end]
+                self.raw_at, self.raw_end = 0, kept
+            n = self.sock.recv_into(self.raw[self.raw_end :])
+            if not n:
+                if self.raw_end == self.raw_at:
+                    return False
+                raise SealBroken("the data connection ended within a record")
+            self.raw_end += n
+        return True
+
+    # ---- the socket's own -------------------------------------------------------------------
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def shutdown(self, how: int) -> None:
+        self.sock.shutdown(how)
+
+    def close(self) -> None:
+        self.sock.close()
