@@ -522,7 +522,11 @@ def server_descriptor(d: Driver, handle: int) -> int:
                 gone, kind = MADE.pop(next(iter(MADE)))
                 d.post(CALLS[DESCRIPTORS[kind]], [gone])
                 STATE.pop(gone, None)
+                if IN_C is not None:
+                    IN_C.serve(None, gone)
         MADE[key] = found
+    if IN_C is not None and "record" in state:  # a setting C keeps: C names it so in the calls it queues
+        IN_C.serve(state["record"][1], found[0])
     return found[0]
 
 
@@ -599,10 +603,13 @@ def _op(symbol: str) -> tuple[int, int]:
 SETTING_OPS = {setter: (_op(setter), _op(getter)) for setter, getter in SETTERS.items()}
 
 
-def blas_lane() -> list[str]:
-    """The cuBLAS calls C queues in the lane: those the table lets in a lane that the client forwards as they are
-    (not the setters C answers otherwise, nor a call the client implements: asked once every module is loaded)."""
-    return [s for s in LIBRARY_SYMBOLS["cublas"] if CALLS[s].blas_lane is not None and s not in IN_C_OPS
+def library_lane() -> list[tuple[str, int]]:
+    """The library calls C queues in the lane, with their role: those the table lets in a lane that the client
+    forwards as they are (not the setters C answers otherwise, nor a call the client implements: asked once every
+    module is loaded)."""
+    return [(s, abi.KEPT_BLAS_CALL if CALLS[s].blas_lane else abi.KEPT_LT_CALL)
+            for s in (*LIBRARY_SYMBOLS["cublas"], *LIBRARY_SYMBOLS["cublasLt"])
+            if (CALLS[s].blas_lane or CALLS[s].lt_lane) and s not in IN_C_OPS
             and CALLS[s].family not in IMPLEMENTATIONS]
 IN_C_DECODERS = {kind: marshal.slot_decoder(call) for (role, kind), call in IN_C_CALLS.items()
                  if role == abi.KEPT_LT_CREATE}
@@ -625,13 +632,25 @@ class KeptInC:
             call = CALLS[symbol]
             made = len(call.params) - 1 if role == abi.KEPT_LT_CREATE else 0  # a cuBLASLt create's setting
             self.lib.xpu_kept_mark(*_op(symbol), role, kind, made, call.opcode)
-        for symbol in blas_lane():  # queued in the lane by C, the handle's stream and workspace before them
-            call = CALLS[symbol]
-            self.lib.xpu_kept_mark(*_op(symbol), abi.KEPT_BLAS_CALL, 0, 0, call.opcode)
-            self.lib.xpu_kept_lane(*_op(symbol), len(call.params), *call.blas_lane)
         names = [name for name, _ in PACK_ORDER]
         self.lib.xpu_kept_pack_names(self.ffi.new("int64_t[]", [VARIANT_PACK, *names, *(t for _, t in PACK_ORDER)]))
-        self.lib.xpu_kept_lt_pointers(self.ffi.new("uint32_t[]", sorted(LT_POINTERS)), len(LT_POINTERS))
+        self.lib.xpu_kept_lt_names(self.ffi.new("uint32_t[]", sorted(LT_POINTERS)), len(LT_POINTERS), ATTR_SCALE_TYPE,
+                                   ATTR_POINTER_MODE)
+        for symbol, role in library_lane():  # queued in the lane by C
+            call = CALLS[symbol]
+            self.lib.xpu_kept_mark(*_op(symbol), role, 0, 0, call.opcode)
+            if role == abi.KEPT_BLAS_CALL:  # the handle's stream and workspace before it
+                self.lib.xpu_kept_lane(*_op(symbol), len(call.params), *call.blas_lane, 0, -1, 0)
+            else:  # its descriptors named by the server's ones for their settings (`server_descriptor`)
+                descriptors, scalars, scale_from, blob, blob_size = call.lt_lane
+                self.lib.xpu_kept_lane(*_op(symbol), len(call.params), scalars, scale_from, 0, descriptors, blob,
+                                       blob_size)
+
+    def serve(self, raw: bytes | None, server: int) -> None:
+        """The server's descriptor `server` has the kept setting `raw` (a record, its generation 0), or (None) it
+        is gone: C names it in the cuBLASLt calls it queues (kept.h's xpu_kept_lt_call)."""
+        setting = self.ffi.from_buffer("struct xpu_kept_record *", raw) if raw is not None else self.ffi.NULL
+        self.lib.xpu_kept_serve(setting, server)
 
     def learn_heuristic(self, args: list[Any], results: bytes, count: bytes) -> None:
         """C answers the same question (the handle, the descriptors' settings, the count) from now on."""

@@ -60,14 +60,16 @@ size_t xpu_lane_take(unsigned char *out, uint64_t *state);
 uint64_t xpu_lane_waiting(void);
 uint64_t xpu_lane_appended(void);
 void xpu_kept_mark(int library, int op, int role, int kind, int made, uint32_t opcode);
-void xpu_kept_lane(int library, int op, int nargs, uint32_t scalars, int type_arg, int size);
+void xpu_kept_lane(int library, int op, int nargs, uint32_t scalars, int type_arg, int size, uint32_t descriptors,
+                   int blob_arg, int blob_size);
 void xpu_kept_pack_names(const int64_t *names);
 void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value);
 int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt);
 int xpu_kept_release(uint64_t handle);
 struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold);
 void xpu_kept_learn(const uint64_t *slots, const void *answer, uint64_t bytes, int32_t count);
-void xpu_kept_lt_pointers(const uint32_t *names, int count);
+void xpu_kept_lt_names(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode);
+void xpu_kept_serve(const struct xpu_kept_record *setting, uint64_t server);
 """ + abi.CDEF
 
 # Runs in the core's interpreter as it starts, before cffi imports _cffi_backend: the install's

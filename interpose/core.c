@@ -79,8 +79,9 @@ static uint64_t xpu_lane_appended(void) { return front->lane_appended(); }
 static void xpu_kept_mark(int library, int op, int role, int kind, int made, uint32_t opcode) {
     front->kept_mark(library, op, role, kind, made, opcode);
 }
-static void xpu_kept_lane(int library, int op, int nargs, uint32_t scalars, int type_arg, int size) {
-    front->kept_lane(library, op, nargs, scalars, type_arg, size);
+static void xpu_kept_lane(int library, int op, int nargs, uint32_t scalars, int type_arg, int size,
+                          uint32_t descriptors, int blob_arg, int blob_size) {
+    front->kept_lane(library, op, nargs, scalars, type_arg, size, descriptors, blob_arg, blob_size);
 }
 static void xpu_kept_pack_names(const int64_t *names) { front->kept_pack_names(names); }
 static void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value) {
@@ -94,7 +95,12 @@ static struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold) { return f
 static void xpu_kept_learn(const uint64_t *slots, const void *answer, uint64_t bytes, int32_t count) {
     front->kept_learn(slots, answer, bytes, count);
 }
-static void xpu_kept_lt_pointers(const uint32_t *names, int count) { front->kept_lt_pointers(names, count); }
+static void xpu_kept_lt_names(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode) {
+    front->kept_lt_names(pointers, count, scale_type, pointer_mode);
+}
+static void xpu_kept_serve(const struct xpu_kept_record *setting, uint64_t server) {
+    front->kept_serve(setting, server);
+}
 static void xpu_set_python_ready(void) {
     xpu_python_ready = 1;
     front->set_python_ready();

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include "abi.h"  /* the records, enums and limits C shares with Python (protocol/records.py) */
 
-#define XPU_FRONT_VERSION 12
+#define XPU_FRONT_VERSION 13
 typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
 
 struct xpu_front {
@@ -44,14 +44,16 @@ struct xpu_front {
     uint64_t (*lane_appended)(void);
     /* descriptors kept in C (kept.h) */
     void (*kept_mark)(int library, int op, int role, int kind, int made, uint32_t opcode);
-    void (*kept_lane)(int library, int op, int nargs, uint32_t scalars, int type_arg, int size);
+    void (*kept_lane)(int library, int op, int nargs, uint32_t scalars, int type_arg, int size, uint32_t descriptors,
+                      int blob_arg, int blob_size);
     void (*kept_pack_names)(const int64_t *names);
     void (*kept_setting)(uint64_t handle, int library, int op, uint64_t value);
     int64_t (*kept_read)(uint64_t handle, struct xpu_kept_record *out, int adopt);
     int (*kept_release)(uint64_t handle);
     struct xpu_blas_pair *(*kept_blas)(uint64_t handle, int hold);
     void (*kept_learn)(const uint64_t *slots, const void *answer, uint64_t bytes, int32_t count);
-    void (*kept_lt_pointers)(const uint32_t *names, int count);
+    void (*kept_lt_names)(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode);
+    void (*kept_serve)(const struct xpu_kept_record *setting, uint64_t server);
 };
 
 /* What each of the two libcs in the process needs, compiled into both sides so that each call binds to

@@ -22,6 +22,7 @@
 /* What a marked op is, and a record's kind: abi.h's XPU_KEPT_* and XPU_KEPT_KIND_* (protocol/records.py). */
 #define XPU_KEPT_SETTINGS 256  /* (handle, setter) pairs whose last value C knows */
 #define XPU_KEPT_BLAS 64       /* cuBLAS handles whose stream and workspace C holds */
+#define XPU_KEPT_SERVED 1024   /* server descriptors C knows the settings of (a power of two; at half, it starts over) */
 enum { XPU_SLOT_FREE, XPU_SLOT_KEPT, XPU_SLOT_ADOPTED };
 
 static struct {
@@ -36,6 +37,9 @@ static struct {
         uint8_t nargs, size;                /* a cuBLAS call queued in the lane: its arguments, its scalars' bytes */
         int8_t type_arg;                    /* or the argument naming their type (a cudaDataType_t or compute type) */
         uint32_t opcode, scalars;           /* its opcode, a bit per argument that is a host scalar */
+        uint32_t descriptors;               /* a cuBLASLt call's: a bit per kept descriptor argument */
+        int8_t blob_arg;                    /* and the argument whose bytes travel (a matmul's algo), or -1 */
+        uint16_t blob_size;
     } op[XPU_LIBRARIES][XPU_LIBRARY_OPS_MAX];
     uint32_t blas_stream_opcode, blas_workspace_opcode;  /* cublasSetStream_v2's and cublasSetWorkspace_v2's */
     /* cuDNN's numbers (the core's): the variant pack's descriptor type; the ids', data pointers' and workspace's
@@ -58,6 +62,11 @@ static struct {
         heuristic[XPU_KEPT_HEURISTICS];
     uint32_t heuristics, lt_pointers;
     uint32_t lt_pointer[XPU_KEPT_LT_POINTERS];  /* matmul attributes holding device pointers: keyed by alignment */
+    uint32_t lt_scale_type, lt_pointer_mode;     /* the matmul attributes that size a call's scalars */
+    /* The server's descriptor for a kept descriptor's setting (the record but its generation), as the core made
+     * it there (client/mathlibs.py, server_descriptor): a cuBLASLt call names those. server 0: free; ~0: gone. */
+    struct { uint64_t hash, server; struct xpu_kept_record setting; } served[XPU_KEPT_SERVED];
+    uint32_t serving;                            /* entries used, gone ones included */
 } xpu_kept = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void xpu_kept_pack_names(const int64_t *names) {
@@ -138,14 +147,18 @@ static void xpu_kept_mark(int library, int op, int role, int kind, int made, uin
     if (role == XPU_KEPT_BLAS_WORKSPACE) xpu_kept.blas_workspace_opcode = opcode;
 }
 
-/* A cuBLAS call C queues in the lane (XPU_KEPT_BLAS_CALL, marked first): `nargs` arguments, those of `scalars`
- * host scalars of `size` bytes, or of the size of the type argument `type_arg` names. */
-static void xpu_kept_lane(int library, int op, int nargs, uint32_t scalars, int type_arg, int size) {
+/* A library call C queues in the lane (XPU_KEPT_BLAS_CALL or _LT_CALL, marked first): `nargs` arguments, those of
+ * `scalars` host scalars of `size` bytes, or of the size of the type argument `type_arg` names (a cuBLASLt call's:
+ * the descriptor whose scale type sizes them); a cuBLASLt call's kept descriptors (`descriptors`, a bit each) and
+ * the argument whose `blob_size` bytes travel as its blob. */
+static void xpu_kept_lane(int library, int op, int nargs, uint32_t scalars, int type_arg, int size,
+                          uint32_t descriptors, int blob_arg, int blob_size) {
     if (library < 0 || library >= XPU_LIBRARIES || op < 0 || op >= XPU_LIBRARY_OPS_MAX || nargs > XPU_LANE_ARGS_MAX
-        || type_arg >= nargs || size > 8)
+        || type_arg >= nargs || size > 8 || blob_arg >= nargs || blob_size < 0 || blob_size > 4096)
         return;
-    xpu_kept.op[library][op].nargs = (uint8_t)nargs, xpu_kept.op[library][op].scalars = scalars;
-    xpu_kept.op[library][op].type_arg = (int8_t)type_arg, xpu_kept.op[library][op].size = (uint8_t)size;
+    __typeof__(xpu_kept.op[0][0]) *o = &xpu_kept.op[library][op];
+    o->nargs = (uint8_t)nargs, o->scalars = scalars, o->type_arg = (int8_t)type_arg, o->size = (uint8_t)size;
+    o->descriptors = descriptors, o->blob_arg = (int8_t)blob_arg, o->blob_size = (uint16_t)blob_size;
 }
 
 /* The record of a handle of this table, or NULL; under the lock. */
@@ -414,11 +427,102 @@ static int xpu_kept_blas_call(int library, int op, const uint64_t *s) {
     return 0;
 }
 
-/* The core's: the matmul attributes that hold a device pointer. */
-static void xpu_kept_lt_pointers(const uint32_t *names, int count) {
+/* ---- cuBLASLt calls in the lane ---------------------------------------------------------------------- */
+static uint64_t xpu_kept_served_hash(const struct xpu_kept_record *setting) {
+    return xpu_kept_hash((const unsigned char *)setting, sizeof *setting);
+}
+
+/* The entry of `setting`, or the free one where it would go. Under the lock. */
+static int xpu_kept_served_slot(uint64_t hash, const struct xpu_kept_record *setting) {
+    uint32_t i = (uint32_t)hash & (XPU_KEPT_SERVED - 1);
+    for (;; i = (i + 1) & (XPU_KEPT_SERVED - 1)) {  /* never full: it starts over at half */
+        if (!xpu_kept.served[i].server) return (int)i;
+        if (xpu_kept.served[i].hash == hash && !memcmp(&xpu_kept.served[i].setting, setting, sizeof *setting))
+            return (int)i;
+    }
+}
+
+/* The core's: the server's descriptor `server` has the setting `setting` (a kept record, its generation 0); or
+ * (setting NULL) it is gone, destroyed on the server. */
+static void xpu_kept_serve(const struct xpu_kept_record *setting, uint64_t server) {
+    pthread_mutex_lock(&xpu_kept.lock);
+    if (!setting) {
+        for (int i = 0; i < XPU_KEPT_SERVED; i++)
+            if (xpu_kept.served[i].server == server) xpu_kept.served[i].server = UINT64_MAX;  /* probing goes on */
+    } else if (server && server != UINT64_MAX) {
+        if (xpu_kept.serving >= XPU_KEPT_SERVED / 2) {
+            memset(xpu_kept.served, 0, sizeof xpu_kept.served);
+            xpu_kept.serving = 0;
+        }
+        uint64_t hash = xpu_kept_served_hash(setting);
+        int i = xpu_kept_served_slot(hash, setting);
+        if (!xpu_kept.served[i].server) xpu_kept.serving++;
+        xpu_kept.served[i].hash = hash, xpu_kept.served[i].server = server, xpu_kept.served[i].setting = *setting;
+    }
+    pthread_mutex_unlock(&xpu_kept.lock);
+}
+
+/* The server's descriptor for the kept descriptor `handle`'s setting now, or 0. Under the lock. */
+static uint64_t xpu_kept_served_for(uint64_t handle, int kind_low, int kind_high) {
+    const struct xpu_kept_record *r = xpu_kept_find(handle);
+    if (!r || r->state != XPU_SLOT_KEPT || r->kind < kind_low || r->kind > kind_high) return 0;
+    struct xpu_kept_record setting = *r;
+    setting.generation = 0;
+    int i = xpu_kept_served_slot(xpu_kept_served_hash(&setting), &setting);
+    uint64_t server = xpu_kept.served[i].server;
+    return server == UINT64_MAX ? 0 : server;
+}
+
+/* A kept matmul descriptor's attribute `name` as an int32 (4 bytes), or `otherwise`. */
+static int32_t xpu_kept_attribute_int(const struct xpu_kept_record *r, uint32_t name, int32_t otherwise) {
+    for (int a = 0; a < r->attributes; a++)
+        if (r->attribute[a].name == name && r->attribute[a].size >= 4) {
+            int32_t v;
+            memcpy(&v, r->attribute[a].value, 4);
+            return v;
+        }
+    return otherwise;
+}
+
+/* A cuBLASLt call (cublasLtMatmul) queued in the lane, its kept descriptors named by the server's descriptors for
+ * their settings and its scalars' bytes in the record: 0, or -1 where the core sends it (a descriptor C does not
+ * keep or the core has not made on the server yet, device pointer mode, a scale type it cannot size, a NULL
+ * scalar or struct, the lane closed or full). Under the lock. */
+static int xpu_kept_lt_call(int library, int op, const uint64_t *s) {
+    const __typeof__(xpu_kept.op[0][0]) *o = &xpu_kept.op[library][op];
+    if (!o->nargs || o->type_arg < 0 || !xpu_kept.lt_scale_type) return -1;
+    uint64_t args[XPU_LANE_ARGS_MAX];
+    memcpy(args, s, o->nargs * sizeof *args);
+    for (int i = 0; i < o->nargs; i++)
+        if (o->descriptors >> i & 1 && !(args[i] = xpu_kept_served_for(s[i], XPU_KEPT_KIND_LT_MATMUL,
+                                                                          XPU_KEPT_KIND_LT_LAYOUT)))
+            return -1;
+    const struct xpu_kept_record *desc = xpu_kept_find(s[o->type_arg]);  /* kept: it was served above */
+    if (!desc || desc->kind != XPU_KEPT_KIND_LT_MATMUL || xpu_kept_attribute_int(desc, xpu_kept.lt_pointer_mode, 0))
+        return -1;
+    int size = xpu_scalar_bytes_of(xpu_kept_attribute_int(desc, xpu_kept.lt_scale_type, (int32_t)desc->made[1]));
+    if (size <= 0 || size > 8) return -1;
+    for (int i = 0; i < o->nargs; i++)
+        if (o->scalars >> i & 1) {
+            if (!s[i]) return -1;
+            args[i] = 0;
+            memcpy(&args[i], (const void *)(uintptr_t)s[i], (size_t)size);
+        }
+    const void *blob = o->blob_arg >= 0 ? (const void *)(uintptr_t)s[o->blob_arg] : NULL;
+    if (o->blob_arg >= 0 && !blob) return -1;
+    if (o->blob_arg >= 0) args[o->blob_arg] = 0;
+    struct xpu_lane_call call = {.opcode = o->opcode, .scalars = o->scalars, .nargs = o->nargs, .scalar_size = size,
+                                 .args = args, .blob_at = o->blob_arg, .blob_len = blob ? o->blob_size : 0,
+                                 .blob = blob};
+    return xpu_lane_put_calls(&call, 1);
+}
+
+/* The core's: the matmul attributes that hold a device pointer, and those that say its scalars' type and mode. */
+static void xpu_kept_lt_names(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode) {
     pthread_mutex_lock(&xpu_kept.lock);
     xpu_kept.lt_pointers = count < XPU_KEPT_LT_POINTERS ? (uint32_t)count : XPU_KEPT_LT_POINTERS;
-    memcpy(xpu_kept.lt_pointer, names, xpu_kept.lt_pointers * sizeof *names);
+    memcpy(xpu_kept.lt_pointer, pointers, xpu_kept.lt_pointers * sizeof *pointers);
+    xpu_kept.lt_scale_type = scale_type, xpu_kept.lt_pointer_mode = pointer_mode;
     xpu_kept_heuristics_clear();
     pthread_mutex_unlock(&xpu_kept.lock);
 }
@@ -486,6 +590,9 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
         break;
     case XPU_KEPT_BLAS_CALL:
         rc = xpu_kept_blas_call(library, op, slots);
+        break;
+    case XPU_KEPT_LT_CALL:
+        rc = xpu_kept_lt_call(library, op, slots);
         break;
     case XPU_KEPT_GETTING: {  /* getter(handle, &value): `kind` bytes, little-endian as the value's slot */
         int found, i = xpu_kept_setting_find(slots[0], library, op, &found);

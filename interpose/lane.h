@@ -218,6 +218,9 @@ struct xpu_lane_call {
     uint32_t opcode, scalars;   /* scalars: a bit per argument holding `scalar_size` bytes of a host scalar */
     int nargs, scalar_size;
     const uint64_t *args;
+    int blob_at;                /* the argument `blob`'s bytes replace, or XPU_LANE_NO_BLOB */
+    uint32_t blob_len;
+    const void *blob;
 };
 
 /* 0: queued in the lane; -1: the lane is closed or full, or the context is not the server's yet. */
@@ -225,18 +228,25 @@ static int xpu_lane_put_calls(const struct xpu_lane_call *calls, int n) {
     if (!xpu_lane.open) return -1;
     uint64_t ctx = xpu_ctx_current();
     size_t size = 0;
-    for (int i = 0; i < n; i++) size += sizeof(struct xpu_lane_record) + calls[i].nargs * sizeof(uint64_t);
+    for (int i = 0; i < n; i++)
+        size += sizeof(struct xpu_lane_record) + calls[i].nargs * sizeof(uint64_t) + ((calls[i].blob_len + 7u) & ~7u);
     pthread_mutex_lock(&xpu_lane.lock);
     int rc = -1;
     if (xpu_lane.open && xpu_lane_context_ready(ctx) && xpu_lane.len + size <= XPU_LANE_BYTES) {
         unsigned char *at = xpu_lane.buf + xpu_lane.len;
         for (int i = 0; i < n; i++) {
+            uint32_t blob_len = calls[i].blob_len, padded = (blob_len + 7u) & ~7u;
             struct xpu_lane_record head = {.opcode = calls[i].opcode, .nargs = (uint8_t)calls[i].nargs,
                                            .scalar_size = (uint8_t)calls[i].scalar_size,
-                                           .blob_at = XPU_LANE_NO_BLOB, .scalars = calls[i].scalars, .ctx = ctx};
+                                           .blob_at = blob_len ? (uint16_t)calls[i].blob_at : XPU_LANE_NO_BLOB,
+                                           .blob_len = blob_len, .scalars = calls[i].scalars, .ctx = ctx};
             memcpy(at, &head, sizeof head);
-            memcpy(at + sizeof head, calls[i].args, calls[i].nargs * sizeof(uint64_t));
-            at += sizeof head + calls[i].nargs * sizeof(uint64_t);
+            at += sizeof head;
+            memcpy(at, calls[i].args, calls[i].nargs * sizeof(uint64_t));
+            at += calls[i].nargs * sizeof(uint64_t);
+            memset(at, 0, padded);
+            if (blob_len) memcpy(at, calls[i].blob, blob_len);
+            at += padded;
         }
         xpu_lane_grown(size, n, ctx);
         rc = 0;

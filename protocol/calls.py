@@ -677,7 +677,7 @@ class Call:
     def in_lane(self) -> bool:
         """A lane record may name this call (the server runs no other from a lane)."""
         return (self.lane in ("args", "known") and self.sent) or self.symbol == LANE_LAUNCH \
-            or self.blas_lane is not None
+            or self.blas_lane is not None or self.lt_lane is not None
 
     @cached_property
     def blas_lane(self) -> tuple[int, int, int] | None:
@@ -700,6 +700,29 @@ class Call:
             elif not (p.kind == "int" or p.ctype == "cudaStream_t" or p.is_device):
                 return None
         return None if type_arg >= 0 and size else (scalars, type_arg, size)
+
+    @cached_property
+    def lt_lane(self) -> tuple[int, int, int, int, int] | None:
+        """How the shim queues this cuBLASLt call in the lane (interpose/kept.h), or None: (a bit per kept
+        descriptor argument, a bit per host scalar, the descriptor whose scale type sizes them, the argument whose
+        bytes travel as the record's blob or -1, their size). Calls of the handle first, then kept descriptors,
+        integers, streams, device pointers, host scalars of a descriptor's scale type and one input struct."""
+        if self.library != "cublasLt" or self.cls != "async" or not self.sent or len(self.params) > abi.LANE_ARGS_MAX \
+                or not self.params or self.params[0].ctype != "cublasLtHandle_t" or self.destroys:
+            return None
+        descriptors, scalars, scale_from, blob, blob_size = 0, 0, -1, -1, 0
+        for i, p in enumerate(self.params[1:], 1):
+            kind = (p.count or "").partition(":")[2]
+            if p.ctype in ("cublasLtMatmulDesc_t", "cublasLtMatrixLayout_t"):
+                descriptors |= 1 << i
+            elif p.is_scalar and p.direction == "in" and kind in self.names \
+                    and scale_from in (-1, self.names.index(kind)):
+                scalars, scale_from = scalars | 1 << i, self.names.index(kind)
+            elif p.kind == "ptr" and not p.is_device and p.count is None and p.direction == "in" and blob < 0:
+                blob, blob_size = i, p.pointee_size
+            elif not (p.kind == "int" or p.ctype == "cudaStream_t" or p.is_device):
+                return None
+        return descriptors, scalars, scale_from, blob, blob_size
 
     @cached_property
     def signed_args(self) -> tuple[int, ...]:

@@ -601,3 +601,107 @@ def test_cublas_gemms_are_queued_in_c(tmp_path) -> None:
     assert in_c["cublasSgemm_v2"][0] == 2 and "cublasGemmEx" not in in_c, in_c  # device mode, NULL alpha
     served = re.findall(r"library calls: .*?cublas=(\d+)", srv.log())
     assert len(served) == 2 and served[0] == served[1], served
+
+
+LT_MATMUL_PROGRAM = r"""
+import ctypes, struct
+from xpuremote.interpose.build import LIBRARY_NAMES
+from xpuremote.protocol.cublasLt_api import ENUMS as E
+
+cuda, lt = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL(LIBRARY_NAMES[1])
+ptr, N = ctypes.c_void_p, 4
+context, handle = ptr(), ptr()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0) == 0
+assert cuda.cuCtxSetCurrent(context) == 0 and lt.cublasLtCreate(ctypes.byref(handle)) == 0
+
+
+def matrix(values):
+    address = ctypes.c_uint64()
+    assert cuda.cuMemAlloc_v2(ctypes.byref(address), 4 * len(values)) == 0
+    data = struct.pack(f"<{len(values)}f", *values)
+    assert cuda.cuMemcpyHtoD_v2(address, data, len(data)) == 0
+    return address.value
+
+
+def read(address):
+    host = ctypes.create_string_buffer(4 * N * N)
+    assert cuda.cuMemcpyDtoH_v2(host, ctypes.c_uint64(address), 4 * N * N) == 0
+    return [round(v, 3) for v in struct.unpack(f"<{N * N}f", host.raw)]
+
+
+a, b, c, d = matrix(range(N * N)), matrix([0.5] * (N * N)), matrix([1.0] * (N * N)), matrix([0.0] * (N * N))
+bias, workspace = matrix([10.0 * i for i in range(N)]), matrix([0.0] * 1024)
+other_bias = matrix([10.0 * i for i in range(N)])  # the same values elsewhere: autocast casts the bias anew
+
+
+def gemm(alpha, with_bias=0):
+    # as PyTorch's addmm: the descriptors made anew, the heuristic asked, the GEMM, the descriptors destroyed
+    desc, pref, layouts = ptr(), ptr(), [ptr() for _ in range(3)]
+    assert lt.cublasLtMatmulDescCreate(ctypes.byref(desc), E["CUBLAS_COMPUTE_32F"], E["CUDA_R_32F"]) == 0
+    if with_bias:
+        epilogue, address = ctypes.c_int(E["CUBLASLT_EPILOGUE_BIAS"]), ctypes.c_uint64(with_bias)
+        assert lt.cublasLtMatmulDescSetAttribute(desc, E["CUBLASLT_MATMUL_DESC_EPILOGUE"], ctypes.byref(epilogue),
+                                                 ctypes.c_size_t(4)) == 0
+        assert lt.cublasLtMatmulDescSetAttribute(desc, E["CUBLASLT_MATMUL_DESC_BIAS_POINTER"], ctypes.byref(address),
+                                                 ctypes.c_size_t(8)) == 0
+    for layout in layouts:
+        assert lt.cublasLtMatrixLayoutCreate(ctypes.byref(layout), E["CUDA_R_32F"], ctypes.c_uint64(N),
+                                             ctypes.c_uint64(N), ctypes.c_int64(N)) == 0
+    size = ctypes.c_uint64(4096)
+    assert lt.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)) == 0
+    assert lt.cublasLtMatmulPreferenceSetAttribute(pref, E["CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES"],
+                                                   ctypes.byref(size), ctypes.c_size_t(8)) == 0
+    results, count = (ctypes.c_char * 96)(), ctypes.c_int()
+    la, lb, lc = layouts
+    assert lt.cublasLtMatmulAlgoGetHeuristic(handle, desc, la, lb, lc, lc, pref, 1, results, ctypes.byref(count)) == 0
+    alpha_, beta = ctypes.c_float(alpha), ctypes.c_float(0.5)
+    status = lt.cublasLtMatmul(handle, desc, ctypes.byref(alpha_), ctypes.c_uint64(a), la, ctypes.c_uint64(b), lb,
+                               ctypes.byref(beta), ctypes.c_uint64(c), lc, ctypes.c_uint64(d), lc, results,
+                               ctypes.c_uint64(workspace), ctypes.c_size_t(4096), None)
+    assert status == 0, status
+    for layout in layouts:
+        assert lt.cublasLtMatrixLayoutDestroy(layout) == 0
+    assert lt.cublasLtMatmulPreferenceDestroy(pref) == 0 and lt.cublasLtMatmulDescDestroy(desc) == 0
+    assert cuda.cuCtxSynchronize() == 0
+    return read(d)
+
+
+print([gemm(alpha) for alpha in range(1, 5)])
+print([gemm(2.0, with_bias=bias), gemm(2.0, with_bias=bias), gemm(2.0, with_bias=other_bias)])
+"""
+
+
+@pytest.mark.sim_only(reason="the sim's cuBLASLt answers and library call counts; the client's side is the same on "
+                      "any backend")
+def test_cublaslt_matmuls_with_seen_descriptors_are_one_record(tmp_path) -> None:
+    """PyTorch makes a cuBLASLt GEMM's descriptors anew for each GEMM. Kept in C, their heuristic answered in C,
+    the GEMM itself is queued in the lane by C once the core has made the server's descriptors for those settings
+    (kept.h's xpu_kept_lt_call), as it does when it answers the first heuristic question of a setting: with the lane
+    and without, the same results and the same calls reach the server; with it the core sees only the GEMM whose
+    heuristic C answered for a setting the server has no descriptor of (a bias elsewhere, aligned alike)."""
+    from conftest import shim_env, start_server
+
+    from xpuremote.client import call_cpu
+    from xpuremote.interpose.build import ensure_shim
+
+    srv = start_server(tmp_path)
+    runs = {}
+    try:
+        for lane in ("1", "0"):
+            table = tmp_path / f"cpu-{lane}.tsv"
+            proc = subprocess.run([sys.executable, "-c", LT_MATMUL_PROGRAM], capture_output=True, text=True,
+                                  timeout=60,
+                                  env=shim_env(ensure_shim(), srv.address, XPU_LANE=lane, XPU_CALL_CPU=str(table)))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            runs[lane] = proc.stdout, call_cpu.read(table)
+    finally:
+        srv.stop()
+    assert runs["1"][0] == runs["0"][0], runs
+    plain, with_bias = runs["1"][0].splitlines()
+    row = [0.5 * sum(4 * j + i for j in range(4)) for i in range(4)]  # column-major a, b all 0.5, c all 1
+    assert plain == str([[round(alpha * r + 0.5, 3) for _ in range(4) for r in row] for alpha in range(1, 5)])
+    assert with_bias == str([[round(2 * r + 0.5 + 10 * i, 3) for _ in range(4) for i, r in enumerate(row)]] * 3)
+    in_c, by_core = runs["1"][1], runs["0"][1]
+    assert by_core["cublasLtMatmul"][0] == 7 and in_c["cublasLtMatmul"][0] == 1, (in_c, by_core)
+    served = re.findall(r"library calls: .*?cublasLt=(\d+)", srv.log())
+    assert len(served) == 2 and served[0] == served[1], served
