@@ -283,10 +283,15 @@ def checked(call: Call, asked: list[Any], outs: Any) -> list[Any]:
         rules = _rules(call)
     if type(outs) is not list or len(outs) != len(rules):
         raise refused(call, f"{shape(outs)} where {len(rules)} outputs were asked for")
-    for (i, rule, size), data in zip(rules, outs):
-        if rule == SCALAR and (type(data) is bytes or type(data) is memoryview) and len(data) == size:
-            continue  # most outputs: a length compare
-        _check(call, i, rule, size, asked[i], data)
+    if rules:
+        for (i, rule, size), data in zip(rules, outs):
+            if type(data) is bytes or type(data) is memoryview:  # most outputs: a length compare
+                if rule == SCALAR:
+                    if len(data) == size:
+                        continue
+                elif rule == COPY and len(data) == asked[i]:
+                    continue
+            _check(call, i, rule, size, asked[i], data)
     return outs
 
 

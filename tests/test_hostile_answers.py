@@ -233,13 +233,15 @@ def test_a_sized_output_takes_only_the_bytes_asked_for(app: App, server: FakeSer
 
 
 @pytest.mark.parametrize("case", wrong_answers(1))
-def test_a_pointer_output_takes_only_its_8_bytes(app: App, server: FakeServer, case: str) -> None:
+def test_a_pointer_output_takes_only_its_8_bytes(app: App, server: FakeServer, case: str,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
     """cuMemAlloc's CUdeviceptr: a wrong answer fails the call and leaves the application's slot as it was."""
     app.start()
     slot = Buffer(8)
     server.tamper["cuMemAlloc_v2"] = wrong_answers(1)[case]
     assert app("cuMemAlloc_v2", slot.address, 64) == UNKNOWN
     assert slot.untouched()
+    assert refused_in_log(caplog, "cuMemAlloc_v2", "refused")
     del server.tamper["cuMemAlloc_v2"]
     assert app("cuMemAlloc_v2", slot.address, 64) == 0
     assert int.from_bytes(slot.value(), "little") == server.address_seed and slot.canary() == CANARY
@@ -255,6 +257,10 @@ def test_int_outputs_take_4_bytes_and_a_wrong_one_writes_neither(app: App, serve
     assert app("cuCtxGetStreamPriorityRange", least.address, greatest.address) == UNKNOWN
     assert least.untouched() and greatest.untouched()
     assert refused_in_log(caplog, "cuCtxGetStreamPriorityRange", "refused")
+    del server.tamper["cuCtxGetStreamPriorityRange"]
+    assert app("cuCtxGetStreamPriorityRange", least.address, greatest.address) == 0
+    assert least.value() == greatest.value() == bytes([HONEST]) * 4
+    assert least.canary() == greatest.canary() == CANARY
 
 
 class Pinned:
