@@ -37,11 +37,7 @@ def out(call: Call, name: str, address: int, value: Any) -> None:
 
 @implements("cuInit")
 def cu_init(d: Driver, call: Call, args: list[Any]) -> None:
-    try:
-        d.connect()
-    except CudaError as exc:
-        log.error("cuInit: %s", exc.detail)
-        raise
+    d.connect()  # a failure to start the session is said there, once, whatever asked first
     if not d.devices:  # as the driver does when CUDA_VISIBLE_DEVICES hides every device
         raise CudaError(errors.NO_DEVICE, "no device is visible (CUDA_VISIBLE_DEVICES)")
 

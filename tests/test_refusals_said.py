@@ -138,7 +138,8 @@ def test_pytorch_is_told_why(case: Case, torch: str) -> None:
 FIRSTS = {"cublasCreate": 'ctypes.CDLL("libcublas.so.13").cublasCreate_v2(ctypes.byref(handle))',
           "cudnnCreate": 'ctypes.CDLL("libcudnn.so.9").cudnnCreate(ctypes.byref(handle))',
           "nvmlInit": 'ctypes.CDLL("libnvidia-ml.so.1").nvmlInit_v2()',
-          "cuDriverGetVersion": 'ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))'}
+          "cuDriverGetVersion": 'ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(version))',
+          "cuInit": 'ctypes.CDLL("libcuda.so.1").cuInit(0)'}
 
 
 @pytest.mark.parametrize("first", list(FIRSTS))
@@ -156,8 +157,8 @@ def test_whichever_library_asks_first_says_it(first: str, keys: dict[str, Path],
     assert proc.returncode == 0, proc.stdout + proc.stderr
     answers = dict(line.split() for line in proc.stdout.splitlines())
     # NOT_INITIALIZED from the libraries, NVML's DRIVER_NOT_LOADED, the driver's NO_DEVICE
-    assert answers == {"cublasCreate": "1", "cudnnCreate": "1001", "nvmlInit": "9", "cuDriverGetVersion": "100"}, \
-        proc.stdout
+    assert answers == {"cublasCreate": "1", "cudnnCreate": "1001", "nvmlInit": "9", "cuDriverGetVersion": "100",
+                       "cuInit": "100"}, proc.stdout
     assert_said_once(case, proc)
 
 
