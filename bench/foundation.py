@@ -13,6 +13,9 @@ long-lived agent processes:
 
 A third agent, the shim again with a second server, makes the sync calls with neither end spinning
 before it blocks (XPU_SPIN_US=0, --spin-us 0; protocol/spin.py): what the spin is worth, beside it.
+A fourth, in a run without --curve, is the shim in a keyed session of a third server (CURVE, its data
+connection sealed: protocol/stream.py): its sync calls and copies are rows of their own, beside the plain
+session's in the same run (aims: 1.15x the plain sync call at most, 0.8x the plain copies at least).
 
 The parent interleaves the two agents' repeats, so that load drift hits both alike, and prints
 each figure beside its baseline:
@@ -814,6 +817,14 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
         blocking = Agent("shim", extra, {**env, "XPU_SERVER": blocking_address, "XPU_SPIN_US": "0"})
         blocking.peer = session_worker(blocking_server.pid)
         agents.append(blocking)
+        keyed = None  # a keyed session beside the plain one: what the keys cost, in this run
+        if not curve:
+            keyed_env = make_keys(tmp / "keyed")
+            keyed_server, keyed_address = start_server(tmp / "server-keyed.log", args.backend, keyed_env)
+            procs.append(keyed_server)
+            keyed = Agent("shim", extra, {**env, **keyed_env, "XPU_SERVER": keyed_address})
+            keyed.peer = session_worker(keyed_server.pid)
+            agents.append(keyed)
         native = None  # on a GPU, the same calls on the machine's own driver (the agent's class does not care)
         if args.backend == "cuda":
             native = Agent("native", extra, {**clean_env(), **({"XPU_BENCH_CUDART": cudart} if cudart else {})})
@@ -821,7 +832,7 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
 
         results: dict[str, Any] = {}
         # warm-up: caches, allocator, TCP windows
-        for a in (raw, shim_agent, *([native] if native else [])):
+        for a in (raw, shim_agent, *([native] if native else []), *([keyed] if keyed else [])):
             a("sync", min(args.sync_n, 2000))
             a("async_batched", min(args.async_n, 20000))
             a("h2d", bulk)
@@ -848,6 +859,12 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
         through_cudart = [(key, a, "sync_cudart", n, n, lambda t: t / n * 1e6) for key, a in (
             ("sync_cudart", shim_agent), ("sync_cudart_blocking", blocking))] if cudart else []
         natively: dict[str, list[tuple]] = {"sync": [], "async": [], "bulk": []}
+        keys_on: dict[str, list[tuple]] = {"sync": [], "bulk": []}
+        if keyed:
+            keys_on["sync"] = [("sync_shim_keyed", keyed, "sync", n, n, lambda t: t / n * 1e6)] + (
+                [("sync_cudart_keyed", keyed, "sync_cudart", n, n, lambda t: t / n * 1e6)] if cudart else [])
+            keys_on["bulk"] = [(key, keyed, op, bulk, 1, lambda t: bulk / t / 1e9)
+                               for key, op in (("h2d_shim_keyed", "h2d"), ("d2h_shim_keyed", "d2h"))]
         if native:
             natively["sync"] = [("sync_native", native, "sync", n, n, lambda t: t / n * 1e6)] + (
                 [("sync_cudart_native", native, "sync_cudart", n, n, lambda t: t / n * 1e6)] if cudart else [])
@@ -859,22 +876,24 @@ def run(args: argparse.Namespace, curve: bool = False) -> dict[str, Any]:
                             ("sync_shim", shim_agent, "sync", n, n, lambda t: t / n * 1e6),
                             ("sync_shim_blocking", blocking, "sync", n, n, lambda t: t / n * 1e6),
                             ("sync_tcp", raw, "sync_tcp", n, n, lambda t: t / n * 1e6), *through_cudart,
-                            *natively["sync"]]),
+                            *natively["sync"], *keys_on["sync"]]),
             (args.repeats, [("async_raw_batched", raw, "async_batched", m, m, lambda t: m / t),
                             ("async_raw_single", raw, "async_single", m, m, lambda t: m / t),
                             ("async_shim", shim_agent, "async_batched", m, m, lambda t: m / t), *natively["async"]]),
             (args.bulk_repeats, [(key, a, op, bulk, 1, lambda t: bulk / t / 1e9) for key, a, op in (
                 ("h2d_raw", raw, "h2d"), ("h2d_shim", shim_agent, "h2d"), ("d2h_raw", raw, "d2h"),
                 ("d2h_raw_copy", raw, "d2h_copy"), ("d2h_shim", shim_agent, "d2h"), ("h2d_tcp", raw, "h2d_tcp"),
-                ("d2h_tcp", raw, "d2h_tcp"))] + natively["bulk"]),
+                ("d2h_tcp", raw, "d2h_tcp"))] + natively["bulk"] + keys_on["bulk"]),
         ]
         for repeats, steps in phases:
             for r in range(repeats):  # every other repeat in reverse order: no step always follows another
                 for step in steps if r % 2 == 0 else steps[::-1]:
                     measure(*step)
-        results["verified"] = shim_agent("verify", bulk)
+        results["verified"] = shim_agent("verify", bulk) and (keyed is None or keyed("verify", bulk))
         if not results["verified"]:
             raise RuntimeError("the bytes copied to the device did not come back unchanged")
+        if keyed and "data connection open" not in (tmp / "server-keyed.log").read_text():
+            raise RuntimeError("the keyed session had no data connection: its rows would measure ZeroMQ's")
 
         if profile_dir:
             shim_agent("sync", args.sync_n, profile=True)
@@ -938,6 +957,24 @@ def figures(args: argparse.Namespace, results: dict[str, Any]) -> list[dict[str,
             **{"pyzmq, the frame then copied into the application's buffer (GB/s)": "d2h_raw_copy",
                "bare TCP, read straight into the application's buffer (GB/s)": "d2h_tcp",
                NATIVE.format("GB/s"): "d2h_native"}),
+        *(keyed_rows(args, m, row) if "sync_shim_keyed" in m else []),
+    ]
+
+
+def keyed_rows(args: argparse.Namespace, m: dict[str, float],
+               row: Callable[..., dict[str, Any]]) -> list[dict[str, Any]]:
+    """A keyed session's figures (CURVE, its data connection sealed) against the plain session's, same run."""
+    plain, mib = "the same in a plain session (no keys), this run", args.bulk_mib
+    return [
+        row(f"keyed: sync latency, cuCtxSynchronize x {args.sync_n}", "µs/call", "sync_shim_keyed", "sync_shim",
+            plain, "ratio <= 1.15", lambda r, v: r <= 1.15, "µs/call"),
+        *([row(f"keyed: sync latency, libcudart 13 cudaMemcpy 8 B device to host x {args.sync_n}", "µs/call",
+               "sync_cudart_keyed", "sync_cudart", plain, "ratio <= 1.15", lambda r, v: r <= 1.15, "µs/call")]
+          if "sync_cudart_keyed" in m else []),
+        row(f"keyed: H2D cuMemcpyHtoD_v2 {mib} MiB", "GB/s", "h2d_shim_keyed", "h2d_shim", plain, "ratio >= 0.8",
+            lambda r, v: r >= 0.8, "ms/copy"),
+        row(f"keyed: D2H cuMemcpyDtoH_v2 {mib} MiB", "GB/s", "d2h_shim_keyed", "d2h_shim", plain, "ratio >= 0.8",
+            lambda r, v: r >= 0.8, "ms/copy"),
     ]
 
 

@@ -303,20 +303,20 @@ class Tamper(Relay):
 @pytest.mark.parametrize("way", [0, 1], ids=["client to worker", "worker to client"])
 def test_a_byte_altered_on_the_sealed_data_connection_fails_that_copy_cleanly(
         way: int, keys: dict[str, Path], curve_server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
-    """One bit flipped 1 MiB into what a keyed session's data connection carries one way, inside a 2 MiB copy: the
-    copy fails, saying why; the end that saw it logs it; no byte of the altered record or after it lands (the
-    device's memory, or the application's buffer, holds the copy's checked records and what it held before);
-    and the session goes on over ZeroMQ (CURVE), its next copies right."""
+    """One bit flipped 1.5 MiB into what a keyed session's data connection carries one way, inside a 3 MiB copy:
+    the copy fails, saying why; the end that saw it logs it; no byte of the altered record or after it lands (the
+    device's memory, or the application's buffer, holds the copy's checked records, zeros where the altered one
+    was opened, and what it held before); and the session goes on over ZeroMQ (CURVE), its next copies right."""
     use(monkeypatch, keys["alice"], keys["server.pub"])
     real_connect, relays = data.connect, []
 
     def tampered(host: str, port: int, *args: object) -> data.Stream:
-        relays.append(Tamper(host, port, way, 1 << 20))
+        relays.append(Tamper(host, port, way, 3 << 19))
         return real_connect("127.0.0.1", relays[-1].port, *args)
 
     monkeypatch.setattr(data, "connect", tampered)
     client = PyClient(curve_server.address)
-    size, pattern = 2 << 20, secrets.token_bytes(2 << 20)
+    size, pattern = 3 << 20, secrets.token_bytes(3 << 20)
     try:
         assert type(client.conn.data) is stream.Sealed, client.conn.data
         ptr = client.alloc(size)
@@ -335,8 +335,13 @@ def test_a_byte_altered_on_the_sealed_data_connection_fails_that_copy_cleanly(
                 asked = wire.Data(memoryview(landed), asked=True)
                 client.conn.call(CALLS["cuMemcpyDtoH_v2"], [asked, ptr, size], CTX, by_data=True)
         assert client.conn.data is None
-        first = next((i for i in range(size) if landed[i] != pattern[i]), size)
-        assert first < size and landed[first:] == before[first:], f"bytes not the copy's landed from byte {first}"
+        # records of the copy land at multiples of RECORD_MAX: the checked ones, then the altered one's zeros
+        record = stream.RECORD_MAX
+        altered = next((at for at in range(0, size, record) if landed[at : at + record] != pattern[at : at + record]),
+                       size)
+        end = altered + record
+        assert altered < size and landed[altered:end] == bytes(end - altered), altered
+        assert landed[end:] == before[end:], f"bytes not the copy's landed after the altered record, at {altered}"
         client.write(ptr, pattern[::-1])
         assert client.read(ptr, size) == pattern[::-1]
     finally:
