@@ -134,21 +134,34 @@ class Sealed:
         next record is opened straight into `view` if it fits, else into `plain`, whose rest later reads take."""
         nbytes = nbytes or len(view)
         if self.plain_at == self.plain_end:
-            if self.raw_end - self.raw_at < _HEAD and not self._fill(_HEAD):
-                return 0
+            raw = self.raw
+            if self.raw_at == self.raw_end:  # nothing read ahead: one read takes what has come (a whole message)
+                n = self.sock.recv_into(raw)
+                if not n:
+                    return 0
+                self.raw_at, self.raw_end = 0, n
+            if self.raw_end - self.raw_at < _HEAD:
+                self._fill(_HEAD)
             at = self.raw_at
-            (length,) = RECORD_HEAD.unpack_from(self.raw, at)
+            (length,) = RECORD_HEAD.unpack_from(raw, at)
             if not 0 < length <= RECORD_MAX:
                 raise SealBroken(f"a record of {length} bytes on the data connection (at most {RECORD_MAX})")
             whole = _HEAD + length + TAG
             if self.raw_end - at < whole:
-                if not self._fill(whole):
-                    raise SealBroken("the data connection ended within a record")
+                self._fill(whole)
                 at = self.raw_at
+            into = view[:length] if length <= nbytes else self.plain[:length]
+            try:
+                self._open(self.received.to_bytes(12, "little"), raw[at + _HEAD : at + whole], raw[at : at + _HEAD],
+                           into)
+            except Exception as exc:  # cryptography's InvalidTag: what it opened there is not kept
+                into[:] = bytes(length)
+                raise SealBroken("a record on the data connection failed its check (altered, replayed or out of "
+                                 "order)") from exc
+            self.received += 1
+            self.raw_at = at + whole
             if length <= nbytes:
-                self._open_record(at, whole, view[:length])
                 return length
-            self._open_record(at, whole, self.plain[:length])
             self.plain_at, self.plain_end = 0, length
         n = min(nbytes, self.plain_end - self.plain_at)
         view[:n] = self.plain[self.plain_at : self.plain_at + n]
@@ -158,20 +171,8 @@ class Sealed:
     def pending(self) -> bool:
         return self.plain_end > self.plain_at or self.raw_end > self.raw_at
 
-    def _open_record(self, at: int, whole: int, into: memoryview) -> None:
-        """The record of `whole` bytes at raw[at:], opened into `into`: zeroed again if its check fails."""
-        raw = self.raw
-        try:
-            self._open(self.received.to_bytes(12, "little"), raw[at + _HEAD : at + whole], raw[at : at + _HEAD], into)
-        except Exception as exc:  # cryptography's InvalidTag: what it opened there is not kept
-            into[:] = bytes(len(into))
-            raise SealBroken("a record on the data connection failed its check (altered, replayed or out of "
-                             "order)") from exc
-        self.received += 1
-        self.raw_at = at + whole
-
-    def _fill(self, need: int) -> bool:
-        """At least `need` bytes in raw[raw_at:]; False if the stream ended with none there."""
+    def _fill(self, need: int) -> None:
+        """At least `need` bytes in raw[raw_at:], where a record has begun: the stream may not end here."""
         while self.raw_end - self.raw_at < need:
             if self.raw_at == self.raw_end:
                 self.raw_at = self.raw_end = 0
@@ -181,11 +182,8 @@ class Sealed:
                 self.raw_at, self.raw_end = 0, kept
             n = self.sock.recv_into(self.raw[self.raw_end :])
             if not n:
-                if self.raw_end == self.raw_at:
-                    return False
                 raise SealBroken("the data connection ended within a record")
             self.raw_end += n
-        return True
 
     # ---- the socket's own -------------------------------------------------------------------
     def fileno(self) -> int:

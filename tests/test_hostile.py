@@ -18,6 +18,7 @@ import test_load
 import zmq
 from conftest import start_server
 from pyclient import PyClient, rss, sessions, wait_for
+from test_data_connection import RawSession
 from test_isolation import HOSTILE, SIZE, host_pointer_statuses, load, load_image, variable_elf
 
 from xpuremote.protocol import errors, wire
@@ -108,6 +109,27 @@ class Attacker:
             sock.close(0)
         return [a["status"] for a in answers[-2:]]  # the first ones may still find free slots
 
+    def data_head(self) -> list[int]:
+        """A session of its own whose data connection declares a 6 GiB message and sends nothing more: the
+        worker takes no memory for it and ends that session at once, saying why."""
+        deadline = time.monotonic() + 20
+        while True:  # the squatters' pending slots may still be taken (--connect-timeout)
+            try:
+                s = RawSession(self.address)
+                break
+            except KeyError:  # refused: no session key
+                assert time.monotonic() < deadline, "no session for the data connection attack"
+                time.sleep(0.5)
+        try:
+            s.data = s.connect_data()
+            assert s.request({"op": "data"})["status"] == 0
+            s.data.sendall(wire.STREAM_HEAD.pack(1, 6 << 30))
+            assert s.sock.poll(10_000), "no word from the worker"
+            notice = wire.decode(s.sock.recv_multipart())
+            return [notice["status"] if notice.get("op") == "closing" else errors.SUCCESS]
+        finally:
+            s.close()
+
     def attacks(self) -> dict[str, tuple[Callable[[], list[int]], set[int]]]:
         """name -> (attack, the statuses that count as refused)."""
         return {
@@ -119,6 +141,7 @@ class Attacker:
             "images": (self.images, {errors.OUT_OF_MEMORY, errors.INVALID_IMAGE, errors.NO_BINARY_FOR_GPU}),
             "handles": (self.handles, {errors.OUT_OF_MEMORY}),
             "squatting": (self.squat, {errors.NOT_PERMITTED}),
+            "data connection head": (self.data_head, {errors.INVALID_VALUE}),
         }
 
 
