@@ -58,8 +58,11 @@ def buffer_for(size: int) -> memoryview:
     """A writable buffer of `size` bytes whose memory is committed as it is written: a small one at once, a
     large one as anonymous pages, which the kernel backs only when bytes land in them. A peer that declares
     a size and sends less holds only what it sent, and nothing is zero-filled ahead of the bytes."""
-    if size <= EAGER:
-        return memoryview(bytearray(size))
+    return memoryview(bytearray(size)) if size <= EAGER else _pages(size)
+
+
+def _pages(size: int) -> memoryview:
+    """Anonymous memory that the kernel backs (with zeros) page by page as it is first written."""
     return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _NORESERVE))
 
 
@@ -83,10 +86,11 @@ class Sealed:
         self._seal, self._encrypt = sealer.encrypt_into, sealer.encrypt
         self._open = AESGCM(receive_key).decrypt_into
         self.sent = self.received = 0  # records each way: the next one's nonce
-        self.out = memoryview(bytearray(_WHOLE))  # the record being sealed
-        self.raw = memoryview(bytearray(2 * _WHOLE))  # read, not yet opened: raw[raw_at:raw_end]
+        # buffers whose pages are taken as they are used: a session of small calls holds a few of them
+        self.out = _pages(_WHOLE)  # a large record being sealed
+        self.raw = _pages(2 * _WHOLE)  # read, not yet opened: raw[raw_at:raw_end]
         self.raw_at = self.raw_end = 0
-        self.plain = memoryview(bytearray(RECORD_MAX))  # opened, not yet taken: plain[plain_at:plain_end]
+        self.plain = _pages(RECORD_MAX)  # opened, not yet taken: plain[plain_at:plain_end]
         self.plain_at = self.plain_end = 0
 
     # ---- writing ---------------------------------------------------------------------------
