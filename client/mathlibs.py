@@ -586,12 +586,13 @@ IN_C_OPS = {  # symbol -> (role, kind: a record's kind; a getter's, the bytes it
     **{symbol: (abi.KEPT_GETTING, CALLS[symbol].params[1].pointee_size) for symbol in SETTERS.values()},
     "cublasSetStream_v2": (abi.KEPT_BLAS_STREAM, 0), "cublasSetWorkspace_v2": (abi.KEPT_BLAS_WORKSPACE, 0),
     "cublasGetStream_v2": (abi.KEPT_BLAS_GET_STREAM, 0),
-    "cublasLtMatmulAlgoGetHeuristic": (abi.KEPT_HEURISTIC, 0)}
+    "cublasLtMatmulAlgoGetHeuristic": (abi.KEPT_HEURISTIC, 0),
+    "cudnnGetVersion": (abi.KEPT_CONSTANT, 0), "cublasLtGetVersion": (abi.KEPT_CONSTANT, 0)}
 # a pack record's attributes in its order (kept.h's): (name, element type)
 PACK_ORDER = tuple((name, mathlibs.CUDNN_PACK_ATTRIBUTES[name]) for name in (PACK_UIDS, mathlibs.CUDNN_DATA_POINTERS,
                                                                             PACK_WORKSPACE))
 IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items()
-              if role not in (*HANDLE_ROLES, abi.KEPT_HEURISTIC)}  # the descriptors' calls
+              if role not in (*HANDLE_ROLES, abi.KEPT_HEURISTIC, abi.KEPT_CONSTANT)}  # the descriptors' calls
 
 
 def _op(symbol: str) -> tuple[int, int]:
@@ -651,6 +652,9 @@ class KeptInC:
         is gone: C names it in the cuBLASLt calls it queues (kept.h's xpu_kept_lt_call)."""
         setting = self.ffi.from_buffer("struct xpu_kept_record *", raw) if raw is not None else self.ffi.NULL
         self.lib.xpu_kept_serve(setting, server)
+
+    def constant(self, call: Call, value: int) -> None:
+        self.lib.xpu_kept_constant(*_op(call.symbol), value)
 
     def learn_heuristic(self, args: list[Any], results: bytes, count: bytes) -> None:
         """C answers the same question (the handle, the descriptors' settings, the count) from now on."""
@@ -890,7 +894,10 @@ def _number(version: tuple[int, int, int]) -> int:
 
 def _version_of(lib: mathlibs.Library) -> Callable[[Driver, Call, list[Any]], int]:
     def version(d: Driver, call: Call, args: list[Any]) -> int:
-        return _number(version_of(d, lib))
+        number = _number(version_of(d, lib))
+        if IN_C is not None:  # the session's for good: C answers it from now on (PyTorch asks before each cuDNN op)
+            IN_C.constant(call, number)
+        return number
 
     return version
 

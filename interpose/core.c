@@ -101,6 +101,7 @@ static void xpu_kept_lt_names(const uint32_t *pointers, int count, uint32_t scal
 static void xpu_kept_serve(const struct xpu_kept_record *setting, uint64_t server) {
     front->kept_serve(setting, server);
 }
+static void xpu_kept_constant(int library, int op, int32_t value) { front->kept_constant(library, op, value); }
 static void xpu_set_python_ready(void) {
     xpu_python_ready = 1;
     front->set_python_ready();

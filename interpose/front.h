@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include "abi.h"  /* the records, enums and limits C shares with Python (protocol/records.py) */
 
-#define XPU_FRONT_VERSION 13
+#define XPU_FRONT_VERSION 14
 typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
 
 struct xpu_front {
@@ -54,6 +54,7 @@ struct xpu_front {
     void (*kept_learn)(const uint64_t *slots, const void *answer, uint64_t bytes, int32_t count);
     void (*kept_lt_names)(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode);
     void (*kept_serve)(const struct xpu_kept_record *setting, uint64_t server);
+    void (*kept_constant)(int library, int op, int32_t value);
 };
 
 /* What each of the two libcs in the process needs, compiled into both sides so that each call binds to

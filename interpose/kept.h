@@ -40,6 +40,8 @@ static struct {
         uint32_t descriptors;               /* a cuBLASLt call's: a bit per kept descriptor argument */
         int8_t blob_arg;                    /* and the argument whose bytes travel (a matmul's algo), or -1 */
         uint16_t blob_size;
+        int32_t constant;                   /* XPU_KEPT_CONSTANT's answer once the core has said it (known) */
+        uint8_t known;
     } op[XPU_LIBRARIES][XPU_LIBRARY_OPS_MAX];
     uint32_t blas_stream_opcode, blas_workspace_opcode;  /* cublasSetStream_v2's and cublasSetWorkspace_v2's */
     /* cuDNN's numbers (the core's): the variant pack's descriptor type; the ids', data pointers' and workspace's
@@ -372,6 +374,15 @@ static int xpu_kept_heuristic(uint64_t *s) {
     return 0;
 }
 
+/* The core's: a XPU_KEPT_CONSTANT call answers `value` from now on (the server's library version). */
+static void xpu_kept_constant(int library, int op, int32_t value) {
+    if (library < 0 || library >= XPU_LIBRARIES || op < 0 || op >= XPU_LIBRARY_OPS_MAX || value < 0) return;
+    pthread_mutex_lock(&xpu_kept.lock);
+    xpu_kept.op[library][op].constant = value;
+    xpu_kept.op[library][op].known = 1;
+    pthread_mutex_unlock(&xpu_kept.lock);
+}
+
 /* ---- cuBLAS calls in the lane ------------------------------------------------------------------------ */
 /* The bytes of a host scalar of a cudaDataType_t or compute type (abi.h's table), or 0. */
 static int xpu_scalar_bytes_of(int64_t type) {
@@ -593,6 +604,9 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
         break;
     case XPU_KEPT_LT_CALL:
         rc = xpu_kept_lt_call(library, op, slots);
+        break;
+    case XPU_KEPT_CONSTANT:
+        if (xpu_kept.op[library][op].known) rc = xpu_kept.op[library][op].constant;
         break;
     case XPU_KEPT_GETTING: {  /* getter(handle, &value): `kind` bytes, little-endian as the value's slot */
         int found, i = xpu_kept_setting_find(slots[0], library, op, &found);

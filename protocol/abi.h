@@ -61,14 +61,16 @@ enum {
  * finalize too), a library handle's setter or getter, cuBLAS's stream and workspace setters and stream getter,
  * cuBLASLt's heuristic (answered again from the core's first answer for the same descriptors), a cuBLAS call
  * queued in the lane (a GEMM with its scalars' bytes), or a cuBLASLt one (cublasLtMatmul: its descriptors named
- * by the server's descriptors for their settings). A tensor record's setter is one of the three SET_
+ * by the server's descriptors for their settings), or a call whose answer is a constant the core told C (a
+ * library's version). A tensor record's setter is one of the three SET_
  */
 enum {
     XPU_KEPT_NONE = 0, XPU_KEPT_CREATE = 1, XPU_KEPT_SET_ND = 2, XPU_KEPT_SET_4D = 3, XPU_KEPT_SET_4D_EX = 4,
     XPU_KEPT_DESTROY = 5, XPU_KEPT_LT_CREATE = 6, XPU_KEPT_LT_SET = 7, XPU_KEPT_LT_DESTROY = 8,
     XPU_KEPT_PACK_CREATE = 9, XPU_KEPT_PACK_SET = 10, XPU_KEPT_PACK_FINALIZE = 11, XPU_KEPT_PACK_DESTROY = 12,
     XPU_KEPT_SETTING = 13, XPU_KEPT_GETTING = 14, XPU_KEPT_BLAS_STREAM = 15, XPU_KEPT_BLAS_WORKSPACE = 16,
-    XPU_KEPT_BLAS_GET_STREAM = 17, XPU_KEPT_HEURISTIC = 18, XPU_KEPT_BLAS_CALL = 19, XPU_KEPT_LT_CALL = 20
+    XPU_KEPT_BLAS_GET_STREAM = 17, XPU_KEPT_HEURISTIC = 18, XPU_KEPT_BLAS_CALL = 19, XPU_KEPT_LT_CALL = 20,
+    XPU_KEPT_CONSTANT = 21
 };
 /* the kind of a kept descriptor's record */
 enum {

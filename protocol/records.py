@@ -52,10 +52,11 @@ ENUMS: dict[str, tuple[str, tuple[str, ...]]] = {
              "workspace setters and stream getter, cuBLASLt's heuristic (answered again from the core's first "
              "answer for the same descriptors), a cuBLAS call queued in the lane (a GEMM with its scalars' "
              "bytes), or a cuBLASLt one (cublasLtMatmul: its descriptors named by the server's descriptors for their "
-             "settings). A tensor record's setter is one of the three SET_",
+             "settings), or a call whose answer is a constant the core told C (a library's version). A tensor "
+             "record's setter is one of the three SET_",
              ("NONE", "CREATE", "SET_ND", "SET_4D", "SET_4D_EX", "DESTROY", "LT_CREATE", "LT_SET", "LT_DESTROY",
               "PACK_CREATE", "PACK_SET", "PACK_FINALIZE", "PACK_DESTROY", "SETTING", "GETTING", "BLAS_STREAM",
-              "BLAS_WORKSPACE", "BLAS_GET_STREAM", "HEURISTIC", "BLAS_CALL", "LT_CALL")),
+              "BLAS_WORKSPACE", "BLAS_GET_STREAM", "HEURISTIC", "BLAS_CALL", "LT_CALL", "CONSTANT")),
     "KEPT_KIND": ("the kind of a kept descriptor's record",
                   ("TENSOR", "LT_MATMUL", "LT_LAYOUT", "LT_PREFERENCE", "PACK")),
     "ASK": ("the context questions interpose/answers.h answers in C",

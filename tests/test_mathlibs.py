@@ -3,6 +3,7 @@ server: what they write into the application's memory."""
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 import subprocess
@@ -705,3 +706,37 @@ def test_cublaslt_matmuls_with_seen_descriptors_are_one_record(tmp_path) -> None
     assert by_core["cublasLtMatmul"][0] == 7 and in_c["cublasLtMatmul"][0] == 1, (in_c, by_core)
     served = re.findall(r"library calls: .*?cublasLt=(\d+)", srv.log())
     assert len(served) == 2 and served[0] == served[1], served
+
+
+VERSION_PROGRAM = r"""
+import ctypes
+from xpuremote.interpose.build import LIBRARY_NAMES
+cuda, lt, dnn = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL(LIBRARY_NAMES[1]), ctypes.CDLL("libcudnn.so.9")
+lt.cublasLtGetVersion.restype = dnn.cudnnGetVersion.restype = ctypes.c_size_t
+assert cuda.cuInit(0) == 0
+print([[dnn.cudnnGetVersion() for _ in range(5)], [lt.cublasLtGetVersion() for _ in range(5)]])
+"""
+
+
+def test_a_librarys_version_is_answered_in_c_after_the_first(tmp_path, server) -> None:
+    """PyTorch asks cudnnGetVersion before each cuDNN operation (four times a gpt2_step_bf16 step): the version
+    of the server's library, the session's for good. After the core's first answer C gives it (kept.h's
+    XPU_KEPT_CONSTANT): the same answers with the lane and without, the core asked once."""
+    from conftest import shim_env
+
+    from xpuremote.client import call_cpu
+    from xpuremote.interpose.build import ensure_shim
+
+    runs = {}
+    for lane in ("1", "0"):
+        table = tmp_path / f"cpu-{lane}.tsv"
+        proc = subprocess.run([sys.executable, "-c", VERSION_PROGRAM], capture_output=True, text=True, timeout=60,
+                              env=shim_env(ensure_shim(), server.address, XPU_LANE=lane, XPU_CALL_CPU=str(table)))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[lane] = proc.stdout, call_cpu.read(table)
+    assert runs["1"][0] == runs["0"][0], runs
+    versions = json.loads(runs["1"][0])
+    assert all(len(set(v)) == 1 and v[0] > 0 for v in versions), versions
+    asked = {name: runs["1"][1][name][0] for name in ("cudnnGetVersion", "cublasLtGetVersion")}
+    assert asked == {"cudnnGetVersion": 1, "cublasLtGetVersion": 1}, asked
+    assert runs["0"][1]["cudnnGetVersion"][0] == 5, runs["0"][1]
