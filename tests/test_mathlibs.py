@@ -506,6 +506,22 @@ def test_descriptors_are_kept_in_c(tmp_path) -> None:
     assert len(served) == 1 and served[0] < 200, served
 
 
+# The GEMM programs' device matrices of floats: made from a list, read back rounded (N x N).
+MATRICES = r"""
+def matrix(values):
+    address = ctypes.c_uint64()
+    assert cuda.cuMemAlloc_v2(ctypes.byref(address), 4 * len(values)) == 0
+    data = struct.pack(f"<{len(values)}f", *values)
+    assert cuda.cuMemcpyHtoD_v2(address, data, len(data)) == 0
+    return address.value
+
+
+def read(address):
+    host = ctypes.create_string_buffer(4 * N * N)
+    assert cuda.cuMemcpyDtoH_v2(host, ctypes.c_uint64(address), 4 * N * N) == 0
+    return [round(v, 3) for v in struct.unpack(f"<{N * N}f", host.raw)]
+"""
+
 GEMM_PROGRAM = r"""
 import ctypes, struct, sys
 from xpuremote.interpose.build import LIBRARY_NAMES
@@ -519,20 +535,7 @@ assert cuda.cuCtxSetCurrent(context) == 0 and blas.cublasCreate_v2(ctypes.byref(
 for s in streams:
     assert cuda.cuStreamCreate(ctypes.byref(s), 1) == 0
 
-
-def matrix(values):
-    address = ctypes.c_uint64()
-    assert cuda.cuMemAlloc_v2(ctypes.byref(address), 4 * N * N) == 0
-    data = struct.pack(f"<{N * N}f", *values)
-    assert cuda.cuMemcpyHtoD_v2(address, data, len(data)) == 0
-    return address.value
-
-
-def read(address):
-    host = ctypes.create_string_buffer(4 * N * N)
-    assert cuda.cuMemcpyDtoH_v2(host, ctypes.c_uint64(address), 4 * N * N) == 0
-    return [round(v, 3) for v in struct.unpack(f"<{N * N}f", host.raw)]
-
+""" + MATRICES + r"""
 
 a, b, c = matrix(range(N * N)), matrix([0.5] * (N * N)), matrix([1.0] * (N * N))
 workspace = matrix([0.0] * (N * N))
@@ -615,20 +618,7 @@ context, handle = ptr(), ptr()
 assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0) == 0
 assert cuda.cuCtxSetCurrent(context) == 0 and lt.cublasLtCreate(ctypes.byref(handle)) == 0
 
-
-def matrix(values):
-    address = ctypes.c_uint64()
-    assert cuda.cuMemAlloc_v2(ctypes.byref(address), 4 * len(values)) == 0
-    data = struct.pack(f"<{len(values)}f", *values)
-    assert cuda.cuMemcpyHtoD_v2(address, data, len(data)) == 0
-    return address.value
-
-
-def read(address):
-    host = ctypes.create_string_buffer(4 * N * N)
-    assert cuda.cuMemcpyDtoH_v2(host, ctypes.c_uint64(address), 4 * N * N) == 0
-    return [round(v, 3) for v in struct.unpack(f"<{N * N}f", host.raw)]
-
+""" + MATRICES + r"""
 
 a, b, c, d = matrix(range(N * N)), matrix([0.5] * (N * N)), matrix([1.0] * (N * N)), matrix([0.0] * (N * N))
 bias, workspace = matrix([10.0 * i for i in range(N)]), matrix([0.0] * 1024)
