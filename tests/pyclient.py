@@ -66,10 +66,12 @@ class PyClient:
 
 
 class Relay:
-    """A TCP relay on loopback in front of host:port that keeps every byte each way, per connection."""
+    """A TCP relay on loopback in front of host:port that keeps every byte each way, per connection. `flip`
+    (way, at): one bit of the byte at offset `at` of one way of its first connection is flipped (way 0: what the
+    client sends, 1: what the server sends back)."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.upstream = (host, port)
+    def __init__(self, host: str, port: int, flip: tuple[int, int] | None = None) -> None:
+        self.upstream, self.flip = (host, port), flip
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.connections: list[tuple[bytearray, bytearray]] = []  # (client -> server, server -> client)
@@ -91,10 +93,12 @@ class Relay:
             except OSError:
                 return
             server = socket.create_connection(self.upstream)
-            up, down = bytearray(), bytearray()
-            self.connections.append((up, down))
-            threading.Thread(target=_pump, args=(client, server, up), daemon=True).start()
-            threading.Thread(target=_pump, args=(server, client, down), daemon=True).start()
+            ways = (bytearray(), bytearray())
+            flip = self.flip if not self.connections else None
+            self.connections.append(ways)
+            for way, (src, dst) in enumerate(((client, server), (server, client))):
+                at = flip[1] if flip and flip[0] == way else -1
+                threading.Thread(target=_pump, args=(src, dst, ways[way], at), daemon=True).start()
 
     def captured(self) -> bytes:
         return b"".join(bytes(up) + bytes(down) for up, down in self.connections)
@@ -103,9 +107,12 @@ class Relay:
         self.listener.close()
 
 
-def _pump(src: socket.socket, dst: socket.socket, record: bytearray) -> None:
+def _pump(src: socket.socket, dst: socket.socket, record: bytearray, at: int = -1) -> None:
+    """Bytes from `src` to `dst`, kept in `record`; the one at offset `at` (if any) with its lowest bit flipped."""
     try:
-        while data := src.recv(1 << 16):
+        while data := bytearray(src.recv(1 << 16)):
+            if len(record) <= at < len(record) + len(data):
+                data[at - len(record)] ^= 1
             record += data
             dst.sendall(data)
     except OSError:

@@ -9,7 +9,6 @@ included (sealed with keys the worker sends inside CURVE), and altered traffic f
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -21,7 +20,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -269,37 +267,6 @@ def test_a_replayed_session_gets_nothing(curve: bool, keys: dict[str, Path], cur
             target.stop()
 
 
-class Tamper(Relay):
-    """A relay that flips one bit of the byte at offset `at` of one way of its first connection (0: what the
-    client sends, 1: what the server sends back)."""
-
-    def __init__(self, host: str, port: int, way: int, at: int) -> None:
-        self.way, self.at = way, at
-        super().__init__(host, port)
-
-    def _accept(self) -> None:
-        client, _ = self.listener.accept()
-        server = socket.create_connection(self.upstream)
-        self.connections.append((bytearray(), bytearray()))
-        for way, (src, dst) in enumerate(((client, server), (server, client))):
-            threading.Thread(target=self._pump, args=(src, dst, self.connections[0][way], way == self.way),
-                             daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket, record: bytearray, alter: bool) -> None:
-        try:
-            while chunk := bytearray(src.recv(1 << 16)):
-                if alter and len(record) <= self.at < len(record) + len(chunk):
-                    chunk[self.at - len(record)] ^= 1
-                record += chunk
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-
 @pytest.mark.parametrize("way", [0, 1], ids=["client to worker", "worker to client"])
 def test_a_byte_altered_on_the_sealed_data_connection_fails_that_copy_cleanly(
         way: int, keys: dict[str, Path], curve_server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -311,7 +278,7 @@ def test_a_byte_altered_on_the_sealed_data_connection_fails_that_copy_cleanly(
     real_connect, relays = data.connect, []
 
     def tampered(host: str, port: int, *args: object) -> data.Stream:
-        relays.append(Tamper(host, port, way, 3 << 19))
+        relays.append(Relay(host, port, flip=(way, 3 << 19)))
         return real_connect("127.0.0.1", relays[-1].port, *args)
 
     monkeypatch.setattr(data, "connect", tampered)
