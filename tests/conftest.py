@@ -129,6 +129,15 @@ def two_devices(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv.stop()
 
 
+@pytest.fixture(scope="module")
+def curve_server(keys: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server with CURVE keys: its secret and the allowed clients' folder from the module's `keys` fixture."""
+    srv = start_server(tmp_path_factory.mktemp("curve"), args=("--key", str(keys["server"]),
+                                                                "--allowed-keys", str(keys["allowed"])))
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture(scope="session")
 def chained(tmp_path_factory: pytest.TempPathFactory, shim: Path) -> Iterator[tuple[Server, Server]]:
     """(cuda, sim): a cuda-backend server whose libcuda and math libraries are xpuremote's own
@@ -172,6 +181,23 @@ def shim_env(shim: Path, address: str, **extra: str) -> dict[str, str]:
     env["XPU_SERVER"] = address
     env.update(extra)
     return env
+
+
+def with_and_without_lane(program: str, address: str, tmp: Path, shim: Path,
+                          timeout: float = 60) -> dict[str, tuple[str, dict[str, tuple[int, int]]]]:
+    """`program` (Python source) run under the shim with the lane and the answers in C (XPU_LANE=1) and without
+    (0): for each, its output, the same in both, and the calls that reached the core (XPU_CALL_CPU)."""
+    from xpuremote.client import call_cpu
+
+    runs = {}
+    for lane in ("1", "0"):
+        table = tmp / f"cpu-{lane}.tsv"
+        proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=timeout,
+                              env=shim_env(shim, address, XPU_LANE=lane, XPU_CALL_CPU=str(table)))
+        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+        runs[lane] = proc.stdout, call_cpu.read(table)
+    assert runs["1"][0] == runs["0"][0], runs
+    return runs
 
 
 @pytest.fixture

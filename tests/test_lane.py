@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import Server, shim_env, start_server
+from conftest import Server, shim_env, start_server, with_and_without_lane
 from pyclient import CTX, PyClient
 from toolchain import cudart_path
 
@@ -228,14 +228,7 @@ def test_copies_graph_launches_and_capture_questions_take_the_lane(tmp_path: Pat
     """cuMemcpyDtoDAsync takes the lane; a graph's launches do once the client has seen its instantiation has no
     host copies, until it is destroyed; cuStreamIsCapturing of a default stream is answered in C. The core sees
     only the first launch and the questions it must answer (a stream of the application's, a capture)."""
-    runs = {}
-    for lane in ("1", "0"):
-        table = tmp_path / f"cpu-{lane}.tsv"
-        proc = subprocess.run([sys.executable, "-c", GRAPHS_AND_COPIES], capture_output=True, text=True, timeout=120,
-                              env=shim_env(shim, server.address, XPU_LANE=lane, XPU_CALL_CPU=str(table)))
-        assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-        runs[lane] = (proc.stdout, call_cpu.read(table))
-    assert runs["1"][0] == runs["0"][0], (runs["1"][0], runs["0"][0])
+    runs = with_and_without_lane(GRAPHS_AND_COPIES, server.address, tmp_path, shim, timeout=120)
     lines = runs["1"][0].splitlines()
     assert lines[0] == "default streams [(0, 0), (0, 0), (0, 0)] a stream (0, 0)", lines
     assert lines[1] == "copied [5]" and lines[2] == "capturing (0, 1) the default stream (0, 0)", lines

@@ -575,23 +575,15 @@ def test_cublas_gemms_are_queued_in_c(tmp_path) -> None:
     on the server: with the lane and without, the same results and the same calls reach the server; with it the
     core sees none of the GEMMs in host pointer mode, and the one in device pointer mode and the one with a NULL
     alpha go its way."""
-    from conftest import shim_env, start_server
+    from conftest import start_server, with_and_without_lane
 
-    from xpuremote.client import call_cpu
     from xpuremote.interpose.build import ensure_shim
 
     srv = start_server(tmp_path)
-    runs = {}
     try:
-        for lane in ("1", "0"):
-            table = tmp_path / f"cpu-{lane}.tsv"
-            proc = subprocess.run([sys.executable, "-c", GEMM_PROGRAM], capture_output=True, text=True, timeout=60,
-                                  env=shim_env(ensure_shim(), srv.address, XPU_LANE=lane, XPU_CALL_CPU=str(table)))
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            runs[lane] = proc.stdout, call_cpu.read(table)
+        runs = with_and_without_lane(GEMM_PROGRAM, srv.address, tmp_path, ensure_shim())
     finally:
         srv.stop()
-    assert runs["1"][0] == runs["0"][0], runs
     lines = runs["1"][0].splitlines()
     # c = alpha * a @ b + 0.5 c, six times, alpha 1..6; column-major: a's row i is i, 4 + i, ..., b is all 0.5
     row = [0.5 * sum(4 * j + i for j in range(4)) for i in range(4)]
@@ -670,24 +662,15 @@ def test_cublaslt_matmuls_with_seen_descriptors_are_one_record(tmp_path) -> None
     (kept.h's xpu_kept_lt_call), as it does when it answers the first heuristic question of a setting: with the lane
     and without, the same results and the same calls reach the server; with it the core sees only the GEMM whose
     heuristic C answered for a setting the server has no descriptor of (a bias elsewhere, aligned alike)."""
-    from conftest import shim_env, start_server
+    from conftest import start_server, with_and_without_lane
 
-    from xpuremote.client import call_cpu
     from xpuremote.interpose.build import ensure_shim
 
     srv = start_server(tmp_path)
-    runs = {}
     try:
-        for lane in ("1", "0"):
-            table = tmp_path / f"cpu-{lane}.tsv"
-            proc = subprocess.run([sys.executable, "-c", LT_MATMUL_PROGRAM], capture_output=True, text=True,
-                                  timeout=60,
-                                  env=shim_env(ensure_shim(), srv.address, XPU_LANE=lane, XPU_CALL_CPU=str(table)))
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            runs[lane] = proc.stdout, call_cpu.read(table)
+        runs = with_and_without_lane(LT_MATMUL_PROGRAM, srv.address, tmp_path, ensure_shim())
     finally:
         srv.stop()
-    assert runs["1"][0] == runs["0"][0], runs
     plain, with_bias = runs["1"][0].splitlines()
     row = [0.5 * sum(4 * j + i for j in range(4)) for i in range(4)]  # column-major a, b all 0.5, c all 1
     assert plain == str([[round(alpha * r + 0.5, 3) for _ in range(4) for r in row] for alpha in range(1, 5)])
@@ -712,19 +695,11 @@ def test_a_librarys_version_is_answered_in_c_after_the_first(tmp_path, server) -
     """PyTorch asks cudnnGetVersion before each cuDNN operation (four times a gpt2_step_bf16 step): the version
     of the server's library, the session's for good. After the core's first answer C gives it (kept.h's
     XPU_KEPT_CONSTANT): the same answers with the lane and without, the core asked once."""
-    from conftest import shim_env
+    from conftest import with_and_without_lane
 
-    from xpuremote.client import call_cpu
     from xpuremote.interpose.build import ensure_shim
 
-    runs = {}
-    for lane in ("1", "0"):
-        table = tmp_path / f"cpu-{lane}.tsv"
-        proc = subprocess.run([sys.executable, "-c", VERSION_PROGRAM], capture_output=True, text=True, timeout=60,
-                              env=shim_env(ensure_shim(), server.address, XPU_LANE=lane, XPU_CALL_CPU=str(table)))
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        runs[lane] = proc.stdout, call_cpu.read(table)
-    assert runs["1"][0] == runs["0"][0], runs
+    runs = with_and_without_lane(VERSION_PROGRAM, server.address, tmp_path, ensure_shim())
     versions = json.loads(runs["1"][0])
     assert all(len(set(v)) == 1 and v[0] > 0 for v in versions), versions
     asked = {name: runs["1"][1][name][0] for name in ("cudnnGetVersion", "cublasLtGetVersion")}

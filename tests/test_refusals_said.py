@@ -15,12 +15,11 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, Build, Server, free_port, shim_env, start_server
+from conftest import ROOT, Build, Server, free_port, shim_env
 from pyclient import make_keys
 from test_torch import torch_python
 from toolchain import cudart_path
@@ -45,14 +44,6 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (folder / "allowed").mkdir()
     shutil.copy(folder / "alice.key", folder / "allowed")
     return {**made, "allowed": folder / "allowed", "server.pub": folder / "server.key"}
-
-
-@pytest.fixture(scope="module")
-def curve_server(keys: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("curve"), args=("--key", str(keys["server"]),
-                                                                "--allowed-keys", str(keys["allowed"])))
-    yield srv
-    srv.stop()
 
 
 def make_case(name: str, keys: dict[str, Path], curve: Server) -> Case:

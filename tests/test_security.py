@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -49,14 +48,6 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for name in ("alice", "bob"):
         shutil.copy(folder / f"{name}.key", allowed)
     return {**made, "allowed": allowed, "server.pub": folder / "server.key", "impostor.pub": folder / "impostor.key"}
-
-
-@pytest.fixture(scope="module")
-def curve_server(keys: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("curve"), args=("--key", str(keys["server"]),
-                                                                "--allowed-keys", str(keys["allowed"])))
-    yield srv
-    srv.stop()
 
 
 def use(monkeypatch: pytest.MonkeyPatch, client: Path | None, server: Path | None) -> None:
