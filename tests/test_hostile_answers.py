@@ -422,18 +422,24 @@ print(json.dumps(out), flush=True)
 """
 
 
-def test_a_program_under_the_shim_survives_the_answers_that_crashed_it(shim: Path) -> None:
-    """The reproduction of the defect: an 8-byte cuMemcpyDtoH answered with 8 + 4096 bytes, and a 4096-byte
-    uuid, killed the program with SIGSEGV. Now the copy fails, the inventory fails cuInit saying why, and the
-    program's canaries are intact."""
-    server = FakeServer()
-    server.tamper["cuMemcpyDtoH_v2"] = lambda outs: [outs[0] + b"\xee" * 4096]
+def run_program(server: FakeServer, shim: Path) -> subprocess.CompletedProcess:
+    """PROGRAM under the shim against `server`, which is closed after; it must exit cleanly."""
     try:
         run = subprocess.run([sys.executable, "-c", PROGRAM], env=shim_env(shim, server.address),
                              capture_output=True, text=True, timeout=60)
     finally:
         server.close()
     assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def test_a_program_under_the_shim_survives_the_answers_that_crashed_it(shim: Path) -> None:
+    """The reproduction of the defect: an 8-byte cuMemcpyDtoH answered with 8 + 4096 bytes, and a 4096-byte
+    uuid, killed the program with SIGSEGV. Now the copy fails, the inventory fails cuInit saying why, and the
+    program's canaries are intact."""
+    server = FakeServer()
+    server.tamper["cuMemcpyDtoH_v2"] = lambda outs: [outs[0] + b"\xee" * 4096]
+    run = run_program(server, shim)
     result = json.loads(run.stdout)
     assert result == {"init": 0, "copy": UNKNOWN, "copy_untouched": True, "uuid": 0, "uuid_canary": True}, \
         run.stderr[-3000:]
@@ -441,13 +447,7 @@ def test_a_program_under_the_shim_survives_the_answers_that_crashed_it(shim: Pat
 
     inventory = honest_inventory()
     inventory["devices"][0]["uuid"] = b"\xee" * 4096
-    server = FakeServer(inventory)
-    try:
-        run = subprocess.run([sys.executable, "-c", PROGRAM], env=shim_env(shim, server.address),
-                             capture_output=True, text=True, timeout=60)
-    finally:
-        server.close()
-    assert run.returncode == 0, run.stderr[-3000:]
+    run = run_program(FakeServer(inventory), shim)
     result = json.loads(run.stdout)
     assert result["init"] == UNKNOWN and result["uuid"] != 0 and result["uuid_canary"]
     assert "devices[0].uuid is bytes of 4096, not 16 bytes" in run.stderr
