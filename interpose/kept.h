@@ -391,6 +391,18 @@ static int xpu_scalar_bytes_of(int64_t type) {
     return 0;
 }
 
+/* The host scalars among a call's arguments (a bit each in `scalars`) read into their slots of `args`, `size`
+ * bytes each: 0, or -1 for a NULL one (the core says what is wrong). */
+static int xpu_kept_scalars(uint32_t scalars, int nargs, const uint64_t *s, int size, uint64_t *args) {
+    for (int i = 0; i < nargs; i++)
+        if (scalars >> i & 1) {
+            if (!s[i]) return -1;
+            args[i] = 0;
+            memcpy(&args[i], (const void *)(uintptr_t)s[i], (size_t)size);
+        }
+    return 0;
+}
+
 /* `pair`'s server side brought to what the application set (client/mathlibs.py's blas_settings, in C): the
  * setters the server's handle needs, into `calls`; their count. */
 static int xpu_kept_blas_sync(uint64_t handle, const struct xpu_blas_pair *pair, struct xpu_lane_call *calls,
@@ -422,12 +434,7 @@ static int xpu_kept_blas_call(int library, int op, const uint64_t *s) {
     if (o->scalars && (size <= 0 || size > 8)) return -1;
     uint64_t args[XPU_LANE_ARGS_MAX], stream_args[2], workspace_args[3];
     memcpy(args, s, o->nargs * sizeof *args);
-    for (int i = 0; i < o->nargs; i++)
-        if (o->scalars >> i & 1) {
-            if (!s[i]) return -1;  /* the core says what is wrong */
-            args[i] = 0;
-            memcpy(&args[i], (const void *)(uintptr_t)s[i], (size_t)size);
-        }
+    if (xpu_kept_scalars(o->scalars, o->nargs, s, size, args)) return -1;
     struct xpu_lane_call calls[3];
     int n = xpu_kept_blas_sync(s[0], pair, calls, stream_args, workspace_args);
     calls[n++] = (struct xpu_lane_call){.opcode = o->opcode, .scalars = o->scalars, .nargs = o->nargs,
@@ -513,12 +520,7 @@ static int xpu_kept_lt_call(int library, int op, const uint64_t *s) {
         return -1;
     int size = xpu_scalar_bytes_of(xpu_kept_attribute_int(desc, xpu_kept.lt_scale_type, (int32_t)desc->made[1]));
     if (size <= 0 || size > 8) return -1;
-    for (int i = 0; i < o->nargs; i++)
-        if (o->scalars >> i & 1) {
-            if (!s[i]) return -1;
-            args[i] = 0;
-            memcpy(&args[i], (const void *)(uintptr_t)s[i], (size_t)size);
-        }
+    if (xpu_kept_scalars(o->scalars, o->nargs, s, size, args)) return -1;
     const void *blob = o->blob_arg >= 0 ? (const void *)(uintptr_t)s[o->blob_arg] : NULL;
     if (o->blob_arg >= 0 && !blob) return -1;
     if (o->blob_arg >= 0) args[o->blob_arg] = 0;
