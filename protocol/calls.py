@@ -684,8 +684,7 @@ class Call:
         """How the shim queues this cuBLAS call in the lane (interpose/kept.h), or None: (a bit per argument that is
         a host scalar, the argument naming the scalars' type or -1, their fixed size). Calls of the handle first,
         then integers, streams, device pointers and host scalars of one type, each by value in a record."""
-        if self.library != "cublas" or self.cls != "async" or not self.sent or len(self.params) > abi.LANE_ARGS_MAX \
-                or not self.params or self.params[0].ctype != "cublasHandle_t" or self.destroys:
+        if not self._queued_in_c("cublas", "cublasHandle_t"):
             return None
         scalars, type_arg, size = 0, -1, 0
         for i, p in enumerate(self.params[1:], 1):
@@ -697,7 +696,7 @@ class Call:
                     return None
                 type_arg, size = (at, size) if kind else (type_arg, p.pointee_size)
                 scalars |= 1 << i
-            elif not (p.kind == "int" or p.ctype == "cudaStream_t" or p.is_device):
+            elif not _travels_as_is(p):
                 return None
         return None if type_arg >= 0 and size else (scalars, type_arg, size)
 
@@ -707,8 +706,7 @@ class Call:
         descriptor argument, a bit per host scalar, the descriptor whose scale type sizes them, the argument whose
         bytes travel as the record's blob or -1, their size). Calls of the handle first, then kept descriptors,
         integers, streams, device pointers, host scalars of a descriptor's scale type and one input struct."""
-        if self.library != "cublasLt" or self.cls != "async" or not self.sent or len(self.params) > abi.LANE_ARGS_MAX \
-                or not self.params or self.params[0].ctype != "cublasLtHandle_t" or self.destroys:
+        if not self._queued_in_c("cublasLt", "cublasLtHandle_t"):
             return None
         descriptors, scalars, scale_from, blob, blob_size = 0, 0, -1, -1, 0
         for i, p in enumerate(self.params[1:], 1):
@@ -720,9 +718,15 @@ class Call:
                 scalars, scale_from = scalars | 1 << i, self.names.index(kind)
             elif p.kind == "ptr" and not p.is_device and p.count is None and p.direction == "in" and blob < 0:
                 blob, blob_size = i, p.pointee_size
-            elif not (p.kind == "int" or p.ctype == "cudaStream_t" or p.is_device):
+            elif not _travels_as_is(p):
                 return None
         return descriptors, scalars, scale_from, blob, blob_size
+
+    def _queued_in_c(self, library: str, handle: str) -> bool:
+        """An async call of `library` sent as it is, of its handle first and at most LANE_ARGS_MAX arguments, and
+        no destroy (the client's): what blas_lane and lt_lane consider."""
+        return self.library == library and self.cls == "async" and self.sent and not self.destroys \
+            and 0 < len(self.params) <= abi.LANE_ARGS_MAX and self.params[0].ctype == handle
 
     @cached_property
     def signed_args(self) -> tuple[int, ...]:
@@ -740,6 +744,11 @@ class Call:
         if self.family in SENT_INSTEAD:
             return self.symbol == SENT_INSTEAD[self.family]
         return self.cls in ("sync", "async", "shadow") or self.family in SENT_LOCAL
+
+
+def _travels_as_is(p: Param) -> bool:
+    """An argument a lane record carries as its value: an integer, a stream, a device address."""
+    return p.kind == "int" or p.ctype == "cudaStream_t" or p.is_device
 
 
 class TableError(ValueError):
