@@ -37,7 +37,7 @@ of the figures side by side.
 
 Medians over the repeats; results as JSON and Markdown with --out. With --profile DIR, every
 phase is also run once under cProfile inside the shim agent, and the server's per-call work is
-profiled in-process (worker.Session on the sim backend); the top entries are printed and the
+profiled in-process (session.Session on the sim backend); the top entries are printed and the
 .pstats files left in DIR.
 """
 
@@ -637,14 +637,14 @@ def stop(proc: subprocess.Popen) -> None:
 
 # ---- the server's own share, measured in-process ------------------------------------------------------
 def server_share(backend: str, n_sync: int, n_async: int, profile_dir: Path | None) -> dict[str, float]:
-    """µs per call spent in worker.Session (decode + execute + encode), without any transport: a
+    """µs per call spent in session.Session (decode + execute + encode), without any transport: a
     cuCtxSynchronize and an 8-byte cuMemcpyDtoH_v2 answered, memsets in batches. On the cuda backend also the
     driver's own two calls alone, made from cffi: what is left of the session's figure is xpuremote's; the copy
     into page-locked memory; and each call after a pause, as a worker makes it between round trips."""
     import msgpack
 
     from xpuremote.server.limits import Accounted, Limits
-    from xpuremote.server.worker import Session
+    from xpuremote.server.session import Session
 
     if backend == "cuda":
         from xpuremote.server.backends.cuda import CudaBackend as Backend
@@ -722,7 +722,7 @@ def paused(call: Callable[[], Any], n: int, pause_s: float = 100e-6) -> float:
 
 def share_line(backend: str, share: dict[str, float]) -> str:
     """The in-process share in words (older results have no copy row)."""
-    line = (f"Server share (worker.Session in-process on the {backend} backend, no transport): cuCtxSynchronize "
+    line = (f"Server share (session.Session in-process on the {backend} backend, no transport): cuCtxSynchronize "
             f"{share['sync']:.2f} µs/call, 8 B cuMemcpyDtoH_v2 {share.get('copy', float('nan')):.2f} µs/call, async "
             f"{share['async']:.2f} µs/call.")
     if "driver copy" in share:

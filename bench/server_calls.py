@@ -112,7 +112,7 @@ def measure(rounds: int, repeats: int) -> dict[str, Any]:
     from xpuremote.protocol.calls import CALLS
     from xpuremote.server.backends.cuda import CudaBackend
     from xpuremote.server.limits import Accounted, Limits
-    from xpuremote.server.worker import Session
+    from xpuremote.server.session import Session
 
     backend = Accounted(CudaBackend(), Limits())
     session = Session(backend)

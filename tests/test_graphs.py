@@ -18,7 +18,7 @@ from pyclient import CTX, PyClient
 from xpuremote.protocol import errors
 from xpuremote.protocol.calls import CALLS
 from xpuremote.server.backends import sim
-from xpuremote.server.worker import Session
+from xpuremote.server.session import Session
 
 pytest.importorskip("cuda.bindings.driver", reason="cuda-python (cuda-bindings) is not installed")
 
@@ -188,7 +188,7 @@ import json, struct
 from xpuremote.protocol.calls import CALLS
 from xpuremote.server.backends.cuda import CudaBackend
 from xpuremote.server.limits import Accounted, Limits
-from xpuremote.server.worker import Session
+from xpuremote.server.session import Session
 
 HIDDEN = ("cuGraphNodeGetContainingGraph", "cuGraphGetEdges_v2")
 

@@ -22,7 +22,7 @@ from xpuremote.protocol.calls import CALLS, SENT_INSTEAD
 from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
 from xpuremote.server.backends import sim
 from xpuremote.server.limits import Accounted, Limits, Regions
-from xpuremote.server.worker import Session
+from xpuremote.server.session import Session
 
 SIZE = 64 << 10
 PTX = b"""

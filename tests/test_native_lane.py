@@ -18,7 +18,7 @@ from xpuremote.protocol import abi
 from xpuremote.protocol.calls import CALLS
 from xpuremote.server.backends.cuda import CudaBackend
 from xpuremote.server.limits import Accounted, Limits
-from xpuremote.server.worker import Session
+from xpuremote.server.session import Session
 
 CTX, OTHER_CTX, STREAM, EVENT = 0x7C00_0000_1000, 0x7C00_0000_1100, 0x7C00_0000_2000, 0x7C00_0000_3000
 MODULE, SAXPY = 0x7C00_0000_4000, 0x7C00_0000_4010
