@@ -535,3 +535,46 @@ XPU_EXPORT int cublasZtrsm_v2_64(void *a0, uint32_t a1, uint32_t a2, uint32_t a3
 XPU_EXPORT int cublasZtrsv_v2(void *a0, uint32_t a1, uint32_t a2, uint32_t a3, int32_t a4, void *a5, int32_t a6, void *a7, int32_t a8) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(int64_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(int64_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(int64_t)a8}; return (int)xpu_lib_call(514, s); }
 XPU_EXPORT int cublasZtrsv_v2_64(void *a0, uint32_t a1, uint32_t a2, uint32_t a3, int64_t a4, void *a5, int64_t a6, void *a7, int64_t a8) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(uint64_t)a2, (uint64_t)(uint64_t)a3, (uint64_t)(int64_t)a4, (uint64_t)(uintptr_t)a5, (uint64_t)(int64_t)a6, (uint64_t)(uintptr_t)a7, (uint64_t)(int64_t)a8}; return (int)xpu_lib_call(515, s); }
 XPU_EXPORT int cublasZtrttp(void *a0, uint32_t a1, int32_t a2, void *a3, int32_t a4, void *a5) { uint64_t s[] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uint64_t)a1, (uint64_t)(int64_t)a2, (uint64_t)(uintptr_t)a3, (uint64_t)(int64_t)a4, (uint64_t)(uintptr_t)a5}; return (int)xpu_lib_call(516, s); }
+
+/* What NVIDIA's libraries import from libcublas.so.13 beside the functions above (no header
+ * this is generated from declares them; protocol/linked.py finds them): exported so that those
+ * libraries load, and refused (interpose/mathlib.c). Each names the libraries that import it. */
+XPU_EXPORT int cublasSetEnvironmentMode(void) { static int said; return xpu_refuse("cublasSetEnvironmentMode", 15, &said); }  /* libcusolver.so.12, libcusolverMg.so.12 */
+XPU_EXPORT int cublasXtCgemm(void) { static int said; return xpu_refuse("cublasXtCgemm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtChemm(void) { static int said; return xpu_refuse("cublasXtChemm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtCher2k(void) { static int said; return xpu_refuse("cublasXtCher2k", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtCherk(void) { static int said; return xpu_refuse("cublasXtCherk", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtCreate(void) { static int said; return xpu_refuse("cublasXtCreate", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtCsymm(void) { static int said; return xpu_refuse("cublasXtCsymm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtCsyr2k(void) { static int said; return xpu_refuse("cublasXtCsyr2k", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtCsyrk(void) { static int said; return xpu_refuse("cublasXtCsyrk", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtCtrmm(void) { static int said; return xpu_refuse("cublasXtCtrmm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtCtrsm(void) { static int said; return xpu_refuse("cublasXtCtrsm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtDestroy(void) { static int said; return xpu_refuse("cublasXtDestroy", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtDeviceSelect(void) { static int said; return xpu_refuse("cublasXtDeviceSelect", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtDgemm(void) { static int said; return xpu_refuse("cublasXtDgemm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtDsymm(void) { static int said; return xpu_refuse("cublasXtDsymm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtDsyr2k(void) { static int said; return xpu_refuse("cublasXtDsyr2k", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtDsyrk(void) { static int said; return xpu_refuse("cublasXtDsyrk", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtDtrmm(void) { static int said; return xpu_refuse("cublasXtDtrmm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtDtrsm(void) { static int said; return xpu_refuse("cublasXtDtrsm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtMaxBoards(void) { static int said; return xpu_refuse("cublasXtMaxBoards", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtSetBlockDim(void) { static int said; return xpu_refuse("cublasXtSetBlockDim", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtSetCpuRatio(void) { static int said; return xpu_refuse("cublasXtSetCpuRatio", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtSetCpuRoutine(void) { static int said; return xpu_refuse("cublasXtSetCpuRoutine", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtSetPinningMemMode(void) { static int said; return xpu_refuse("cublasXtSetPinningMemMode", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtSgemm(void) { static int said; return xpu_refuse("cublasXtSgemm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtSsymm(void) { static int said; return xpu_refuse("cublasXtSsymm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtSsyr2k(void) { static int said; return xpu_refuse("cublasXtSsyr2k", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtSsyrk(void) { static int said; return xpu_refuse("cublasXtSsyrk", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtStrmm(void) { static int said; return xpu_refuse("cublasXtStrmm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtStrsm(void) { static int said; return xpu_refuse("cublasXtStrsm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtZgemm(void) { static int said; return xpu_refuse("cublasXtZgemm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtZhemm(void) { static int said; return xpu_refuse("cublasXtZhemm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtZher2k(void) { static int said; return xpu_refuse("cublasXtZher2k", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtZherk(void) { static int said; return xpu_refuse("cublasXtZherk", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtZsymm(void) { static int said; return xpu_refuse("cublasXtZsymm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtZsyr2k(void) { static int said; return xpu_refuse("cublasXtZsyr2k", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtZsyrk(void) { static int said; return xpu_refuse("cublasXtZsyrk", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtZtrmm(void) { static int said; return xpu_refuse("cublasXtZtrmm", 15, &said); }  /* libnvblas.so.13 */
+XPU_EXPORT int cublasXtZtrsm(void) { static int said; return xpu_refuse("cublasXtZtrsm", 15, &said); }  /* libnvblas.so.13 */

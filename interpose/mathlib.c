@@ -7,11 +7,19 @@
  * whose embedded client answers it (client/mathlibs.py), so a library call is ordered with
  * the process's driver calls on one session. The symbols carry the version node NVIDIA's
  * library gives them (the SONAME), through the linker version script build.py writes.
+ *
+ * The entry points also export what NVIDIA's other libraries import from this one and no header
+ * declares (cuSOLVER's cublasSetEnvironmentMode, cuBLAS's internal cuBLASLt calls): those refuse
+ * here, in C, with the library's NOT_SUPPORTED, and name themselves once on stderr as the client
+ * names a call it does not forward.
  */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
 #include "abi.h"
 
 #define XPU_EXPORT __attribute__((visibility("default")))
@@ -32,6 +40,7 @@ static void xpu_find_shim(void) {
 
 static int xpu_lib_call(int op, uint64_t *slots);
 static const char *xpu_status_text(int code);
+static int xpu_refuse(const char *name, int status, int *said);
 
 #include XPU_ENTRY_POINTS
 
@@ -46,4 +55,13 @@ static const char *xpu_status_text(int code) {
     for (size_t i = 0; i < sizeof xpu_status_names / sizeof xpu_status_names[0]; i++)
         if (xpu_status_names[i].code == code) return xpu_status_names[i].name;
     return "unrecognized status code";
+}
+
+/* The client's words for a call it does not forward, at its WARNING level (XPU_LOG=ERROR hides them). */
+__attribute__((unused)) static int xpu_refuse(const char *name, int status, int *said) {
+    const char *level = getenv("XPU_LOG");
+    if (!__atomic_exchange_n(said, 1, __ATOMIC_RELAXED) && !(level && strcasecmp(level, "ERROR") == 0))
+        fprintf(stderr, "xpuremote: WARNING %s is not supported by xpuremote yet (returning %s)\n", name,
+                xpu_status_text(status));
+    return status;
 }
