@@ -80,8 +80,11 @@ def operations(address: int, cudnn: int, blas: int, lt: int, plan: int, enums: d
                 ["cudnnBackendDestroyDescriptor", [pack]]]
 
     def kept_convolution() -> list[list[Any]]:  # the same, as the client sends it now: one internal call
+        from xpuremote.protocol import mathlibs
+
         pointers, uids = struct.pack("<3Q", *[address] * 3), struct.pack("<3q", 1, 2, 3)
-        return [["xpuCudnnExecute", [cudnn, plan, 3, pointers, uids, bytes(3), bytes(24), address]]]
+        return [["xpuCudnnExecute", [cudnn, plan, 3, address, mathlibs.execute_pack(pointers, uids, bytes(24),
+                                                                                    bytes(3))]]]
 
     def lt_gemm() -> list[list[Any]]:  # PyTorch's cuBLASLt GEMM: its descriptors made and destroyed each time
         desc, pref, layouts = next(HANDLES), next(HANDLES), [next(HANDLES) for _ in range(3)]

@@ -587,12 +587,15 @@ IN_C_OPS = {  # symbol -> (role, kind: a record's kind; a getter's, the bytes it
     "cublasSetStream_v2": (abi.KEPT_BLAS_STREAM, 0), "cublasSetWorkspace_v2": (abi.KEPT_BLAS_WORKSPACE, 0),
     "cublasGetStream_v2": (abi.KEPT_BLAS_GET_STREAM, 0),
     "cublasLtMatmulAlgoGetHeuristic": (abi.KEPT_HEURISTIC, 0),
-    "cudnnGetVersion": (abi.KEPT_CONSTANT, 0), "cublasLtGetVersion": (abi.KEPT_CONSTANT, 0)}
-# a pack record's attributes in its order (kept.h's): (name, element type)
-PACK_ORDER = tuple((name, mathlibs.CUDNN_PACK_ATTRIBUTES[name]) for name in (PACK_UIDS, mathlibs.CUDNN_DATA_POINTERS,
-                                                                            PACK_WORKSPACE))
-IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items()
-              if role not in (*HANDLE_ROLES, abi.KEPT_HEURISTIC, abi.KEPT_CONSTANT)}  # the descriptors' calls
+    "cudnnGetVersion": (abi.KEPT_CONSTANT, 0), "cublasLtGetVersion": (abi.KEPT_CONSTANT, 0),
+    "cudnnBackendExecute": (abi.KEPT_PACK_EXECUTE, PACK)}
+QUEUED_AS = {"cudnnBackendExecute": "xpuCudnnExecute"}  # a call C queues in the lane as another
+# a pack record's attributes in its order (abi.PACK_ATTRIBUTE_*): (name, element type)
+PACK_ORDER = tuple((name, mathlibs.CUDNN_PACK_ATTRIBUTES[name]) for _, name in sorted({
+    abi.PACK_ATTRIBUTE_UNIQUE_IDS: PACK_UIDS, abi.PACK_ATTRIBUTE_DATA_POINTERS: mathlibs.CUDNN_DATA_POINTERS,
+    abi.PACK_ATTRIBUTE_WORKSPACE: PACK_WORKSPACE}.items()))
+IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items()  # the descriptors' calls
+              if role not in (*HANDLE_ROLES, abi.KEPT_HEURISTIC, abi.KEPT_CONSTANT, abi.KEPT_PACK_EXECUTE)}
 
 
 def _op(symbol: str) -> tuple[int, int]:
@@ -632,7 +635,7 @@ class KeptInC:
         for symbol, (role, kind) in IN_C_OPS.items():
             call = CALLS[symbol]
             made = len(call.params) - 1 if role == abi.KEPT_LT_CREATE else 0  # a cuBLASLt create's setting
-            self.lib.xpu_kept_mark(*_op(symbol), role, kind, made, call.opcode)
+            self.lib.xpu_kept_mark(*_op(symbol), role, kind, made, CALLS[QUEUED_AS.get(symbol, symbol)].opcode)
         names = [name for name, _ in PACK_ORDER]
         self.lib.xpu_kept_pack_names(self.ffi.new("int64_t[]", [VARIANT_PACK, *names, *(t for _, t in PACK_ORDER)]))
         self.lib.xpu_kept_lt_names(self.ffi.new("uint32_t[]", sorted(LT_POINTERS)), len(LT_POINTERS), ATTR_SCALE_TYPE,
@@ -655,6 +658,16 @@ class KeptInC:
 
     def constant(self, call: Call, value: int) -> None:
         self.lib.xpu_kept_constant(*_op(call.symbol), value)
+
+    def learn_pointers(self, pointers: bytes, by_value: bytes) -> None:
+        """C queues the execution of a pack of these data pointers from now on, reading the by-value scalars'
+        bytes itself, until device memory changes (`forget_pointers`)."""
+        if len(by_value) <= abi.KEPT_PACK_ELEMENTS:  # a longer pack is never kept in C
+            mask = sum(1 << i for i, flag in enumerate(by_value) if flag)
+            self.lib.xpu_kept_pointers(self.ffi.from_buffer("uint64_t[]", pointers), len(by_value), mask)
+
+    def forget_pointers(self) -> None:
+        self.lib.xpu_kept_pointers(self.ffi.NULL, -1, 0)
 
     def learn_heuristic(self, args: list[Any], results: bytes, count: bytes) -> None:
         """C answers the same question (the handle, the descriptors' settings, the count) from now on."""
@@ -869,8 +882,10 @@ def _execution(d: Driver, pack: dict[str, Any]) -> list[Any] | None:
         return None
     count, raw = pointers[1], pointers[2]
     flags, scalars = _by_value_scalars(d, raw) or (bytes(count), bytes(8 * count))
-    return [count, wire.frame(raw), wire.frame(uids[2]), wire.frame(flags), wire.frame(scalars),
-            int.from_bytes(workspace[2], "little")]
+    if IN_C is not None:  # C queues the next execution of these pointers itself, until device memory changes
+        memory.maps(d)[0].on_change = IN_C.forget_pointers
+        IN_C.learn_pointers(raw, flags)
+    return [count, int.from_bytes(workspace[2], "little"), mathlibs.execute_pack(raw, uids[2], scalars, flags)]
 
 
 @implements("cudnnBackendExecute")
@@ -880,7 +895,8 @@ def backend_execute(d: Driver, call: Call, args: list[Any]) -> None:
     if pack is not None:
         sent = _execution(d, pack)
         if sent is not None:
-            d.post(CALLS["xpuCudnnExecute"], [handle, plan, *sent], 25 * sent[0])
+            count, workspace, data = sent
+            d.post(CALLS["xpuCudnnExecute"], [handle, plan, count, workspace, wire.frame(data)], len(data))
             return
         _send_pack(d, pack_handle)
     d.forward(call, args)

@@ -57,18 +57,24 @@ class RangeMap:
     bases: list[int] = field(default_factory=list)
     ranges: dict[int, Range] = field(default_factory=dict)
     changes: int = 0  # ranges added and removed: what was found by address holds while this stays
+    on_change: Callable[[], None] | None = None  # told of each change (what C found by address is void)
 
     def add(self, r: Range) -> None:
         bisect.insort(self.bases, r.base)
         self.ranges[r.base] = r
-        self.changes += 1
+        self.changed()
 
     def remove(self, base: int) -> Range | None:
         r = self.ranges.pop(base, None)
         if r is not None:
             self.bases.remove(base)
-            self.changes += 1
+            self.changed()
         return r
+
+    def changed(self) -> None:
+        self.changes += 1
+        if self.on_change is not None:
+            self.on_change()
 
     def find(self, address: int) -> Range | None:
         i = bisect.bisect_right(self.bases, address) - 1

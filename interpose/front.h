@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include "abi.h"  /* the records, enums and limits C shares with Python (protocol/records.py) */
 
-#define XPU_FRONT_VERSION 14
+#define XPU_FRONT_VERSION 15
 typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
 
 struct xpu_front {
@@ -55,6 +55,7 @@ struct xpu_front {
     void (*kept_lt_names)(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode);
     void (*kept_serve)(const struct xpu_kept_record *setting, uint64_t server);
     void (*kept_constant)(int library, int op, int32_t value);
+    void (*kept_pointers)(const uint64_t *pointers, int64_t count, uint32_t by_value);
 };
 
 /* What each of the two libcs in the process needs, compiled into both sides so that each call binds to

@@ -69,6 +69,12 @@ static struct {
      * it there (client/mathlibs.py, server_descriptor): a cuBLASLt call names those. server 0: free; ~0: gone. */
     struct { uint64_t hash, server; struct xpu_kept_record setting; } served[XPU_KEPT_SERVED];
     uint32_t serving;                            /* entries used, gone ones included */
+    /* A variant pack's data pointers as the core found them: a bit per by-value scalar's host address (cuDNN
+     * attention's scale), the others device addresses. PyTorch executes the same pointers step after step; the
+     * core forgets them all when device memory changes (xpu_kept_pointers). A free entry's count is 0. */
+    struct { uint64_t hash; int64_t count; uint32_t by_value; uint64_t pointer[XPU_KEPT_PACK_ELEMENTS]; }
+        pointer_set[XPU_KEPT_POINTER_SETS];
+    uint32_t pointer_sets;
 } xpu_kept = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void xpu_kept_pack_names(const int64_t *names) {
@@ -530,6 +536,68 @@ static int xpu_kept_lt_call(int library, int op, const uint64_t *s) {
     return xpu_lane_put_calls(&call, 1);
 }
 
+/* ---- cuDNN's variant packs executed in the lane ------------------------------------------------------ */
+/* The entry of `count` data pointers, or the free one where they would go (its count 0). Under the lock. */
+static int xpu_kept_pointer_slot(uint64_t hash, const uint64_t *pointers, int64_t count) {
+    uint32_t i = (uint32_t)hash & (XPU_KEPT_POINTER_SETS - 1);
+    for (;; i = (i + 1) & (XPU_KEPT_POINTER_SETS - 1)) {  /* never full: it starts over at half */
+        if (!xpu_kept.pointer_set[i].count) return (int)i;
+        if (xpu_kept.pointer_set[i].hash == hash && xpu_kept.pointer_set[i].count == count
+            && !memcmp(xpu_kept.pointer_set[i].pointer, pointers, (size_t)count * 8))
+            return (int)i;
+    }
+}
+
+/* The core's: of these `count` data pointers, those of `by_value` (a bit each) are by-value scalars' host
+ * addresses, the others device addresses; or (count < 0) device memory changed, what it said before is void. */
+static void xpu_kept_pointers(const uint64_t *pointers, int64_t count, uint32_t by_value) {
+    pthread_mutex_lock(&xpu_kept.lock);
+    if (count < 0 || xpu_kept.pointer_sets >= XPU_KEPT_POINTER_SETS / 2) {
+        if (xpu_kept.pointer_sets) memset(xpu_kept.pointer_set, 0, sizeof xpu_kept.pointer_set);
+        xpu_kept.pointer_sets = 0;
+    }
+    if (count > 0 && count <= XPU_KEPT_PACK_ELEMENTS) {
+        uint64_t hash = xpu_kept_hash((const unsigned char *)pointers, (size_t)count * 8);
+        int i = xpu_kept_pointer_slot(hash, pointers, count);
+        if (!xpu_kept.pointer_set[i].count) xpu_kept.pointer_sets++;
+        xpu_kept.pointer_set[i].hash = hash, xpu_kept.pointer_set[i].count = count;
+        xpu_kept.pointer_set[i].by_value = by_value;
+        memcpy(xpu_kept.pointer_set[i].pointer, pointers, (size_t)count * 8);
+    }
+    pthread_mutex_unlock(&xpu_kept.lock);
+}
+
+/* cudnnBackendExecute(handle, plan, pack) of a finalized kept pack of data pointers, as many unique ids and at most
+ * a workspace, queued in the lane as xpuCudnnExecute with its by-value scalars' bytes: 0, or -1 where the core
+ * sends it (a pack C does not keep, pointers the core has not told C of, a scalar at a page's end, the lane closed
+ * or full). Under the lock. */
+static int xpu_kept_execute(int library, int op, const uint64_t *s) {
+    const struct xpu_kept_record *r = xpu_kept_own(s[2], XPU_KEPT_KIND_PACK);
+    const int ids = XPU_PACK_ATTRIBUTE_UNIQUE_IDS, data = XPU_PACK_ATTRIBUTE_DATA_POINTERS;
+    const int space = XPU_PACK_ATTRIBUTE_WORKSPACE;
+    if (!r || !r->pack.finalized || (r->pack.set & (1 << ids | 1 << data)) != (1 << ids | 1 << data)) return -1;
+    int64_t count = r->pack.count[data];
+    if (count <= 0 || count != r->pack.count[ids] || (r->pack.set >> space & 1 && r->pack.count[space] != 1))
+        return -1;
+    const uint64_t *pointers = r->pack.value + data * XPU_KEPT_PACK_ELEMENTS;
+    int i = xpu_kept_pointer_slot(xpu_kept_hash((const unsigned char *)pointers, (size_t)count * 8), pointers, count);
+    if (!xpu_kept.pointer_set[i].count) return -1;
+    unsigned char pack[25 * XPU_KEPT_PACK_ELEMENTS] = {0};
+    size_t part = (size_t)count * 8;
+    memcpy(pack + part * XPU_EXECUTE_PART_POINTERS, pointers, part);
+    memcpy(pack + part * XPU_EXECUTE_PART_UNIQUE_IDS, r->pack.value + ids * XPU_KEPT_PACK_ELEMENTS, part);
+    for (int e = 0; e < count; e++)
+        if (xpu_kept.pointer_set[i].by_value >> e & 1) {  /* read here as cuDNN would: the caller keeps it alive */
+            if ((pointers[e] & 4095) > 4096 - 8) return -1;  /* the core reads what the page holds */
+            memcpy(pack + part * XPU_EXECUTE_PART_SCALARS + 8 * e, (const void *)(uintptr_t)pointers[e], 8);
+            pack[part * XPU_EXECUTE_PART_BY_VALUE + e] = 1;
+        }
+    uint64_t args[5] = {s[0], s[1], (uint64_t)count, r->pack.set >> space & 1 ? r->pack.value[space * XPU_KEPT_PACK_ELEMENTS] : 0, 0};
+    struct xpu_lane_call call = {.opcode = xpu_kept.op[library][op].opcode, .nargs = 5, .args = args, .blob_at = 4,
+                                 .blob_len = (uint32_t)(25 * count), .blob = pack};
+    return xpu_lane_put_calls(&call, 1);
+}
+
 /* The core's: the matmul attributes that hold a device pointer, and those that say its scalars' type and mode. */
 static void xpu_kept_lt_names(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode) {
     pthread_mutex_lock(&xpu_kept.lock);
@@ -606,6 +674,9 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
         break;
     case XPU_KEPT_LT_CALL:
         rc = xpu_kept_lt_call(library, op, slots);
+        break;
+    case XPU_KEPT_PACK_EXECUTE:
+        rc = xpu_kept_execute(library, op, slots);
         break;
     case XPU_KEPT_CONSTANT:
         if (xpu_kept.op[library][op].known) rc = xpu_kept.op[library][op].constant;

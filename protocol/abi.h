@@ -38,6 +38,10 @@
 #define XPU_KEPT_HEURISTIC_RESULTS 8
 /* cuBLASLt matmul attributes that hold a device pointer, told by the core */
 #define XPU_KEPT_LT_POINTERS 16
+/* variant packs' data pointers whose by-value scalars the core told C (a power of two); full, or device memory
+ * changed, it starts over
+ */
+#define XPU_KEPT_POINTER_SETS 256
 /* failed records one run of server/native_lane.c reports before it hands back */
 #define XPU_NATIVE_FAILURES 64
 /* the core's op numbers of the math libraries start here */
@@ -62,7 +66,8 @@ enum {
  * cuBLASLt's heuristic (answered again from the core's first answer for the same descriptors), a cuBLAS call
  * queued in the lane (a GEMM with its scalars' bytes), or a cuBLASLt one (cublasLtMatmul: its descriptors named
  * by the server's descriptors for their settings), or a call whose answer is a constant the core told C (a
- * library's version). A tensor record's setter is one of the three SET_
+ * library's version), or cudnnBackendExecute of a kept pack (queued as xpuCudnnExecute once the core has told C
+ * which of its data pointers are by-value scalars). A tensor record's setter is one of the three SET_
  */
 enum {
     XPU_KEPT_NONE = 0, XPU_KEPT_CREATE = 1, XPU_KEPT_SET_ND = 2, XPU_KEPT_SET_4D = 3, XPU_KEPT_SET_4D_EX = 4,
@@ -70,7 +75,19 @@ enum {
     XPU_KEPT_PACK_CREATE = 9, XPU_KEPT_PACK_SET = 10, XPU_KEPT_PACK_FINALIZE = 11, XPU_KEPT_PACK_DESTROY = 12,
     XPU_KEPT_SETTING = 13, XPU_KEPT_GETTING = 14, XPU_KEPT_BLAS_STREAM = 15, XPU_KEPT_BLAS_WORKSPACE = 16,
     XPU_KEPT_BLAS_GET_STREAM = 17, XPU_KEPT_HEURISTIC = 18, XPU_KEPT_BLAS_CALL = 19, XPU_KEPT_LT_CALL = 20,
-    XPU_KEPT_CONSTANT = 21
+    XPU_KEPT_CONSTANT = 21, XPU_KEPT_PACK_EXECUTE = 22
+};
+/* xpuCudnnExecute's `pack` of `count` elements: the data pointers, their unique ids and the by-value scalars'
+ * bytes, 8 bytes an element each, in this order from 8 * count * part; then BY_VALUE, a byte an element, 1 where
+ * that pointer is a by-value scalar's
+ */
+enum {
+    XPU_EXECUTE_PART_POINTERS = 0, XPU_EXECUTE_PART_UNIQUE_IDS = 1, XPU_EXECUTE_PART_SCALARS = 2,
+    XPU_EXECUTE_PART_BY_VALUE = 3
+};
+/* a kept variant pack's attributes, in their order in its record (kept_pack) */
+enum {
+    XPU_PACK_ATTRIBUTE_UNIQUE_IDS = 0, XPU_PACK_ATTRIBUTE_DATA_POINTERS = 1, XPU_PACK_ATTRIBUTE_WORKSPACE = 2
 };
 /* the kind of a kept descriptor's record */
 enum {
@@ -119,8 +136,8 @@ _Static_assert(sizeof(struct xpu_kept_attribute) == 24, "protocol/records.py: ke
 _Static_assert(offsetof(struct xpu_kept_attribute, name) == 0, "protocol/records.py: kept_attribute.name");
 _Static_assert(offsetof(struct xpu_kept_attribute, size) == 4, "protocol/records.py: kept_attribute.size");
 _Static_assert(offsetof(struct xpu_kept_attribute, value) == 8, "protocol/records.py: kept_attribute.value");
-/* a kept variant pack: its attributes in KEPT_PACK_ATTRIBUTES' order (ids, data pointers, workspace); `set` has
- * a bit per attribute set; attribute a's elements from a * KEPT_PACK_ELEMENTS
+/* a kept variant pack: its attributes in PACK_ATTRIBUTE's order; `set` has a bit per attribute set; attribute
+ * a's elements from a * KEPT_PACK_ELEMENTS
  */
 struct xpu_kept_pack { int32_t finalized; int32_t set; int64_t count[3]; uint64_t value[48]; };
 _Static_assert(sizeof(struct xpu_kept_pack) == 416, "protocol/records.py: kept_pack");

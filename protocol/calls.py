@@ -442,9 +442,8 @@ xpuCudnnGetDescriptors(unsigned long long descriptor, unsigned int attributeName
 xpuCudnnSetDataPointers(unsigned long long descriptor, size_t count, const void *pointers, const void *byValue, \
   const void *scalars)                                                               async \
   pointers=in:count*8 byValue=in:count scalars=in:count*8
-xpuCudnnExecute(unsigned long long handle, unsigned long long plan, size_t count, const void *pointers, \
-  const void *uniqueIds, const void *byValue, const void *scalars, unsigned long long workspace)     async \
-  pointers=in:count*8 uniqueIds=in:count*8 byValue=in:count scalars=in:count*8
+xpuCudnnExecute(unsigned long long handle, unsigned long long plan, size_t count, unsigned long long workspace, \
+  const void *pack)                                                                  async  pack=in:count*25
 """
 
 # Stream handles that are not handles: NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD.
@@ -505,6 +504,8 @@ LANE = {
     "cuMemcpyDtoDAsync": "args", "cuLaunchKernel": "launch", "cuGraphLaunch": "known",
 }
 LANE_LAUNCH = "xpuLaunchKernel"
+# What interpose/kept.h queues in the lane from the descriptors it keeps: a variant pack's execution.
+KEPT_LANE = ("xpuCudnnExecute",)
 
 # Copies whose host buffer may travel on the session's data connection (server/data.py) instead of in their
 # message, when the client waits for them (a sync call, or an async one from or into pageable memory).
@@ -676,7 +677,7 @@ class Call:
     @cached_property
     def in_lane(self) -> bool:
         """A lane record may name this call (the server runs no other from a lane)."""
-        return (self.lane in ("args", "known") and self.sent) or self.symbol == LANE_LAUNCH \
+        return (self.lane in ("args", "known") and self.sent) or self.symbol in (LANE_LAUNCH, *KEPT_LANE) \
             or self.blas_lane is not None or self.lt_lane is not None
 
     @cached_property

@@ -26,6 +26,8 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
+from . import abi
+
 
 @dataclass(frozen=True)
 class Library:
@@ -323,6 +325,22 @@ CUDNN_WORKSPACE = api(CUDNN).ENUMS["CUDNN_ATTR_VARIANT_PACK_WORKSPACE"]
 CUDNN_INT64 = api(CUDNN).ENUMS["CUDNN_TYPE_INT64"]
 CUDNN_PACK_ATTRIBUTES = {CUDNN_DATA_POINTERS: CUDNN_VOID_PTR, CUDNN_UNIQUE_IDS: CUDNN_INT64,
                          CUDNN_WORKSPACE: CUDNN_VOID_PTR}
+
+
+def execute_pack(pointers: bytes, uids: bytes, scalars: bytes, by_value: bytes) -> bytes:
+    """xpuCudnnExecute's `pack` (abi.EXECUTE_PART_*'s order, as kept.h writes it)."""
+    parts = {abi.EXECUTE_PART_POINTERS: pointers, abi.EXECUTE_PART_UNIQUE_IDS: uids,
+             abi.EXECUTE_PART_SCALARS: scalars, abi.EXECUTE_PART_BY_VALUE: by_value}
+    return b"".join(parts[p] for p in sorted(parts))
+
+
+def execute_parts(count: int, pack: bytes) -> tuple[bytes, bytes, bytes, bytes]:
+    """xpuCudnnExecute's `pack` of `count` elements as (pointers, unique ids, by-value scalars, by-value flags)."""
+    part = 8 * count
+    at = [part * p for p in (abi.EXECUTE_PART_POINTERS, abi.EXECUTE_PART_UNIQUE_IDS, abi.EXECUTE_PART_SCALARS,
+                             abi.EXECUTE_PART_BY_VALUE)]
+    view = bytes(pack)
+    return view[at[0]:at[0] + part], view[at[1]:at[1] + part], view[at[2]:at[2] + part], view[at[3]:at[3] + count]
 
 
 def status_code(lib: Library, outcome: str) -> int:

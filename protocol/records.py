@@ -36,6 +36,8 @@ LIMITS: dict[str, tuple[int, str]] = {
     "KEPT_HEURISTICS": (256, "cuBLASLt heuristic answers kept in C (a power of two); full, it starts over"),
     "KEPT_HEURISTIC_RESULTS": (8, "results a heuristic question kept in C may ask for"),
     "KEPT_LT_POINTERS": (16, "cuBLASLt matmul attributes that hold a device pointer, told by the core"),
+    "KEPT_POINTER_SETS": (256, "variant packs' data pointers whose by-value scalars the core told C (a power of "
+                          "two); full, or device memory changed, it starts over"),
     "NATIVE_FAILURES": (64, "failed records one run of server/native_lane.c reports before it hands back"),
     "OP_LIBRARY": (1 << 20, "the core's op numbers of the math libraries start here"),
     "OP_LIBRARY_SHIFT": (16, "a math library's op numbers: OP_LIBRARY + (library << OP_LIBRARY_SHIFT) + op"),
@@ -52,11 +54,19 @@ ENUMS: dict[str, tuple[str, tuple[str, ...]]] = {
              "workspace setters and stream getter, cuBLASLt's heuristic (answered again from the core's first "
              "answer for the same descriptors), a cuBLAS call queued in the lane (a GEMM with its scalars' "
              "bytes), or a cuBLASLt one (cublasLtMatmul: its descriptors named by the server's descriptors for their "
-             "settings), or a call whose answer is a constant the core told C (a library's version). A tensor "
-             "record's setter is one of the three SET_",
+             "settings), or a call whose answer is a constant the core told C (a library's version), or "
+             "cudnnBackendExecute of a kept pack (queued as xpuCudnnExecute once the core has told C which of its "
+             "data pointers are by-value scalars). A tensor record's setter is one of the three SET_",
              ("NONE", "CREATE", "SET_ND", "SET_4D", "SET_4D_EX", "DESTROY", "LT_CREATE", "LT_SET", "LT_DESTROY",
               "PACK_CREATE", "PACK_SET", "PACK_FINALIZE", "PACK_DESTROY", "SETTING", "GETTING", "BLAS_STREAM",
-              "BLAS_WORKSPACE", "BLAS_GET_STREAM", "HEURISTIC", "BLAS_CALL", "LT_CALL", "CONSTANT")),
+              "BLAS_WORKSPACE", "BLAS_GET_STREAM", "HEURISTIC", "BLAS_CALL", "LT_CALL", "CONSTANT",
+              "PACK_EXECUTE")),
+    "EXECUTE_PART": ("xpuCudnnExecute's `pack` of `count` elements: the data pointers, their unique ids and the "
+                     "by-value scalars' bytes, 8 bytes an element each, in this order from 8 * count * part; then "
+                     "BY_VALUE, a byte an element, 1 where that pointer is a by-value scalar's",
+                     ("POINTERS", "UNIQUE_IDS", "SCALARS", "BY_VALUE")),
+    "PACK_ATTRIBUTE": ("a kept variant pack's attributes, in their order in its record (kept_pack)",
+                       ("UNIQUE_IDS", "DATA_POINTERS", "WORKSPACE")),
     "KEPT_KIND": ("the kind of a kept descriptor's record",
                   ("TENSOR", "LT_MATMUL", "LT_LAYOUT", "LT_PREFERENCE", "PACK")),
     "ASK": ("the context questions interpose/answers.h answers in C",
@@ -82,8 +92,8 @@ RECORDS: dict[str, tuple[str, tuple[Field, ...]]] = {
                      ("blob_len", "u32"), ("scalars", "u32"), ("ctx", "u64"))),
     "kept_attribute": ("one attribute of a kept cuBLASLt descriptor: its name and last bytes",
                        (("name", "u32"), ("size", "u32"), ("value", "u8", "KEPT_VALUE"))),
-    "kept_pack": ("a kept variant pack: its attributes in KEPT_PACK_ATTRIBUTES' order (ids, data pointers, "
-                  "workspace); `set` has a bit per attribute set; attribute a's elements from a * KEPT_PACK_ELEMENTS",
+    "kept_pack": ("a kept variant pack: its attributes in PACK_ATTRIBUTE's order; `set` has a bit per attribute "
+                  "set; attribute a's elements from a * KEPT_PACK_ELEMENTS",
                   (("finalized", "i32"), ("set", "i32"), ("count", "i64", "KEPT_PACK_ATTRIBUTES"),
                    ("value", "u64", ("KEPT_PACK_ATTRIBUTES", "KEPT_PACK_ELEMENTS")))),
     "kept_record": ("a descriptor kept in C (interpose/kept.h), as the core reads it. `generation` is unique to "

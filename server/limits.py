@@ -711,7 +711,8 @@ def _embedded_addresses(call: Call, args: list[Any]) -> list[int]:
     if call.family == "xpuCudnnSetDataPointers":  # the data pointers but the by-value scalars' (sizes: the table's)
         return _not_by_value(args[2], args[3])
     if call.family == "xpuCudnnExecute":  # the same, and the workspace
-        return [*_not_by_value(args[3], args[5]), args[7]]
+        pointers, _, _, by_value = mathlibs.execute_parts(args[2], args[4] or b"")
+        return [*_not_by_value(pointers, by_value), args[3]]
     if call.family == "cublasLtMatmulDescSetAttribute" and args[1] in LT_POINTER_ATTRIBUTES and args[2] is not None:
         data = bytes(args[2])
         return [int.from_bytes(data[:8], "little")] if len(data) >= 8 else []

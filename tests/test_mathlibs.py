@@ -139,6 +139,7 @@ def test_a_kept_variant_packs_execution_is_checked(server) -> None:
     handle, are refused, and the session goes on."""
     from pyclient import CTX, PyClient
 
+    from xpuremote.protocol import mathlibs
     from xpuremote.protocol.calls import CALLS
 
     client, handle = PyClient(server.address), 0x7C00_0000_6000
@@ -152,8 +153,8 @@ def test_a_kept_variant_packs_execution_is_checked(server) -> None:
         }
         for name, (owner, pointers, workspace, refusal) in cases.items():
             data = struct.pack(f"<{len(pointers)}Q", *pointers)
-            client.post("xpuCudnnExecute", owner, handle, len(pointers), data, struct.pack("<2q", 1, 2), bytes(2),
-                        bytes(16), workspace)
+            pack = mathlibs.execute_pack(data, struct.pack("<2q", 1, 2), bytes(16), bytes(2))
+            client.post("xpuCudnnExecute", owner, handle, len(pointers), workspace, pack)
             _, _, deferred = client.conn.call(CALLS["cuCtxSynchronize"], [], CTX)
             details = [d[2] for d in deferred]
             assert len(details) == 1 and refusal in details[0], (name, details)

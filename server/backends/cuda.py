@@ -179,11 +179,11 @@ class CudaBackend(Backend):
         self.check(self.library("cudnn").cudnnBackendSetAttribute(self.ffi.cast("void *", pack), name, kind, count,
                                                                    values), "cudnnBackendSetAttribute", "cudnn")
 
-    def xpuCudnnExecute(self, handle: int, plan: int, count: int, pointers: bytes, uids: bytes, by_value: bytes,
-                        scalars: bytes, workspace: int) -> None:
+    def xpuCudnnExecute(self, handle: int, plan: int, count: int, workspace: int, pack: bytes) -> None:
         """A variant pack the client kept, run as PyTorch's calls would have run: made, its data pointers, unique
         ids and workspace set, finalized, executed and destroyed."""
         lib, ffi = self.library("cudnn"), self.ffi
+        pointers, uids, scalars, by_value = mathlibs.execute_parts(count, pack)
         real_handle = self.real_descriptor(handle, "cudnnHandle_t")
         real_plan = self.real_descriptor(plan, "cudnnBackendDescriptor_t")
         made = ffi.new("void **")

@@ -565,8 +565,8 @@ class SimBackend(SimGraphs, SimArrays):
         dnn = self.library("cudnn")
         dnn.set_data_pointers(dnn.descriptor(descriptor, "VARIANT_PACK_DESCRIPTOR"), count, pointers, by_value, scalars)
 
-    def xpuCudnnExecute(self, handle: int, plan: int, count: int, pointers: bytes, uids: bytes, by_value: bytes,
-                        scalars: bytes, workspace: int) -> None:
+    def xpuCudnnExecute(self, handle: int, plan: int, count: int, workspace: int, pack: bytes) -> None:
+        pointers, uids, scalars, by_value = mathlibs.execute_parts(count, pack)
         self.library("cudnn").execute_kept(handle, plan, count, pointers, uids, by_value, scalars, workspace)
 
     def cuMemcpyHtoD(self, dst: int, src: bytes | Incoming, count: int) -> None:
