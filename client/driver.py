@@ -403,7 +403,7 @@ def _starting(impl: Impl) -> Impl:
 def handler(call: Call) -> Callable[[Any], int]:
     """The function the shim calls for `call`, given the argument slots."""
     calls_logged = log.isEnabledFor(EVERY_CALL)  # XPU_LOG=CALLS: every call as it starts, with its arguments
-    decode = marshal.slot_decoder(call)
+    decode = call.from_slots
     impl = IMPLEMENTATIONS.get(call.symbol) or IMPLEMENTATIONS.get(call.family)
     if impl is not None and call.family in STARTS_SESSION:
         impl = _starting(impl)

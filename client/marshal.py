@@ -17,36 +17,6 @@ from xpuremote.protocol.errors import CudaError
 log = logging.getLogger("xpuremote.client")
 ffi = cffi.FFI()
 CHAR_P = ffi.typeof("char *")  # looked up once: by name, cffi parses the type on every cast
-SIGN = 1 << 63
-WRAP = 1 << 64
-
-
-def _signed(v: int) -> int:
-    return v - WRAP if v & SIGN else v
-
-
-def _float(v: int) -> float:
-    return struct.unpack("<f", (v & 0xFFFFFFFF).to_bytes(4, "little"))[0]
-
-
-def _double(v: int) -> float:
-    return struct.unpack("<d", v.to_bytes(8, "little"))[0]
-
-
-def slot_decoder(call: Call) -> Callable[[Any], list[Any]]:
-    """A function turning the shim's uint64_t slots into Python values for this call."""
-    convs: list[Callable[[int], Any] | None] = []
-    for p in call.params:
-        if p.kind == "float":
-            convs.append(_float if p.size == 4 else _double)
-        elif p.kind == "int" and p.signed:
-            convs.append(_signed)
-        else:
-            convs.append(None)  # unsigned, handles and pointers are the raw value
-    n = len(convs)
-    if not any(convs):
-        return lambda slots: [slots[i] for i in range(n)]
-    return lambda slots: [c(slots[i]) if c else slots[i] for i, c in enumerate(convs)]
 
 
 # ---- application memory --------------------------------------------------------------------

@@ -9,6 +9,7 @@ application was built against, and the size of each alpha/beta (by pointer mode 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import struct
 import threading
@@ -28,7 +29,7 @@ LT_DESC = mathlibs.api(mathlibs.CUBLASLT).ENUMS
 ATTR_POINTER_MODE = LT_DESC["CUBLASLT_MATMUL_DESC_POINTER_MODE"]
 ATTR_SCALE_TYPE = LT_DESC["CUBLASLT_MATMUL_DESC_SCALE_TYPE"]
 DNN = mathlibs.api(mathlibs.CUDNN).ENUMS
-DNN_DOUBLE, TYPE_DESCRIPTOR = DNN["CUDNN_DATA_DOUBLE"], DNN["CUDNN_TYPE_BACKEND_DESCRIPTOR"]
+TYPE_DESCRIPTOR = DNN["CUDNN_TYPE_BACKEND_DESCRIPTOR"]
 VARIANT_PACK, PACK_UIDS, PACK_WORKSPACE = (mathlibs.CUDNN_VARIANT_PACK, mathlibs.CUDNN_UNIQUE_IDS,
                                            mathlibs.CUDNN_WORKSPACE)
 DNN_ELEMENT_BYTES = {DNN[f"CUDNN_DATA_{t}"]: size for t, size in (
@@ -346,7 +347,7 @@ def lt_heuristic(d: Driver, call: Call, args: list[Any]) -> None:
         found = remember(HEURISTICS, key, (marshal.read(results, requested * call.params[-2].pointee_size),
                                            marshal.read(count_out, 4)))
     if IN_C is not None:  # with the shim, C answers it from now on: no Python at either end
-        IN_C.learn_heuristic(args, *found)
+        IN_C.learn_answer(call, args, *found)
 
 
 def scalar_sizer(call: Call, p: Param) -> Callable[[dict[str, Any]], int | None]:
@@ -355,7 +356,7 @@ def scalar_sizer(call: Call, p: Param) -> Callable[[dict[str, Any]], int | None]
     kind = p.count.partition(":")[2]
     if call.library == "cudnn":  # host values: scaling factors double for double data, else float
         if call.params[call.names.index(kind)].kind == "handle":
-            return lambda values: 8 if (_kept_state(values[kind]) or {}).get("data_type") == DNN_DOUBLE else 4
+            return lambda values: abi.DNN_SCALAR_BYTES.get((_kept_state(values[kind]) or {}).get("data_type"), 4)
 
         def element(values: dict[str, Any]) -> int:  # one element of a cudnnDataType_t
             if values[kind] not in DNN_ELEMENT_BYTES:
@@ -402,14 +403,16 @@ def set_tensor(d: Driver, state: dict[str, Any], call: Call, args: list[Any]) ->
 
 
 MEMO: dict[tuple, int] = {}
+SIZES = ("cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
+         "cudnnGetBatchNormalizationTrainingExReserveSpaceSize", "cudnnGetBatchNormalizationBackwardExWorkspaceSize")
 
 
-@implements("cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize",
-            "cudnnGetBatchNormalizationTrainingExReserveSpaceSize", "cudnnGetBatchNormalizationBackwardExWorkspaceSize")
+@implements(*SIZES)
 def memo(d: Driver, call: Call, args: list[Any]) -> None:
     """A size that depends only on the arguments and the descriptors' settings, asked again at every
-    training step for descriptors made anew: answered from the first answer for the same settings.
-    A descriptor whose setting the client has not seen (or a reused handle) is asked of the server."""
+    training step for descriptors made anew: answered from the first answer for the same settings (with the
+    shim, by C after this first time). A descriptor whose setting the client has not seen (or a reused handle) is
+    asked of the server."""
     *ins, out = args
     key: list[Any] = [call.symbol]
     for p, a in zip(call.params[:-1], ins):
@@ -422,9 +425,11 @@ def memo(d: Driver, call: Call, args: list[Any]) -> None:
     found = MEMO.get(tuple(key))
     if found is None:
         d.forward(call, args)
-        remember(MEMO, tuple(key), marshal.get(call.params[-1], out))
+        found = remember(MEMO, tuple(key), marshal.get(call.params[-1], out))
     else:
         marshal.put(call.params[-1], out, found)
+    if IN_C is not None:
+        IN_C.learn_answer(call, args, found.to_bytes(call.params[-1].pointee_size, "little"))
 
 
 @implements("cudnnBackendCreateDescriptor")
@@ -588,14 +593,16 @@ IN_C_OPS = {  # symbol -> (role, kind: a record's kind; a getter's, the bytes it
     "cublasGetStream_v2": (abi.KEPT_BLAS_GET_STREAM, 0),
     "cublasLtMatmulAlgoGetHeuristic": (abi.KEPT_HEURISTIC, 0),
     "cudnnGetVersion": (abi.KEPT_CONSTANT, 0), "cublasLtGetVersion": (abi.KEPT_CONSTANT, 0),
-    "cudnnBackendExecute": (abi.KEPT_PACK_EXECUTE, PACK)}
+    "cudnnBackendExecute": (abi.KEPT_PACK_EXECUTE, PACK),
+    **{symbol: (abi.KEPT_SIZE, 0) for symbol in SIZES}}
 QUEUED_AS = {"cudnnBackendExecute": "xpuCudnnExecute"}  # a call C queues in the lane as another
 # a pack record's attributes in its order (abi.PACK_ATTRIBUTE_*): (name, element type)
 PACK_ORDER = tuple((name, mathlibs.CUDNN_PACK_ATTRIBUTES[name]) for _, name in sorted({
     abi.PACK_ATTRIBUTE_UNIQUE_IDS: PACK_UIDS, abi.PACK_ATTRIBUTE_DATA_POINTERS: mathlibs.CUDNN_DATA_POINTERS,
     abi.PACK_ATTRIBUTE_WORKSPACE: PACK_WORKSPACE}.items()))
+ANSWERING_ROLES = (abi.KEPT_HEURISTIC, abi.KEPT_CONSTANT, abi.KEPT_PACK_EXECUTE, abi.KEPT_SIZE)
 IN_C_CALLS = {(role, kind): CALLS[symbol] for symbol, (role, kind) in IN_C_OPS.items()  # the descriptors' calls
-              if role not in (*HANDLE_ROLES, abi.KEPT_HEURISTIC, abi.KEPT_CONSTANT, abi.KEPT_PACK_EXECUTE)}
+              if role not in (*HANDLE_ROLES, *ANSWERING_ROLES)}
 
 
 def _op(symbol: str) -> tuple[int, int]:
@@ -611,11 +618,11 @@ def library_lane() -> list[tuple[str, int]]:
     """The library calls C queues in the lane, with their role: those the table lets in a lane that the client
     forwards as they are (not the setters C answers otherwise, nor a call the client implements: asked once every
     module is loaded)."""
-    return [(s, abi.KEPT_BLAS_CALL if CALLS[s].blas_lane else abi.KEPT_LT_CALL)
-            for s in (*LIBRARY_SYMBOLS["cublas"], *LIBRARY_SYMBOLS["cublasLt"])
-            if (CALLS[s].blas_lane or CALLS[s].lt_lane) and s not in IN_C_OPS
-            and CALLS[s].family not in IMPLEMENTATIONS]
-IN_C_DECODERS = {kind: marshal.slot_decoder(call) for (role, kind), call in IN_C_CALLS.items()
+    roles = ((abi.KEPT_BLAS_CALL, "blas_lane"), (abi.KEPT_LT_CALL, "lt_lane"), (abi.KEPT_DNN_CALL, "dnn_lane"))
+    return [(s, next(role for role, lane in roles if getattr(CALLS[s], lane) is not None))
+            for s in (*LIBRARY_SYMBOLS["cublas"], *LIBRARY_SYMBOLS["cublasLt"], *LIBRARY_SYMBOLS["cudnn"])
+            if CALLS[s].in_lane and s not in IN_C_OPS and CALLS[s].family not in IMPLEMENTATIONS]
+IN_C_DECODERS = {kind: call.from_slots for (role, kind), call in IN_C_CALLS.items()
                  if role == abi.KEPT_LT_CREATE}
 
 
@@ -645,10 +652,17 @@ class KeptInC:
             self.lib.xpu_kept_mark(*_op(symbol), role, 0, 0, call.opcode)
             if role == abi.KEPT_BLAS_CALL:  # the handle's stream and workspace before it
                 self.lib.xpu_kept_lane(*_op(symbol), len(call.params), *call.blas_lane, 0, -1, 0)
-            else:  # its descriptors named by the server's ones for their settings (`server_descriptor`)
+            elif role == abi.KEPT_LT_CALL:  # its descriptors named by the server's ones for their settings
                 descriptors, scalars, scale_from, blob, blob_size = call.lt_lane
                 self.lib.xpu_kept_lane(*_op(symbol), len(call.params), scalars, scale_from, 0, descriptors, blob,
                                        blob_size)
+            else:  # a cuDNN call: its tensor descriptors so named, any other descriptor NULL
+                descriptors, scalars, scale_from = call.dnn_lane
+                self.lib.xpu_kept_lane(*_op(symbol), len(call.params), scalars, scale_from, 0, descriptors, -1, 0)
+        for symbol in SIZES:  # the arguments of a size question: its descriptors' by their settings
+            call = CALLS[symbol]
+            descriptors = sum(1 << i for i, p in enumerate(call.params) if i and p.kind == "handle")
+            self.lib.xpu_kept_lane(*_op(symbol), len(call.params), 0, -1, 0, descriptors, -1, 0)
 
     def serve(self, raw: bytes | None, server: int) -> None:
         """The server's descriptor `server` has the kept setting `raw` (a record, its generation 0), or (None) it
@@ -666,12 +680,22 @@ class KeptInC:
             mask = sum(1 << i for i, flag in enumerate(by_value) if flag)
             self.lib.xpu_kept_pointers(self.ffi.from_buffer("uint64_t[]", pointers), len(by_value), mask)
 
-    def forget_pointers(self) -> None:
-        self.lib.xpu_kept_pointers(self.ffi.NULL, -1, 0)
+    def watch_device(self, devices: memory.RangeMap) -> None:
+        """C knows the session's device memory from now on (a pack's pointers all inside it are all device
+        addresses), told again at each change."""
+        if devices.on_change is None:
+            devices.on_change = functools.partial(self.device_ranges, devices)
+            self.device_ranges(devices)
 
-    def learn_heuristic(self, args: list[Any], results: bytes, count: bytes) -> None:
-        """C answers the same question (the handle, the descriptors' settings, the count) from now on."""
-        self.lib.xpu_kept_learn(self.ffi.new("uint64_t[]", args[:8]), results, len(results),
+    def device_ranges(self, devices: memory.RangeMap) -> None:
+        ranges = [v for base in devices.bases for v in (base, base + max(devices.ranges[base].size, 1))]
+        self.lib.xpu_kept_device_ranges(self.ffi.new("uint64_t[]", ranges or [0]), len(ranges) // 2)
+
+    def learn_answer(self, call: Call, args: list[Any], answer: bytes, count: bytes = b"") -> None:
+        """C answers the same question (the handle, the descriptors' settings, the other arguments) from now on:
+        a heuristic's results and count, a size."""
+        slots = self.ffi.new("uint64_t[]", [a & 0xFFFF_FFFF_FFFF_FFFF for a in args])
+        self.lib.xpu_kept_learn(*_op(call.symbol), slots, answer, len(answer),
                                 int.from_bytes(count, "little", signed=True))
 
     def state(self, handle: int) -> dict[str, Any] | None:
@@ -882,9 +906,10 @@ def _execution(d: Driver, pack: dict[str, Any]) -> list[Any] | None:
         return None
     count, raw = pointers[1], pointers[2]
     flags, scalars = _by_value_scalars(d, raw) or (bytes(count), bytes(8 * count))
-    if IN_C is not None:  # C queues the next execution of these pointers itself, until device memory changes
-        memory.maps(d)[0].on_change = IN_C.forget_pointers
-        IN_C.learn_pointers(raw, flags)
+    if IN_C is not None:  # C queues the next execution itself: it knows device memory, and these scalars
+        IN_C.watch_device(memory.maps(d)[0])
+        if any(flags):
+            IN_C.learn_pointers(raw, flags)
     return [count, int.from_bytes(workspace[2], "little"), mathlibs.execute_pack(raw, uids[2], scalars, flags)]
 
 

@@ -57,7 +57,7 @@ class RangeMap:
     bases: list[int] = field(default_factory=list)
     ranges: dict[int, Range] = field(default_factory=dict)
     changes: int = 0  # ranges added and removed: what was found by address holds while this stays
-    on_change: Callable[[], None] | None = None  # told of each change (what C found by address is void)
+    on_change: Callable[[], None] | None = None  # told of each change (C keeps a copy of device memory)
 
     def add(self, r: Range) -> None:
         bisect.insort(self.bases, r.base)

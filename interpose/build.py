@@ -67,11 +67,12 @@ void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value);
 int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt);
 int xpu_kept_release(uint64_t handle);
 struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold);
-void xpu_kept_learn(const uint64_t *slots, const void *answer, uint64_t bytes, int32_t count);
+void xpu_kept_learn(int library, int op, const uint64_t *slots, const void *answer, uint64_t bytes, int32_t count);
 void xpu_kept_lt_names(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode);
 void xpu_kept_serve(const struct xpu_kept_record *setting, uint64_t server);
 void xpu_kept_constant(int library, int op, int32_t value);
 void xpu_kept_pointers(const uint64_t *pointers, int64_t count, uint32_t by_value);
+void xpu_kept_device_ranges(const uint64_t *ranges, int64_t count);
 """ + abi.CDEF
 
 # Runs in the core's interpreter as it starts, before cffi imports _cffi_backend: the install's

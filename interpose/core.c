@@ -92,8 +92,9 @@ static int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int a
 }
 static int xpu_kept_release(uint64_t handle) { return front->kept_release(handle); }
 static struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold) { return front->kept_blas(handle, hold); }
-static void xpu_kept_learn(const uint64_t *slots, const void *answer, uint64_t bytes, int32_t count) {
-    front->kept_learn(slots, answer, bytes, count);
+static void xpu_kept_learn(int library, int op, const uint64_t *slots, const void *answer, uint64_t bytes,
+                           int32_t count) {
+    front->kept_learn(library, op, slots, answer, bytes, count);
 }
 static void xpu_kept_lt_names(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode) {
     front->kept_lt_names(pointers, count, scale_type, pointer_mode);
@@ -105,6 +106,7 @@ static void xpu_kept_constant(int library, int op, int32_t value) { front->kept_
 static void xpu_kept_pointers(const uint64_t *pointers, int64_t count, uint32_t by_value) {
     front->kept_pointers(pointers, count, by_value);
 }
+static void xpu_kept_device_ranges(const uint64_t *ranges, int64_t count) { front->kept_device_ranges(ranges, count); }
 static void xpu_set_python_ready(void) {
     xpu_python_ready = 1;
     front->set_python_ready();

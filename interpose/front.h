@@ -51,11 +51,12 @@ struct xpu_front {
     int64_t (*kept_read)(uint64_t handle, struct xpu_kept_record *out, int adopt);
     int (*kept_release)(uint64_t handle);
     struct xpu_blas_pair *(*kept_blas)(uint64_t handle, int hold);
-    void (*kept_learn)(const uint64_t *slots, const void *answer, uint64_t bytes, int32_t count);
+    void (*kept_learn)(int library, int op, const uint64_t *slots, const void *answer, uint64_t bytes, int32_t count);
     void (*kept_lt_names)(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode);
     void (*kept_serve)(const struct xpu_kept_record *setting, uint64_t server);
     void (*kept_constant)(int library, int op, int32_t value);
     void (*kept_pointers)(const uint64_t *pointers, int64_t count, uint32_t by_value);
+    void (*kept_device_ranges)(const uint64_t *ranges, int64_t count);
 };
 
 /* What each of the two libcs in the process needs, compiled into both sides so that each call binds to

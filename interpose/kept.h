@@ -57,12 +57,13 @@ static struct {
      * no-op: the pair is held here for each handle the core made, and the core reads it where it lies when a
      * call names the handle (client/mathlibs.py, `blas_settings`). A free entry's handle is 0. */
     struct { uint64_t handle; struct xpu_blas_pair pair; } blas[XPU_KEPT_BLAS];
-    /* cuBLASLt's heuristic: PyTorch asks it before every cuBLASLt GEMM, of descriptors made anew. Its answer
-     * depends only on the handle, the descriptors' settings and the count asked, so the core's answer is kept
-     * here under those (xpu_kept_heuristic_key) and given again. A free entry's bytes are NULL. */
+    /* Answers that depend only on what the question names: cuBLASLt's heuristic (PyTorch asks it before every
+     * cuBLASLt GEMM, of descriptors made anew) and cuDNN's sizes (a batch norm's workspace, before each one). The
+     * core's first answer is kept here under the question's key (xpu_kept_answer_key: the op, the handle, the
+     * descriptors' settings, the other arguments) and given again. A free entry's bytes are NULL. */
     struct { uint64_t hash, handle; uint32_t key_len, answer_len; int32_t count; unsigned char *bytes; }
-        heuristic[XPU_KEPT_HEURISTICS];
-    uint32_t heuristics, lt_pointers;
+        answer[XPU_KEPT_ANSWERS];
+    uint32_t answers, lt_pointers;
     uint32_t lt_pointer[XPU_KEPT_LT_POINTERS];  /* matmul attributes holding device pointers: keyed by alignment */
     uint32_t lt_scale_type, lt_pointer_mode;     /* the matmul attributes that size a call's scalars */
     /* The server's descriptor for a kept descriptor's setting (the record but its generation), as the core made
@@ -70,11 +71,15 @@ static struct {
     struct { uint64_t hash, server; struct xpu_kept_record setting; } served[XPU_KEPT_SERVED];
     uint32_t serving;                            /* entries used, gone ones included */
     /* A variant pack's data pointers as the core found them: a bit per by-value scalar's host address (cuDNN
-     * attention's scale), the others device addresses. PyTorch executes the same pointers step after step; the
-     * core forgets them all when device memory changes (xpu_kept_pointers). A free entry's count is 0. */
+     * attention's scale), the others device addresses. PyTorch executes the same pointers step after step; they
+     * are forgotten when device memory changes (xpu_kept_device_ranges). A free entry's count is 0. */
     struct { uint64_t hash; int64_t count; uint32_t by_value; uint64_t pointer[XPU_KEPT_PACK_ELEMENTS]; }
         pointer_set[XPU_KEPT_POINTER_SETS];
     uint32_t pointer_sets;
+    /* The session's device memory as the core knows it: [base, end) pairs in order of their bases (a pack's data
+     * pointers all inside are all device addresses: no by-value scalar, nothing to ask the core). */
+    uint64_t *device;
+    int64_t devices;
 } xpu_kept = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void xpu_kept_pack_names(const int64_t *names) {
@@ -97,7 +102,7 @@ static int xpu_kept_setting_find(uint64_t handle, int library, int op, int *foun
     return *found = 0, free_at;
 }
 
-static void xpu_kept_heuristics_forget(uint64_t handle);
+static void xpu_kept_answers_forget(uint64_t handle);
 
 /* The core's: `handle`'s setter (library, op) holds `value` now; op < 0: the handle is destroyed. */
 static void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value) {
@@ -105,7 +110,7 @@ static void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t valu
     if (op < 0) {
         for (int i = 0; i < XPU_KEPT_SETTINGS; i++)
             if (xpu_kept.setting[i].handle == handle) xpu_kept.setting[i].handle = 0;
-        xpu_kept_heuristics_forget(handle);
+        xpu_kept_answers_forget(handle);
     } else if (handle) {
         int found, i = xpu_kept_setting_find(handle, library, op, &found);
         if (i >= 0) {
@@ -257,7 +262,7 @@ static void xpu_kept_free(struct xpu_kept_record *r) {
     xpu_kept.free[xpu_kept.tail++ % XPU_KEPT_SLOTS] = (uint16_t)(r - xpu_kept.slot);
 }
 
-/* ---- cuBLASLt's heuristic ----------------------------------------------------------------------------- */
+/* ---- answers kept: cuBLASLt's heuristic, cuDNN's sizes ---------------------------------------------- */
 static int xpu_kept_is_pointer(uint32_t name) {
     for (uint32_t i = 0; i < xpu_kept.lt_pointers; i++)
         if (xpu_kept.lt_pointer[i] == name) return 1;
@@ -292,10 +297,12 @@ static size_t xpu_kept_setting_key(const struct xpu_kept_record *r, unsigned cha
     return n;
 }
 
-#define XPU_KEPT_HEURISTIC_KEY (12 + 6 * (12 + 8 * XPU_KEPT_MADE + 24 * XPU_KEPT_ATTRIBUTES))
+#define XPU_KEPT_TENSOR_KEY (8 + 4 * XPU_KEPT_INTS)
+#define XPU_KEPT_ANSWER_KEY (8 + 12 + 6 * (12 + 8 * XPU_KEPT_MADE + 24 * XPU_KEPT_ATTRIBUTES))
+#define XPU_KEPT_SIZE_ARGS ((XPU_KEPT_ANSWER_KEY - 8) / (8 + XPU_KEPT_TENSOR_KEY))
 
-/* cublasLtMatmulAlgoGetHeuristic(handle, operation, A, B, C, D, preference, requested, results, count)'s key:
- * its length, 0 where C cannot say (a descriptor it does not keep, a count out of range). Under the lock. */
+/* cublasLtMatmulAlgoGetHeuristic(handle, operation, A, B, C, D, preference, requested, results, count)'s key
+ * after its op's: its length, 0 where C cannot say (a descriptor it does not keep, a count out of range). */
 static size_t xpu_kept_heuristic_key(const uint64_t *s, unsigned char *key) {
     int32_t requested = (int32_t)s[7];
     if (!s[0] || requested <= 0 || requested > XPU_KEPT_HEURISTIC_RESULTS) return 0;
@@ -311,6 +318,32 @@ static size_t xpu_kept_heuristic_key(const uint64_t *s, unsigned char *key) {
     return n;
 }
 
+/* A size question of cuDNN (handle, integers and descriptors, then its size_t output)'s key after its op's: each
+ * argument as it is, a descriptor's as its setting (a tensor C keeps) or NULL; 0 where C cannot say. */
+static size_t xpu_kept_size_key(int library, int op, const uint64_t *s, unsigned char *key) {
+    const __typeof__(xpu_kept.op[0][0]) *o = &xpu_kept.op[library][op];
+    if (!s[0] || o->nargs < 2 || o->nargs - 1 > XPU_KEPT_SIZE_ARGS) return 0;
+    size_t n = 0;
+    for (int i = 0; i < o->nargs - 1; i++) {
+        memcpy(key + n, &s[i], 8), n += 8;
+        if (!(o->descriptors >> i & 1) || !s[i]) continue;
+        const struct xpu_kept_record *r = xpu_kept_own(s[i], XPU_KEPT_KIND_TENSOR);
+        if (!r || !r->setter) return 0;  /* a descriptor of the core's, or one not set: the core answers */
+        memcpy(key + n - 8, &r->setter, 4), memset(key + n - 4, 0, 4);  /* its setting, not its handle */
+        memcpy(key + n, r->ints, 4 * XPU_KEPT_INTS), n += 4 * XPU_KEPT_INTS;
+    }
+    return n;
+}
+
+/* The key of a question whose answer C keeps (XPU_KEPT_HEURISTIC, XPU_KEPT_SIZE): its length, or 0. */
+static size_t xpu_kept_answer_key(int library, int op, const uint64_t *s, unsigned char *key) {
+    int32_t which[2] = {library, op};
+    memcpy(key, which, 8);
+    size_t n = xpu_kept.op[library][op].role == XPU_KEPT_HEURISTIC ? xpu_kept_heuristic_key(s, key + 8)
+                                                                  : xpu_kept_size_key(library, op, s, key + 8);
+    return n ? 8 + n : 0;
+}
+
 static uint64_t xpu_kept_hash(const unsigned char *key, size_t n) {
     uint64_t h = 1469598103934665603ull;  /* FNV-1a */
     for (size_t i = 0; i < n; i++) h = (h ^ key[i]) * 1099511628211ull;
@@ -318,65 +351,69 @@ static uint64_t xpu_kept_hash(const unsigned char *key, size_t n) {
 }
 
 /* The entry for `key`, or the free one where it would go (its bytes NULL). Under the lock. */
-static int xpu_kept_heuristic_slot(uint64_t hash, const unsigned char *key, size_t n) {
-    uint32_t i = (uint32_t)hash & (XPU_KEPT_HEURISTICS - 1);
-    for (;; i = (i + 1) & (XPU_KEPT_HEURISTICS - 1)) {  /* never full: it starts over at half */
-        if (!xpu_kept.heuristic[i].bytes) return (int)i;
-        if (xpu_kept.heuristic[i].hash == hash && xpu_kept.heuristic[i].key_len == n
-            && !memcmp(xpu_kept.heuristic[i].bytes, key, n))
+static int xpu_kept_answer_slot(uint64_t hash, const unsigned char *key, size_t n) {
+    uint32_t i = (uint32_t)hash & (XPU_KEPT_ANSWERS - 1);
+    for (;; i = (i + 1) & (XPU_KEPT_ANSWERS - 1)) {  /* never full: it starts over at half */
+        if (!xpu_kept.answer[i].bytes) return (int)i;
+        if (xpu_kept.answer[i].hash == hash && xpu_kept.answer[i].key_len == n
+            && !memcmp(xpu_kept.answer[i].bytes, key, n))
             return (int)i;
     }
 }
 
-static void xpu_kept_heuristics_clear(void) {
-    for (int i = 0; i < XPU_KEPT_HEURISTICS; i++) {
-        free(xpu_kept.heuristic[i].bytes);
-        xpu_kept.heuristic[i].bytes = NULL;
+static void xpu_kept_answers_clear(void) {
+    for (int i = 0; i < XPU_KEPT_ANSWERS; i++) {
+        free(xpu_kept.answer[i].bytes);
+        xpu_kept.answer[i].bytes = NULL;
     }
-    xpu_kept.heuristics = 0;
+    xpu_kept.answers = 0;
 }
 
 /* A destroyed handle's answers go (a new handle may be given the same value). Under the lock. */
-static void xpu_kept_heuristics_forget(uint64_t handle) {
-    for (int i = 0; i < XPU_KEPT_HEURISTICS; i++)
-        if (xpu_kept.heuristic[i].bytes && xpu_kept.heuristic[i].handle == handle) {
-            xpu_kept_heuristics_clear();  /* open addressing has no single removal: the few left are asked again */
+static void xpu_kept_answers_forget(uint64_t handle) {
+    for (int i = 0; i < XPU_KEPT_ANSWERS; i++)
+        if (xpu_kept.answer[i].bytes && xpu_kept.answer[i].handle == handle) {
+            xpu_kept_answers_clear();  /* open addressing has no single removal: the few left are asked again */
             return;
         }
 }
 
-/* The core's: its answer to the heuristic question `s` (`bytes` of results, `count` of them), kept for the
- * next time the same descriptors' settings are asked. */
-static void xpu_kept_learn(const uint64_t *s, const void *answer, uint64_t bytes, int32_t count) {
-    unsigned char key[XPU_KEPT_HEURISTIC_KEY];
+/* The core's: its answer to the question `s` of (library, op) (`bytes` of it, and a count where the question
+ * has one), kept for the next time the same is asked. */
+static void xpu_kept_learn(int library, int op, const uint64_t *s, const void *answer, uint64_t bytes, int32_t count) {
+    unsigned char key[XPU_KEPT_ANSWER_KEY];
+    if (library < 0 || library >= XPU_LIBRARIES || op < 0 || op >= XPU_LIBRARY_OPS_MAX) return;
     pthread_mutex_lock(&xpu_kept.lock);
-    size_t n = xpu_kept_heuristic_key(s, key);
+    size_t n = xpu_kept_answer_key(library, op, s, key);
     if (n && bytes <= 4096) {
-        if (xpu_kept.heuristics >= XPU_KEPT_HEURISTICS / 2) xpu_kept_heuristics_clear();
+        if (xpu_kept.answers >= XPU_KEPT_ANSWERS / 2) xpu_kept_answers_clear();
         uint64_t hash = xpu_kept_hash(key, n);
-        int i = xpu_kept_heuristic_slot(hash, key, n);
-        unsigned char *kept = xpu_kept.heuristic[i].bytes ? NULL : malloc(n + bytes);
+        int i = xpu_kept_answer_slot(hash, key, n);
+        unsigned char *kept = xpu_kept.answer[i].bytes ? NULL : malloc(n + bytes);
         if (kept) {
             memcpy(kept, key, n);
             memcpy(kept + n, answer, bytes);
-            xpu_kept.heuristic[i].hash = hash, xpu_kept.heuristic[i].handle = s[0];
-            xpu_kept.heuristic[i].key_len = (uint32_t)n, xpu_kept.heuristic[i].answer_len = (uint32_t)bytes;
-            xpu_kept.heuristic[i].count = count, xpu_kept.heuristic[i].bytes = kept;
-            xpu_kept.heuristics++;
+            xpu_kept.answer[i].hash = hash, xpu_kept.answer[i].handle = s[0];
+            xpu_kept.answer[i].key_len = (uint32_t)n, xpu_kept.answer[i].answer_len = (uint32_t)bytes;
+            xpu_kept.answer[i].count = count, xpu_kept.answer[i].bytes = kept;
+            xpu_kept.answers++;
         }
     }
     pthread_mutex_unlock(&xpu_kept.lock);
 }
 
-/* The heuristic question `s` answered from what the core answered before: 0, or -1 (the core answers). */
-static int xpu_kept_heuristic(uint64_t *s) {
-    unsigned char key[XPU_KEPT_HEURISTIC_KEY];
-    size_t n = s[8] && s[9] ? xpu_kept_heuristic_key(s, key) : 0;
+/* The question `s` answered from what the core answered before, into its outputs (a heuristic's results and
+ * count; a size's size_t): 0, or -1 (the core answers). Under the lock. */
+static int xpu_kept_answer(int library, int op, uint64_t *s) {
+    unsigned char key[XPU_KEPT_ANSWER_KEY];
+    int heuristic = xpu_kept.op[library][op].role == XPU_KEPT_HEURISTIC;
+    void *out = (void *)(uintptr_t)s[heuristic ? 8 : xpu_kept.op[library][op].nargs - 1];
+    size_t n = out && (!heuristic || s[9]) ? xpu_kept_answer_key(library, op, s, key) : 0;
     if (!n) return -1;
-    int i = xpu_kept_heuristic_slot(xpu_kept_hash(key, n), key, n);
-    if (!xpu_kept.heuristic[i].bytes) return -1;
-    memcpy((void *)(uintptr_t)s[8], xpu_kept.heuristic[i].bytes + n, xpu_kept.heuristic[i].answer_len);
-    memcpy((void *)(uintptr_t)s[9], &xpu_kept.heuristic[i].count, 4);
+    int i = xpu_kept_answer_slot(xpu_kept_hash(key, n), key, n);
+    if (!xpu_kept.answer[i].bytes) return -1;
+    memcpy(out, xpu_kept.answer[i].bytes + n, xpu_kept.answer[i].answer_len);
+    if (heuristic) memcpy((void *)(uintptr_t)s[9], &xpu_kept.answer[i].count, 4);
     return 0;
 }
 
@@ -536,6 +573,46 @@ static int xpu_kept_lt_call(int library, int op, const uint64_t *s) {
     return xpu_lane_put_calls(&call, 1);
 }
 
+/* ---- cuDNN calls in the lane ------------------------------------------------------------------------- */
+/* A kept tensor's cudnnDataType_t: the first int of an Nd or 4dEx setting, the second of a 4d one; -1 unset. */
+static int64_t xpu_kept_tensor_type(const struct xpu_kept_record *r) {
+    if (r->setter == XPU_KEPT_SET_4D) return r->ints[1];
+    return r->setter == XPU_KEPT_SET_ND || r->setter == XPU_KEPT_SET_4D_EX ? r->ints[0] : -1;
+}
+
+/* The bytes of a cuDNN host scalar for tensors of `type` (abi.h's table, 4 where it says nothing). */
+static int xpu_dnn_scalar_bytes_of(int64_t type) {
+    for (int i = 0; i < XPU_DNN_SCALAR_BYTES_ROWS; i++)
+        if (xpu_dnn_scalar_bytes[i][0] == type) return (int)xpu_dnn_scalar_bytes[i][1];
+    return 4;
+}
+
+/* A cuDNN call (a batch norm: Call.dnn_lane) queued in the lane, its tensor descriptors named by the server's
+ * descriptors for their settings and its scalars' bytes, sized by a tensor's data type, in the record: 0, or -1
+ * where the core sends it (a descriptor C does not keep or the core has not made on the server yet, another
+ * non-NULL descriptor, a scalar tensor not set, a NULL scalar, the lane closed or full). Under the lock. */
+static int xpu_kept_dnn_call(int library, int op, const uint64_t *s) {
+    const __typeof__(xpu_kept.op[0][0]) *o = &xpu_kept.op[library][op];
+    if (!o->nargs || (o->scalars && o->type_arg < 0)) return -1;
+    uint64_t args[XPU_LANE_ARGS_MAX];
+    memcpy(args, s, o->nargs * sizeof *args);
+    for (int i = 0; i < o->nargs; i++)
+        if (o->descriptors >> i & 1 && s[i]
+            && !(args[i] = xpu_kept_served_for(s[i], XPU_KEPT_KIND_TENSOR, XPU_KEPT_KIND_TENSOR)))
+            return -1;
+    int size = 0;
+    if (o->scalars) {
+        const struct xpu_kept_record *tensor = xpu_kept_own(s[o->type_arg], XPU_KEPT_KIND_TENSOR);
+        int64_t type = tensor ? xpu_kept_tensor_type(tensor) : -1;
+        if (type < 0) return -1;
+        size = xpu_dnn_scalar_bytes_of(type);
+        if (xpu_kept_scalars(o->scalars, o->nargs, s, size, args)) return -1;
+    }
+    struct xpu_lane_call call = {.opcode = o->opcode, .scalars = o->scalars, .nargs = o->nargs, .scalar_size = size,
+                                 .args = args};
+    return xpu_lane_put_calls(&call, 1);
+}
+
 /* ---- cuDNN's variant packs executed in the lane ------------------------------------------------------ */
 /* The entry of `count` data pointers, or the free one where they would go (its count 0). Under the lock. */
 static int xpu_kept_pointer_slot(uint64_t hash, const uint64_t *pointers, int64_t count) {
@@ -549,10 +626,10 @@ static int xpu_kept_pointer_slot(uint64_t hash, const uint64_t *pointers, int64_
 }
 
 /* The core's: of these `count` data pointers, those of `by_value` (a bit each) are by-value scalars' host
- * addresses, the others device addresses; or (count < 0) device memory changed, what it said before is void. */
+ * addresses, the others device addresses. */
 static void xpu_kept_pointers(const uint64_t *pointers, int64_t count, uint32_t by_value) {
     pthread_mutex_lock(&xpu_kept.lock);
-    if (count < 0 || xpu_kept.pointer_sets >= XPU_KEPT_POINTER_SETS / 2) {
+    if (xpu_kept.pointer_sets >= XPU_KEPT_POINTER_SETS / 2) {
         if (xpu_kept.pointer_sets) memset(xpu_kept.pointer_set, 0, sizeof xpu_kept.pointer_set);
         xpu_kept.pointer_sets = 0;
     }
@@ -565,6 +642,42 @@ static void xpu_kept_pointers(const uint64_t *pointers, int64_t count, uint32_t 
         memcpy(xpu_kept.pointer_set[i].pointer, pointers, (size_t)count * 8);
     }
     pthread_mutex_unlock(&xpu_kept.lock);
+}
+
+/* The core's: device memory is these `count` [base, end) pairs now, in order of their bases; what it said of data
+ * pointers before is void. */
+static void xpu_kept_device_ranges(const uint64_t *ranges, int64_t count) {
+    uint64_t *copy = count > 0 ? malloc((size_t)count * 16) : NULL;
+    if (copy) memcpy(copy, ranges, (size_t)count * 16);
+    pthread_mutex_lock(&xpu_kept.lock);
+    free(xpu_kept.device);
+    xpu_kept.device = copy, xpu_kept.devices = copy ? count : 0;
+    if (xpu_kept.pointer_sets) memset(xpu_kept.pointer_set, 0, sizeof xpu_kept.pointer_set);
+    xpu_kept.pointer_sets = 0;
+    pthread_mutex_unlock(&xpu_kept.lock);
+}
+
+/* Whether `address` is inside the session's device memory. Under the lock. */
+static int xpu_kept_on_device(uint64_t address) {
+    int64_t low = 0, high = xpu_kept.devices;  /* the last range whose base is at or below the address */
+    while (low < high) {
+        int64_t mid = (low + high) / 2;
+        if (xpu_kept.device[2 * mid] <= address) low = mid + 1;
+        else high = mid;
+    }
+    return low > 0 && address < xpu_kept.device[2 * (low - 1) + 1];
+}
+
+/* A pack's `count` data pointers: 0 and a bit per by-value scalar's host address in `by_value`, or -1 where C
+ * cannot say (a pointer outside device memory in pointers the core has not told C of). Under the lock. */
+static int xpu_kept_by_value(const uint64_t *pointers, int64_t count, uint32_t *by_value) {
+    int64_t e = 0;
+    while (e < count && (!pointers[e] || xpu_kept_on_device(pointers[e]))) e++;
+    if (e == count) return *by_value = 0, 0;
+    int i = xpu_kept_pointer_slot(xpu_kept_hash((const unsigned char *)pointers, (size_t)count * 8), pointers, count);
+    if (!xpu_kept.pointer_set[i].count) return -1;
+    *by_value = xpu_kept.pointer_set[i].by_value;
+    return 0;
 }
 
 /* cudnnBackendExecute(handle, plan, pack) of a finalized kept pack of data pointers, as many unique ids and at most
@@ -580,14 +693,14 @@ static int xpu_kept_execute(int library, int op, const uint64_t *s) {
     if (count <= 0 || count != r->pack.count[ids] || (r->pack.set >> space & 1 && r->pack.count[space] != 1))
         return -1;
     const uint64_t *pointers = r->pack.value + data * XPU_KEPT_PACK_ELEMENTS;
-    int i = xpu_kept_pointer_slot(xpu_kept_hash((const unsigned char *)pointers, (size_t)count * 8), pointers, count);
-    if (!xpu_kept.pointer_set[i].count) return -1;
+    uint32_t by_value;
+    if (xpu_kept_by_value(pointers, count, &by_value)) return -1;
     unsigned char pack[25 * XPU_KEPT_PACK_ELEMENTS] = {0};
     size_t part = (size_t)count * 8;
     memcpy(pack + part * XPU_EXECUTE_PART_POINTERS, pointers, part);
     memcpy(pack + part * XPU_EXECUTE_PART_UNIQUE_IDS, r->pack.value + ids * XPU_KEPT_PACK_ELEMENTS, part);
     for (int e = 0; e < count; e++)
-        if (xpu_kept.pointer_set[i].by_value >> e & 1) {  /* read here as cuDNN would: the caller keeps it alive */
+        if (by_value >> e & 1) {  /* read here as cuDNN would: the caller keeps it alive */
             if ((pointers[e] & 4095) > 4096 - 8) return -1;  /* the core reads what the page holds */
             memcpy(pack + part * XPU_EXECUTE_PART_SCALARS + 8 * e, (const void *)(uintptr_t)pointers[e], 8);
             pack[part * XPU_EXECUTE_PART_BY_VALUE + e] = 1;
@@ -604,7 +717,7 @@ static void xpu_kept_lt_names(const uint32_t *pointers, int count, uint32_t scal
     xpu_kept.lt_pointers = count < XPU_KEPT_LT_POINTERS ? (uint32_t)count : XPU_KEPT_LT_POINTERS;
     memcpy(xpu_kept.lt_pointer, pointers, xpu_kept.lt_pointers * sizeof *pointers);
     xpu_kept.lt_scale_type = scale_type, xpu_kept.lt_pointer_mode = pointer_mode;
-    xpu_kept_heuristics_clear();
+    xpu_kept_answers_clear();
     pthread_mutex_unlock(&xpu_kept.lock);
 }
 
@@ -667,7 +780,11 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
         break;
     }
     case XPU_KEPT_HEURISTIC:
-        rc = xpu_kept_heuristic(slots);
+    case XPU_KEPT_SIZE:
+        rc = xpu_kept_answer(library, op, slots);
+        break;
+    case XPU_KEPT_DNN_CALL:
+        rc = xpu_kept_dnn_call(library, op, slots);
         break;
     case XPU_KEPT_BLAS_CALL:
         rc = xpu_kept_blas_call(library, op, slots);

@@ -12,8 +12,10 @@
 #define XPU_LANE_BYTES 262144
 /* kernel argument bytes a launch record may carry: the driver's bound */
 #define XPU_LANE_BLOB_MAX 32764
-/* arguments of a lane record: cublasGemmStridedBatchedEx's 23, xpuLaunchKernel's 12 */
-#define XPU_LANE_ARGS_MAX 24
+/* arguments of a lane record: cudnnBatchNormalizationBackwardEx's 30, cublasGemmStridedBatchedEx's 23,
+ * xpuLaunchKernel's 12; a bit each in `scalars`
+ */
+#define XPU_LANE_ARGS_MAX 32
 /* a lane record's blob_at when none of its arguments is a blob */
 #define XPU_LANE_NO_BLOB 65535
 /* handles the core let take the lane (a power of two): graph instantiations */
@@ -32,8 +34,8 @@
 #define XPU_KEPT_PACK_ELEMENTS 16
 /* a variant pack's attributes an execution takes: unique ids, data pointers, workspace */
 #define XPU_KEPT_PACK_ATTRIBUTES 3
-/* cuBLASLt heuristic answers kept in C (a power of two); full, it starts over */
-#define XPU_KEPT_HEURISTICS 256
+/* answers kept in C (cuBLASLt's heuristics, cuDNN's sizes; a power of two); full, it starts over */
+#define XPU_KEPT_ANSWERS 256
 /* results a heuristic question kept in C may ask for */
 #define XPU_KEPT_HEURISTIC_RESULTS 8
 /* cuBLASLt matmul attributes that hold a device pointer, told by the core */
@@ -67,7 +69,10 @@ enum {
  * queued in the lane (a GEMM with its scalars' bytes), or a cuBLASLt one (cublasLtMatmul: its descriptors named
  * by the server's descriptors for their settings), or a call whose answer is a constant the core told C (a
  * library's version), or cudnnBackendExecute of a kept pack (queued as xpuCudnnExecute once the core has told C
- * which of its data pointers are by-value scalars). A tensor record's setter is one of the three SET_
+ * which of its data pointers are by-value scalars), or a cuDNN call queued in the lane (a batch norm: its tensor
+ * descriptors named by the server's descriptors for their settings), or a size question of a cuDNN handle,
+ * integers and tensor descriptors (a batch norm's workspace: answered again from the core's first answer for the
+ * same settings). A tensor record's setter is one of the three SET_
  */
 enum {
     XPU_KEPT_NONE = 0, XPU_KEPT_CREATE = 1, XPU_KEPT_SET_ND = 2, XPU_KEPT_SET_4D = 3, XPU_KEPT_SET_4D_EX = 4,
@@ -75,7 +80,7 @@ enum {
     XPU_KEPT_PACK_CREATE = 9, XPU_KEPT_PACK_SET = 10, XPU_KEPT_PACK_FINALIZE = 11, XPU_KEPT_PACK_DESTROY = 12,
     XPU_KEPT_SETTING = 13, XPU_KEPT_GETTING = 14, XPU_KEPT_BLAS_STREAM = 15, XPU_KEPT_BLAS_WORKSPACE = 16,
     XPU_KEPT_BLAS_GET_STREAM = 17, XPU_KEPT_HEURISTIC = 18, XPU_KEPT_BLAS_CALL = 19, XPU_KEPT_LT_CALL = 20,
-    XPU_KEPT_CONSTANT = 21, XPU_KEPT_PACK_EXECUTE = 22
+    XPU_KEPT_CONSTANT = 21, XPU_KEPT_PACK_EXECUTE = 22, XPU_KEPT_DNN_CALL = 23, XPU_KEPT_SIZE = 24
 };
 /* xpuCudnnExecute's `pack` of `count` elements: the data pointers, their unique ids and the by-value scalars'
  * bytes, 8 bytes an element each, in this order from 8 * count * part; then BY_VALUE, a byte an element, 1 where
@@ -181,5 +186,12 @@ static const int64_t xpu_scalar_bytes[][2] = {
     4}, {69, 4}, {70, 8}, {71, 8}, {72, 4}, {73, 4}, {74, 4}, {75, 4}, {77, 4}
 };
 #define XPU_SCALAR_BYTES_ROWS 21
+/* bytes of a cuDNN host scalar (alpha, beta) by its tensor's cudnnDataType_t where they are not 4: double data's
+ * are doubles
+ */
+static const int64_t xpu_dnn_scalar_bytes[][2] = {
+    {1, 8}
+};
+#define XPU_DNN_SCALAR_BYTES_ROWS 1
 
 #endif

@@ -6,7 +6,7 @@ import struct
 
 LANE_BYTES = 262144
 LANE_BLOB_MAX = 32764
-LANE_ARGS_MAX = 24
+LANE_ARGS_MAX = 32
 LANE_NO_BLOB = 65535
 LANE_KNOWN_HANDLES = 1024
 KEPT_INTS = 18
@@ -16,7 +16,7 @@ KEPT_ATTRIBUTES = 12
 KEPT_VALUE = 16
 KEPT_PACK_ELEMENTS = 16
 KEPT_PACK_ATTRIBUTES = 3
-KEPT_HEURISTICS = 256
+KEPT_ANSWERS = 256
 KEPT_HEURISTIC_RESULTS = 8
 KEPT_LT_POINTERS = 16
 KEPT_POINTER_SETS = 256
@@ -55,6 +55,8 @@ KEPT_BLAS_CALL = 19
 KEPT_LT_CALL = 20
 KEPT_CONSTANT = 21
 KEPT_PACK_EXECUTE = 22
+KEPT_DNN_CALL = 23
+KEPT_SIZE = 24
 EXECUTE_PART_POINTERS = 0
 EXECUTE_PART_UNIQUE_IDS = 1
 EXECUTE_PART_SCALARS = 2
@@ -127,3 +129,4 @@ struct xpu_kept_record { int32_t state; int32_t kind; int32_t setter; int32_t at
 struct xpu_blas_pair { uint64_t stream; uint64_t workspace; uint64_t bytes; uint64_t own; uint64_t pointer_mode; uint64_t sent_stream; uint64_t sent_workspace; uint64_t sent_bytes; uint64_t sent_own; };
 """
 SCALAR_BYTES = {0: 4, 1: 8, 2: 2, 3: 4, 4: 8, 5: 16, 6: 4, 10: 4, 14: 2, 15: 4, 64: 2, 65: 2, 68: 4, 69: 4, 70: 8, 71: 8, 72: 4, 73: 4, 74: 4, 75: 4, 77: 4}
+DNN_SCALAR_BYTES = {1: 8}

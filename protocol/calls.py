@@ -29,8 +29,9 @@ The shim, the client's marshalling, the server's dispatch and the perf model all
 from __future__ import annotations
 
 import re
+import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -678,7 +679,7 @@ class Call:
     def in_lane(self) -> bool:
         """A lane record may name this call (the server runs no other from a lane)."""
         return (self.lane in ("args", "known") and self.sent) or self.symbol in (LANE_LAUNCH, *KEPT_LANE) \
-            or self.blas_lane is not None or self.lt_lane is not None
+            or self.blas_lane is not None or self.lt_lane is not None or self.dnn_lane is not None
 
     @cached_property
     def blas_lane(self) -> tuple[int, int, int] | None:
@@ -723,16 +724,44 @@ class Call:
                 return None
         return descriptors, scalars, scale_from, blob, blob_size
 
+    @cached_property
+    def dnn_lane(self) -> tuple[int, int, int] | None:
+        """How the shim queues this cuDNN call in the lane (interpose/kept.h), or None: (a bit per descriptor
+        argument, a bit per host scalar, the tensor descriptor whose data type sizes them or -1). Calls of the
+        handle first, then descriptors (at the call, a tensor descriptor C keeps is named by the server's
+        descriptor for its setting and any other must be NULL), integers, floats, streams, device pointers and host
+        scalars of one tensor's type: a batch norm."""
+        if not self._queued_in_c("cudnn", "cudnnHandle_t"):
+            return None
+        descriptors, scalars, scale_from = 0, 0, -1
+        for i, p in enumerate(self.params[1:], 1):
+            kind = (p.count or "").partition(":")[2]
+            at = self.names.index(kind) if kind in self.names else -1
+            if p.kind == "handle":
+                descriptors |= 1 << i
+            elif p.is_scalar and p.direction == "in" and at >= 0 and scale_from in (-1, at) \
+                    and self.params[at].ctype == "cudnnTensorDescriptor_t":
+                scalars, scale_from = scalars | 1 << i, at
+            elif not _travels_as_is(p):
+                return None
+        return descriptors, scalars, scale_from
+
     def _queued_in_c(self, library: str, handle: str) -> bool:
         """An async call of `library` sent as it is, of its handle first and at most LANE_ARGS_MAX arguments, and
-        no destroy (the client's): what blas_lane and lt_lane consider."""
+        no destroy (the client's): what blas_lane, lt_lane and dnn_lane consider."""
         return self.library == library and self.cls == "async" and self.sent and not self.destroys \
             and 0 < len(self.params) <= abi.LANE_ARGS_MAX and self.params[0].ctype == handle
 
     @cached_property
-    def signed_args(self) -> tuple[int, ...]:
-        """The signed integers among the arguments: a lane record's slots carry them as two's complement."""
-        return tuple(i for i, p in enumerate(self.params) if p.kind == "int" and p.signed)
+    def from_slots(self) -> Callable[[Sequence[int]], list[Any]]:
+        """What turns the shim's uint64_t slots of this call (an entry point's, a lane record's) into its values:
+        signed integers from two's complement, floats from their bits; handles and pointers as they are."""
+        convs = [_float if p.kind == "float" and p.size == 4 else _double if p.kind == "float"
+                 else _signed if p.kind == "int" and p.signed else None for p in self.params]
+        n = len(convs)
+        if not any(convs):
+            return lambda slots: [slots[i] for i in range(n)]
+        return lambda slots: [c(slots[i]) if c else slots[i] for i, c in enumerate(convs)]
 
     @cached_property
     def by_data(self) -> bool:
@@ -747,9 +776,21 @@ class Call:
         return self.cls in ("sync", "async", "shadow") or self.family in SENT_LOCAL
 
 
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >> 63 else v
+
+
+def _float(v: int) -> float:
+    return struct.unpack("<f", (v & 0xFFFFFFFF).to_bytes(4, "little"))[0]
+
+
+def _double(v: int) -> float:
+    return struct.unpack("<d", v.to_bytes(8, "little"))[0]
+
+
 def _travels_as_is(p: Param) -> bool:
-    """An argument a lane record carries as its value: an integer, a stream, a device address."""
-    return p.kind == "int" or p.ctype == "cudaStream_t" or p.is_device
+    """An argument a lane record carries as its value: an integer, a float's bits, a stream, a device address."""
+    return p.kind in ("int", "float") or p.ctype == "cudaStream_t" or p.is_device
 
 
 class TableError(ValueError):

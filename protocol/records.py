@@ -21,7 +21,8 @@ LIMITS: dict[str, tuple[int, str]] = {
     "LANE_BYTES": (256 << 10, "the fast lane's buffer (interpose/lane.h): full, it declines and the core sends it. "
                    "Room for about ten of PyTorch's foreach launches, whose argument bytes are about 25 KiB each"),
     "LANE_BLOB_MAX": (32764, "kernel argument bytes a launch record may carry: the driver's bound"),
-    "LANE_ARGS_MAX": (24, "arguments of a lane record: cublasGemmStridedBatchedEx's 23, xpuLaunchKernel's 12"),
+    "LANE_ARGS_MAX": (32, "arguments of a lane record: cudnnBatchNormalizationBackwardEx's 30, "
+                      "cublasGemmStridedBatchedEx's 23, xpuLaunchKernel's 12; a bit each in `scalars`"),
     "LANE_NO_BLOB": (0xFFFF, "a lane record's blob_at when none of its arguments is a blob"),
     "LANE_KNOWN_HANDLES": (1024, "handles the core let take the lane (a power of two): graph instantiations"),
     "KEPT_INTS": (18, "a kept tensor's longest setting: an Nd one of KEPT_DIMS dimensions (type, count, dims, "
@@ -33,7 +34,8 @@ LIMITS: dict[str, tuple[int, str]] = {
     "KEPT_PACK_ELEMENTS": (16, "a kept variant pack's elements of each attribute"),
     "KEPT_PACK_ATTRIBUTES": (3, "a variant pack's attributes an execution takes: unique ids, data pointers, "
                              "workspace"),
-    "KEPT_HEURISTICS": (256, "cuBLASLt heuristic answers kept in C (a power of two); full, it starts over"),
+    "KEPT_ANSWERS": (256, "answers kept in C (cuBLASLt's heuristics, cuDNN's sizes; a power of two); full, it "
+                     "starts over"),
     "KEPT_HEURISTIC_RESULTS": (8, "results a heuristic question kept in C may ask for"),
     "KEPT_LT_POINTERS": (16, "cuBLASLt matmul attributes that hold a device pointer, told by the core"),
     "KEPT_POINTER_SETS": (256, "variant packs' data pointers whose by-value scalars the core told C (a power of "
@@ -56,11 +58,14 @@ ENUMS: dict[str, tuple[str, tuple[str, ...]]] = {
              "bytes), or a cuBLASLt one (cublasLtMatmul: its descriptors named by the server's descriptors for their "
              "settings), or a call whose answer is a constant the core told C (a library's version), or "
              "cudnnBackendExecute of a kept pack (queued as xpuCudnnExecute once the core has told C which of its "
-             "data pointers are by-value scalars). A tensor record's setter is one of the three SET_",
+             "data pointers are by-value scalars), or a cuDNN call queued in the lane (a batch norm: its tensor "
+             "descriptors named by the server's descriptors for their settings), or a size question of a "
+             "cuDNN handle, integers and tensor descriptors (a batch norm's workspace: answered again from the "
+             "core's first answer for the same settings). A tensor record's setter is one of the three SET_",
              ("NONE", "CREATE", "SET_ND", "SET_4D", "SET_4D_EX", "DESTROY", "LT_CREATE", "LT_SET", "LT_DESTROY",
               "PACK_CREATE", "PACK_SET", "PACK_FINALIZE", "PACK_DESTROY", "SETTING", "GETTING", "BLAS_STREAM",
               "BLAS_WORKSPACE", "BLAS_GET_STREAM", "HEURISTIC", "BLAS_CALL", "LT_CALL", "CONSTANT",
-              "PACK_EXECUTE")),
+              "PACK_EXECUTE", "DNN_CALL", "SIZE")),
     "EXECUTE_PART": ("xpuCudnnExecute's `pack` of `count` elements: the data pointers, their unique ids and the "
                      "by-value scalars' bytes, 8 bytes an element each, in this order from 8 * count * part; then "
                      "BY_VALUE, a byte an element, 1 where that pointer is a by-value scalar's",
@@ -114,4 +119,7 @@ RECORDS: dict[str, tuple[str, tuple[Field, ...]]] = {
 TABLES: dict[str, tuple[str, dict[int, int]]] = {
     "SCALAR_BYTES": ("bytes of a host scalar (alpha, beta) of a cudaDataType_t or cublasComputeType_t",
                      {mathlibs.api(mathlibs.CUBLAS).ENUMS[name]: size for name, size in mathlibs.SCALAR_BYTES.items()}),
+    "DNN_SCALAR_BYTES": ("bytes of a cuDNN host scalar (alpha, beta) by its tensor's cudnnDataType_t where they are "
+                         "not 4: double data's are doubles",
+                         {mathlibs.api(mathlibs.CUDNN).ENUMS["CUDNN_DATA_DOUBLE"]: 8}),
 }

@@ -300,9 +300,7 @@ class Session:
                 self.execute(SET_CONTEXT, [record_ctx])
                 ctx = record_ctx
             self.lane_calls += 1
-            for i in call.signed_args:  # the slots' two's complement, as the client's own path sends them
-                if record[i] >= 1 << 63:
-                    record[i] -= 1 << 64
+            record = call.from_slots(record)  # as the client's own path sends them
             entry[1](record)
             if self.native is not None and (op := self.native.ops.get(opcode)):
                 self.teach(op, record)

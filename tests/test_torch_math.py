@@ -163,18 +163,28 @@ import sys, torch, torch.nn.functional as F
 torch.manual_seed(0)
 x, w, m = torch.randn(2, 4, 8, 8), torch.randn(6, 4, 3, 3), torch.randn(16, 16)
 mean, var, bias = torch.randn(4), torch.rand(4) + 0.5, torch.randn(16)
+def trained(t):  # a training batch norm, forward and backward: the input's gradient
+    v = t(x).requires_grad_()
+    F.batch_norm(v, t(mean), t(var), t(mean), t(var), training=True).sum().backward()
+    return v.grad
+
+
 ops = {"conv2d": lambda t: F.conv2d(t(x), t(w)),
        "batch_norm": lambda t: F.batch_norm(t(x), t(mean), t(var), t(mean), t(var)),
+       "batch_norm_train": trained,
        "addmm": lambda t: torch.addmm(t(bias), t(m), t(m))}
 op = ops[sys.argv[1]]
 for _ in range(int(sys.argv[2])):
     y = op(lambda v: v.cuda())
 print(float((y.cpu() - op(lambda v: v)).abs().max()))
 """
-# the library whose calls an operation makes, how many the server runs for each one more of it, and the call that
-# computes, queued in C after the first time
-PER_OPERATION = {"conv2d": ("cudnn", 0, "cudnnBackendExecute"), "batch_norm": ("cudnn", 1, None),
-                 "addmm": ("cublasLt", 1, "cublasLtMatmul")}
+# the library whose calls an operation makes, how many the server runs for each one more of it, and the calls that
+# compute, queued in C after the first time
+PER_OPERATION = {"conv2d": ("cudnn", 0, ("cudnnBackendExecute",)),
+                 "batch_norm": ("cudnn", 1, ("cudnnBatchNormalizationForwardInference",)),
+                 "batch_norm_train": ("cudnn", 2, ("cudnnBatchNormalizationForwardTrainingEx",
+                                                   "cudnnBatchNormalizationBackwardEx")),
+                 "addmm": ("cublasLt", 1, ("cublasLtMatmul",))}
 
 
 @pytest.mark.parametrize("op", sorted(PER_OPERATION))
@@ -183,9 +193,9 @@ def test_an_operations_descriptors_cost_the_server_nothing_after_the_first(tmp_p
     for a convolution (seven cuDNN calls), two tensor descriptors for a batch norm (six calls beside the one
     that computes), a matmul descriptor, three layouts and a preference for a cuBLASLt GEMM (thirteen beside
     it). The client keeps them: ten more operations cost the server only the calls that compute (none for a
-    convolution: its execution is an internal call), their descriptor calls, and the call that computes once its
-    descriptors and pointers were seen, are answered or queued in C and never reach the client core (XPU_CALL_CPU
-    counts the core's calls), and the results are the CPU's."""
+    convolution: its execution is an internal call), their descriptor calls, a training batch norm's workspace
+    sizes, and the calls that compute once their descriptors and pointers were seen, are answered or queued in C
+    and never reach the client core (XPU_CALL_CPU counts the core's calls), and the results are the CPU's."""
     from xpuremote.client.mathlibs import IN_C_OPS
 
     program = tmp_path / "repeated.py"
@@ -201,7 +211,7 @@ def test_an_operations_descriptors_cost_the_server_nothing_after_the_first(tmp_p
         assert proc.returncode == 0 and float(proc.stdout.split()[-1]) < 1e-4, proc.stderr[-3000:]
         served.append(library_calls(srv).get(library, 0))
         in_core.append({name: calls for name, (calls, _) in call_cpu.read(table).items()
-                        if name in IN_C_OPS or name == computes})
+                        if name in IN_C_OPS or name in computes})
     assert served[0] > 0 and served[1] == served[0] + 10 * each, served
     assert in_core[1] == in_core[0], in_core
 
@@ -250,7 +260,8 @@ import torch, torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 q = torch.randn(2, 2, 64, 32, device="cuda", dtype=torch.bfloat16)
 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-    y = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    for scale in (None, 0.25, 0.25, 0.5, 0.5):  # the same plan again: by then, its executions are queued in C
+        y = F.scaled_dot_product_attention(q, q, q, is_causal=True, scale=scale)
 torch.cuda.synchronize()
 print("ok", tuple(y.shape))
 """
@@ -260,17 +271,22 @@ print("ok", tuple(y.shape))
 def test_attention_through_cudnn_sends_its_by_value_scale(shim: Path, tmp_path: Path) -> None:
     """cuDNN attention (PyTorch's choice for bf16 on sm_90) names its scale by value: a host pointer in the
     variant pack. The client sends the scalar's bytes and the cuda backend puts them where NVIDIA's cuDNN
-    reads them; refused before, which an H100 reported only at the next cuBLASLt call (gpt2_step_bf16)."""
+    reads them; refused before, which an H100 reported only at the next cuBLASLt call (gpt2_step_bf16). Once
+    the core has seen a pack's pointers, C queues its executions itself, reading the scalar's bytes as they are at
+    each one (XPU_CALL_CPU counts the executions the core saw)."""
     cuda, sim = start_chain(tmp_path, shim, {"XPU_SIM_SKIP_KERNELS": "1"})
     program = tmp_path / "sdpa.py"
     program.write_text(SDPA)
+    table = tmp_path / "core.tsv"
     try:
-        proc = run_torch(cuda, [str(program)])
+        proc = run_torch(cuda, [str(program)], XPU_CALL_CPU=str(table))
     finally:
         cuda.stop()
         sim.stop()
     assert proc.returncode == 0 and "ok (2, 2, 64, 32)" in proc.stdout, proc.stderr[-3000:]
+    executions = call_cpu.read(table).get("cudnnBackendExecute", (0, 0))[0]
     assert "by-value" not in cuda.log() and "failed" not in cuda.log(), cuda.log()[-3000:]
     said = re.findall(r"by-value scalars ([0-9a-f ]+)", sim.log())  # 8 bytes each, a float32 in the first 4
     scalars = [struct.unpack("<f", bytes.fromhex(h)[:4])[0] for h in " ".join(said).split()]
-    assert any(v == pytest.approx(32 ** -0.5) for v in scalars), (scalars, sim.log()[-3000:])  # the scale
+    assert [v for v in (32 ** -0.5, 0.25, 0.5) if v not in [pytest.approx(s) for s in scalars]] == [], scalars
+    assert 0 < executions < 5, executions
