@@ -183,8 +183,10 @@ cuMemsetD2D32               async   dstDevice=device:dstPitch,Width*4,Height
 cuMemsetD2D8Async           async   dstDevice=device:dstPitch,Width,Height
 cuMemsetD2D16Async          async   dstDevice=device:dstPitch,Width*2,Height
 cuMemsetD2D32Async          async   dstDevice=device:dstPitch,Width*4,Height
-# stream-ordered allocation (memory pools): an address is the server's answer, so allocating waits;
-# the client keeps each device's default and current pool, so cuDeviceGetMemPool is local. A pool
+# stream-ordered allocation (memory pools): the client places allocations in address ranges the server
+# reserved for its pool (xpuMemPoolReserve) and sends them as xpuMemPoolAlloc, not waited for; in a stream
+# capture (a graph's allocation) the address is the server's answer, so allocating waits. The client keeps
+# each device's default and current pool, so cuDeviceGetMemPool is local. A pool
 # attribute's value travels as 8 bytes (the client widens and narrows it: memprops.POOL_ATTRIBUTE_SIZES)
 cuMemAllocAsync             sync
 cuMemAllocFromPoolAsync     sync
@@ -436,6 +438,8 @@ xpuGraphNodeSetMemcpy(CUgraphExec exec, CUgraphNode node, CUdeviceptr dst, size_
   size_t srcPitch, size_t width, size_t height)                                      async \
   dst=device:dstPitch,width,height src=device:srcPitch,width,height
 xpuGraphExecUpdate(CUgraphExec exec, CUgraph graph, unsigned int *result)           sync
+xpuMemPoolReserve(CUdeviceptr *base, CUmemoryPool pool, size_t size)             sync
+xpuMemPoolAlloc(CUmemoryPool pool, CUdeviceptr dptr, size_t bytesize, CUstream hStream) async
 xpuDeviceStatus(unsigned int index, void *status)                                   sync   status=out:*
 xpuLibraryVersion(const char *library, void *version)                               sync   library=str version=out:*
 xpuCudnnGetDescriptors(unsigned long long descriptor, unsigned int attributeName, size_t requested, \
