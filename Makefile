@@ -81,11 +81,11 @@ bench: shim torch
 
 # The GPU check (docs/gpu-check.md). `make gpu-bundle` here, with the package index: what a GPU
 # machine without network lacks, into $(GPU_BUNDLE). `make gpu-check OUT=dir` there: install it,
-# build the shim, run the stages (STAGES=1,2,3,4,5,6) against a GPU; BACKEND=sim runs them here on
+# build the shim, run the stages (STAGES=3,6,4,2,5,1, in that order) against a GPU; BACKEND=sim runs them here on
 # the sim (the dry run CI does), with this project's venvs.
 GPU_BUNDLE  ?= gpu-bundle
 BACKEND     ?= cuda
-STAGES      ?= 1,2,3,4,5,6
+STAGES      ?= 3,6,4,2,5,1
 # a local Python of the GPU machine's version, whose headers and libpython the bundle carries
 BUNDLE_PYTHON ?= python3.12
 ifeq ($(BACKEND),sim)
@@ -100,7 +100,7 @@ gpu-bundle: setup
 	$(PY) bench/gpu_check.py bundle --out $(GPU_BUNDLE) --headers-from "$$(command -v $(BUNDLE_PYTHON))"
 
 gpu-check: $(GPU_DEPS)
-	@test -n "$(OUT)" || { echo "make gpu-check OUT=dir [BACKEND=cuda|sim] [STAGES=1,2,3,4,5,6]"; exit 2; }
+	@test -n "$(OUT)" || { echo "make gpu-check OUT=dir [BACKEND=cuda|sim] [STAGES=3,6,4,2,5,1]"; exit 2; }
 	$(GPU_PYTHON) bench/gpu_check.py run --bundle $(GPU_BUNDLE) --out $(OUT) --backend $(BACKEND) \
 		--stages $(STAGES) --python $(GPU_PYTHON) $(GPU_TORCH)
 

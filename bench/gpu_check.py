@@ -1,8 +1,8 @@
 """One prepared command that proves xpuremote on a GPU machine, and its dry run anywhere.
 
     python bench/gpu_check.py bundle --out gpu-bundle [--python-version 3.12] [--headers-from PYTHON]
-    python bench/gpu_check.py run --bundle gpu-bundle --out DIR [--backend cuda|sim] [--stages 1,2,3,4,5,6]
-                                  [--torch-python PYTHON]
+    python bench/gpu_check.py run --bundle gpu-bundle --out DIR [--backend cuda|sim] [--stages 3,6,4,2,5,1]
+                                  [--torch-python PYTHON] [--call-limit 550]
 
 `make gpu-bundle` and `make gpu-check OUT=DIR [BACKEND=sim] [STAGES=...]` call these; docs/gpu-check.md
 says how to run them by hand and what each output means.
@@ -14,19 +14,21 @@ the shim's build needs where the GPU machine's Python lacks them. A hash of the 
 says which tree it was made from.
 
 run (there, no network): installs the bundle into build/gpu-check/site (pip --no-index --target),
-builds the shim, then runs the chosen stages, each under a time limit of its own:
+builds the shim, then runs the chosen stages in their order, each inside its share of --call-limit seconds
+(STAGE_SHARES; docs/gpu-check.md says how the shares were budgeted):
 
   1 suite     pytest with XPU_TEST_BACKEND=cuda (the tests that make sense on a GPU, real kernels);
               with --backend sim, where CI has just run the suite, it only collects that selection
   2 programs  NVIDIA's runtimes, cuda-python, an nvcc-built program and the stock PyTorch, through
               `xpu-run` against a local `xpu-server` over loopback TCP, and natively beside them
-  3 bench     bench/foundation.py, graphs.py, async_calls.py, native_lane.py, server_calls.py, allocators.py,
-              torch_e2e.py
-              (native vs through xpuremote)
-  4 perf      `xpu-perf validate` on two PyTorch workloads (predicted vs emulated links)
+  3 bench     bench/foundation.py, graphs.py, allocators.py and torch_e2e.py's eight workloads (native vs
+              through xpuremote), each inside a share of the stage's time
+  4 perf      `xpu-perf validate`: a PyTorch workload predicted vs run over an emulated link (on the sim two
+              workloads, two links)
   5 answers   bench/driver_answers.py: what the real driver answers beside the shim's answers
-  6 calls     two PyTorch workloads recorded, and `xpu-perf calls`: where a step's time goes, call by call;
-              and bench/client_cpu.py: the client's CPU a call in two workloads' steps, untraced
+  6 calls     bench/async_calls.py, native_lane.py, server_calls.py: the CPU each side spends a call; a PyTorch
+              workload recorded, and `xpu-perf calls`: where a step's time goes, call by call; and
+              bench/client_cpu.py: the client's CPU a call in a workload's steps, untraced
 
 and writes DIR/gpu-check.json (everything), DIR/gpu-check.md (the summary) and DIR/gpu-check.log
 (each command's output). Exit status 0 when every chosen stage passed.
@@ -51,7 +53,7 @@ import sysconfig
 import tarfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -77,16 +79,20 @@ class Context:
     torch_python: str
     bundle: Path
     log: TextIO
-    suite_limit: float
-    bench_limit: float
     env: dict[str, str] = field(default_factory=dict)
+    deadline: float = float("inf")  # the running stage's end (time.monotonic()): no command runs past it
 
     @property
     def gpu(self) -> bool:
         return self.backend == "cuda"
 
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
     def run(self, name: str, cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
-        """`cmd` in its own process group (killed whole at the end: servers it started go too)."""
+        """`cmd` in its own process group (killed whole at the end: servers it started go too), cut at `timeout`
+        or at the stage's end, whichever comes first."""
+        timeout = max(1.0, min(timeout, self.left()))
         started = time.monotonic()
         self.log.write(f"\n===== {name}: {shlex.join(cmd)}\n")
         self.log.flush()
@@ -314,8 +320,10 @@ def _python_fallback(ctx: Context, facts: dict[str, Any]) -> str:
 # ---- stage 1: the test suite ----------------------------------------------------------------------
 # What a GPU shows that the sim cannot, first: NVIDIA's math libraries under PyTorch and the runtimes on real
 # kernels. The suite is cut at its limit on a lent machine; the thread races (test_client_core) come later.
-SUITE_FIRST = ("test_torch_math.py", "test_mathlibs.py", "test_torch.py", "test_cudart.py", "test_graphs.py",
-               "test_memory_pools.py")
+# test_torch_math.py comes last of them: its end-to-end tests take minutes, and this call's programs and bench
+# stage run PyTorch's math on the GPU already.
+SUITE_FIRST = ("test_mathlibs.py", "test_torch.py", "test_cudart.py", "test_graphs.py", "test_memory_pools.py",
+               "test_torch_math.py")
 
 
 def stage_suite(ctx: Context) -> dict[str, Any]:
@@ -334,7 +342,7 @@ def stage_suite(ctx: Context) -> dict[str, Any]:
     # -v names each test's outcome as it ends, so a run cut short at its limit still says what passed
     # the tests' own folders stay (--basetemp): their servers' logs say what a test cut short was waiting for
     step = ctx.run("pytest", [ctx.python, *select, "-v", "-rfE", f"--junitxml={junit}", f"--basetemp={temp}"],
-                   ctx.suite_limit, env)
+                   ctx.left() - 15, env)  # time to read its report back
     verdicts = re.findall(_VERDICT, step["output"], re.M)
     counts = _pytest_counts(step["output"]) if step["rc"] is not None else _tally(verdicts)
     failures = _junit_failures(junit) or _logged_failures(failure_log)
@@ -504,6 +512,9 @@ def stage_programs(ctx: Context) -> dict[str, Any]:
     remote_env = {**env, "XPU_LOG": "DEBUG"}
     try:
         for prog in programs(ctx):
+            if ctx.left() < 5:  # the stage's share is spent: the rest say so rather than fail at once
+                rows.append({"program": prog.name, "xpuremote": "not run: the stage's time ran out", "xpuremote_s": 0})
+                continue
             remote = ctx.run(f"{prog.name} via xpu-run", [ctx.python, "-m", "xpuremote.interpose.run", "--server",
                                                           address, "--", *prog.argv], 240, remote_env)
             (WORK / "programs" / f"{re.sub(r'[^a-z0-9]+', '-', prog.name.lower())}.log").write_text(remote["output"])
@@ -523,57 +534,107 @@ def stage_programs(ctx: Context) -> dict[str, Any]:
             "steps": [_brief(s, 8) for s in steps]}
 
 
+# ---- the plan: shares of a call's time ---------------------------------------------------------------
+class Schedule:
+    """Items run one after another toward one end, each with a share (seconds). Item i may run until the end less
+    the shares of the items after it: one that ends early leaves its time to those after it, and none takes what
+    those after it are owed. Where the time is less than the shares, each share shrinks in proportion."""
+
+    def __init__(self, seconds: float, shares: list[float], clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock, self.end = clock, clock() + seconds
+        total = sum(shares)
+        self.shares = [share * min(1.0, seconds / total) if total else share for share in shares]
+
+    def limit(self, i: int, most: float | None = None) -> float:
+        left = self.end - self.clock() - sum(self.shares[i + 1:])
+        return max(0.0, left if most is None else min(most, left))
+
+
 # ---- stage 3: benchmarks -------------------------------------------------------------------------------
 E2E = ("mlp_train", "cnn_train_fp32", "cnn_train_amp", "gpt2_step_bf16", "cnn_infer_b1", "cnn_infer_b32",
        "mlp_compile_graph", "gpt2_generate")
 SIM_E2E = ("mlp_train", "cnn_infer_b1")  # the sim runs PyTorch with its kernels skipped, at toy sizes
-# a step of gpt2_generate takes seconds through xpuremote (5.5 on the H200): three steps say it, and it fits the
-# stage's time (at 20 it was left out twice)
+# a step of gpt2_generate takes seconds through xpuremote (5.5 on the H200): three steps say it
 GPU_STEPS = {"gpt2_generate": ["--steps", "3", "--warmup", "1"]}
 SIM_TORCH = {"XPU_SIM_SKIP_KERNELS": "1"}
+# Each item's share of the stage, in seconds (on a GPU, on the sim), in the order they run: what it took in the
+# recorded runs (bench/results/gpu/, docs/gpu-check.md) and a little more. A workload's time is mostly its two
+# processes' start (PyTorch, the CUDA context, the libraries, the warm-up), not its steps: a share cuts its steps
+# short where it must, and the last ones take what the others left.
+BENCH_SHARES = {"foundation": (45, 40), "graphs": (12, 15), "allocators": (40, 40),
+                "mlp_train": (24, 20), "cnn_train_fp32": (28, 0), "cnn_train_amp": (28, 0), "gpt2_step_bf16": (33, 0),
+                "cnn_infer_b1": (16, 20), "cnn_infer_b32": (14, 0), "mlp_compile_graph": (55, 0),
+                "gpt2_generate": (40, 0)}
+
+
+def _bench_commands(ctx: Context, out: Path) -> dict[str, tuple[list[str], dict[str, str] | None]]:
+    """The benchmarks besides PyTorch's workloads, each with its environment (None: the check's)."""
+    torch_env = {**ctx.env, "XPU_TORCH_PYTHON": ctx.torch_python}
+    # a GPU's sync calls take ~80 µs: 5,000 a repeat are 0.4 s of each row, and the 5 repeats' spread is drift
+    counts = ["--sync-n", "5000", "--async-n", "100000"] if ctx.gpu else ["--quick"]
+    return {"foundation": ([ctx.python, "bench/foundation.py", "--backend", ctx.backend, *counts, "--out",
+                            str(out / "foundation.json")], None),
+            "graphs": ([ctx.python, "bench/graphs.py", "--backend", ctx.backend,
+                        *([] if ctx.gpu else ["--steps", "30"]), "--out", str(out / "graphs.json")], None),
+            "allocators": ([ctx.python, "bench/allocators.py", "--backend", ctx.backend, "--out",
+                            str(out / "allocators.json")], torch_env)}
 
 
 def stage_bench(ctx: Context) -> dict[str, Any]:
-    budget = time.monotonic() + ctx.bench_limit
     out = WORK / "bench"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    quick = [] if ctx.gpu else ["--quick"]
-    steps = [ctx.run("foundation", [ctx.python, "bench/foundation.py", "--backend", ctx.backend, *quick,
-                                    "--out", str(out / "foundation.json")], 240)]
-    foundation = _read_json(out / "foundation.json")
-    steps.append(ctx.run("graphs", [ctx.python, "bench/graphs.py", "--backend", ctx.backend,
-                                    *([] if ctx.gpu else ["--steps", "30"]), "--out", str(out / "graphs.json")], 240))
-    steps.append(ctx.run("async_calls", [ctx.python, "bench/async_calls.py", "--backend", ctx.backend,
-                                         *(["--repeats", "3"] if ctx.gpu else ["--calls", "20000", "--repeats", "1"]),
-                                         "--out", str(out / "async_calls.json")], 180))
-    steps.append(ctx.run("native_lane", [ctx.python, "bench/native_lane.py", "--backend",
-                                         "cuda" if ctx.gpu else "stand-in", "--records", "50000" if ctx.gpu else "5000",
-                                         "--out", str(out / "native_lane.json")], 180))
-    steps.append(ctx.run("server_calls", [ctx.python, "bench/server_calls.py", "--backend",
-                                          "cuda" if ctx.gpu else "stand-in", "--rounds", "2000" if ctx.gpu else "200",
-                                          "--out", str(out / "server_calls.json")], 180))
-    steps.append(ctx.run("allocators", [ctx.python, "bench/allocators.py", "--backend", ctx.backend, "--out",
-                                        str(out / "allocators.json")], 300,
-                         {**ctx.env, "XPU_TORCH_PYTHON": ctx.torch_python}))
-    e2e, env = [], {**ctx.env, **({} if ctx.gpu else SIM_TORCH)}
-    for workload in E2E if ctx.gpu else SIM_E2E:
-        size = GPU_STEPS.get(workload, []) if ctx.gpu else ["--size", "small", "--steps", "2", "--warmup", "1"]
-        if time.monotonic() > budget - 60:
-            e2e.append({"workload": workload, "not run": "the stage's time ran out"})
+    commands = _bench_commands(ctx, out)
+    workloads = E2E if ctx.gpu else SIM_E2E
+    names = [*commands, *workloads]
+    plan = Schedule(ctx.left(), [BENCH_SHARES[n][0 if ctx.gpu else 1] for n in names])
+    env = {**ctx.env, **({} if ctx.gpu else SIM_TORCH)}
+    steps, rows, e2e = [], [], []
+    for i, name in enumerate(names):
+        limit = plan.limit(i)
+        if name in commands:
+            cmd, item_env = commands[name]
+            steps.append(ctx.run(name, cmd, limit, item_env))
+            rows.append(_plan_row(name, plan.shares[i], limit, steps[-1]))
             continue
-        folder = out / workload
-        steps.append(ctx.run(f"torch_e2e {workload}", [ctx.torch_python, "bench/torch_e2e.py", "--backend",
-                                                       ctx.backend, "--workloads", workload, "--timeout", "200",
-                                                       *size, "--out", str(folder)], 420, env))
-        e2e += _read_json(folder / "torch_e2e.json").get("results", [{"workload": workload, "not run": "no result"}])
-    ok = all(step["rc"] == 0 for step in steps[:6]) and bool(foundation) and all(
+        size = GPU_STEPS.get(name, []) if ctx.gpu else ["--size", "small", "--steps", "2", "--warmup", "1"]
+        folder = out / name
+        # the workload's own budget ends a few seconds before its limit: its report is written in time
+        steps.append(ctx.run(f"torch_e2e {name}", [ctx.torch_python, "bench/torch_e2e.py", "--backend", ctx.backend,
+                                                   "--workloads", name, "--budget", f"{max(limit - 4, 10):.0f}",
+                                                   *size, "--out", str(folder)], limit, env))
+        result = _read_json(folder / "torch_e2e.json").get("results", [{"workload": name, "native": {}, "remote": {
+            "error": f"no result ({_outcome(steps[-1])})"}}])
+        e2e += result
+        rows.append(_plan_row(name, plan.shares[i], limit, steps[-1], result[0]))
+    ok = all(step["rc"] == 0 for step in steps[:len(commands)]) and bool(_read_json(out / "foundation.json")) and all(
         "error" not in r.get("remote", {"error": 1}) and (not ctx.gpu or "error" not in r.get("native", {}))
         for r in e2e)
-    benches = {"foundation": foundation, "foundation_markdown": _markdown(out / "foundation.md")}
-    for name in ("graphs", "async_calls", "native_lane", "server_calls", "allocators"):
-        benches |= {name: _read_json(out / f"{name}.json"), f"{name}_markdown": _markdown(out / f"{name}.md")}
-    return {"ok": ok, **benches, "torch_e2e": e2e, "steps": [_brief(s, 12) for s in steps]}
+    return {"ok": ok, "plan": rows, **_results(out, commands), "torch_e2e": e2e,
+            "steps": [_brief(step, 12) for step in steps]}
+
+
+def _results(out: Path, names: Iterable[str]) -> dict[str, Any]:
+    """Each benchmark's JSON and Markdown, as `out` holds them."""
+    return {k: v for name in names for k, v in ((name, _read_json(out / f"{name}.json")),
+                                                 (f"{name}_markdown", _markdown(out / f"{name}.md")))}
+
+
+def _outcome(step: dict[str, Any]) -> str:
+    return "done" if step["rc"] == 0 else "cut at its limit" if step["rc"] is None else f"exit {step['rc']}"
+
+
+def _plan_row(name: str, share: float, limit: float, step: dict[str, Any],
+              e2e: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What an item of the stage was given and took, and for a workload the steps each run timed."""
+    row = {"item": name, "share_s": round(share), "limit_s": round(limit), "seconds": step["seconds"],
+           "outcome": _outcome(step)}
+    if e2e is not None:
+        runs = {side: e2e.get(side, {}) for side in ("native", "remote")}
+        row["steps"] = {side: run.get("steps", len(run.get("steps_s", []))) for side, run in runs.items()
+                        if "steps_s" in run}
+        row["steps_asked"] = next((run["steps_asked"] for run in runs.values() if "steps_asked" in run), None)
+    return row
 
 
 def _markdown(path: Path) -> str:
@@ -588,12 +649,18 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 # ---- stage 4: xpu-perf validate -------------------------------------------------------------------------
+# On a GPU each run is a PyTorch process of ~11 s, and a validation is 3 recordings and a run per link: one workload
+# over one link (the farthest from the recording's loopback) fits the call's share; the sim runs the wider grid.
+PERF_E2E = ("mlp_train",)
+SIM_PERF_E2E = ("mlp_train", "cnn_infer_b1")
+
+
 def stage_perf(ctx: Context) -> dict[str, Any]:
-    grid = ["--rtt-us", "0,200,1000", "--gbps", "0,10"] if ctx.gpu else ["--rtt-us", "0,200", "--gbps", "0"]
-    size = ["--steps", "20"] if ctx.gpu else ["--steps", "2", "--warmup", "1", "--size", "small"]
+    grid = ["--rtt-us", "1000", "--gbps", "0"] if ctx.gpu else ["--rtt-us", "0,200", "--gbps", "0"]
+    size = ["--steps", "10"] if ctx.gpu else ["--steps", "2", "--warmup", "1", "--size", "small"]
     env = {**ctx.env, **({} if ctx.gpu else SIM_TORCH)}
     results, steps = [], []
-    for workload in ("mlp_train", "cnn_infer_b1"):
+    for workload in PERF_E2E if ctx.gpu else SIM_PERF_E2E:
         step = ctx.run(f"xpu-perf validate {workload}", [
             ctx.python, "-m", "xpuremote.perfmodel.cli", "validate", "--backend", ctx.backend, "--repeat", "1",
             *grid, "--json", "--", ctx.torch_python, "bench/torch_e2e.py", "--run", workload, *size], 280, env)
@@ -627,17 +694,41 @@ def stage_answers(ctx: Context) -> dict[str, Any]:
 
 
 # ---- stage 6: where a PyTorch step's time goes, call by call ---------------------------------------------
-CALLS_E2E = ("gpt2_generate", "cnn_infer_b1")  # the two furthest from native on the H200
-CALLS_CPU = ("cnn_infer_b1", "mlp_train")  # the client's CPU a call: cuDNN's calls, cuBLAS's and cuBLASLt's
-SIM_CALLS_CPU = ("cnn_infer_b1",)  # the dry run's: one is enough to show the command works
+# One workload on a GPU, in the call's share (a trace of gpt2_generate alone took 50-56 s, and a trace turns the
+# client's C paths off: client_cpu says more about it); the sim's two are quick.
+CALLS_E2E = ("cnn_infer_b1",)  # the furthest from native of the quick ones: cuDNN's calls
+CALLS_CPU = ("cnn_infer_b1",)  # the client's CPU a call, untraced
+
+
+def _calls_commands(ctx: Context, out: Path) -> dict[str, list[str]]:
+    """The CPU each side spends a call: libcudart's async calls (both ends), the worker's lane records and its
+    math-library calls. On a GPU with 3 repeats (native_lane's and server_calls' medians of 5 moved under 10% from
+    one run to the next) and async_calls with 100,000 calls (0.1 s of its lane's)."""
+    if ctx.gpu:
+        sizes = {"async_calls": ["--calls", "100000", "--repeats", "3"], "native_lane": ["--repeats", "3"],
+                 "server_calls": ["--repeats", "3"]}
+    else:
+        sizes = {"async_calls": ["--calls", "20000", "--repeats", "1"], "native_lane": ["--records", "5000"],
+                 "server_calls": ["--rounds", "200"]}
+    backend = {"async_calls": ctx.backend, "native_lane": "cuda" if ctx.gpu else "stand-in",
+               "server_calls": "cuda" if ctx.gpu else "stand-in"}
+    return {name: [ctx.python, f"bench/{name}.py", "--backend", backend[name], *sizes[name], "--out",
+                   str(out / f"{name}.json")] for name in sizes}
 
 
 def stage_calls(ctx: Context) -> dict[str, Any]:
-    """Each workload recorded (a warm-up, then 2 steps, the GPU's time measured), then `xpu-perf predict` at
-    the recorded link and `xpu-perf calls` over the run's second half (past the warm-up)."""
+    """The CPU a call costs each side (bench/async_calls.py, native_lane.py, server_calls.py); each workload recorded
+    (a warm-up, then 2 steps, the GPU's time measured), then `xpu-perf predict` at the recorded link and `xpu-perf
+    calls` over the run's second half (past the warm-up); bench/client_cpu.py, the client's CPU a call untraced."""
+    out = WORK / "calls"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    commands = _calls_commands(ctx, out)
+    steps = [ctx.run(name, cmd, 180) for name, cmd in commands.items()]
+    benches_ok = all(step["rc"] == 0 for step in steps)
     size = [] if ctx.gpu else ["--size", "small"]
     env = {**ctx.env, **({} if ctx.gpu else SIM_TORCH), "XPU_TRACE_GPU": "1"}  # is the GPU busy, or waiting?
-    results, steps = [], []
+    results = []
     for workload in CALLS_E2E if ctx.gpu else SIM_E2E:
         path = WORK / f"{workload}.trace"
         path.unlink(missing_ok=True)
@@ -655,20 +746,26 @@ def stage_calls(ctx: Context) -> dict[str, Any]:
                                                    str(path)], 120))
         results.append({"workload": workload, "predict": predict, "calls": _last_json(steps[-1]["output"])})
         path.unlink(missing_ok=True)  # large; the tables are what comes back
-    out = WORK / "client_cpu.json"  # the same steps untraced: the client's CPU a call, its C paths on
-    out.unlink(missing_ok=True)
+    cpu_out = out / "client_cpu.json"  # the same steps untraced: the client's CPU a call, its C paths on
     steps.append(ctx.run("client_cpu", [ctx.python, "bench/client_cpu.py", "--backend", ctx.backend, "--repeats", "1",
-                                        "--workloads", ",".join(CALLS_CPU if ctx.gpu else SIM_CALLS_CPU), "--out",
-                                        str(out)], 240, {**ctx.env, "XPU_TORCH_PYTHON": ctx.torch_python}))
-    client_cpu = _read_json(out)
-    ok = all("error" not in r and r["predict"] and r["calls"] for r in results) and bool(client_cpu)
-    return {"ok": ok, "workloads": results, "client_cpu": client_cpu,
-            "client_cpu_markdown": _markdown(out.with_suffix(".md")), "steps": [_brief(s, 12) for s in steps]}
+                                        "--workloads", ",".join(CALLS_CPU), "--out", str(cpu_out)], 240,
+                         {**ctx.env, "XPU_TORCH_PYTHON": ctx.torch_python}))
+    client_cpu = _read_json(cpu_out)
+    ok = benches_ok and all("error" not in r and r["predict"] and r["calls"] for r in results) and bool(client_cpu)
+    return {"ok": ok, **_results(out, commands), "workloads": results, "client_cpu": client_cpu,
+            "client_cpu_markdown": _markdown(cpu_out.with_suffix(".md")), "steps": [_brief(s, 12) for s in steps]}
 
 
 STAGES: dict[str, Callable[[Context], dict[str, Any]]] = {
     "1": stage_suite, "2": stage_programs, "3": stage_bench, "4": stage_perf, "5": stage_answers, "6": stage_calls}
 STAGE_NAMES = {"1": "suite", "2": "programs", "3": "bench", "4": "perf", "5": "answers", "6": "calls"}
+# The one call: the stages that time something first, alone, then the others; the suite takes what is left.
+DEFAULT_STAGES = "3,6,4,2,5,1"
+CALL_LIMIT = 550  # seconds for the whole command: a 10-minute call with the machine's start and the transfers
+# Each stage's share of the call, in seconds (on a GPU, on the sim): what it took in the recorded runs with this
+# plan's sizes (docs/gpu-check.md), the set-up's ~15 s aside. The bench stage never runs past BENCH_MOST.
+STAGE_SHARES = {"3": (335, 150), "6": (65, 60), "4": (45, 60), "2": (85, 90), "5": (5, 30), "1": (0, 30)}
+BENCH_MOST = 345  # the issue's bound for every figure of stage 3 is 6 minutes
 
 
 # ---- the report --------------------------------------------------------------------------------------
@@ -683,7 +780,7 @@ def markdown(report: dict[str, Any]) -> str:
              f"Python headers and libpython: {report['setup'].get('python_files', '-')}", ""]
     for key, stage in report["stages"].items():
         lines += [f"## Stage {key}: {STAGE_NAMES[key]} — {'pass' if stage.get('ok') else 'FAIL'} "
-                  f"({stage.get('seconds', 0):.0f} s)", ""]
+                  f"({stage.get('seconds', 0):.0f} s of its {stage.get('limit', '-')})", ""]
         lines += SECTIONS[key](stage) if "why" not in stage else [f"Not run: {stage['why']}"]
         lines.append("")
     return "\n".join(lines) + "\n"
@@ -703,9 +800,9 @@ def _md_programs(stage: dict[str, Any]) -> list[str]:
 
 
 def _md_bench(stage: dict[str, Any]) -> list[str]:
-    out = [re.sub(r"^#", "###", line) for line in stage.get("foundation_markdown", "").splitlines()]
-    for key in ("graphs_markdown", "async_calls_markdown", "native_lane_markdown", "server_calls_markdown",
-                "allocators_markdown"):
+    out = _md_plan(stage.get("plan", []))
+    out += ["", *(re.sub(r"^#", "###", line) for line in stage.get("foundation_markdown", "").splitlines())]
+    for key in ("graphs_markdown", "allocators_markdown"):
         out += ["", *(re.sub(r"^#", "###", line) for line in stage.get(key, "").splitlines())]
     out += ["", "### PyTorch end to end", "", "| workload | native ms/step | xpuremote ms/step | slowdown | "
             "CPU ms/step: native; application, server |", "|---|---|---|---|---|"]
@@ -716,6 +813,20 @@ def _md_bench(stage: dict[str, Any]) -> list[str]:
             continue
         ratio = f"{x['median_ms'] / n['median_ms']:.2f}x" if "median_ms" in n and "median_ms" in x else "-"
         out.append(f"| {r['workload']} | {_cell(n)} | {_cell(x)} | {ratio} | {cpu_split(n, x)} |")
+    return out
+
+
+def _md_plan(rows: list[dict[str, Any]]) -> list[str]:
+    """Each item's share of the stage, its limit (its share and what the items before it left), what it took."""
+    if not rows:
+        return []
+    out = ["| item | share s | limit s | took s | outcome | steps timed (native, xpuremote) |",
+           "|---|---:|---:|---:|---|---|"]
+    for r in rows:
+        steps = ", ".join(str(r["steps"].get(side, "-")) for side in ("native", "remote")) if "steps" in r else ""
+        asked = f" of {r['steps_asked']}" if steps and r.get("steps_asked") else ""
+        out.append(f"| {r['item']} | {r['share_s']} | {r['limit_s']} | {r['seconds']:.0f} | {r['outcome']} | "
+                   f"{steps}{asked} |")
     return out
 
 
@@ -743,6 +854,8 @@ def _md_answers(stage: dict[str, Any]) -> list[str]:
 
 def _md_calls(stage: dict[str, Any]) -> list[str]:
     out = []
+    for key in ("async_calls_markdown", "native_lane_markdown", "server_calls_markdown"):
+        out += [*(re.sub(r"^#", "###", line) for line in stage.get(key, "").splitlines()), ""]
     for w in stage.get("workloads", []):
         out += [f"### {w['workload']}", ""]
         if "error" in w:
@@ -774,6 +887,17 @@ def _seconds(value: float | None) -> str:
 SECTIONS = {"1": _md_suite, "2": _md_programs, "3": _md_bench, "4": _md_perf, "5": _md_answers, "6": _md_calls}
 
 
+def _stage(ctx: Context, key: str, set_up: bool, limit: float) -> dict[str, Any]:
+    if not set_up:
+        return {"ok": False, "why": "set-up failed"}
+    if limit < 5:
+        return {"ok": False, "why": f"no time left in the call ({limit:.0f} s)"}
+    try:
+        return STAGES[key](ctx)
+    except Exception as exc:  # noqa: BLE001 - one stage's crash must not lose the others' results
+        return {"ok": False, "why": f"{type(exc).__name__}: {exc}"}
+
+
 def run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     WORK.mkdir(parents=True, exist_ok=True)
@@ -783,23 +907,24 @@ def run(args: argparse.Namespace) -> int:
         # a path, since the benches that take XPU_TORCH_PYTHON look for the file
         torch_python = args.torch_python or args.python
         ctx = Context(args.backend, args.python, shutil.which(torch_python) or torch_python, args.bundle.resolve(), log,
-                      args.suite_limit, args.bench_limit, env)
+                      env)
         facts = environment(ctx)
         report: dict[str, Any] = {"command": shlex.join(sys.argv), "when": time.strftime("%Y-%m-%d %H:%M:%S %z"),
                                   "backend": args.backend, "environment": facts, "stages": {}}
+        call_end = time.monotonic() + args.call_limit
         started = time.monotonic()
         report["setup"] = setup(ctx, facts)
         report["setup"]["seconds"] = round(time.monotonic() - started, 1)
-        for key in args.stages.split(","):
-            started = time.monotonic()
-            if not report["setup"]["ok"]:
-                result = {"ok": False, "why": "set-up failed"}
-            else:
-                try:
-                    result = STAGES[key](ctx)
-                except Exception as exc:  # noqa: BLE001 - one stage's crash must not lose the others' results
-                    result = {"ok": False, "why": f"{type(exc).__name__}: {exc}"}
-            report["stages"][key] = {**result, "stage": STAGE_NAMES[key], "seconds": round(time.monotonic() - started)}
+        keys = args.stages.split(",")
+        plan = Schedule(call_end - time.monotonic(), [STAGE_SHARES[k][0 if ctx.gpu else 1] for k in keys])
+        most = {"1": args.suite_limit, "3": args.bench_limit or (BENCH_MOST if ctx.gpu else None)}
+        for i, key in enumerate(keys):
+            started, limit = time.monotonic(), plan.limit(i, most.get(key))
+            ctx.deadline = started + limit
+            print(f"stage {key} ({STAGE_NAMES[key]}): up to {limit:.0f} s", flush=True)
+            result = _stage(ctx, key, report["setup"]["ok"], limit)
+            report["stages"][key] = {**result, "stage": STAGE_NAMES[key], "limit": round(limit),
+                                     "seconds": round(time.monotonic() - started)}
             print(f"stage {key} ({STAGE_NAMES[key]}): {'pass' if result['ok'] else 'FAIL'}", flush=True)
             (args.out / "gpu-check.json").write_text(json.dumps(report, indent=1) + "\n")  # after each stage
             (args.out / "gpu-check.md").write_text(markdown(report))
@@ -818,11 +943,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--bundle", type=Path, default=ROOT / "gpu-bundle")
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--backend", choices=["cuda", "sim"], default="cuda")
-    r.add_argument("--stages", default=",".join(STAGES))
+    r.add_argument("--stages", default=DEFAULT_STAGES, help=f"in order (default {DEFAULT_STAGES})")
     r.add_argument("--python", default=sys.executable, help="the Python that runs the checks (default: this one)")
     r.add_argument("--torch-python", help="a Python with torch (default: --python)")
-    r.add_argument("--suite-limit", type=float, default=540, help="seconds for stage 1's pytest (default 540)")
-    r.add_argument("--bench-limit", type=float, default=540, help="seconds for stage 3 (default 540)")
+    r.add_argument("--call-limit", type=float, default=CALL_LIMIT,
+                   help=f"seconds for the whole command, shared among the stages (default {CALL_LIMIT})")
+    r.add_argument("--suite-limit", type=float, help="at most this many seconds for stage 1 (default: what is left)")
+    r.add_argument("--bench-limit", type=float, help=f"at most this many seconds for stage 3 (default {BENCH_MOST} on "
+                                                     "a GPU)")
     args = parser.parse_args(argv)
     if args.verb == "bundle":
         return bundle(args.out, args.python_version, args.headers_from)

@@ -184,27 +184,45 @@ def build(name: str, torch: Any, size: str = "full") -> tuple[Callable[[], Any],
     raise SystemExit(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
 
 
-def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP) -> dict[str, Any]:
-    """One workload in this process: per-step times after warm-up, and a checksum."""
+def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP,
+            stop_at: float | None = None) -> dict[str, Any]:
+    """One workload in this process: per-step times after warm-up, and a checksum. With `stop_at` (a
+    time.time()), the steps stop there, after at least one: fewer steps, not none."""
     import torch
 
     step, checksum = build(name, torch, size)
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    cpu, workers = time.process_time(), workers_cpu_s()
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    cpu = time.process_time() - cpu
-    served = sum(now - workers.get(pid, 0.0) for pid, now in workers_cpu_s().items())
+    at: dict[str, Any] = {}  # this process's CPU and the workers' when the timed steps begin
+
+    def begin() -> None:
+        at.update(cpu=time.process_time(), workers=workers_cpu_s())
+
+    times = time_steps(step, torch.cuda.synchronize, steps, warmup, stop_at, begin)
+    cpu = time.process_time() - at["cpu"]
+    served = sum(now - at["workers"].get(pid, 0.0) for pid, now in workers_cpu_s().items())
     return {"workload": name, "steps_s": times, "median_ms": 1000 * statistics.median(times), "checksum": checksum(),
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-            "max_allocated": torch.cuda.max_memory_allocated(),
-            "cpu_ms": 1000 * cpu / steps, "server_cpu_ms": 1000 * served / steps}
+            "max_allocated": torch.cuda.max_memory_allocated(), "steps": len(times), "steps_asked": steps,
+            "cpu_ms": 1000 * cpu / len(times), "server_cpu_ms": 1000 * served / len(times)}
+
+
+def time_steps(step: Callable[[], Any], sync: Callable[[], Any], steps: int, warmup: int,
+               stop_at: float | None = None, begin: Callable[[], None] = lambda: None) -> list[float]:
+    """`warmup` steps, then `begin()` and up to `steps` timed ones (each ended by `sync`). Past `stop_at` (a
+    time.time()) the warm-up ends after its first step and the timing after its first timed step."""
+    late = lambda: stop_at is not None and time.time() >= stop_at  # noqa: E731
+    for i in range(warmup):
+        if i and late():
+            break
+        step()
+    sync()
+    begin()
+    times: list[float] = []
+    while len(times) < steps and not (times and late()):
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def workers_cpu_s() -> dict[int, float]:
@@ -225,21 +243,47 @@ def workers_cpu_s() -> dict[int, float]:
 
 # ---- the comparison ---------------------------------------------------------------------------------
 def measure(name: str, steps: int, remote: bool, server: str | None, timeout_s: float,
-            size: str = "full", warmup: int = WARMUP, backend: str = "cuda") -> dict[str, Any]:
+            size: str = "full", warmup: int = WARMUP, backend: str = "cuda", stop_at: float | None = None
+            ) -> dict[str, Any]:
     me = [sys.executable, str(Path(__file__).resolve()), "--run", name, "--steps", str(steps), "--size", size,
-          "--warmup", str(warmup)]
+          "--warmup", str(warmup), *(["--stop-at", repr(stop_at)] if stop_at else [])]
     cmd = me
     if remote:
         cmd = [sys.executable, "-m", "xpuremote.interpose.run", *(["--server", server] if server else []),
                "--backend", backend, "--", *me]
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+        return {"workload": name, "error": f"cut at its limit of {timeout_s:.0f} s", "wall_s": timeout_s,
+                "said": _xpuremote_lines(said)}
     wall = time.perf_counter() - started
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
         return {"workload": name, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-1500:]}", "wall_s": wall,
                 "said": _xpuremote_lines(proc.stderr)}
     return {**json.loads(lines[-1]), "wall_s": wall}
+
+
+# With --budget, the share of a workload's seconds after which each run stops timing steps, and the share after
+# which the native run is cut: the run through xpuremote starts later and is the slower.
+NATIVE_STEPS_UNTIL, NATIVE_CUT_AT = 0.4, 0.6
+
+
+def runs_of(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The workload natively (on a GPU) and through xpuremote, inside --budget seconds if given."""
+    begun, budget = time.time(), args.budget
+    native_stop = begun + NATIVE_STEPS_UNTIL * budget if budget else None
+    native_limit = min(args.timeout, NATIVE_CUT_AT * budget) if budget else args.timeout
+    native = (measure(name, args.steps, False, None, native_limit, args.size, args.warmup, stop_at=native_stop)
+              if args.backend == "cuda" else {"workload": name, "skipped": "no GPU: the sim backend"})
+    # the run through xpuremote stops its steps a little before the budget's end, for its exit
+    remote_stop = begun + budget - min(3.0, 0.05 * budget) if budget else None
+    remote_limit = min(args.timeout, max(5.0, begun + budget - time.time())) if budget else args.timeout
+    remote = measure(name, args.steps, True, args.server, remote_limit, args.size, args.warmup, args.backend,
+                     remote_stop)
+    return native, remote
 
 
 def _xpuremote_lines(stderr: str, most: int = 30) -> list[str]:
@@ -292,19 +336,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=WARMUP)
     parser.add_argument("--backend", choices=["cuda", "sim"], default="cuda",
                         help="of the local server; sim: no native run (no GPU), and set XPU_SIM_SKIP_KERNELS=1")
+    parser.add_argument("--budget", type=float, default=0,
+                        help="seconds for each workload, both runs: their steps stop in time (at least one each)")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # one workload in this process
+    parser.add_argument("--stop-at", type=float, help=argparse.SUPPRESS)  # --run's steps end there (time.time())
     args = parser.parse_args(argv)
     if args.run:  # one or more workloads, one after the other in this process: a JSON line each
         for name in args.run.split(","):
-            print(json.dumps(run_one(name, args.steps, args.size, args.warmup)), flush=True)
+            print(json.dumps(run_one(name, args.steps, args.size, args.warmup, args.stop_at)), flush=True)
         return 0
     if args.out is None:
         parser.error("--out DIR is required")
     results = []
     for name in filter(None, args.workloads.split(",")):
-        native = (measure(name, args.steps, False, None, args.timeout, args.size, args.warmup)
-                  if args.backend == "cuda" else {"workload": name, "skipped": "no GPU: the sim backend"})
-        remote = measure(name, args.steps, True, args.server, args.timeout, args.size, args.warmup, args.backend)
+        native, remote = runs_of(name, args)
         results.append({"workload": name, "native": native, "remote": remote})
         print(f"{name}: native {_said(native)}, xpuremote {_said(remote)}", file=sys.stderr)
         print("".join(f"  {line}\n" for line in remote.get("said", [])), end="", file=sys.stderr)
