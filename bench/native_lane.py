@@ -4,10 +4,11 @@ same records run in Python, in process, beside the driver calls alone made from 
     python bench/native_lane.py [--backend cuda|stand-in] [--records N] [--out bench/results/native-lane.json]
 
 A cuda-backend session (Accounted over CudaBackend, as a worker has it) runs lanes of `cuMemsetD8Async` records
-(into one allocation, and over 1,000) and lanes of `xpuLaunchKernel` records (a saxpy of n = 0, so the GPU does
-nothing): CPU time of this process per record. `cuda` uses NVIDIA's libcuda (a GPU); `stand-in` uses xpuremote's
-own shim chained to a sim server started here (named as such: its figures include the stand-in's own client, the
-same for both ways).
+(into one allocation, and over 1,000), lanes of `xpuLaunchKernel` records (a saxpy of n = 0, so the GPU does
+nothing) and lanes of `cublasSgemm_v2` records as the shim queues them (4x4, host scalars in the record): CPU time
+of this process per record. `cuda` uses NVIDIA's libcuda and cuBLAS (a GPU); `stand-in` uses xpuremote's own shim
+and replacement cuBLAS chained to a sim server started here (named as such: its figures include the stand-in's
+own client, the same for both ways).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 CTX, STREAM, MODULE, SAXPY = 0x7C00_0000_1000, 0x7C00_0000_2000, 0x7C00_0000_4000, 0x7C00_0000_4010
+BLAS, N = 0x7C00_0000_5000, 4
 PER_LANE = 500
 ALLOCATIONS = 1000
 MANY = f"cuMemsetD8Async over {ALLOCATIONS:,} allocations"
@@ -68,6 +70,12 @@ def measure(records: int, repeats: int) -> dict[str, Any]:
                                    ctx=CTX)
               + struct.pack("<12Q", SAXPY, 1, 1, 1, 32, 1, 1, 0, STREAM, 0, len(blob), 0) + blob + bytes(4))
     lanes["xpuLaunchKernel"] = (launch * PER_LANE, PER_LANE)
+    batch(("cublasCreate_v2", [BLAS]), ("cublasSetStream_v2", [BLAS, STREAM]))
+    one = struct.unpack("<I", struct.pack("<f", 1.0))[0]
+    gemm = (abi.pack_lane_record(opcode=CALLS["cublasSgemm_v2"].opcode, nargs=14, scalar_size=4,
+                                 scalars=1 << 6 | 1 << 11, blob_at=abi.LANE_NO_BLOB, ctx=CTX)
+            + struct.pack("<14Q", BLAS, 0, 0, N, N, N, one, base, N, base + 4096, N, one, base + 8192, N))
+    lanes["cublasSgemm_v2"] = (gemm * PER_LANE, PER_LANE)
     figures: dict[str, Any] = {}
     for name, (data, count) in lanes.items():
         session.run_lane([data, len(data)])  # warm: registered, taught
@@ -81,6 +89,7 @@ def measure(records: int, repeats: int) -> dict[str, Any]:
     if session.deferred:
         raise RuntimeError(f"records failed: {session.deferred[:3]}")
     figures["driver"] = driver_alone(backend.inner, base, records, repeats)
+    figures["library"] = library_alone(backend.inner, session.handles[BLAS][1], base, records // 10, repeats)
     figures["in_c"] = session.native.calls if session.native else 0
     return figures
 
@@ -93,6 +102,20 @@ def driver_alone(cuda: Any, base: int, records: int, repeats: int) -> float:
         began = time.process_time()
         for i in range(records):
             fn(base + 256 * (i % 4096), i & 0xFF, 256, stream)
+        samples.append((time.process_time() - began) / records * 1e6)
+    return statistics.median(samples)
+
+
+def library_alone(cuda: Any, handle: int, base: int, records: int, repeats: int) -> float:
+    """The same GEMMs called straight from cffi: the library's own cost, with cffi's call on top."""
+    ffi, fn = cuda.ffi, cuda.library("cublas").cublasSgemm_v2
+    one, blas = ffi.new("float *", 1.0), ffi.cast("void *", handle)
+    a, b, c = (ffi.cast("void *", base + offset) for offset in (0, 4096, 8192))
+    samples = []
+    for _ in range(repeats):
+        began = time.process_time()
+        for _ in range(records):
+            fn(blas, 0, 0, N, N, N, one, a, N, b, N, one, c, N)
         samples.append((time.process_time() - began) / records * 1e6)
     return statistics.median(samples)
 
@@ -115,10 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             if args.backend == "stand-in":
+                from xpuremote.interpose.build import LIBRARY_NAMES
+
                 sim, stand_in = start_stand_in(Path(tmp) / "sim.log",
                                                {"XPU_SIM_KERNELS": str(HERE.parent / "tests" / "sim_kernels.py")})
                 servers.append(sim)
-                env |= stand_in
+                env |= stand_in | {"XPU_CUBLAS_LIBRARY": str(Path(stand_in["XPU_CUDA_LIBRARY"]).parent
+                                                             / LIBRARY_NAMES[0])}
             rows = {}
             for way, flag in (("in C", "1"), ("in Python", "0")):
                 rows[way] = child_figures([sys.executable, __file__, "--measure", flag, "--records", str(args.records),
@@ -141,12 +167,12 @@ def markdown(result: dict[str, Any]) -> str:
              f"of {result['repeats']}; load average after {[round(x, 2) for x in result['load']]}. In process: "
              "a cuda-backend session runs the lanes.", "",
              "| record | in C, µs | in Python, µs | Python / C |", "|---|---:|---:|---:|"]
-    for kind in ("cuMemsetD8Async", MANY, "xpuLaunchKernel"):
+    for kind in ("cuMemsetD8Async", MANY, "xpuLaunchKernel", "cublasSgemm_v2"):
         c, py = rows["in C"][kind], rows["in Python"][kind]
         lines.append(f"| {kind} | {c:.2f} | {py:.2f} | {py / c:.1f}x |")
     lines += ["", f"The same memsets called straight from cffi (the driver's own cost with cffi's call on top): "
-              f"{rows['in C']['driver']:.2f} µs. Records run in C: {rows['in C']['in_c']:,} (in the Python run: "
-              f"{rows['in Python']['in_c']})."]
+              f"{rows['in C']['driver']:.2f} µs; the same GEMMs: {rows['in C']['library']:.2f} µs. Records run in C: "
+              f"{rows['in C']['in_c']:,} (in the Python run: {rows['in Python']['in_c']})."]
     return "\n".join(lines) + "\n"
 
 

@@ -46,6 +46,8 @@
 #define XPU_KEPT_POINTER_SETS 256
 /* failed records one run of server/native_lane.c reports before it hands back */
 #define XPU_NATIVE_FAILURES 64
+/* records server/native_lane.c keeps as run by Python (a power of two); at half, it starts over */
+#define XPU_NATIVE_VETTED 4096
 /* the core's op numbers of the math libraries start here */
 #define XPU_OP_LIBRARY 1048576
 /* a math library's op numbers: OP_LIBRARY + (library << OP_LIBRARY_SHIFT) + op */
@@ -111,15 +113,18 @@ enum {
     XPU_OP_PRIMARY_CTX = 0, XPU_OP_INTEGRITY = 1, XPU_OP_UNKNOWN_SLOT = 2, XPU_OP_EXIT = 3,
     XPU_OP_UNKNOWN_TABLE = 4, XPU_OP_CONTEXT_KIND = 5, XPU_OP_NVML = 6
 };
-/* a lane record argument's kind, for server/native_lane.c */
-enum {
-    XPU_NATIVE_ARG_INT = 0, XPU_NATIVE_ARG_HANDLE = 1, XPU_NATIVE_ARG_BLOB = 2
-};
-/* how server/native_lane.c calls an op's driver function: its arguments as they are (integers and handles, up to
- * 8), or as cuLaunchKernel takes xpuLaunchKernel's
+/* a lane record argument's kind, for server/native_lane.c: a number, a handle, the blob's bytes, a host scalar's
+ * bytes in its slot (passed by their address)
  */
 enum {
-    XPU_NATIVE_CALL_PLAIN = 0, XPU_NATIVE_CALL_LAUNCH = 1
+    XPU_NATIVE_ARG_INT = 0, XPU_NATIVE_ARG_HANDLE = 1, XPU_NATIVE_ARG_BLOB = 2, XPU_NATIVE_ARG_SCALAR = 3
+};
+/* how server/native_lane.c calls an op's function: its arguments as they are (integers and handles, up to 8), as
+ * cuLaunchKernel takes xpuLaunchKernel's, or (a math library's call, up to LANE_ARGS_MAX) only where the
+ * session's Python ran a record of the same values before
+ */
+enum {
+    XPU_NATIVE_CALL_PLAIN = 0, XPU_NATIVE_CALL_LAUNCH = 1, XPU_NATIVE_CALL_VETTED = 2
 };
 
 /* a fast-lane record's head, little-endian; `nargs` u64 arguments follow, then the blob that replaces argument

@@ -41,6 +41,8 @@ LIMITS: dict[str, tuple[int, str]] = {
     "KEPT_POINTER_SETS": (256, "variant packs' data pointers whose by-value scalars the core told C (a power of "
                           "two); full, or device memory changed, it starts over"),
     "NATIVE_FAILURES": (64, "failed records one run of server/native_lane.c reports before it hands back"),
+    "NATIVE_VETTED": (4096, "records server/native_lane.c keeps as run by Python (a power of two); at half, it "
+                      "starts over"),
     "OP_LIBRARY": (1 << 20, "the core's op numbers of the math libraries start here"),
     "OP_LIBRARY_SHIFT": (16, "a math library's op numbers: OP_LIBRARY + (library << OP_LIBRARY_SHIFT) + op"),
 }
@@ -79,9 +81,12 @@ ENUMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "OP": ("the core's own ops, numbered after the driver's symbols (the export tables' requests, exit); the "
            "NVML functions follow from OP_NVML", ("PRIMARY_CTX", "INTEGRITY", "UNKNOWN_SLOT", "EXIT",
                                                    "UNKNOWN_TABLE", "CONTEXT_KIND", "NVML")),
-    "NATIVE_ARG": ("a lane record argument's kind, for server/native_lane.c", ("INT", "HANDLE", "BLOB")),
-    "NATIVE_CALL": ("how server/native_lane.c calls an op's driver function: its arguments as they are (integers "
-                    "and handles, up to 8), or as cuLaunchKernel takes xpuLaunchKernel's", ("PLAIN", "LAUNCH")),
+    "NATIVE_ARG": ("a lane record argument's kind, for server/native_lane.c: a number, a handle, the blob's bytes, "
+                   "a host scalar's bytes in its slot (passed by their address)", ("INT", "HANDLE", "BLOB", "SCALAR")),
+    "NATIVE_CALL": ("how server/native_lane.c calls an op's function: its arguments as they are (integers and "
+                    "handles, up to 8), as cuLaunchKernel takes xpuLaunchKernel's, or (a math library's call, up to "
+                    "LANE_ARGS_MAX) only where the session's Python ran a record of the same values before",
+                    ("PLAIN", "LAUNCH", "VETTED")),
 }
 
 # Field types: u8..u64, i32, i64, or another record's name. A count is a number or a limit's name, or a

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from xpuremote.protocol import errors, fatbin, mathlibs, memprops, wire
+from xpuremote.protocol import abi, errors, fatbin, mathlibs, memprops, wire
 from xpuremote.protocol.calls import CALLS, Call, Extent, Param
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import (
@@ -255,6 +255,8 @@ class Accounted(Backend):
         arguments, the argument holding the one device address or -1, its length's, bytes per unit of the
         length, a blob's largest size). None: the call runs in Python."""
         found = getattr(self.inner, "native_function", lambda call: None)(call)
+        if found is not None and found[1] == abi.NATIVE_CALL_VETTED:  # a record run here first: checked here
+            return None if call.family in _ACCOUNTED or call.family in EMBEDDING else (*found, -1, -1, 0, 0)
         params = _address_params(call)
         if found is None or len(params) > 1 or (params and params[0][2].length is None):
             return None

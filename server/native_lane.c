@@ -9,6 +9,11 @@
  * usual way and says what is wrong with it. So a record runs here only where Python would have
  * run the same call with the same values.
  *
+ * A math library's call (XPU_NATIVE_CALL_VETTED: a GEMM names several device ranges, sized by its numbers and
+ * types) is run here only where Python ran a record of the same values before (its host scalars' bytes apart,
+ * passed by their address in the record): Python vets each record it ran (xpu_native_vet), and everything
+ * vetted is forgotten with the handles and ranges. PyTorch's steady steps repeat their GEMMs' values exactly.
+ *
  * A record is a struct xpu_lane_record (protocol/records.py), its arguments (u64 each) and its blob,
  * padded to 8 bytes. */
 #include <stdint.h>
@@ -23,6 +28,9 @@
  * are abi.h's. */
 
 typedef int (*xpu_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
+#define XPU_U64_32 uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t
+typedef int (*xpu_vetted_fn)(XPU_U64_32, XPU_U64_32, XPU_U64_32, XPU_U64_32);  /* extra arguments are ignored */
+_Static_assert(XPU_LANE_ARGS_MAX <= 32, "a VETTED call passes 32 arguments");
 typedef int (*xpu_launch_fn)(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by,
                              uint32_t bz, uint32_t shared, uint64_t stream, void **params, void **extra);
 
@@ -36,7 +44,12 @@ struct xpu_native_op {
     int32_t address, length;         /* the device address's argument and its length's, or -1 */
     uint64_t scale;                  /* bytes per unit of the length */
     int32_t blob, blob_size;         /* the blob's argument and the one that says its size, or -1 */
+    uint32_t scalars;                /* a bit per SCALAR argument: the record's `scalars` */
 };
+
+/* A record Python ran: its head, its arguments (host scalars' slots zeroed) and its blob. */
+struct xpu_native_vetted { uint64_t hash; uint32_t len; unsigned char *key; };
+#define XPU_NATIVE_KEY (sizeof(struct xpu_lane_record) + 8 * XPU_LANE_ARGS_MAX + 4096)
 
 struct xpu_native_handle { uint64_t key, value; uint32_t family, used; };
 
@@ -46,11 +59,22 @@ struct xpu_native {
     uint32_t taught;
     uint64_t low[XPU_NATIVE_RANGES], high[XPU_NATIVE_RANGES];  /* by `low`: allocations do not overlap */
     uint32_t ranges;
+    struct xpu_native_vetted vetted[XPU_NATIVE_VETTED];
+    uint32_t vetted_count;
 };
 
 struct xpu_native *xpu_native_new(void) { return calloc(1, sizeof(struct xpu_native)); }
 
-void xpu_native_free(struct xpu_native *n) { free(n); }
+static void vetted_clear(struct xpu_native *n) {
+    for (int i = 0; i < XPU_NATIVE_VETTED; i++) free(n->vetted[i].key);
+    memset(n->vetted, 0, sizeof n->vetted);
+    n->vetted_count = 0;
+}
+
+void xpu_native_free(struct xpu_native *n) {
+    if (n) vetted_clear(n);
+    free(n);
+}
 
 static struct xpu_native_op *op_slot(struct xpu_native *n, uint32_t opcode) {
     uint32_t i = (opcode * 2654435761u) & (XPU_NATIVE_OPS - 1);
@@ -66,10 +90,14 @@ int xpu_native_op(struct xpu_native *n, uint32_t opcode, void *fn, uint32_t conv
     struct xpu_native_op *op = op_slot(n, opcode);
     int plain = convention == XPU_NATIVE_CALL_PLAIN && count <= 8 && blob < 0;
     int launch = convention == XPU_NATIVE_CALL_LAUNCH && count == 12 && blob == 9 && blob_size == 10;
-    if (!op || !fn || !(plain || launch)) return -1;
+    int vetted = convention == XPU_NATIVE_CALL_VETTED && count <= XPU_LANE_ARGS_MAX && address < 0
+                 && (blob < 0 || max[blob] <= 4096);
+    if (!op || !fn || !(plain || launch || vetted)) return -1;
     *op = (struct xpu_native_op){.opcode = opcode, .count = count, .fn = fn, .convention = convention,
                                  .address = address, .length = length, .scale = scale, .blob = blob,
                                  .blob_size = blob_size};
+    for (uint32_t i = 0; i < count; i++)
+        if (kind[i] == XPU_NATIVE_ARG_SCALAR) op->scalars |= 1u << i;
     memcpy(op->kind, kind, count);
     memcpy(op->family, family, count);
     memcpy(op->max, max, count * sizeof(uint64_t));
@@ -86,6 +114,63 @@ static struct xpu_native_handle *handle_slot(struct xpu_native *n, uint64_t key)
 void xpu_native_forget(struct xpu_native *n) {
     memset(n->handles, 0, sizeof n->handles);
     n->taught = n->ranges = 0;
+    vetted_clear(n);
+}
+
+/* The key of the record at `data` (its `count` arguments, `blob_len` bytes of blob) for `op`; its length. */
+static uint32_t record_key(const struct xpu_native_op *op, const uint8_t *data, uint32_t count, uint32_t blob_len,
+                           unsigned char *key) {
+    const uint32_t head = sizeof(struct xpu_lane_record);
+    memcpy(key, data, head + 8u * count + blob_len);
+    for (uint32_t i = 0; i < count; i++)
+        if (op->scalars >> i & 1) memset(key + head + 8u * i, 0, 8);
+    return head + 8u * count + blob_len;
+}
+
+static uint64_t key_hash(const unsigned char *key, uint32_t len) {
+    uint64_t h = 1469598103934665603ull;  /* FNV-1a */
+    for (uint32_t i = 0; i < len; i++) h = (h ^ key[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The entry of `key`, or the free one where it would go (its key NULL). */
+static struct xpu_native_vetted *vetted_slot(struct xpu_native *n, const unsigned char *key, uint32_t len,
+                                             uint64_t hash) {
+    uint32_t i = (uint32_t)hash & (XPU_NATIVE_VETTED - 1);
+    for (;; i = (i + 1) & (XPU_NATIVE_VETTED - 1))  /* never full: it starts over at half */
+        if (!n->vetted[i].key || (n->vetted[i].hash == hash && n->vetted[i].len == len
+                                  && !memcmp(n->vetted[i].key, key, len)))
+            return &n->vetted[i];
+}
+
+/* The record at `data` (`len` bytes) of a VETTED op ran in Python and passed the session's checks: a record of
+ * the same values may run here until everything taught is forgotten. */
+void xpu_native_vet(struct xpu_native *n, const uint8_t *data, uint64_t len) {
+    const uint64_t head = sizeof(struct xpu_lane_record);
+    if (len < head) return;
+    struct xpu_lane_record r;
+    memcpy(&r, data, head);
+    const struct xpu_native_op *op = op_slot(n, r.opcode);
+    if (!op || !op->fn || op->convention != XPU_NATIVE_CALL_VETTED || op->count != r.nargs || r.blob_len > 4096
+        || len < head + 8u * r.nargs + r.blob_len)
+        return;
+    unsigned char key[XPU_NATIVE_KEY];
+    uint32_t size = record_key(op, data, r.nargs, r.blob_len, key);
+    if (n->vetted_count >= XPU_NATIVE_VETTED / 2) vetted_clear(n);
+    uint64_t hash = key_hash(key, size);
+    struct xpu_native_vetted *v = vetted_slot(n, key, size, hash);
+    if (v->key || !(v->key = malloc(size))) return;
+    memcpy(v->key, key, size);
+    v->hash = hash, v->len = size;
+    n->vetted_count++;
+}
+
+static int is_vetted(struct xpu_native *n, const struct xpu_native_op *op, const uint8_t *data, uint32_t count,
+                     uint32_t blob_len) {
+    unsigned char key[XPU_NATIVE_KEY];
+    if (blob_len > 4096) return 0;
+    uint32_t size = record_key(op, data, count, blob_len, key);
+    return vetted_slot(n, key, size, key_hash(key, size))->key != NULL;
 }
 
 /* A handle Python has resolved: the client's value, its family, the driver's object. 1 where the table
@@ -134,13 +219,17 @@ static int in_range(const struct xpu_native *n, uint64_t address, uint64_t size)
     return i && size <= n->high[i - 1] - address && address < n->high[i - 1];
 }
 
-/* The driver's arguments for a record (its blob of `blob_len` bytes), or 0 where Python must run it. */
+/* The driver's arguments for a record (its arguments at `args`, its blob of `blob_len` bytes at `blob`), or 0
+ * where Python must run it. A blob and a host scalar go by their address in the record. */
 static int arguments(const struct xpu_native *n, const struct xpu_native_op *op, const uint64_t *in,
-                     uint64_t blob_len, uint64_t *out) {
+                     const uint8_t *args, const uint8_t *blob, uint64_t blob_len, uint64_t *out) {
     for (uint32_t i = 0; i < op->count; i++) {
         uint64_t v = in[i];
         if (op->kind[i] == XPU_NATIVE_ARG_BLOB) {
-            if (blob_len > op->max[i] || in[op->blob_size] != blob_len) return 0;
+            if (blob_len > op->max[i] || (op->blob_size >= 0 && in[op->blob_size] != blob_len)) return 0;
+            out[i] = (uint64_t)(uintptr_t)blob;
+        } else if (op->kind[i] == XPU_NATIVE_ARG_SCALAR) {
+            out[i] = (uint64_t)(uintptr_t)(args + 8u * i);
         } else if (op->kind[i] == XPU_NATIVE_ARG_INT) {
             if (v > op->max[i]) return 0;
             out[i] = v;
@@ -162,6 +251,10 @@ static int arguments(const struct xpu_native *n, const struct xpu_native_op *op,
 
 static int call(const struct xpu_native_op *op, const uint64_t *a, const uint8_t *blob, uint64_t blob_len) {
     if (op->convention == XPU_NATIVE_CALL_PLAIN) return ((xpu_fn)op->fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
+    if (op->convention == XPU_NATIVE_CALL_VETTED)
+        return ((xpu_vetted_fn)op->fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
+                                       a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23],
+                                       a[24], a[25], a[26], a[27], a[28], a[29], a[30], a[31]);
     size_t size = blob_len;
     void *extra[] = {(void *)1, (void *)blob, (void *)2, &size, NULL};  /* CU_LAUNCH_PARAM_BUFFER_*, END */
     return ((xpu_launch_fn)op->fn)(a[0], (uint32_t)a[1], (uint32_t)a[2], (uint32_t)a[3], (uint32_t)a[4],
@@ -182,13 +275,14 @@ void xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uin
         uint32_t opcode = r.opcode, blob_len = r.blob_len, count = r.nargs;
         const struct xpu_native_op *op = op_slot(n, opcode);
         int blob_ok = op && (op->blob < 0 ? r.blob_at == XPU_LANE_NO_BLOB && !blob_len : r.blob_at == op->blob);
-        if (!op || !op->fn || op->count != count || !blob_ok || r.ctx != ctx || r.scalars
+        if (!op || !op->fn || op->count != count || !blob_ok || r.ctx != ctx || r.scalars != op->scalars
             || len - pos - head < 8u * count + (uint64_t)blob_len)
             break;
+        if (op->convention == XPU_NATIVE_CALL_VETTED && !is_vetted(n, op, data + pos, count, blob_len)) break;
         uint64_t in[XPU_LANE_ARGS_MAX], out[XPU_LANE_ARGS_MAX] = {0};
         memcpy(in, data + pos + head, 8u * count);
-        if (!arguments(n, op, in, blob_len, out)) break;
         const uint8_t *blob = data + pos + head + 8u * count;
+        if (!arguments(n, op, in, data + pos + head, blob, blob_len, out)) break;
         int rc = call(op, out, blob, blob_len);
         uint64_t next = pos + head + 8u * count + (((uint64_t)blob_len + 7) & ~(uint64_t)7);
         pos = next < len ? next : len;  /* the blob's padding may run past the end, as Python reads it */

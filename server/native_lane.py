@@ -3,14 +3,18 @@
 Why: on an H200 the worker spent 4.2 µs of CPU on each lane record in Python, where the driver's
 own call takes about 1.2 (bench/results/gpu/2026-11-26-h200): decoding the record, checking its
 numbers, resolving its handles, checking its device range, then calling through cffi. That bounds
-the lane at about 240k calls a second, and every launch-bound PyTorch step with it.
+the lane at about 240k calls a second, and every launch-bound PyTorch step with it. A math library's
+call (a GEMM queued by the shim's C) cost 6.7-9.4 µs of the worker's CPU with the library's own work
+left out.
 
 How (native_lane.c): the session registers each op that may run in C (its driver function, each
 argument's kind and bound, its one device range), and teaches the C side each handle and each range
 only after a record that named them has passed the session's own checks in Python. Whenever a handle
 or a range goes away, the C side forgets all it was taught. A record the C side cannot vouch for
 goes back to the session, which runs it the usual way. So a record runs in C only where the
-session's Python would have run the same driver call with the same values.
+session's Python would have run the same driver call with the same values. A math library's call
+(VETTED) runs in C only where Python ran a record of the same values (host scalars' bytes apart) since
+the C side last forgot: its device ranges, sized by its numbers, are then the ones Python checked.
 
 XPU_NATIVE_LANE=0 keeps every record in Python. The library is built once per source, with the
 compiler Python was built with, into the shim's cache folder; where that fails, the lane stays in
@@ -47,6 +51,7 @@ int xpu_native_op(struct xpu_native *n, uint32_t opcode, void *fn, uint32_t conv
 void xpu_native_forget(struct xpu_native *n);
 int xpu_native_handle(struct xpu_native *n, uint64_t key, uint32_t family, uint64_t value);
 void xpu_native_range(struct xpu_native *n, uint64_t low, uint64_t high);
+void xpu_native_vet(struct xpu_native *n, const uint8_t *data, uint64_t len);
 void xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uint64_t *at, uint64_t ctx,
                     uint64_t *ran, uint32_t *failed_op, int32_t *status, uint32_t room, uint32_t *failures);
 """
@@ -144,6 +149,10 @@ class NativeLane:
     def teach_range(self, low: int, high: int) -> None:
         if low < high:
             self.lib.xpu_native_range(self.state, low, high)
+
+    def vet(self, record: Any) -> None:
+        """A record of a VETTED op that Python ran: one of the same values may run in C from now on."""
+        self.lib.xpu_native_vet(self.state, self.ffi.from_buffer("uint8_t[]", record), len(record))
 
     def run(self, data: Any, at: int, ctx: int) -> tuple[int, int, list[tuple[int, int]]]:
         """(where it stopped, records run, each failure's (opcode, status)): at the end, at a record for

@@ -281,13 +281,15 @@ class Session:
                     at = self.run_native(view, at, ctx)
                     if at >= len(view):
                         break
+                start = at
                 opcode, record_ctx, record, at = wire.lane_record(view, at)
-                ctx = self.run_record(opcode, record_ctx, record, ctx)
+                ctx = self.run_record(opcode, record_ctx, record, ctx, view[start:at])
         except wire.WireError as exc:
             raise CudaError(errors.INVALID_VALUE, str(exc)) from None
 
-    def run_record(self, opcode: int, record_ctx: int, record: list[Any], ctx: int | None) -> int | None:
-        """One lane record, in Python; the context current after it."""
+    def run_record(self, opcode: int, record_ctx: int, record: list[Any], ctx: int | None,
+                   raw: memoryview | None = None) -> int | None:
+        """One lane record (its bytes: `raw`), in Python; the context current after it."""
         entry = self.runners.get(opcode)
         call = entry[0] if entry is not None else BY_OPCODE.get(opcode)
         try:
@@ -303,7 +305,7 @@ class Session:
             record = call.from_slots(record)  # as the client's own path sends them
             entry[1](record)
             if self.native is not None and (op := self.native.ops.get(opcode)):
-                self.teach(op, record)
+                self.teach(op, record, raw)
         except CudaError as exc:
             self.defer_lane_failure(call.symbol if call is not None else "a lane record", exc)
         return ctx
@@ -316,10 +318,12 @@ class Session:
     # ---- the lane in C (native_lane.py) ----------------------------------------------------------
     def register_native(self, call: Call) -> None:
         """Tell the C side how to run `call`, where the backend has it as a C function and the session checks
-        no more than numbers' bounds, handles, one device range and a blob's size (the backend's native_call)."""
-        shape, native_call = _native_shape(call), getattr(self.backend, "native_call", None)
+        no more than numbers' bounds, handles, one device range and a blob's size (the backend's native_call);
+        or, a math library's call, where it is a record of the same values as one the session ran (VETTED)."""
+        shape = _native_shape(call) if call.library == "cuda" else _vetted_shape(call)
+        native_call = getattr(self.backend, "native_call", None)
         if (shape is None or native_call is None or call.destroys or self.gpu_timer or not call.sent
-                or call.library != "cuda" or (found := native_call(call)) is None):
+                or (found := native_call(call)) is None):
             return
         if self.native is None:
             self.native = NativeLane.load()  # after its first try in this process, at once
@@ -327,33 +331,40 @@ class Session:
                 return
         function, convention, address, length, scale, blob_max = found
         kinds, bounds, families, blob, blob_size = shape
-        if blob >= 0:
+        if blob >= 0 and blob_size >= 0:  # a blob sized by an argument (a launch's): as large as the backend allows
             bounds = (*bounds[:blob], blob_max, *bounds[blob + 1:])
         self.native.register(call.opcode, NativeOp(function, convention, kinds, bounds, families, address, length,
                                                    scale, blob, blob_size))
 
-    def teach(self, op: NativeOp, record: list[Any]) -> None:
-        """What the record just run named, now checked: its handles and its device range."""
+    def teach(self, op: NativeOp, record: list[Any], raw: memoryview | None) -> None:
+        """What the record just run named, now checked: its handles and its device range, or (VETTED) itself."""
         native = self.native
+        self.native_current()
         for i, family in enumerate(op.families):
             if family and record[i] and (entry := self.handles.get(record[i])) and type(entry[1]) is int:
                 native.teach_handle(record[i], family, entry[1])
         if op.address >= 0 and record[op.address]:
             native.teach_range(*self.backend.regions.last)
+        if op.convention == abi.NATIVE_CALL_VETTED and raw is not None:
+            native.vet(raw)
+
+    def native_current(self) -> None:
+        """The C side forgets all it was taught once a handle or a range went."""
+        marks = (self.handles.gone, self.backend.regions.gone)
+        if marks != self.native.marks:
+            family = _family_number("CUstream")
+            self.native.forget(marks, [(s, family, s) for s in DEFAULT_STREAMS if s])
 
     def run_native(self, view: memoryview, at: int, ctx: int) -> int:
         """The records from `at` that the C side runs; where it stopped."""
         native = self.native
-        marks = (self.handles.gone, self.backend.regions.gone)
-        if marks != native.marks:  # a handle or a range went: forget them all
-            family = _family_number("CUstream")
-            native.forget(marks, [(s, family, s) for s in DEFAULT_STREAMS if s])
+        self.native_current()
         at, ran, failed = native.run(view, at, ctx)
         self.calls += ran
         self.lane_calls += ran
         for opcode, status in failed:
-            symbol = BY_OPCODE[opcode].symbol
-            self.defer_lane_failure(symbol, CudaError(status, f"{symbol} on the server's GPU"))
+            call = BY_OPCODE[opcode]
+            self.defer_lane_failure(call.symbol, CudaError(status, f"{call.symbol} on the server's GPU", call.library))
         return at
 
     def compile(self, call: Call) -> Callable[[list[Any]], list[Any]]:
@@ -602,6 +613,31 @@ def _native_shape(call: Call) -> tuple[tuple[int, ...], tuple[int, ...], tuple[i
     if blob >= 0 and call.params[blob_size].kind != "int":
         return None
     return tuple(kinds), tuple(bounds), tuple(families), blob, blob_size
+
+
+def _vetted_shape(call: Call) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int, int] | None:
+    """(each argument's kind, largest value, handle family; the blob's argument, -1) of a math library's call of
+    numbers, handles, device addresses (numbers here: the record is vetted whole), host scalars and at most one
+    input struct (cublasLtMatmul's algorithm, the record's blob), for the lane's C side. None for others."""
+    kinds, bounds, families, blob = [], [], [], -1
+    for i, p in enumerate(call.params):
+        family = 0
+        if p.kind == "int":
+            kind, bound = abi.NATIVE_ARG_INT, _int_range(p)[1] - 1
+        elif p.kind == "handle":
+            kind, bound, family = abi.NATIVE_ARG_HANDLE, 0, _family_number(p.ctype)
+        elif p.is_scalar and p.direction == "in":
+            kind, bound = abi.NATIVE_ARG_SCALAR, 0
+        elif p.is_device:
+            kind, bound = abi.NATIVE_ARG_INT, (1 << 64) - 1
+        elif p.kind == "ptr" and p.direction == "in" and p.count is None and p.pointee_size and blob < 0:
+            kind, bound, blob = abi.NATIVE_ARG_BLOB, p.pointee_size, i
+        else:
+            return None
+        kinds.append(kind)
+        bounds.append(bound)
+        families.append(family)
+    return tuple(kinds), tuple(bounds), tuple(families), blob, -1
 
 
 def _opcode_at(view: memoryview, at: int) -> int:

@@ -142,3 +142,87 @@ def test_the_lane_in_c_does_what_the_lane_in_python_does(driver_env: dict[str, s
     assert bytes.fromhex(in_c["third"])[:16] == bytes([7]) * 16
     assert in_c["launches"] == [["xpuLaunchKernel", 400], ["xpuLaunchKernel", 1]]
     assert in_c["y"] == [32.0]
+
+
+# cuBLAS GEMMs as the shim's C queues them (host scalars' bytes in their slots), run by a cuda-backend session
+# whose cuBLAS is the stand-in (xpuremote's own replacement library, named as such) on the sim, or NVIDIA's
+LIBRARY_SCENARIO = r"""
+import json, struct
+from xpuremote.protocol import abi
+from xpuremote.protocol.calls import CALLS
+from xpuremote.server.backends.cuda import CudaBackend
+from xpuremote.server.limits import Accounted, Limits
+from xpuremote.server.session import Session
+
+CTX, BLAS, N = 0x7C00_0000_1000, 0x7C00_0000_5000, 4
+backend = Accounted(CudaBackend(), Limits())
+session = Session(backend)
+session.limits = backend.limits
+
+def batch(*calls):
+    answer = session.run_batch([[CALLS[s].opcode, list(a)] for s, a in calls], True)
+    assert answer["status"] == 0, answer
+    return answer["outs"]
+
+def matrix(values):
+    address = int.from_bytes(batch(("cuMemAlloc_v2", [8, 4 * N * N]))[0], "little")
+    data = struct.pack(f"<{N * N}f", *values)
+    batch(("cuMemcpyHtoD_v2", [address, data, len(data)]))
+    return address
+
+def gemm(alpha, c, handle=BLAS):  # c = alpha * a @ b + 0.5 * c, as kept.h queues cublasSgemm_v2
+    args = [handle, 0, 0, N, N, N, struct.unpack("<I", struct.pack("<f", alpha))[0], a, N, b, N,
+            struct.unpack("<I", struct.pack("<f", 0.5))[0], c, N]
+    head = abi.pack_lane_record(opcode=CALLS["cublasSgemm_v2"].opcode, nargs=len(args), scalar_size=4,
+                                scalars=1 << 6 | 1 << 11, blob_at=abi.LANE_NO_BLOB, ctx=CTX)
+    return head + struct.pack(f"<{len(args)}Q", *args)
+
+def lane(*records):
+    data = b"".join(records)
+    session.run_lane([data, len(data)])
+    failures = [[name, status] for name, status, _ in session.deferred]
+    session.deferred.clear()
+    return failures
+
+def in_c():
+    return session.native.calls if session.native else 0
+
+batch(("cuCtxCreate_v2", [CTX, 0, 0]), ("cublasCreate_v2", [BLAS]))
+a, b, c = matrix(range(N * N)), matrix([0.5] * (N * N)), matrix([1.0] * (N * N))
+d, spare = matrix([0.0] * (N * N)), matrix([0.0] * (N * N))
+failures = lane(*[gemm(1.0 + i, c) for i in range(6)])  # the first vetted in Python, the rest of the same values in C
+ran = [in_c()]
+failures += lane(gemm(1.0, d), gemm(1.0, 0x7C00_DEAD_0000), gemm(1.0, c, handle=spare))  # new values: Python
+ran.append(in_c())
+batch(("cuMemFree_v2", [spare]))  # memory went: nothing vetted holds
+failures += lane(gemm(7.0, c), gemm(8.0, c))
+ran.append(in_c())
+result = struct.unpack(f"<{N * N}f", batch(("cuMemcpyDtoH_v2", [4 * N * N, c, 4 * N * N]))[0])
+print(json.dumps({"ran": ran, "failures": failures, "c": [round(v, 2) for v in result]}))
+"""
+
+
+def test_library_calls_run_in_c_where_python_ran_the_same_values(driver_env: dict[str, str], shim: Path) -> None:
+    """A cuBLAS call in the lane (a GEMM with its scalars' bytes) runs in C only where the session's Python ran a
+    record of the same values since the C side last forgot (VETTED): the same results and the same refusals with
+    the lane in C and in Python, the scalars read from each record; new values, a foreign address, a foreign
+    handle and any freed memory send a record back to Python."""
+    from xpuremote.interpose.build import LIBRARY_NAMES
+
+    env = {**driver_env, "XPU_CUBLAS_LIBRARY": str(shim.parent / LIBRARY_NAMES[0])} if driver_env else driver_env
+    results = {}
+    for native in ("1", "0"):
+        full = {**os.environ, **env, "XPU_NATIVE_LANE": native}
+        full.pop("LD_PRELOAD", None)
+        proc = subprocess.run([sys.executable, "-c", LIBRARY_SCENARIO], env=full, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[native] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results["1"].pop("ran") == [5, 5, 6] and results["0"].pop("ran") == [0, 0, 0]
+    assert results["1"] == results["0"]
+    assert [name for name, _ in results["1"]["failures"]] == ["cublasSgemm_v2"] * 2, results
+    row = [0.5 * sum(4 * j + i for j in range(4)) for i in range(4)]  # column-major a, b all 0.5
+    c = [1.0] * 4
+    for alpha in (1, 2, 3, 4, 5, 6, 7, 8):
+        c = [alpha * r + 0.5 * v for r, v in zip(row, c)]
+    assert results["1"]["c"][4:] == [round(v, 2) for _ in range(3) for v in c], results

@@ -375,9 +375,23 @@ class CudaBackend(Backend):
         if call.family == "xpuLaunchKernel":
             launch = self.ffi.addressof(self.lib, "cuLaunchKernel")
             return int(self.ffi.cast("uintptr_t", launch)), abi.NATIVE_CALL_LAUNCH
+        if call.library != "cuda":
+            return self.native_library_function(call)
         if not self.compiles(call) or any(p.ctype == "CUcontext" for p in call.params):
             return None
         return int(self.ffi.cast("uintptr_t", self.ffi.addressof(self.lib, call.symbol))), abi.NATIVE_CALL_PLAIN
+
+    def native_library_function(self, call: Call) -> tuple[int, int] | None:
+        """A math library's call that `generic` runs with nothing before or after it and no outputs (a GEMM):
+        its function's address, for the lane's C side to run records of the values Python ran (VETTED)."""
+        if call.outputs or call.family.startswith("xpu") or call.family == "cudnnBackendSetAttribute" \
+                or self.after_family(call) is not None or any(p.kind in ("float", "struct") for p in call.params):
+            return None
+        try:
+            function = self.ffi.addressof(self.library(call.library), call.symbol)
+        except (AttributeError, CudaError):  # not in the server's copy of the library
+            return None
+        return int(self.ffi.cast("uintptr_t", function)), abi.NATIVE_CALL_VETTED
 
     def upload_from_network(self, call: Call, args: list[Any]) -> list[Any]:
         """A copy whose bytes come on the data connection, in pieces (cuda_upload.py). Not into a capture: its
