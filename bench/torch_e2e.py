@@ -208,8 +208,9 @@ def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP,
 def time_steps(step: Callable[[], Any], sync: Callable[[], Any], steps: int, warmup: int,
                stop_at: float | None = None, begin: Callable[[], None] = lambda: None) -> list[float]:
     """`warmup` steps, then `begin()` and up to `steps` timed ones (each ended by `sync`). Past `stop_at` (a
-    time.time()) the warm-up ends after its first step and the timing after its first timed step."""
-    late = lambda: stop_at is not None and time.time() >= stop_at  # noqa: E731
+    time.time()) the warm-up ends after its first step; the timing ends after its first timed step where the
+    next one, as long as the last, would end past it."""
+    late = lambda ahead=0.0: stop_at is not None and time.time() + ahead >= stop_at  # noqa: E731
     for i in range(warmup):
         if i and late():
             break
@@ -217,7 +218,7 @@ def time_steps(step: Callable[[], Any], sync: Callable[[], Any], steps: int, war
     sync()
     begin()
     times: list[float] = []
-    while len(times) < steps and not (times and late()):
+    while len(times) < steps and not (times and late(times[-1])):
         start = time.perf_counter()
         step()
         sync()
@@ -254,8 +255,10 @@ def measure(name: str, steps: int, remote: bool, server: str | None, timeout_s: 
     started = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr or ""
+    except subprocess.TimeoutExpired as exc:  # a run that printed its figures and was slow to exit keeps them
+        out, said = (_text(exc.stdout).strip().splitlines(), _text(exc.stderr))
+        if out and out[-1].startswith("{"):
+            return {**json.loads(out[-1]), "wall_s": timeout_s, "cut": "while it exited"}
         return {"workload": name, "error": f"cut at its limit of {timeout_s:.0f} s", "wall_s": timeout_s,
                 "said": _xpuremote_lines(said)}
     wall = time.perf_counter() - started
@@ -278,12 +281,17 @@ def runs_of(name: str, args: argparse.Namespace) -> tuple[dict[str, Any], dict[s
     native_limit = min(args.timeout, NATIVE_CUT_AT * budget) if budget else args.timeout
     native = (measure(name, args.steps, False, None, native_limit, args.size, args.warmup, stop_at=native_stop)
               if args.backend == "cuda" else {"workload": name, "skipped": "no GPU: the sim backend"})
-    # the run through xpuremote stops its steps a little before the budget's end, for its exit
-    remote_stop = begun + budget - min(3.0, 0.05 * budget) if budget else None
+    # the run through xpuremote stops its steps before the budget's end, for its exit (and its local server's)
+    remote_stop = begun + budget - min(5.0, 0.25 * budget) if budget else None
     remote_limit = min(args.timeout, max(5.0, begun + budget - time.time())) if budget else args.timeout
     remote = measure(name, args.steps, True, args.server, remote_limit, args.size, args.warmup, args.backend,
                      remote_stop)
     return native, remote
+
+
+def _text(output: bytes | str | None) -> str:
+    """A cut run's output so far (bytes, as subprocess keeps it then)."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def _xpuremote_lines(stderr: str, most: int = 30) -> list[str]:

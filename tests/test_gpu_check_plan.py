@@ -64,11 +64,12 @@ def test_every_bench_item_has_a_share_and_the_stage_fits_its_bound() -> None:
 
 
 class Steps:
-    """A workload's step that moves the wall clock `each` seconds."""
+    """A workload's step that moves the clocks (the wall clock and the step timer) `each` seconds."""
 
     def __init__(self, monkeypatch, each: float) -> None:
         self.now, self.each, self.calls, self.synced = 5000.0, each, 0, 0
-        monkeypatch.setattr(torch_e2e.time, "time", lambda: self.now)
+        for clock in ("time", "perf_counter"):
+            monkeypatch.setattr(torch_e2e.time, clock, lambda: self.now)
 
     def step(self) -> None:
         self.calls += 1
@@ -81,8 +82,8 @@ class Steps:
 def test_steps_stop_at_the_deadline_with_what_they_timed(monkeypatch) -> None:
     steps = Steps(monkeypatch, each=2.0)
     times = torch_e2e.time_steps(steps.step, steps.sync, 20, 3, stop_at=steps.now + 9)
-    # warm-up 3 steps (6 s), then timed steps until the deadline at +9: two more
-    assert len(times) == 2 and steps.calls == 5
+    # warm-up 3 steps (6 s), then a timed one (to +8): a second would end past the deadline at +9
+    assert len(times) == 1 and steps.calls == 4
 
 
 def test_a_late_workload_still_times_one_step(monkeypatch) -> None:
