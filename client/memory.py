@@ -45,6 +45,7 @@ class Range:
     ident: int = 0
     owned: bool = False  # host memory we allocated (vs registered)
     pool: int | None = None  # the memory pool it came from (stream-ordered allocation)
+    arena: Any = None  # of a pool's allocation the client placed: the pools.Arena its address is from
     handle: int | None = None  # of a VMM mapping: the physical allocation it shows (the server's value)
     graph: int | None = None  # of a graph's allocation: the graph, which holds the address for its life
     access: int = ENUMS["CU_MEM_ACCESS_FLAGS_PROT_READWRITE"]  # a mapping's: none until cuMemSetAccess
@@ -161,8 +162,9 @@ def cu_mem_free(d: Driver, call: Call, args: list[Any]) -> None:
     (base,) = args
     if base == 0:
         return
-    forget_device(d, base)
+    r = forget_device(d, base)
     d.post(call, [base])
+    release_placed(r)
 
 
 def forget_device(d: Driver, base: int) -> Range:
@@ -173,6 +175,14 @@ def forget_device(d: Driver, base: int) -> Range:
         what = "mapped VMM memory (cuMemUnmap it)" if r else "a device allocation"
         raise CudaError(errors.INVALID_VALUE, f"{base:#x} is {'' if r else 'not '}{what}")
     return r if r.graph is not None else maps(d)[0].remove(base)
+
+
+def release_placed(r: Range) -> None:
+    """After its free is queued: a placed allocation's addresses may be placed again (the server takes the free
+    first, as it takes the calls in order)."""
+    if r.arena is not None:
+        with r.arena.lock:
+            r.arena.give(r.base)
 
 
 @implements("cuMemGetAddressRange")

@@ -1,16 +1,26 @@
 """Memory pools: stream-ordered allocation (cuMemAllocAsync, cuMemFreeAsync), pools and their attributes.
 
-An allocation's address is the server's, so allocating waits for its answer (one round trip, as
-cuMemAlloc); freeing, trimming and setting an attribute or access are queued. Pools are the server's
-(CUmemoryPool handles from the worker's table). The client keeps each device's default pool (asked
-once) and current pool (cuDeviceSetMemPool, cuMemPoolDestroy), so cuDeviceGetMemPool is answered
-locally and a pool is always the same handle. Every allocation joins the device map with its pool
-(pointer attributes, unified copies). A stream-ordered allocation inside a stream capture would be a
-graph's memory node, which is not forwarded: refused.
+A stream-ordered allocation is not waited for. The first one from a pool asks the server for an address
+range reserved for that pool and this session (xpuMemPoolReserve, one round trip); the client then places
+the pool's allocations in its ranges itself (Arena: best fit, freed blocks joined with their neighbours)
+and sends each as xpuMemPoolAlloc, queued like a launch. The server makes the memory there in stream order
+and checks that the range is one it reserved for that pool and that nothing of the session's is there
+already. A block freed with cuMemFreeAsync is the arena's again at once, as the driver's pools reuse memory
+freed in stream order (the server orders the reuse on another stream after the free). An error the server
+finds (the session's memory quota, the device's memory) fails the next call that waits; the client refuses
+at once what it can tell itself: a pool's maximum size, more than the device holds. Inside a stream capture
+an allocation is the graph's, at the server's address: that one waits for its answer.
+
+Freeing, trimming and setting an attribute or access are queued. Pools are the server's (CUmemoryPool
+handles from the worker's table). The client keeps each device's default pool (asked once) and current pool
+(cuDeviceSetMemPool, cuMemPoolDestroy), so cuDeviceGetMemPool is answered locally and a pool is always the
+same handle. Every allocation joins the device map with its pool (pointer attributes, unified copies).
 """
 
 from __future__ import annotations
 
+import bisect
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +30,7 @@ from xpuremote.protocol.errors import CudaError
 
 from . import graph_state, marshal
 from .driver import Driver, implements
-from .memory import client_device, forget_device, forward_with, maps, record_device, to_server
+from .memory import client_device, forget_device, forward_with, maps, record_device, release_placed, to_server
 from .streams import capture_of, stream, stream_of
 from .vmm import sendable
 
@@ -30,6 +40,74 @@ class PoolState:
     defaults: dict[int, int] = field(default_factory=dict)  # device ordinal -> its default pool
     current: dict[int, int] = field(default_factory=dict)  # device ordinal -> the pool cuDeviceSetMemPool set
     devices: dict[int, int] = field(default_factory=dict)  # pool -> its device ordinal
+    max_sizes: dict[int, int] = field(default_factory=dict)  # pool -> its CUmemPoolProps maxSize (0: none)
+    arenas: dict[int, Arena] = field(default_factory=dict)  # pool -> where the client places its allocations
+
+
+ALIGN = 512  # the driver's allocation granule: each allocation's size is rounded up to it
+FIRST_RANGE = 4 << 30  # bytes of addresses a pool's first range holds: addresses only, no memory
+LARGEST_RANGE = 64 << 30  # ranges double up to this (an allocation larger gets a range of its own size)
+
+
+class Arena:
+    """A pool's address ranges (reserved by the server for this session) and which of their bytes are free:
+    best fit among the free blocks, a freed block joined with free neighbours. Addresses only: the server
+    holds the memory."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_size: list[tuple[int, int]] = []  # free blocks (size, base), sorted
+        self.by_base: dict[int, int] = {}  # free block base -> size
+        self.by_end: dict[int, int] = {}  # free block end -> base
+        self.live: dict[int, int] = {}  # placed allocation base -> rounded size
+        self.live_bytes = 0
+        self.reserved = 0  # bytes of addresses in all its ranges
+
+    def take(self, size: int) -> int | None:
+        """The base of `size` bytes (ALIGN-rounded) from the best-fitting free block, or None: none fits."""
+        i = bisect.bisect_left(self.by_size, (size, 0))
+        if i == len(self.by_size):
+            return None
+        block, base = self.by_size[i]
+        self._unfree(block, base)
+        if block > size:
+            self._free(base + size, block - size)
+        self.live[base] = size
+        self.live_bytes += size
+        return base
+
+    def give(self, base: int) -> None:
+        """A placed allocation is freed: its block is free again, joined with free neighbours."""
+        size = self.live.pop(base)
+        self.live_bytes -= size
+        after = self.by_base.get(base + size)
+        if after is not None:
+            self._unfree(after, base + size)
+            size += after
+        before = self.by_end.get(base)
+        if before is not None:
+            self._unfree(base - before, before)
+            size, base = size + base - before, before
+        self._free(base, size)
+
+    def add_range(self, base: int, size: int) -> None:
+        self.reserved += size
+        self._free(base, size)
+
+    def next_range(self, size: int) -> int:
+        """Bytes of addresses to reserve next, for an allocation of `size` that no free block holds."""
+        wanted = min(max(FIRST_RANGE, 2 * self.reserved), LARGEST_RANGE)
+        return max(wanted, -(-size // memprops.GRANULARITY) * memprops.GRANULARITY)
+
+    def _free(self, base: int, size: int) -> None:
+        bisect.insort(self.by_size, (size, base))
+        self.by_base[base] = size
+        self.by_end[base + size] = base
+
+    def _unfree(self, size: int, base: int) -> None:
+        del self.by_size[bisect.bisect_left(self.by_size, (size, base))]
+        del self.by_base[base]
+        del self.by_end[base + size]
 
 
 def pools(d: Driver) -> PoolState:
@@ -124,7 +202,9 @@ def cu_mem_pool_create(d: Driver, call: Call, args: list[Any]) -> None:
         d.say_once(f"pool-props {exc.detail}", "cuMemPoolCreate refused: %s", exc.detail)
         raise
     forward_with(d, call, args, 1, to_server(d, memprops.POOL_PROPS, data, 3))
-    pools(d).devices[marshal.get(call.params[0], address)] = memprops.POOL_PROPS.unpack(data)[3]
+    pool, fields = marshal.get(call.params[0], address), memprops.POOL_PROPS.unpack(data)
+    pools(d).devices[pool] = fields[3]
+    pools(d).max_sizes[pool] = fields[5]
 
 
 @implements("cuMemPoolDestroy")
@@ -135,6 +215,8 @@ def cu_mem_pool_destroy(d: Driver, call: Call, args: list[Any]) -> None:
         raise CudaError(errors.INVALID_VALUE, f"{pool:#x} is not a memory pool made by cuMemPoolCreate")
     d.forward(call, args)
     device = state.devices.pop(pool)
+    state.max_sizes.pop(pool, None)
+    state.arenas.pop(pool, None)  # its live allocations keep their arena until they are freed
     if state.current.get(device) == pool:  # the device's default is current again, as the driver does
         del state.current[device]
 
@@ -193,13 +275,47 @@ def cu_mem_alloc_async(d: Driver, call: Call, args: list[Any]) -> None:
     else:
         device = d.context(stream(d, handle).ctx).device
         pool = current_pool(d, device)
-    d.forward(call, args)
     capture = capture_of(d, handle)
-    graph = None if capture is None else capture.graph
-    record_device(d, marshal.get(call.params[0], address), size, device, pool=pool if graph is None else None,
-                  graph=graph)
-    if graph is not None:
-        graph_state.allocated(d, graph, marshal.get(call.params[0], address))
+    if capture is None:
+        base, arena = place(d, pool, device, size)
+        try:
+            d.forward(CALLS["xpuMemPoolAlloc"], [pool, base, size, handle])
+        except CudaError:
+            with arena.lock:
+                arena.give(base)
+            raise
+        marshal.put(call.params[0], address, base)
+        record_device(d, base, size, device, pool=pool, arena=arena)
+        return
+    d.forward(call, args)  # the graph's allocation: its address is the server's
+    base = marshal.get(call.params[0], address)
+    record_device(d, base, size, device, graph=capture.graph)
+    graph_state.allocated(d, capture.graph, base)
+
+
+def place(d: Driver, pool: int, device: int, size: int) -> tuple[int, Arena]:
+    """An address for `size` bytes of `pool`'s, from its arena; a new range of addresses first if no free
+    block holds them (the one round trip). What the driver would refuse at once is refused here."""
+    if size == 0:
+        raise CudaError(errors.INVALID_VALUE, "a stream-ordered allocation of 0 bytes")
+    rounded = -(-size // ALIGN) * ALIGN
+    state = pools(d)
+    with d.lock:
+        arena = state.arenas.get(pool) or state.arenas.setdefault(pool, Arena())
+    with arena.lock:
+        limit = state.max_sizes.get(pool) or d.device(device).total_mem
+        if arena.live_bytes + rounded > limit:
+            raise CudaError(errors.OUT_OF_MEMORY, f"{size} bytes requested of a pool holding {arena.live_bytes} "
+                            f"of at most {limit}")
+        base = arena.take(rounded)
+        if base is None:
+            span = arena.next_range(rounded)
+            (answer,) = d.call(CALLS["xpuMemPoolReserve"], [8, pool, span])
+            arena.add_range(int.from_bytes(answer, "little"), span)
+            base = arena.take(rounded)
+        if base is None:
+            raise CudaError(errors.OUT_OF_MEMORY, f"a new range of {span} bytes holds no {rounded} bytes")
+        return base, arena
 
 
 @implements("cuMemFreeAsync")
@@ -208,9 +324,12 @@ def cu_mem_free_async(d: Driver, call: Call, args: list[Any]) -> None:
     dptr, handle = args
     if not dptr:
         return
-    if capture_of(d, stream_of(call, handle)) is None:
-        forget_device(d, dptr)
-    elif getattr(maps(d)[0].ranges.get(dptr), "graph", None) is None:
-        raise CudaError(errors.INVALID_VALUE, f"{dptr:#x} is not a graph's allocation: a capture frees only what a "
-                        "graph allocated")
+    if capture_of(d, stream_of(call, handle)) is not None:
+        if getattr(maps(d)[0].ranges.get(dptr), "graph", None) is None:
+            raise CudaError(errors.INVALID_VALUE, f"{dptr:#x} is not a graph's allocation: a capture frees only what "
+                            "a graph allocated")
+        d.forward(call, args)
+        return
+    r = forget_device(d, dptr)
     d.forward(call, args)
+    release_placed(r)

@@ -13,8 +13,9 @@ Every device address a call names (a CUdeviceptr, a math library's data pointer 
 scalar, the pointers inside cuBLASLt and cuDNN attributes) must lie, with the bytes the call
 touches, inside the client's own allocations, module variables or mapped VMM ranges (an address that
 is only reserved is not memory); a VMM call's handle must be one the client holds, and its range one
-the client reserved: a hand-made client cannot make the real driver read or write the worker's own
-memory, nor reach around the quota. (Calls the
+the client reserved; a pool's allocation the client placed itself (xpuMemPoolAlloc) must lie in a range
+reserved for that pool (xpuMemPoolReserve), over none of the client's memory: a hand-made client cannot
+make the real driver read or write the worker's own memory, nor reach around the quota. (Calls the
 client library never sends, such as copies whose structs hold host pointers, the worker refuses
 before decoding them: `Call.sent`.)
 """
@@ -66,7 +67,8 @@ GRAPH_LIFE = ("cuGraphInstantiateWithFlags", "cuGraphExecDestroy", "cuGraphDestr
 FREES = ("cuMemFree", "cuMemFreeAsync")  # either takes either kind of allocation, as the driver's do
 # VMM addresses that need not be memory: a wanted address, a reservation to free, a range to map. The
 # session's reserved ranges are their check, not its memory.
-RESERVED_ADDRESSES = {("cuMemAddressReserve", "addr"), ("cuMemAddressFree", "ptr"), ("cuMemMap", "ptr")}
+RESERVED_ADDRESSES = {("cuMemAddressReserve", "addr"), ("cuMemAddressFree", "ptr"), ("cuMemMap", "ptr"),
+                      ("xpuMemPoolAlloc", "dptr")}
 
 
 def parse_size(text: str) -> int:
@@ -153,6 +155,16 @@ class Regions:
         i = bisect.bisect_right(self.bases, address) - 1
         return i >= 0 and address + size <= self.bases[i] + self.sizes[self.bases[i]]
 
+    def overlaps(self, address: int, size: int) -> bool:
+        """Some region holds a byte of [address, address+size) (the regions do not overlap one another)."""
+        i = bisect.bisect_right(self.bases, address + size - 1) - 1
+        return i >= 0 and self.bases[i] + self.sizes[self.bases[i]] > address
+
+    def containing(self, address: int) -> int | None:
+        """The base of the region holding `address`."""
+        i = bisect.bisect_right(self.bases, address) - 1
+        return self.bases[i] if i >= 0 and address < self.bases[i] + self.sizes[self.bases[i]] else None
+
 
 @dataclass
 class Physical:
@@ -196,6 +208,9 @@ class Accounted(Backend):
         self.images: dict[int, LoadedImage] = {}  # by the backend's module object (_ident)
         self.physical: dict[int, Physical] = {}  # VMM: the backend's handle value -> what the client holds
         self.reserved = Regions()  # VMM: address ranges the client reserved (not memory until mapped)
+        self.pool_space = Regions()  # ranges reserved for the client's pools, where it places their allocations
+        self.pool_of: dict[int, int] = {}  # such a range's base -> its pool (_ident)
+        self.unplaced: set[int] = set()  # placed allocations refused (their error told once): their free is quiet
         self.mapped: dict[int, tuple[int, int]] = {}  # VMM: mapping address -> (size, handle)
         self.arrays: dict[int, int] = {}  # CUDA arrays: the backend's array (_ident) -> bytes charged
         self.objects: set[tuple[str, int]] = set()  # texture and surface objects: (family, value)
@@ -221,6 +236,9 @@ class Accounted(Backend):
         self.images.clear()
         self.physical.clear()
         self.reserved = Regions()
+        self.pool_space = Regions()
+        self.pool_of.clear()
+        self.unplaced.clear()
         self.mapped.clear()
         self.arrays.clear()
         self.objects.clear()
@@ -270,6 +288,9 @@ class Accounted(Backend):
         return *found, i, j, scale, 0
 
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
+        if call.family in FREES and args[0] in self.unplaced:  # its allocation's failure was the error to tell
+            self.unplaced.discard(args[0])
+            return []
         self.check_addresses(call, args)
         if call.family not in _ACCOUNTED:  # most calls, the hot ones among them
             return self.inner.execute(call, args)
@@ -380,6 +401,45 @@ class Accounted(Backend):
             held = self.graphs.setdefault(_ident(graph), GraphMemory(graph))
             held.addresses.append(address)
             self.graph_owned[address] = held
+        return outs
+
+    # ---- stream-ordered allocation at the client's addresses ---------------------------------------------
+    def reserve_pool_range(self, call: Call, args: list[Any]) -> list[Any]:
+        """xpuMemPoolReserve(base, pool, size): addresses for the pool's allocations, not memory; bounded in number
+        with the VMM ranges."""
+        _, pool, size = args
+        self.limits.check_count(len(self.reserved.sizes) + len(self.pool_space.sizes), "reserved address ranges")
+        outs = self.inner.execute(call, args)
+        base = _integer(outs[0])
+        self.pool_space.add(base, size)
+        self.pool_of[base] = _ident(pool)
+        return outs
+
+    def place_pool_allocation(self, call: Call, args: list[Any]) -> list[Any]:
+        """xpuMemPoolAlloc(pool, dptr, size, stream): inside a range reserved for that pool, over none of the
+        client's memory, within its quota and handle limit; then memory the client may name, freed as any
+        allocation. Never in a capture (the client sends a capture's allocations as cuMemAllocAsync)."""
+        pool, address, size, stream = args
+        base = self.pool_space.containing(address)
+        if size <= 0 or base is None or self.pool_of[base] != _ident(pool) or \
+                not self.pool_space.within_one(address, size):
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: [{address:#x}, +{size}) is not inside an address "
+                            "range reserved for this pool")
+        if self.regions.overlaps(address, size):
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol}: [{address:#x}, +{size}) overlaps memory this "
+                            "client holds")
+        if self.inner.capture_graph(stream) is not None:
+            raise CudaError(errors.INVALID_VALUE, f"{call.symbol} in a stream capture")
+        try:
+            self.limits.check_count(len(self.sizes), "allocations")
+            self.check_quota(_granules(size))
+            outs = self.inner.execute(call, args)
+        except CudaError as exc:  # out of memory: the client holds it as allocated until it frees it
+            if exc.code == errors.OUT_OF_MEMORY and len(self.unplaced) < (self.limits.max_handles or 1 << 16):
+                self.unplaced.add(address)
+            raise
+        self.unplaced.discard(address)
+        self.record(address, size)
         return outs
 
     # ---- graph memory: allocation nodes, and stream-ordered allocation in a capture ---------------------------
@@ -611,7 +671,8 @@ VMM_CALLS = {"cuMemCreate": Accounted.create_physical, "cuMemRelease": Accounted
              "cuMemRetainAllocationHandle": Accounted.retain_physical,
              "cuMemGetAllocationPropertiesFromHandle": Accounted.physical_properties,
              "cuMemGetAllocationGranularity": Accounted.granularity, "cuMemAddressReserve": Accounted.reserve,
-             "cuMemAddressFree": Accounted.free_reserved, "cuMemMap": Accounted.map, "cuMemUnmap": Accounted.unmap}
+             "cuMemAddressFree": Accounted.free_reserved, "cuMemMap": Accounted.map, "cuMemUnmap": Accounted.unmap,
+             "xpuMemPoolReserve": Accounted.reserve_pool_range, "xpuMemPoolAlloc": Accounted.place_pool_allocation}
 
 
 ARRAY_CALLS = {"cuArrayCreate": Accounted.create_array, "cuArray3DCreate": Accounted.create_array,

@@ -16,11 +16,13 @@ from typing import Any
 import pytest
 from conftest import BACKEND, ROOT, TORCH_SIM_KERNELS, Server, assert_all_ok, start_server
 from pyclient import PyClient
+from toolchain import cudart_path
 
-from xpuremote.protocol import errors, memprops
+from xpuremote.protocol import errors, memprops, trace
 
 PROGRAM = ROOT / "tests" / "programs" / "memory_pools_check.py"
 TORCH_PROGRAM = ROOT / "tests" / "programs" / "torch_allocators_check.py"
+MALLOC_ASYNC = ROOT / "tests" / "programs" / "malloc_async_check.py"
 MIB = 1 << 20
 GRANULE = memprops.GRANULARITY
 PROP = memprops.ALLOCATION_PROP.pack(memprops.PINNED, 0, memprops.ON_DEVICE, 0, 0, 0, 0, 0)
@@ -37,6 +39,83 @@ def test_pools_and_vmm_through_cuda_python(run_on, request, where: str) -> None:
     pytest.importorskip("cuda.bindings.driver", reason="cuda-python (cuda-bindings) is not installed")
     address = request.getfixturevalue("chained")[0].address if where == "cuda backend" else None
     assert_all_ok(run_on([sys.executable, str(PROGRAM)], timeout=180, address=address), 150)
+
+
+# ---- stream-ordered allocation waits for no answer ---------------------------------------------------------
+def run_malloc_async(run_on, *args: str, **env: str) -> dict[str, Any]:
+    libcudart = cudart_path(12) or cudart_path(13)
+    if libcudart is None:
+        pytest.skip("no NVIDIA runtime wheel (nvidia-cuda-runtime-cu12) is installed")
+    proc = run_on([sys.executable, str(MALLOC_ASYNC), libcudart, *args], **env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_cuda_malloc_async_sends_no_waiting_message(run_on, tmp_path) -> None:
+    """libcudart's cudaMallocAsync: after the pool's first allocation (which asks the server for the pool's
+    addresses), 200 allocations and fills of 256 B to 2 MiB send no message that waits for an answer, twice
+    (the second time in the addresses the first round freed); the memory holds what was written, the
+    allocations do not overlap, and an allocation larger than the device is refused at once."""
+    found = run_malloc_async(run_on, XPU_TRACE=str(tmp_path / "run.trace"))
+    recorded = trace.read(tmp_path / "run.trace")
+    allocations = [c for c in recorded.calls if c.name.startswith(("cuMemAllocAsync", "cuMemAllocFromPoolAsync"))]
+    assert len(allocations) >= 401, len(allocations)
+    for began, ended in found["windows"]:
+        waited = [m for m in recorded.messages if m.kind != "async" and began <= m.sent <= ended]
+        assert not waited, f"{len(waited)} messages waited for an answer during 200 allocations"
+    assert found["values"] and found["values_again"] and found["disjoint"], found
+    assert found["reused"], "the second round's allocations are placed where the first round's were freed"
+    assert found["too_large"] == 2, found  # cudaErrorMemoryAllocation
+
+
+def test_cuda_malloc_async_beyond_the_quota_fails_at_the_next_synchronisation(run_on, tmp_path) -> None:
+    """Under --mem-quota the client cannot tell that an allocation is too much: cudaMallocAsync answers at once,
+    the next synchronisation reports CUDA_ERROR_OUT_OF_MEMORY, the free of that allocation is quiet, and the
+    session goes on."""
+    srv = start_server(tmp_path, args=("--mem-quota", "8M"))
+    try:
+        found = run_malloc_async(run_on, "quota", address=srv.address)
+    finally:
+        srv.stop()
+    assert found == {"within": 0, "beyond": 0, "synchronize": 2, "free": 0, "after": 0, "again": 0,
+                     "value": True}, found
+
+
+@pytest.mark.sim_only(reason="the sim's random per-session address bases: two GPU processes may share addresses")
+def test_placed_allocations_are_checked(server: Server) -> None:
+    """A hand-made client's xpuMemPoolAlloc is refused outside the ranges reserved for that pool, over memory it
+    holds, or in another session's range; what it placed properly is its memory, and another session's
+    placed memory is out of its reach."""
+    owner, intruder = PyClient(server.address), PyClient(server.address)
+    try:
+        (pool,) = owner.call("cuDeviceGetDefaultMemPool", 8, 0)
+        pool = int.from_bytes(pool, "little")
+        (base,) = owner.call("xpuMemPoolReserve", 8, pool, 64 * MIB)
+        base = int.from_bytes(base, "little")
+        owner.post("xpuMemPoolAlloc", pool, base, MIB, 0)
+        owner.write(base + MIB - 64, b"placed" * 10)
+        assert owner.read(base + MIB - 64, 60) == b"placed" * 10
+        refused = {}
+        for name, address, size in (("overlapping", base + MIB // 2, MIB), ("before the range", base - MIB, 512),
+                                    ("running past the range", base + 63 * MIB, 2 * MIB)):
+            owner.post("xpuMemPoolAlloc", pool, address, size, 0)
+            refused[name] = owner.status_of("cuCtxSynchronize")
+        (theirs,) = intruder.call("cuDeviceGetDefaultMemPool", 8, 0)
+        theirs = int.from_bytes(theirs, "little")
+        intruder.call("xpuMemPoolReserve", 8, theirs, 64 * MIB)
+        intruder.post("xpuMemPoolAlloc", theirs, base + 2 * MIB, MIB, 0)  # in the owner's range
+        refused["another session's range"] = intruder.status_of("cuCtxSynchronize")
+        refused["reading placed memory"] = intruder.status_of("cuMemcpyDtoH_v2", 64, base + MIB - 64, 64)
+        intruder.post("cuMemFreeAsync", base, 0)
+        refused["freeing it"] = intruder.status_of("cuCtxSynchronize")
+        assert refused == dict.fromkeys(refused, errors.INVALID_VALUE), refused
+        assert owner.read(base + MIB - 64, 60) == b"placed" * 10
+        owner.post("cuMemFreeAsync", base, 0)
+        owner.post("xpuMemPoolAlloc", pool, base + MIB // 2, MIB, 0)  # free again: placed anew
+        assert owner.status_of("cuCtxSynchronize") == errors.SUCCESS
+    finally:
+        owner.close()
+        intruder.close()
 
 
 # ---- the stock PyTorch wheel's allocators ----------------------------------------------------------------

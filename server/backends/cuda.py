@@ -46,6 +46,7 @@ from xpuremote.protocol.layouts import (
 
 from ..data import Incoming
 from .base import CAPTURE_REFUSED, Backend, DeviceInfo, Inventory, check_module_image, launch_attributes
+from .cuda_pools import PlacedPools
 from .cuda_upload import Upload
 from .nvml_status import NvmlStatus
 
@@ -98,7 +99,8 @@ def library_path(lib: mathlibs.Library) -> str:
 # driver calls written by hand: the image cache must hear of unloads, a kernel's handle here is the
 # CUfunction of its module (xpuModuleGetFunction), so the cuKernel* calls take their cuFunc* forms, and a
 # green context's CUcontext is forgotten with it
-OWN = ("cuModuleUnload", "cuKernelGetAttribute", "cuKernelSetAttribute", "cuKernelSetCacheConfig", "cuGreenCtxDestroy")
+OWN = ("cuModuleUnload", "cuKernelGetAttribute", "cuKernelSetAttribute", "cuKernelSetCacheConfig", "cuGreenCtxDestroy",
+       *("cuMemPoolGetAttribute", "cuMemPoolSetAttribute", "cuMemPoolTrimTo", "cuMemPoolDestroy"))  # + placed memory
 
 
 class CudaBackend(Backend):
@@ -117,6 +119,7 @@ class CudaBackend(Backend):
         self.scalars: dict[int, Any] = {}  # cuDNN variant pack -> its by-value scalars (xpuCudnnSetDataPointers)
         self.compiled: dict[int, Callable[[list[Any]], list[Any]]] = {}  # opcode -> its generic path (generic())
         self.check(self.lib.cuInit(0), "cuInit")
+        self.placed = PlacedPools(self.ffi, self.lib, self.check)  # pools' allocations at the client's addresses
 
     def check(self, status: int, what: str, library: str = "cuda") -> None:
         if status:
@@ -276,6 +279,10 @@ class CudaBackend(Backend):
 
     # ---- the generic path ----------------------------------------------------------------------
     def execute(self, call: Call, args: list[Any]) -> list[Any]:
+        if call.family in ("cuMemFree", "cuMemFreeAsync") and args[0] in self.placed.allocations:
+            per_thread = call.symbol.endswith(("_ptds", "_ptsz"))
+            self.placed.free(args[0], (args[1] if len(args) > 1 else 0) or (2 if per_thread else 0))
+            return []
         if call.family in CAPTURE_REFUSED:
             self.refuse_if_capturing(call, args)
         own = getattr(self, call.family, None) if call.family.startswith("xpu") or call.family in OWN else None
@@ -540,6 +547,35 @@ class CudaBackend(Backend):
             return int(buf[0])
         data = self.ffi.buffer(buf)  # holds the buffer: a large output is sent from it, not copied first
         return memoryview(data) if len(data) > wire.INLINE_MAX else bytes(data)
+
+    # ---- memory pools: allocations the client placed (cuda_pools.py), and the pool calls that see them ----------
+    def xpuMemPoolReserve(self, pool: int, size: int) -> tuple[int]:
+        return (self.placed.reserve(pool, size),)
+
+    def xpuMemPoolAlloc(self, pool: int, dptr: int, bytesize: int, stream: int) -> None:
+        self.placed.allocate(pool, dptr, bytesize, stream or 0)
+
+    def cuMemPoolGetAttribute(self, pool: int, attr: int) -> tuple[bytes]:
+        value = self.ffi.new("char[]", memprops.POOL_VALUE_BYTES)
+        self.check(self.lib.cuMemPoolGetAttribute(self.ffi.cast("void *", pool), attr, value), "cuMemPoolGetAttribute")
+        driver = int.from_bytes(self.ffi.buffer(value), "little")
+        answer = self.placed.figure(pool, attr, driver) & ((1 << 8 * memprops.POOL_VALUE_BYTES) - 1)
+        return (answer.to_bytes(memprops.POOL_VALUE_BYTES, "little"),)
+
+    def cuMemPoolSetAttribute(self, pool: int, attr: int, value: bytes) -> None:
+        data = bytes(value).ljust(memprops.POOL_VALUE_BYTES, b"\0")
+        self.check(self.lib.cuMemPoolSetAttribute(self.ffi.cast("void *", pool), attr, self.ffi.from_buffer(data)),
+                   "cuMemPoolSetAttribute")
+        self.placed.set_attribute(pool, attr, int.from_bytes(data[:memprops.POOL_ATTRIBUTE_SIZES.get(attr, 8)],
+                                                             "little"))
+
+    def cuMemPoolTrimTo(self, pool: int, keep: int) -> None:
+        self.check(self.lib.cuMemPoolTrimTo(self.ffi.cast("void *", pool), keep), "cuMemPoolTrimTo")
+        self.placed.trim(pool, keep)
+
+    def cuMemPoolDestroy(self, pool: int) -> None:
+        self.check(self.lib.cuMemPoolDestroy(self.ffi.cast("void *", pool)), "cuMemPoolDestroy")
+        self.placed.destroy(pool)
 
     # ---- the client's own requests (protocol.calls.INTERNAL) ------------------------------------
     def xpuModuleLoad(self, key: bytes, image: bytes, size: int) -> tuple[int]:

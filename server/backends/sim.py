@@ -99,6 +99,17 @@ class Memory:
         self._insert(Allocation(base, bytearray(size), device, pool))
         return base
 
+    def place(self, base: int, size: int, device: int, pool: Any) -> None:
+        """An allocation at an address the client chose, inside a range take() gave its pool (sim_pools): over no
+        other allocation."""
+        i = bisect.bisect_left(self.bases, base)
+        before = self.allocs[self.bases[i - 1]] if i else None
+        if size <= 0 or (i < len(self.bases) and self.bases[i] < base + size) or (
+                before is not None and before.base + len(before.data) > base):
+            raise CudaError(errors.INVALID_VALUE, f"[{base:#x}, +{size}) overlaps an allocation")
+        self.charge(device, size)
+        self._insert(Allocation(base, bytearray(size), device, pool))  # zero-filled, as alloc's
+
     def free(self, base: int) -> Allocation:
         alloc = self.allocs.get(base)
         if alloc is None or alloc.mapping is not None:
@@ -459,6 +470,12 @@ class SimBackend(SimGraphs, SimArrays):
 
     def cuMemAllocFromPoolAsync(self, bytesize: int, pool: Pool, stream: Any) -> tuple[int]:
         return (self.pools.allocate(pool, bytesize),)
+
+    def xpuMemPoolReserve(self, pool: Pool, size: int) -> tuple[int]:
+        return (self.pools.reserve(pool, size),)
+
+    def xpuMemPoolAlloc(self, pool: Pool, dptr: int, bytesize: int, stream: Any) -> None:
+        self.pools.place(pool, dptr, bytesize)
 
     def cuMemFreeAsync(self, dptr: int, stream: Any) -> None:
         self.cuMemFree(dptr)

@@ -38,6 +38,7 @@ class Pool:
     reserved_high: int = 0
     access: dict[int, int] = field(default_factory=dict)  # other devices' CUmemAccess_flags
     destroyed: bool = False  # its memory goes with its last allocation
+    ranges: list[tuple[int, int]] = field(default_factory=list)  # (base, size): where the client places allocations
 
     @property
     def reserved(self) -> int:
@@ -92,13 +93,39 @@ class Pools:
 
     # ---- allocations ---------------------------------------------------------------------------
     def allocate(self, pool: Pool, size: int) -> int:
+        """An allocation at an address of the sim's choosing (cuMemAllocAsync: in a capture, or a hand-made
+        client's)."""
+        return self._counted(pool, size, lambda size: self.memory.alloc(size, pool.device, pool))
+
+    def reserve(self, pool: Pool, size: int) -> int:
+        """Addresses for the client to place the pool's allocations in (xpuMemPoolReserve): not memory yet."""
+        if pool.destroyed or size <= 0:
+            raise CudaError(errors.INVALID_VALUE, f"a range of {size} bytes, for a pool that is destroyed or of none")
+        base = self.memory.take(size, memprops.GRANULARITY)
+        pool.ranges.append((base, size))
+        return base
+
+    def place(self, pool: Pool, address: int, size: int) -> None:
+        """An allocation at the client's address (xpuMemPoolAlloc), inside a range reserved for this pool."""
+        rounded = -(-size // ALIGN) * ALIGN
+        if pool.destroyed or address % ALIGN or not any(
+                base <= address and address + rounded <= base + length for base, length in pool.ranges):
+            raise CudaError(errors.INVALID_VALUE, f"[{address:#x}, +{size}) is not inside a range of this pool")
+
+        def make(size: int) -> int:
+            self.memory.place(address, size, pool.device, pool)
+            return address
+        self._counted(pool, size, make)
+
+    def _counted(self, pool: Pool, size: int, make: Callable[[int], int]) -> int:
+        """`make(size)` with the pool's bookkeeping: its cached bytes reused first, its limit, its watermarks."""
         size = -(-size // ALIGN) * ALIGN
         if pool.max_size and pool.used + size > pool.max_size:
             raise CudaError(errors.OUT_OF_MEMORY, f"{size} bytes requested of a pool of at most {pool.max_size}")
         reuse = min(pool.cached, size)
         self._give_back(pool, reuse)  # counted again, as the allocation's own
         try:
-            address = self.memory.alloc(size, pool.device, pool)
+            address = make(size)
         except CudaError:
             self._keep(pool, reuse)
             raise
