@@ -14,7 +14,8 @@ pinned memory, host functions): their answers are read by whichever sync call co
 by the flusher thread when none does, and always before any later sync call returns.
 
 With the shim, the hottest async calls are queued in C instead (client/lane.py): their records are
-taken before anything else is queued, and travel as one call of the batch.
+taken before anything else is queued, and travel as one call of the batch (in a trace, each record is a
+call of that message, timed in C).
 
 With an emulated link (protocol/link.py), messages carry their send time; this end holds each
 answer until the link delivers it, and the worker does the same for requests.
@@ -400,10 +401,12 @@ class Connection:
         taken = self.lane.take() if self.lane is not None else None
         if taken is None:
             return
-        records, appended, self.last_ctx = taken
+        records, appended, self.last_ctx, stamps = taken
         self.pending.append([LANE_CALL.opcode, [records, len(records)]])
         self.pending_bytes += len(records)
         self.pending_calls += appended - self.lane_seen
+        if trace.RECORDER:  # each record a call of the trace, in the message this batch goes out as
+            trace.RECORDER.lane(self.seq + 1, len(self.pending) - 1, records, stamps, appended - self.lane_seen)
         self.lane_seen = appended
         self.alarm.armed = True  # the lane's first record set it
 
@@ -471,7 +474,8 @@ class Connection:
             raise
         if trace.RECORDER:  # when it went out, for the answer's round trip
             self.sent_ns = header.get("sent") or time.monotonic_ns()
-            trace.RECORDER.sent(self.seq, kind if reply else "async", self.sent_ns, wire.size_of(frames), calls)
+            trace.RECORDER.sent(self.seq, kind if reply else "async", self.sent_ns, wire.size_of(frames), calls,
+                                len(header["calls"]))
         self.streamed = False
         if stream:
             if self._fits_stream(frames) and self._send_stream(frames):

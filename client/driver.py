@@ -181,7 +181,7 @@ class Driver:
         for i, p in enumerate(self.primaries):
             self.ctxs[p.handle] = Context(i, primary=True, ident=i + 1)
         self.conn = conn
-        if self.lane is not None and not trace.requested() and not conn.link.active \
+        if self.lane is not None and not conn.link.active \
                 and not log.isEnabledFor(EVERY_CALL) and os.environ.get("XPU_LANE", "1") != "0":
             conn.lane = self.lane
             self.lane_gate()
@@ -210,8 +210,8 @@ class Driver:
             return
         if conn.dead or self.state.get("captures") or self.state.get("capture_events"):
             conn.lane.close()
-        elif not conn.lane.is_open:
-            conn.lane.open(conn.alarm.fd, conn.batch_window_s)
+        elif not conn.lane.is_open:  # traced: each record stamped in C for the trace
+            conn.lane.open(conn.alarm.fd, conn.batch_window_s, traced=trace.requested())
 
     def new_handle(self) -> int:
         return next(self._ids)

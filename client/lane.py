@@ -5,9 +5,11 @@ The hot asynchronous calls (protocol.calls.LANE) are appended in C to one buffer
 before it queues anything of its own, so that everything reaches the server in the order the
 application made it, and sends them as one `xpuLane` call of its batch.
 
-The lane is open only where a record needs nothing the client would do: a session without a trace,
-an emulated link or per-call logging, no stream capture under way, and contexts the server already
-has. A launch takes it once the client has learnt the kernel's argument layout (its first launch
+The lane is open only where a record needs nothing the client would do: a session without an emulated
+link or per-call logging, no stream capture under way, and contexts the server already has. In a traced
+session each record also gets a stamp in C (protocol/records.py's lane_stamp: when it was queued, the
+lane's time on it, its call and stream), taken with the records for the trace (client/trace.py).
+A launch takes the lane once the client has learnt the kernel's argument layout (its first launch
 goes the usual way), a graph's launch once the client has seen that the instantiation has no host copies.
 Everything else the lane declines goes through the client as before.
 """
@@ -29,7 +31,7 @@ class Lane:
     def __init__(self, ffi: Any, lib: Any) -> None:
         self.ffi, self.lib = ffi, lib
         self.buf = ffi.new("unsigned char[]", abi.LANE_BYTES)
-        self.state = ffi.new("uint64_t[2]")
+        self.state = ffi.new("uint64_t[3]")
         self.kernels: set[int] = set()
         self.known: set[int] = set()
         self.contexts: set[int] = set()
@@ -40,23 +42,30 @@ class Lane:
                 stream = next((i for i, p in enumerate(call.params) if p.ctype == "CUstream"), -1)
                 nargs = len(CALLS[LANE_LAUNCH].params) if call.lane == "launch" else len(call.params)
                 opcode = CALLS[LANE_LAUNCH].opcode if call.lane == "launch" else call.opcode
-                lib.xpu_lane_allow(op, opcode, KINDS[call.lane], nargs, stream if call.per_thread else -1)
+                lib.xpu_lane_allow(op, opcode, KINDS[call.lane], nargs, stream_arg(stream, call.per_thread))
 
-    def open(self, alarm_fd: int, window_s: float) -> None:
-        """Records may be queued; the first of a batch sets the flusher's alarm to the batch window."""
+    def open(self, alarm_fd: int, window_s: float, traced: bool = False) -> None:
+        """Records may be queued; the first of a batch sets the flusher's alarm to the batch window. `traced`:
+        each record is stamped, and `take` gives the stamps."""
         self.is_open = True
-        self.lib.xpu_lane_set_open(1, alarm_fd, int(window_s * 1e9))
+        state = abi.LANE_OPEN_TRACED if traced else abi.LANE_OPEN_OPEN
+        self.lib.xpu_lane_set_open(state, alarm_fd, int(window_s * 1e9))
 
     def close(self) -> None:
         """Every call goes through the client (records already queued are still taken)."""
         if self.is_open:
             self.is_open = False
-            self.lib.xpu_lane_set_open(0, -1, 0)
+            self.lib.xpu_lane_set_open(abi.LANE_OPEN_CLOSED, -1, 0)
 
-    def take(self) -> tuple[bytes, int, int] | None:
-        """The records queued so far, the count of records ever queued, and the last one's context; or None."""
+    def take(self) -> tuple[bytes, int, int, bytes] | None:
+        """The records queued so far, the count of records ever queued, the last one's context and the records'
+        stamps (lane_stamp each; empty where the lane was not opened traced); or None."""
         n = self.lib.xpu_lane_take(self.buf, self.state)
-        return (self.ffi.buffer(self.buf, n)[:], self.state[0], self.state[1]) if n else None
+        if not n:
+            return None
+        stamps = self.state[2]
+        return (self.ffi.buffer(self.buf, n)[:], self.state[0], self.state[1],
+                self.ffi.buffer(self.buf + n, stamps * abi.LANE_STAMP_SIZE)[:] if stamps else b"")
 
     def waiting(self) -> bool:
         return bool(self.lib.xpu_lane_waiting())
@@ -96,3 +105,11 @@ class Lane:
         if handle in self.kernels:
             self.kernels.discard(handle)
             self.lib.xpu_lane_kernel(handle, 0, -1, self.ffi.NULL, self.ffi.NULL, 0)
+
+
+def stream_arg(stream: int, per_thread: bool) -> int:
+    """xpu_lane_allow's stream argument: a per-thread op's stream (0 there is CU_STREAM_PER_THREAD), another op's
+    marked as read only by a trace's stamps (lane.h's XPU_LANE_STREAM_NOTED), or -1: none."""
+    if stream < 0 or per_thread:
+        return stream
+    return stream + abi.LANE_STREAM_NOTED

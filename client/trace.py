@@ -2,7 +2,12 @@
 
 The dispatcher reports calls; the connection reports messages as they are sent and answered,
 and the server's own times for them as they come back (with a later answer, for messages
-that are not answered). The file format is protocol/trace.py's.
+that are not answered). The calls the shim queued in C as lane records are reported as the
+connection takes them into a batch, each with the stamp C gave it (protocol/records.py's
+lane_stamp): they are calls of that message, timed by the lane itself, so the lane stays open
+under a trace and the run recorded is the run that runs. The answers C gives itself (context
+questions, kept descriptors, cached answers) send nothing and are not recorded.
+The file format is protocol/trace.py's.
 """
 
 from __future__ import annotations
@@ -11,11 +16,11 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from xpuremote.protocol import trace
-from xpuremote.protocol.calls import Call
+from xpuremote.protocol import abi, trace, wire
+from xpuremote.protocol.calls import BY_OPCODE, CALLS, SYMBOLS, Call
 
 CLASS_INDEX = {name: i for i, name in enumerate(trace.CLASSES)}
 KIND_INDEX = {name: i for i, name in enumerate(trace.KINDS)}
@@ -26,6 +31,7 @@ class Recorder:
         self.writer = trace.TraceWriter(path, {"argv": command_line(), "pid": os.getpid(), **header})
         self.local = threading.local()
         self.open: dict[int, _Open] = {}  # seq -> message record waiting for an answer or times
+        self.lanes: dict[int, list[int]] = {}  # seq -> the positions of lane records in that message, until sent
         self.lock = threading.Lock()
 
     # ---- calls -----------------------------------------------------------------------------
@@ -42,11 +48,25 @@ class Recorder:
         """The calling thread's call queued a request at `pos` of message `seq`."""
         self.local.queued = (seq, pos)
 
+    def lane(self, seq: int, pos: int, records: bytes, stamps: bytes, count: int) -> None:
+        """`count` lane records taken into message `seq` at `pos`, with their stamps (one each)."""
+        with self.lock:
+            self.lanes.setdefault(seq, []).append(pos)
+        if len(stamps) == count * abi.LANE_STAMP_SIZE:
+            calls = [_stamped(*fields) for fields in abi.LANE_STAMP.iter_unpack(stamps)]
+        else:  # not stamped (cannot happen while the lane opens traced): named from the records, timed now
+            now = time.monotonic_ns()
+            calls = [(_named(opcode, -1), now, now, 0) for opcode in _opcodes(records)]
+        self.writer.lane_calls([(name, _class(name), entry, ret, stream) for name, entry, ret, stream in calls],
+                               seq, pos)
+
     # ---- messages ----------------------------------------------------------------------------
-    def sent(self, seq: int, kind: str, sent: int, up: int, n: int) -> None:
+    def sent(self, seq: int, kind: str, sent: int, up: int, n: int, items: int) -> None:
+        """Message `seq` went out: `n` calls (lane records counted) in `items` items."""
         with self.lock:
             self.open[seq] = _Open([seq, KIND_INDEX[kind], sent, up, n, 0, 0, None, None],
-                                   answered=kind == "async")  # nothing answers an async batch
+                                   answered=kind == "async",  # nothing answers an async batch
+                                   items=items, lanes=self.lanes.pop(seq, []))
 
     def answered(self, seq: int, wait: int, down: int) -> None:
         with self.lock:
@@ -62,7 +82,7 @@ class Recorder:
             for seq, server, per_call in timings:
                 msg = self.open.get(seq)
                 if msg is not None:
-                    msg.fields[7:9] = [server, per_call]
+                    msg.fields[7:9] = [server, msg.aligned(per_call)]
                     msg.timed = True
                     self._write_if_done(msg)
 
@@ -90,6 +110,43 @@ class _Open:
     fields: list[Any]
     answered: bool = False
     timed: bool = False
+    items: int = 0
+    lanes: list[int] = field(default_factory=list)  # positions of lane records
+
+    def aligned(self, per_call: list[int] | None) -> list[int | None] | None:
+        """The server's times per item, None at each lane position it did not time (a server that times only
+        the calls it runs one by one)."""
+        if per_call is None or not self.lanes or len(per_call) != self.items - len(self.lanes):
+            return per_call
+        out: list[int | None] = list(per_call)
+        for pos in sorted(self.lanes):
+            out.insert(pos, None)
+        return out
+
+
+def _stamped(queued: int, stream: int, opcode: int, took: int, op: int) -> tuple[str, int, int, int]:
+    """A stamp as (name, entry, return, stream): the application's call where C knew its op, else the record's."""
+    return _named(opcode, op), queued - took, queued, stream
+
+
+def _class(name: str) -> int:
+    call = CALLS.get(name)
+    return CLASS_INDEX.get(call.cls if call is not None else "", CLASS_INDEX["internal"])
+
+
+def _named(opcode: int, op: int) -> str:
+    if 0 <= op < len(SYMBOLS):
+        return SYMBOLS[op]
+    call = BY_OPCODE.get(opcode)
+    return call.symbol if call is not None else "(an unknown lane record)"
+
+
+def _opcodes(records: bytes) -> list[int]:
+    view, at, out = memoryview(records), 0, []
+    while at < len(view):
+        opcode, _, _, at = wire.lane_record(view, at)
+        out.append(opcode)
+    return out
 
 
 def command_line() -> list[str]:

@@ -5,22 +5,33 @@
  * anything), and the server runs each record as the call it names (docs/design.md, "The fast lane").
  *
  * The core decides everything here: which ops may take the lane and how (xpu_lane_allow, from the
- * call table), when the lane is open (a session without a trace, a capture or an emulated link),
+ * call table), when the lane is open (no capture under way, no emulated link; a trace stamps each record),
  * which contexts exist on the server, which kernels' layouts are known, and which handles may take it
  * (graph instantiations without host copies, whose launches need nothing of the core). A call the lane declines
  * (return -1) takes the usual path through the core, which sends the records first.
  *
  * A record is a struct xpu_lane_record (protocol/records.py), its arguments (u64 each) and its blob,
- * padded to 8 bytes. */
+ * padded to 8 bytes.
+ *
+ * In a traced session (XPU_LANE_OPEN_TRACED) each record also gets a struct xpu_lane_stamp, kept apart and never
+ * sent: when it was queued, the lane's time on it, its call and stream. The core takes the stamps with the
+ * records and writes them into the trace (client/trace.py). Untraced, the lane reads no clock. */
 #ifndef XPU_LANE_H
 #define XPU_LANE_H
 
 #include <sys/timerfd.h>
+#include <time.h>
 
 #define XPU_LANE_CONTEXTS 64
 #define XPU_LANE_FUNCTIONS 8192    /* a power of two: the open-addressing table of kernels */
 
-struct xpu_lane_op { uint32_t opcode; uint8_t kind, nargs; int8_t stream_arg; };
+struct xpu_lane_op {
+    uint32_t opcode;
+    uint8_t kind, nargs;
+    int8_t stream_arg;  /* a per-thread op's stream: 0 in it means CU_STREAM_PER_THREAD; else -1 */
+    int8_t traced_stream;  /* the argument a stamp names as the stream, or -1 */
+};
+
 
 struct xpu_lane_kernel {  /* a kernel's argument layout, as the core learnt it */
     uint64_t server;      /* the handle the server knows it by */
@@ -28,9 +39,12 @@ struct xpu_lane_kernel {  /* a kernel's argument layout, as the core learnt it *
     uint32_t offset[];    /* then size[count] */
 };
 
+#define XPU_LANE_STAMPS (XPU_LANE_BYTES / sizeof(struct xpu_lane_stamp))
+
 static struct {
     pthread_mutex_t lock;
     volatile int open;
+    int traced;                               /* stamps kept: set as the lane opens (XPU_LANE_OPEN_TRACED) */
     int alarm_fd;
     struct itimerspec window;
     uint64_t appended;                        /* records over the session's life */
@@ -40,19 +54,36 @@ static struct {
     uint64_t contexts[XPU_LANE_CONTEXTS];     /* on the server: the lane may name them */
     struct { uint64_t handle; struct xpu_lane_kernel *k; } kernels[XPU_LANE_FUNCTIONS];
     uint64_t known[XPU_LANE_KNOWN_HANDLES];   /* open addressing; XPU_LANE_GONE marks a forgotten one */
+    uint32_t stamped;                         /* stamps of the records in buf; taken after them, so records and
+                                               * stamps together fit the core's buffer of XPU_LANE_BYTES */
+    struct xpu_lane_stamp stamp[XPU_LANE_STAMPS];
 } xpu_lane = {.lock = PTHREAD_MUTEX_INITIALIZER, .alarm_fd = -1};
 
 static struct xpu_lane_op xpu_lane_ops[XPU_DRIVER_OPS];
 
 /* ---- set by the core ------------------------------------------------------------------------ */
+/* stream_arg: the stream's argument, plus XPU_LANE_STREAM_NOTED where only a trace reads it (an op that is not
+ * per-thread); -1: none. */
 static void xpu_lane_allow(int op, uint32_t opcode, int kind, int nargs, int stream_arg) {
-    if (op >= 0 && op < XPU_DRIVER_OPS && nargs <= XPU_LANE_ARGS_MAX)
-        xpu_lane_ops[op] = (struct xpu_lane_op){opcode, (uint8_t)kind, (uint8_t)nargs, (int8_t)stream_arg};
+    int noted = stream_arg >= XPU_LANE_STREAM_NOTED;
+    int stream = noted ? stream_arg - XPU_LANE_STREAM_NOTED : stream_arg;
+    if (op >= 0 && op < XPU_DRIVER_OPS && nargs <= XPU_LANE_ARGS_MAX && stream < nargs)
+        xpu_lane_ops[op] = (struct xpu_lane_op){opcode, (uint8_t)kind, (uint8_t)nargs, (int8_t)(noted ? -1 : stream),
+                                                (int8_t)stream};
 }
 
-/* Open with the flusher's timer (armed when the lane's first record waits) and its window; or close. */
+static uint64_t xpu_lane_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);  /* the clock of the trace's other times (Python's monotonic_ns) */
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* Open (XPU_LANE_OPEN_OPEN, or _TRACED: each record stamped) with the flusher's timer (armed when the lane's
+ * first record waits) and its window; or close (XPU_LANE_OPEN_CLOSED). Closing keeps `traced`: the records
+ * already queued are taken with their stamps. */
 static void xpu_lane_set_open(int open, int alarm_fd, uint64_t window_ns) {
     pthread_mutex_lock(&xpu_lane.lock);
+    if (open) xpu_lane.traced = open == XPU_LANE_OPEN_TRACED;
     xpu_lane.alarm_fd = alarm_fd;
     xpu_lane.window.it_value.tv_sec = (time_t)(window_ns / 1000000000u);
     xpu_lane.window.it_value.tv_nsec = (long)(window_ns % 1000000000u) + (window_ns == 0);
@@ -131,15 +162,19 @@ static void xpu_lane_kernel(uint64_t handle, uint64_t server, int count, const u
     free(k);  /* the one replaced, or the new one when the table is full */
 }
 
-/* The records so far, moved into `out` (the core's buffer of XPU_LANE_BYTES); state[0]: the count of
- * records ever appended (the flusher watches it grow), state[1]: the last record's context. */
+/* The records so far, moved into `out` (the core's buffer of XPU_LANE_BYTES), their stamps after them (at the
+ * records' size, a multiple of 8); state[0]: the count of records ever appended (the flusher watches it grow),
+ * state[1]: the last record's context, state[2]: the count of stamps. */
 static size_t xpu_lane_take(unsigned char *out, uint64_t *state) {
     pthread_mutex_lock(&xpu_lane.lock);
     size_t n = xpu_lane.len;
     memcpy(out, xpu_lane.buf, n);
-    xpu_lane.len = 0;
+    memcpy(out + n, xpu_lane.stamp, xpu_lane.stamped * sizeof(struct xpu_lane_stamp));
     state[0] = xpu_lane.appended;
     state[1] = xpu_lane.last_ctx;
+    state[2] = xpu_lane.stamped;
+    xpu_lane.len = 0;
+    xpu_lane.stamped = 0;
     pthread_mutex_unlock(&xpu_lane.lock);
     return n;
 }
@@ -179,7 +214,20 @@ static void xpu_lane_launch(const struct xpu_lane_kernel *k, const uint64_t *slo
 
 static void xpu_lane_grown(size_t size, int records, uint64_t ctx);
 
-static int xpu_lane_append(const struct xpu_lane_op *lo, const uint64_t *slots, uint64_t ctx) {
+/* Whether `size` bytes of `records` more fit, with their stamps in a traced session. */
+static int xpu_lane_room(size_t size, int records) {
+    size_t stamps = xpu_lane.traced ? (xpu_lane.stamped + (size_t)records) * sizeof(struct xpu_lane_stamp) : 0;
+    return xpu_lane.len + size + stamps <= XPU_LANE_BYTES;
+}
+
+/* A traced session's stamp of the record just appended: queued now, `began` when the lane first looked. */
+static void xpu_lane_stamp(uint64_t began, uint64_t now, uint64_t stream, uint32_t opcode, int op) {
+    xpu_lane.stamp[xpu_lane.stamped++] = (struct xpu_lane_stamp){.queued = now, .stream = stream, .opcode = opcode,
+                                                                 .took = (uint32_t)(now - began), .op = op};
+}
+
+static int xpu_lane_append(int op, const uint64_t *slots, uint64_t ctx, uint64_t began) {
+    const struct xpu_lane_op *lo = &xpu_lane_ops[op];
     if (!xpu_lane.open || !xpu_lane_context_ready(ctx)) return -1;
     const struct xpu_lane_kernel *k = NULL;
     if (lo->kind == XPU_LANE_LAUNCH) {  /* a kernel whose layout is known, given kernelParams, not `extra` */
@@ -190,7 +238,7 @@ static int xpu_lane_append(const struct xpu_lane_op *lo, const uint64_t *slots, 
     }
     uint32_t blob_len = k ? k->bytes : 0;
     size_t size = sizeof(struct xpu_lane_record) + lo->nargs * sizeof(uint64_t) + ((blob_len + 7u) & ~7u);
-    if (xpu_lane.len + size > XPU_LANE_BYTES) return -1;
+    if (!xpu_lane_room(size, 1)) return -1;
     unsigned char *at = xpu_lane.buf + xpu_lane.len;
     uint64_t *args = (uint64_t *)(at + sizeof(struct xpu_lane_record));
     if (k)
@@ -201,6 +249,8 @@ static int xpu_lane_append(const struct xpu_lane_op *lo, const uint64_t *slots, 
     struct xpu_lane_record head = {.opcode = lo->opcode, .nargs = lo->nargs, .blob_at = k ? 9 : XPU_LANE_NO_BLOB,
                                    .blob_len = blob_len, .ctx = ctx};
     memcpy(at, &head, sizeof head);
+    if (xpu_lane.traced)
+        xpu_lane_stamp(began, xpu_lane_now(), lo->traced_stream >= 0 ? slots[lo->traced_stream] : 0, lo->opcode, op);
     xpu_lane_grown(size, 1, ctx);
     return 0;
 }
@@ -226,13 +276,14 @@ struct xpu_lane_call {
 /* 0: queued in the lane; -1: the lane is closed or full, or the context is not the server's yet. */
 static int xpu_lane_put_calls(const struct xpu_lane_call *calls, int n) {
     if (!xpu_lane.open) return -1;
+    uint64_t began = xpu_lane.traced ? xpu_lane_now() : 0;
     uint64_t ctx = xpu_ctx_current();
     size_t size = 0;
     for (int i = 0; i < n; i++)
         size += sizeof(struct xpu_lane_record) + calls[i].nargs * sizeof(uint64_t) + ((calls[i].blob_len + 7u) & ~7u);
     pthread_mutex_lock(&xpu_lane.lock);
     int rc = -1;
-    if (xpu_lane.open && xpu_lane_context_ready(ctx) && xpu_lane.len + size <= XPU_LANE_BYTES) {
+    if (xpu_lane.open && xpu_lane_context_ready(ctx) && xpu_lane_room(size, n)) {
         unsigned char *at = xpu_lane.buf + xpu_lane.len;
         for (int i = 0; i < n; i++) {
             uint32_t blob_len = calls[i].blob_len, padded = (blob_len + 7u) & ~7u;
@@ -248,6 +299,10 @@ static int xpu_lane_put_calls(const struct xpu_lane_call *calls, int n) {
             if (blob_len) memcpy(at, calls[i].blob, blob_len);
             at += padded;
         }
+        if (xpu_lane.traced) {  /* one time for all: the lane's time is the last's, the application's call */
+            uint64_t now = xpu_lane_now();
+            for (int i = 0; i < n; i++) xpu_lane_stamp(i == n - 1 ? began : now, now, 0, calls[i].opcode, -1);
+        }
         xpu_lane_grown(size, n, ctx);
         rc = 0;
     }
@@ -258,9 +313,10 @@ static int xpu_lane_put_calls(const struct xpu_lane_call *calls, int n) {
 /* 0: the call is queued in the lane; -1: it goes the core's way. */
 static int xpu_lane_put(int op, const uint64_t *slots) {
     if (!xpu_lane.open) return -1;
+    uint64_t began = xpu_lane.traced ? xpu_lane_now() : 0;
     uint64_t ctx = xpu_ctx_current();
     pthread_mutex_lock(&xpu_lane.lock);
-    int rc = xpu_lane_append(&xpu_lane_ops[op], slots, ctx);
+    int rc = xpu_lane_append(op, slots, ctx, began);
     pthread_mutex_unlock(&xpu_lane.lock);
     return rc;
 }

@@ -1,10 +1,12 @@
 """Where a recorded run's time goes, call by call: for each call name, how often it was made, the time
 the application's thread spent inside it, the server's time on it, and the waits it ended.
 
-A call's own time is measured while recording, which makes every call dearer (2-5x for the cheap ones):
-compare calls with each other, not with an unrecorded run. The server's time is each call's own share of
-its message (the worker times each call); a wait is the time the application waited for the answer of a
-message that the call ended (a sync call, or the call whose answer was read later).
+A call the client ran is timed in Python while recording, which makes it dearer (2-5x for the cheap ones);
+a call the shim queued in C (a lane record) is timed by the lane itself, two clock reads. The answers the
+shim gives in C send nothing and are not in a trace. The server's time is each call's own share of its
+message (shares.py: the worker times each item; a lane's records share theirs); a wait is the time the
+application waited for the answer of a message that the call ended (a sync call, or the call whose answer
+was read later).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from xpuremote.protocol import trace as fmt
+
+from .shares import call_shares, item_times
 
 
 @dataclass
@@ -34,19 +38,21 @@ def by_call(trace: fmt.Trace, since_ns: int = 0) -> list[CallTime]:
     messages = {m.seq: m for m in trace.messages}
     last_of: dict[int, fmt.Call] = {}
     rows: dict[str, CallTime] = {}
+    server: dict[str, float] = {}
     taken: dict[int, set[int]] = {}  # each message's positions that hold a call of the application's
-    for call in trace.calls:
+    for call, share in zip(trace.calls, call_shares(trace), strict=True):
         taken.setdefault(call.seq, set()).add(call.pos)
         if call.entry < since_ns:
             continue
         row = rows.setdefault(call.name, CallTime(call.name, call.cls))
         row.count += 1
         row.inside_ns += call.ret - call.entry
-        message = messages.get(call.seq)
-        if message is not None:
-            last_of[call.seq] = call
-            if message.per_call and call.pos < len(message.per_call):
-                row.server_ns += message.per_call[call.pos]
+        if call.seq in messages:
+            if not call.lane:  # a lane's records went out with the call that sent them, which ended the message
+                last_of[call.seq] = call
+            server[call.name] = server.get(call.name, 0.0) + (share or 0.0)
+    for name, ns in server.items():
+        rows[name].server_ns = round(ns)
     for seq, call in last_of.items():
         message = messages[seq]
         if message.kind != "async":
@@ -59,14 +65,17 @@ def by_call(trace: fmt.Trace, since_ns: int = 0) -> list[CallTime]:
 
 def _own_requests(trace: fmt.Trace, since_ns: int, taken: dict[int, set[int]]) -> CallTime:
     """The server's time on what the client asked of its own (the positions of a message that no call of
-    the application's holds: its internal requests, a lane's records after the first)."""
+    the application's holds: its internal requests, a context set before a call)."""
     own = CallTime(OWN, "-")
+    items = item_times(trace)
+    ns = 0.0
     for m in trace.messages:
-        if m.sent >= since_ns and m.per_call:
-            for pos, ns in enumerate(m.per_call):
+        if m.sent >= since_ns and m.seq in items:
+            for pos, t in enumerate(items[m.seq]):
                 if pos not in taken.get(m.seq, ()):
                     own.count += 1
-                    own.server_ns += ns
+                    ns += t
+    own.server_ns = round(ns)
     return own
 
 
@@ -94,8 +103,8 @@ def describe(rows: list[CallTime], span_ns: int, top: int, since_ns: int = 0, gp
                      f"{sum(r.inside_ns for r in rest) / 1e6:>10.2f} {'':>8} "
                      f"{sum(r.server_ns for r in rest) / 1e6:>10.2f} {sum(r.waits for r in rest):>6} "
                      f"{sum(r.wait_ns for r in rest) / 1e6:>9.2f}")
-    lines.append(f"recorded run: {span_ns / 1e6:.2f} ms, calls from {since_ns / 1e6:.2f} ms on; times inside calls "
-                 "are measured while recording, which makes each call dearer")
+    lines.append(f"recorded run: {span_ns / 1e6:.2f} ms, calls from {since_ns / 1e6:.2f} ms on; times inside the "
+                 "calls the client ran are measured while recording, which makes each dearer (a lane record's: in C)")
     if gpu is not None:
         lines.append(f"GPU work of those calls' messages: {gpu / 1e6:.2f} ms")
     return "\n".join(lines)

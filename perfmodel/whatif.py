@@ -7,9 +7,10 @@
   pointer queries) goes to the server.
 
 Turned-off calls become sync round trips at their recorded entry time, with the server's
-recorded time for them (per call), and bytes shared out equally among the calls of their
-message. Local calls were never sent, so they get the median size and server time of the
-trace's small round trips.
+recorded time for them (per call, shares.py), and bytes shared out equally among the calls of their
+message. A record the shim queued in C (a lane record) is an async call like any other here. Local
+calls were never sent, so they get the median size and server time of the trace's small round trips;
+the answers the shim gives in C are not in a trace, so "no local answers" covers only the client's.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from xpuremote.protocol import trace as fmt
 
 from .model import SMALL_BYTES, Model, Msg
+from .shares import call_shares
 
 OFF = {
     "no async": lambda c: c.cls == "async",
@@ -31,10 +33,10 @@ OFF = {
 def without(model: Model, turned_off: Callable[[fmt.Call], bool]) -> Model:
     """The model of the same run with the calls `turned_off` selects made synchronous."""
     by_seq = {m.seq: m for m in model.trace.messages}
-    removed: dict[int, list[int]] = {}  # seq -> positions taken out of that message
+    removed: dict[int, list[float]] = {}  # seq -> the server's time on each call taken out of that message
     added: list[Msg] = []
     local = _typical_round_trip(model.msgs)
-    for call in model.trace.calls:
+    for call, share in zip(model.trace.calls, call_shares(model.trace), strict=True):
         if not turned_off(call):
             continue
         if call.cls == "local":
@@ -43,26 +45,21 @@ def without(model: Model, turned_off: Callable[[fmt.Call], bool]) -> Model:
         m = by_seq.get(call.seq)
         if m is None:
             continue  # never sent: it failed before reaching the connection
-        removed.setdefault(m.seq, []).append(call.pos)
-        added.append(Msg(call.entry, "sync", m.up // max(m.n, 1), local.down, _call_time(m, call.pos), 0.0))
+        server = share if share is not None else float(m.server or 0) / max(m.n, 1)
+        removed.setdefault(m.seq, []).append(server)
+        added.append(Msg(call.entry, "sync", m.up // max(m.n, 1), local.down, server, 0.0))
     kept = [_shrunk(m, removed.get(m.seq, [])) for m in model.trace.messages]
     msgs = sorted([k for k in kept if k is not None] + added, key=lambda m: m.sent)
     return Model(model.trace, msgs)
 
 
-def _call_time(m: fmt.Message, pos: int) -> float:
-    if m.per_call and pos < len(m.per_call):
-        return float(m.per_call[pos])
-    return float(m.server or 0) / max(m.n, 1)
-
-
-def _shrunk(m: fmt.Message, positions: list[int]) -> Msg | None:
-    """A message without the calls at `positions`; None if nothing of it is left."""
-    if len(positions) >= m.n:
+def _shrunk(m: fmt.Message, taken: list[float]) -> Msg | None:
+    """A message without calls taken out of it, the server's time on each in `taken`; None if nothing of it is
+    left."""
+    if len(taken) >= m.n:
         return None
-    server = float(m.server or 0) - sum(_call_time(m, p) for p in positions)
-    up = m.up - len(positions) * (m.up // max(m.n, 1))
-    return Msg(m.sent, m.kind, up, m.down, max(server, 0.0), float(m.wait))
+    up = m.up - len(taken) * (m.up // max(m.n, 1))
+    return Msg(m.sent, m.kind, up, m.down, max(float(m.server or 0) - sum(taken), 0.0), float(m.wait))
 
 
 def _typical_round_trip(msgs: list[Msg]) -> Msg:

@@ -18,6 +18,10 @@
 #define XPU_LANE_ARGS_MAX 32
 /* a lane record's blob_at when none of its arguments is a blob */
 #define XPU_LANE_NO_BLOB 65535
+/* added to xpu_lane_allow's stream argument where only a trace's stamps read it (an op that is not per-thread);
+ * above any argument's index
+ */
+#define XPU_LANE_STREAM_NOTED 64
 /* handles the core let take the lane (a power of two): graph instantiations */
 #define XPU_LANE_KNOWN_HANDLES 1024
 /* a kept tensor's longest setting: an Nd one of KEPT_DIMS dimensions (type, count, dims, strides) */
@@ -58,6 +62,12 @@
 #define XPU_LIBRARIES 3
 #define XPU_LIBRARY_OPS_MAX 517
 
+/* the lane's state as the core sets it (lane.h's xpu_lane_set_open): closed, open, or open with each record's
+ * stamp (lane_stamp) kept and taken with the records, for a trace
+ */
+enum {
+    XPU_LANE_OPEN_CLOSED = 0, XPU_LANE_OPEN_OPEN = 1, XPU_LANE_OPEN_TRACED = 2
+};
 /* how the fast lane takes an op (calls.LANE): not at all, its arguments as they are, packed as xpuLaunchKernel
  * with the kernel's argument bytes, or as they are where the core let its first argument take the lane (a graph
  * instantiation without host copies)
@@ -140,6 +150,18 @@ _Static_assert(offsetof(struct xpu_lane_record, blob_at) == 6, "protocol/records
 _Static_assert(offsetof(struct xpu_lane_record, blob_len) == 8, "protocol/records.py: lane_record.blob_len");
 _Static_assert(offsetof(struct xpu_lane_record, scalars) == 12, "protocol/records.py: lane_record.scalars");
 _Static_assert(offsetof(struct xpu_lane_record, ctx) == 16, "protocol/records.py: lane_record.ctx");
+/* what the lane keeps of each record while a trace is recorded (never sent): when it was queued (CLOCK_MONOTONIC
+ * ns), its stream argument (0: none), its opcode, the lane's time on it (ns, from the lane's first look at the
+ * call to the record's append), and the shim's op number of the application's call (-1: a record kept.h made,
+ * named by its opcode)
+ */
+struct xpu_lane_stamp { uint64_t queued; uint64_t stream; uint32_t opcode; uint32_t took; int32_t op; };
+_Static_assert(sizeof(struct xpu_lane_stamp) == 32, "protocol/records.py: lane_stamp");
+_Static_assert(offsetof(struct xpu_lane_stamp, queued) == 0, "protocol/records.py: lane_stamp.queued");
+_Static_assert(offsetof(struct xpu_lane_stamp, stream) == 8, "protocol/records.py: lane_stamp.stream");
+_Static_assert(offsetof(struct xpu_lane_stamp, opcode) == 16, "protocol/records.py: lane_stamp.opcode");
+_Static_assert(offsetof(struct xpu_lane_stamp, took) == 20, "protocol/records.py: lane_stamp.took");
+_Static_assert(offsetof(struct xpu_lane_stamp, op) == 24, "protocol/records.py: lane_stamp.op");
 /* one attribute of a kept cuBLASLt descriptor: its name and last bytes */
 struct xpu_kept_attribute { uint32_t name; uint32_t size; uint8_t value[16]; };
 _Static_assert(sizeof(struct xpu_kept_attribute) == 24, "protocol/records.py: kept_attribute");

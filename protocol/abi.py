@@ -8,6 +8,7 @@ LANE_BYTES = 262144
 LANE_BLOB_MAX = 32764
 LANE_ARGS_MAX = 32
 LANE_NO_BLOB = 65535
+LANE_STREAM_NOTED = 64
 LANE_KNOWN_HANDLES = 1024
 KEPT_INTS = 18
 KEPT_DIMS = 8
@@ -29,6 +30,9 @@ OP_LIBRARY_SHIFT = 16
 DRIVER_OPS = 688
 LIBRARY_OPS = {'cublas': 517, 'cublasLt': 52, 'cudnn': 235}
 
+LANE_OPEN_CLOSED = 0
+LANE_OPEN_OPEN = 1
+LANE_OPEN_TRACED = 2
 LANE_OFF = 0
 LANE_PLAIN = 1
 LANE_LAUNCH = 2
@@ -101,6 +105,16 @@ def pack_lane_record(*, opcode: int = 0, nargs: int = 0, scalar_size: int = 0, b
     return LANE_RECORD.pack(opcode, nargs, scalar_size, blob_at, blob_len, scalars, ctx)
 
 
+LANE_STAMP_SIZE = 32
+LANE_STAMP_OFFSETS = {'queued': 0, 'stream': 8, 'opcode': 16, 'took': 20, 'op': 24}
+LANE_STAMP_FIELDS = ('queued', 'stream', 'opcode', 'took', 'op')
+LANE_STAMP = struct.Struct('<QQIIixxxx')
+
+
+def pack_lane_stamp(*, queued: int = 0, stream: int = 0, opcode: int = 0, took: int = 0, op: int = 0) -> bytes:
+    return LANE_STAMP.pack(queued, stream, opcode, took, op)
+
+
 KEPT_ATTRIBUTE_SIZE = 24
 KEPT_ATTRIBUTE_OFFSETS = {'name': 0, 'size': 4, 'value': 8}
 KEPT_ATTRIBUTE_FIELDS = ('name', 'size', 'value')
@@ -126,6 +140,7 @@ def pack_blas_pair(*, stream: int = 0, workspace: int = 0, bytes: int = 0, own: 
 # the records as the core's cffi module declares them
 CDEF = """
 struct xpu_lane_record { uint32_t opcode; uint8_t nargs; uint8_t scalar_size; uint16_t blob_at; uint32_t blob_len; uint32_t scalars; uint64_t ctx; };
+struct xpu_lane_stamp { uint64_t queued; uint64_t stream; uint32_t opcode; uint32_t took; int32_t op; };
 struct xpu_kept_attribute { uint32_t name; uint32_t size; uint8_t value[16]; };
 struct xpu_kept_pack { int32_t finalized; int32_t set; int64_t count[3]; uint64_t value[48]; };
 struct xpu_kept_record { int32_t state; int32_t kind; int32_t setter; int32_t attributes; int64_t generation; int32_t ints[18]; uint64_t made[4]; struct xpu_kept_attribute attribute[12]; struct xpu_kept_pack pack; };

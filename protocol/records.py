@@ -24,6 +24,8 @@ LIMITS: dict[str, tuple[int, str]] = {
     "LANE_ARGS_MAX": (32, "arguments of a lane record: cudnnBatchNormalizationBackwardEx's 30, "
                       "cublasGemmStridedBatchedEx's 23, xpuLaunchKernel's 12; a bit each in `scalars`"),
     "LANE_NO_BLOB": (0xFFFF, "a lane record's blob_at when none of its arguments is a blob"),
+    "LANE_STREAM_NOTED": (64, "added to xpu_lane_allow's stream argument where only a trace's stamps read it (an "
+                          "op that is not per-thread); above any argument's index"),
     "LANE_KNOWN_HANDLES": (1024, "handles the core let take the lane (a power of two): graph instantiations"),
     "KEPT_INTS": (18, "a kept tensor's longest setting: an Nd one of KEPT_DIMS dimensions (type, count, dims, "
                   "strides)"),
@@ -49,6 +51,9 @@ LIMITS: dict[str, tuple[int, str]] = {
 
 # name -> (why, members); members are numbered from 0 in order
 ENUMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "LANE_OPEN": ("the lane's state as the core sets it (lane.h's xpu_lane_set_open): closed, open, or open with "
+                  "each record's stamp (lane_stamp) kept and taken with the records, for a trace",
+                  ("CLOSED", "OPEN", "TRACED")),
     "LANE": ("how the fast lane takes an op (calls.LANE): not at all, its arguments as they are, packed as "
              "xpuLaunchKernel with the kernel's argument bytes, or as they are where the core let its first "
              "argument take the lane (a graph instantiation without host copies)",
@@ -100,6 +105,11 @@ RECORDS: dict[str, tuple[str, tuple[Field, ...]]] = {
                     "in `scalars` holds a host scalar's first `scalar_size` bytes (a GEMM's alpha and beta)",
                     (("opcode", "u32"), ("nargs", "u8"), ("scalar_size", "u8"), ("blob_at", "u16"),
                      ("blob_len", "u32"), ("scalars", "u32"), ("ctx", "u64"))),
+    "lane_stamp": ("what the lane keeps of each record while a trace is recorded (never sent): when it was queued "
+                   "(CLOCK_MONOTONIC ns), its stream argument (0: none), its opcode, the lane's time on it (ns, from "
+                   "the lane's first look at the call to the record's append), and the shim's op number of the "
+                   "application's call (-1: a record kept.h made, named by its opcode)",
+                   (("queued", "u64"), ("stream", "u64"), ("opcode", "u32"), ("took", "u32"), ("op", "i32"))),
     "kept_attribute": ("one attribute of a kept cuBLASLt descriptor: its name and last bytes",
                        (("name", "u32"), ("size", "u32"), ("value", "u8", "KEPT_VALUE"))),
     "kept_pack": ("a kept variant pack: its attributes in PACK_ATTRIBUTE's order; `set` has a bit per attribute "

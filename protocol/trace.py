@@ -1,7 +1,7 @@
 """The trace file: what a client recorded of its run, for xpu-perf. Written by the client
 (`XPU_TRACE=path`), read by the performance model.
 
-Format, version 1: the 8 bytes MAGIC, then one zstd stream of concatenated msgpack values:
+Format, version 2 (the reader reads 1 too): the 8 bytes MAGIC, then one zstd stream of concatenated msgpack values:
 a header map, then records (arrays, the first element says which kind). Times are integer
 ticks of TICK_NS of CLOCK_MONOTONIC relative to the header's `epoch_ns` (the moment the
 session with the server was up); time stamps are written as differences from the previous
@@ -19,12 +19,18 @@ the run went over an emulated link that adds delay).
       previous call's; `dur` entry to return; `stream` a small number per stream handle
       (0 = none or the default stream); `seq`, `pos`: the message and the position in it of
       the last request the call queued (seq 0: the call sent nothing)
+  [CALL, id, cls, d_entry, dur, stream, seq, pos, 1]
+      (version 2) a call the shim queued in C, as a record of the fast lane: its times are the
+      lane's own (`dur` from the lane's first look at the call to the record's append, its
+      return), and `pos` is the position of the lane's records in message `seq`, which the
+      records taken together share
   [MESSAGE, seq, kind, d_sent, up, n, wait, down, server, per_call]
       one message to the server: `kind` an index into KINDS; `d_sent` its send time minus
       the previous message's; `up`, `down` bytes each way (down 0 when unanswered); `wait`
       how long the sending thread waited for the answer (0 for kinds that do not wait);
-      `n` calls in it; `server` the server's time on it, from reading it to answering;
-      `per_call` the server's time on each call in order (or nil)
+      `n` calls in it, each lane record counted; `server` the server's time on it, from reading
+      it to answering; `per_call` the server's time on each item of it in order, the lane's
+      records taken together one item (or nil; an item it did not time is nil)
   [GPU, seq, gpu]                           the GPU time of the kernels, copies and memsets of
       message `seq`, measured with events (only with XPU_TRACE_GPU=1)
   [END, span]                               the recording ended `span` after the epoch
@@ -46,7 +52,8 @@ import msgpack
 import zstandard
 
 MAGIC = b"XPUTRACE"
-VERSION = 1
+VERSION = 2
+READS = (1, 2)  # version 1 has no lane records
 NAME, CALL, MESSAGE, END, GPU = range(5)
 CLASSES = ("local", "async", "shadow", "sync", "internal")
 KINDS = ("async", "sync", "later")  # later: sent at once, its answer read by whoever comes next
@@ -79,22 +86,34 @@ class TraceWriter:
 
     def call(self, name: str, cls: int, entry: int, ret: int, stream: int, seq: int, pos: int) -> None:
         with self.lock:
-            ident = self.names.get(name)
-            if ident is None:
-                ident = self.names[name] = len(self.names)
-                self.records.append([NAME, ident, name])
-            sid = self.streams.setdefault(stream, len(self.streams))
-            entry, ret = self._ticks(entry), self._ticks(ret)
-            self.records.append([CALL, ident, cls, entry - self.last_call, ret - entry, sid, seq, pos])
-            self.last_call = entry
+            self.records.append(self._call(name, cls, entry, ret, stream, seq, pos))
             self._maybe_flush()
 
+    def lane_calls(self, calls: list[tuple[str, int, int, int, int]], seq: int, pos: int) -> None:
+        """Calls queued in C, (name, cls, entry, return, stream) each, whose records went together at `pos` of
+        message `seq`."""
+        with self.lock:
+            for name, cls, entry, ret, stream in calls:
+                self.records.append([*self._call(name, cls, entry, ret, stream, seq, pos), 1])
+            self._maybe_flush()
+
+    def _call(self, name: str, cls: int, entry: int, ret: int, stream: int, seq: int, pos: int) -> list[int]:
+        ident = self.names.get(name)
+        if ident is None:
+            ident = self.names[name] = len(self.names)
+            self.records.append([NAME, ident, name])
+        sid = self.streams.setdefault(stream, len(self.streams))
+        entry, ret = self._ticks(entry), self._ticks(ret)
+        record = [CALL, ident, cls, entry - self.last_call, ret - entry, sid, seq, pos]
+        self.last_call = entry
+        return record
+
     def message(self, seq: int, kind: int, sent: int, up: int, n: int, wait: int, down: int,
-                server: int | None, per_call: list[int] | None) -> None:
+                server: int | None, per_call: list[int | None] | None) -> None:
         with self.lock:
             sent = self._ticks(sent)
             self.records.append([MESSAGE, seq, kind, sent - self.last_message, up, n, wait // TICK_NS, down,
-                                 _tick(server), per_call and [t // TICK_NS for t in per_call]])
+                                 _tick(server), per_call and [_tick(t) for t in per_call]])
             self.last_message = sent
             self._maybe_flush()
 
@@ -141,6 +160,7 @@ class Call:
     stream: int
     seq: int
     pos: int
+    lane: bool = False  # queued in C as a lane record: its times are the lane's own
 
 
 @dataclass
@@ -153,7 +173,7 @@ class Message:
     wait: int
     down: int
     server: int | None
-    per_call: list[int] | None
+    per_call: list[int | None] | None  # per item; a lane's records are one item, None where the server did not time it
     gpu: int | None = None  # ns, where measured
 
 
@@ -181,9 +201,10 @@ def read(path: str | Path) -> Trace:
             raise TraceError(f"{path} is not an xpuremote trace")
         values = _values(f)
         header = next(values, None)
-        if not isinstance(header, dict) or header.get("version") != VERSION:
+        if not isinstance(header, dict) or header.get("version") not in READS:
             version = header.get("version") if isinstance(header, dict) else None
-            raise TraceError(f"{path}: trace format version {version!r}, this reader knows {VERSION}")
+            raise TraceError(f"{path}: trace format version {version!r}, this reader knows "
+                             f"{', '.join(map(str, READS))}")
         trace = Trace(header)
         _fill(trace, values)
     trace.messages.sort(key=lambda m: m.sent)
@@ -214,15 +235,16 @@ def _fill(trace: Trace, values: Iterator[Any]) -> None:
         if kind == NAME:
             names[rec[1]] = rec[2]
         elif kind == CALL:
-            _, ident, cls, d_entry, dur, stream, seq, pos = rec
+            _, ident, cls, d_entry, dur, stream, seq, pos, *lane = rec
             last_call += d_entry
             entry = last_call * TICK_NS
-            trace.calls.append(Call(names[ident], CLASSES[cls], entry, entry + dur * TICK_NS, stream, seq, pos))
+            trace.calls.append(Call(names[ident], CLASSES[cls], entry, entry + dur * TICK_NS, stream, seq, pos,
+                                    bool(lane and lane[0])))
         elif kind == MESSAGE:
             _, seq, mkind, d_sent, up, n, wait, down, server, per_call = rec
             last_message += d_sent
             trace.messages.append(Message(seq, KINDS[mkind], last_message * TICK_NS, up, n, wait * TICK_NS, down,
-                                          _ns(server), per_call and [t * TICK_NS for t in per_call]))
+                                          _ns(server), per_call and [_ns(t) for t in per_call]))
         elif kind == GPU:
             gpu[rec[1]] = rec[2] * TICK_NS
         elif kind == END:

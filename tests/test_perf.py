@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -19,9 +20,10 @@ from conftest import BACKEND, ROOT, SIM_KERNELS, Build
 from pyclient import PyClient
 from toolchain import nvcc_lib_dir
 
-from xpuremote.client import wake
-from xpuremote.perfmodel import model, validate
+from xpuremote.client import call_cpu, wake
+from xpuremote.perfmodel import by_call, model, shares, validate, whatif
 from xpuremote.protocol import trace
+from xpuremote.protocol.calls import CALLS
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.wire import PROBE_BUSY_MAX_NS
 
@@ -60,10 +62,70 @@ def test_trace_holds_every_call_and_message(run_on, workloads: Path, tmp_path: P
     by_seq = {m.seq: m for m in t.messages}
     sync = [m for m in t.messages if m.kind == "sync"]
     assert len(sync) >= 100 and all(m.wait > 0 and m.down > 0 for m in sync)
-    assert all(m.server is not None and len(m.per_call) == m.n for m in t.messages), "the server timed each"
+    lanes = shares.lane_items(t)  # a lane's records are one item of their message
+    items = {m.seq: m.n - sum(n for (seq, _), n in lanes.items() if seq == m.seq) +
+             sum(seq == m.seq for seq, _ in lanes) for m in t.messages}
+    assert all(m.server is not None and len(m.per_call) == items[m.seq] for m in t.messages), "the server timed each"
     assert all(by_seq[c.seq].n > c.pos for c in launches)
     assert t.end is not None and 0 < t.span_ns <= t.end
     assert t.header["backend"] == BACKEND and t.header["argv"][1:] == ["sync", "50"]
+
+
+def test_a_traced_run_keeps_the_fast_path_and_records_every_call(run_on, workloads: Path, tmp_path: Path) -> None:
+    """Under XPU_TRACE the lane stays open: a launch after the first and every memset are queued in C and never
+    enter the client core (XPU_CALL_CPU counts the core's calls), yet the trace holds each of them, named, timed
+    by the lane and placed in the message it went in. What reached the server is, by name and count, what a
+    traced run with the lane closed (XPU_LANE=0, every call through the core) sent."""
+    runs = {}
+    for lane in ("1", "0"):
+        table = tmp_path / f"core-{lane}.tsv"
+        t = record(run_on, tmp_path / f"lane-{lane}.trace", workloads, "async", 20, XPU_LANE=lane,
+                   XPU_CALL_CPU=str(table))
+        runs[lane] = t, call_cpu.read(table)
+    (traced, core), (closed, closed_core) = runs["1"], runs["0"]
+    assert closed_core["cuLaunchKernel"][0] == 20 * 16
+    assert {name: n for name, (n, _) in core.items() if CALLS[name].lane} == {"cuLaunchKernel": 1}, core
+    assert not any(c.lane for c in closed.calls)
+    sent = collections.Counter(c.name for c in traced.calls if c.seq)
+    assert sent == collections.Counter(c.name for c in closed.calls if c.seq)
+    queued = [c for c in traced.calls if c.lane]
+    assert collections.Counter(CALLS[c.name].lane for c in queued) == {"launch": 20 * 16 - 1, "args": 20}
+    messages = {m.seq: m for m in traced.messages}
+    assert all(c.seq in messages and 0 <= c.ret - c.entry < messages[c.seq].sent - c.entry for c in queued), \
+        "each record was queued before its message went out, and costs the application its time in C"
+    lanes = shares.lane_items(traced)
+    assert sum(lanes.values()) == len(queued) and all(pos < len(messages[seq].per_call) for seq, pos in lanes), \
+        "a lane's records are one item of their message"
+
+
+def test_a_traced_run_records_the_library_calls_queued_in_c(tmp_path: Path) -> None:
+    """cuBLAS GEMMs that kept.h queues in the lane under a trace are in it as calls of their messages, named by the
+    record (the stream and workspace their handle lacked on the server before them too), and the server ran the
+    same calls as in a traced run with the lane closed, where the core sent each GEMM with those settings."""
+    from conftest import shim_env, start_server
+    from test_mathlibs import GEMM_PROGRAM
+
+    from xpuremote.interpose.build import ensure_shim
+
+    srv = start_server(tmp_path)
+    traces = {}
+    try:
+        for lane in ("1", "0"):
+            path = tmp_path / f"gemm-{lane}.trace"
+            proc = subprocess.run([sys.executable, "-c", GEMM_PROGRAM], capture_output=True, text=True, timeout=120,
+                                  env=shim_env(ensure_shim(), srv.address, XPU_LANE=lane, XPU_TRACE=str(path)))
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            traces[lane] = trace.read(path)
+    finally:
+        srv.stop()
+    queued = collections.Counter(c.name for c in traces["1"].calls if c.lane)
+    assert queued == {"cublasGemmEx": 3, "cublasSgemm_v2": 3, "cublasSetStream_v2": 4, "cublasSetWorkspace_v2": 3}
+    gemms = [collections.Counter(c.name for c in t.calls if c.seq and "gemm" in c.name.lower())
+             for t in traces.values()]
+    assert gemms[0] == gemms[1] == {"cublasGemmEx": 3, "cublasSgemm_v2": 5}
+    assert sum(m.n for m in traces["1"].messages) == sum(m.n for m in traces["0"].messages)
+    served = re.findall(r"library calls: .*?cublas=(\d+)", srv.log())
+    assert len(served) == 2 and served[0] == served[1], served
 
 
 def test_gpu_time_is_measured_only_when_asked(run_on, workloads: Path, tmp_path: Path) -> None:
@@ -199,6 +261,27 @@ def test_model_hides_async_work_behind_the_client() -> None:
     assert model.Model(t).predict(model.Network(rtt_us=100)).predicted_s == pytest.approx(0.003 + 100e-6)
 
 
+def test_model_shares_an_untimed_lane_item_among_its_records() -> None:
+    """A lane's records are one item of their message. Where the worker did not time it, the item gets what the
+    message's time leaves after the items it timed, less the worker's time beyond its items in a message without a
+    lane; its records share that. They cost the application their time in C, wait for nothing, and `no async`
+    makes each one a round trip of its own."""
+    plain = trace.Message(1, "sync", 0, 100, 1, 100_000, 100, 50_000, [40_000], None)  # 10 µs beyond its item
+    laned = trace.Message(2, "sync", 1_000_000, 400, 4, 100_000, 100, 100_000, [None, 30_000], None)
+    t = trace.Trace({"version": trace.VERSION}, messages=[plain, laned], end=2_000_000)
+    records = [trace.Call("cuLaunchKernel", "async", 900_000 + i, 900_100 + i, 0, 2, 0, lane=True) for i in range(3)]
+    t.calls = [trace.Call("cuCtxSynchronize", "sync", 0, 100_000, 0, 1, 0), *records,
+               trace.Call("cuCtxSynchronize", "sync", 1_000_000, 1_100_000, 0, 2, 1)]
+    assert shares.item_times(t) == {1: [40_000], 2: [60_000, 30_000]}
+    assert shares.call_shares(t) == [40_000, 20_000, 20_000, 20_000, 30_000]
+    rows = {r.name: r for r in by_call.by_call(t)}
+    assert (rows["cuLaunchKernel"].server_ns, rows["cuLaunchKernel"].inside_ns) == (60_000, 300)
+    assert (rows["cuLaunchKernel"].waits, rows["cuCtxSynchronize"].waits) == (0, 2)
+    off = whatif.without(model.Model(t), whatif.OFF["no async"])
+    assert sorted((m.server, m.up) for m in off.msgs) == [(20_000, 100)] * 3 + [(40_000, 100), (50_000, 100)]
+    assert off.predict(model.Network()).breakdown.round_trips == 5
+
+
 def test_wake_up_cost_is_interpolated_and_flat_beyond() -> None:
     w = model.Wake.from_header([[1_000_000, 20_000], [100_000, 0], [3_000_000, 50_000]])
     assert [w.extra(i) for i in (0, 100_000, 550_000, 1_000_000, 2_000_000, 10_000_000)] == \
@@ -279,8 +362,10 @@ def test_calls_says_where_the_time_went_by_call(async_trace: Path) -> None:
     assert len(out["calls"]) == len(rows) + bool(own["count"])
     assert sum(r["count"] for r in rows.values()) == len(recorded.calls)
     assert rows["cuLaunchKernel"]["count"] >= 100 and rows["cuLaunchKernel"]["cls"] == "async"
-    assert sum(r["server_ns"] for r in [*rows.values(), own] if r["count"]) == sum(
-        sum(m.per_call or []) for m in recorded.messages)
+    items = shares.item_times(recorded)  # the server's per item; a lane's records one item, estimated if untimed
+    assert all(sum(items[m.seq]) <= m.server for m in recorded.messages if m.seq in items)
+    assert sum(r["server_ns"] for r in [*rows.values(), own] if r["count"]) == pytest.approx(
+        sum(sum(t) for t in items.values()), abs=len(rows) + 1)
     assert sum(r["waits"] for r in rows.values()) == sum(m.kind != "async" for m in recorded.messages)
     assert out["gpu_s"] is None  # recorded without XPU_TRACE_GPU
     inside = [r["inside_ns"] for r in out["calls"]]
@@ -288,7 +373,7 @@ def test_calls_says_where_the_time_went_by_call(async_trace: Path) -> None:
     later = json.loads(xpu_perf("calls", async_trace, "--from-ms", str(recorded.span_ns / 2e6), "--json").stdout)
     assert 0 < sum(r["count"] for r in later["calls"]) < len(recorded.calls)
     text = xpu_perf("calls", async_trace, "--top", "3").stdout
-    assert "cuLaunchKernel" in text and "the other" in text
+    assert out["calls"][0]["name"] in text and "the other" in text
 
 
 def test_validate_compares_the_faster_two_thirds() -> None:
