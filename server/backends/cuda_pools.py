@@ -68,7 +68,7 @@ class PlacedPools:
     def reserve(self, pool: int, size: int) -> int:
         placed = self.pools.get(pool)
         if placed is None:
-            placed = self.pools[pool] = Placed(self.attribute(pool, A["LOCATION_ID"]),
+            placed = self.pools[pool] = Placed(self.device_of(pool),
                                                threshold=self.attribute(pool, A["RELEASE_THRESHOLD"]))
         size = -(-size // GRANULE) * GRANULE
         address = self.ffi.new("uint64_t *")
@@ -193,6 +193,16 @@ class PlacedPools:
             for base, size in placed.ranges:
                 self.lib.cuMemAddressFree(base, size)
             placed.ranges.clear()
+
+    def device_of(self, pool: int) -> int:
+        """The pool's device: its LOCATION_ID where the driver answers it, else the current context's (the 580
+        driver of an H200 refused the attribute; a pool of another device is then mapped on this one)."""
+        try:
+            return self.attribute(pool, A["LOCATION_ID"])
+        except CudaError:
+            device = self.ffi.new("int *")
+            self.check(self.lib.cuCtxGetDevice(device), "cuCtxGetDevice")
+            return int(device[0])
 
     # ---- the pool's calls -----------------------------------------------------------------------------
     def attribute(self, pool: int, attr: int) -> int:
