@@ -7,7 +7,9 @@ Each bench/torch_e2e.py workload (--size small, XPU_SIM_SKIP_KERNELS=1) runs und
 sim server twice, with 1 and with 1 + STEPS steps (after 2 warm-up steps), and XPU_CALL_CPU set: the core
 then times every call it runs on its thread's CPU clock (client/call_cpu.py). The difference of the two runs,
 divided by STEPS, is one step: each entry point's calls and CPU. The calls the shim answers in C (the fast
-lane, the context questions, kept descriptors) never reach the core and cost it nothing here.
+lane, the context questions, kept descriptors) never reach the core and cost it nothing here. Each run has its
+own server: its sessions' `ended` lines say how many calls the worker ran that did not come as fast-lane records
+(a step's synchronize, the calls the core sent).
 
 With --backend cuda (a GPU; the GPU check's stage 6) the workloads run at their benchmark sizes on a local
 `xpu-server --backend cuda`, NVIDIA's libraries behind it.
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -34,7 +37,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from foundation import TORCH_PYTHON  # noqa: E402
+from foundation import TORCH_PYTHON, start_server, stop  # noqa: E402
 
 from xpuremote.client import call_cpu  # noqa: E402
 
@@ -42,28 +45,41 @@ STEPS = 20
 TOP = 12  # entry points listed per workload
 
 
-def run_once(workload: str, steps: int, folder: Path, backend: str) -> tuple[dict[str, list[int]], float]:
-    """One run: each entry point's [calls, CPU ns] over the whole run, and the application's CPU ms a step."""
-    table = folder / f"{workload}-{steps}.tsv"
-    env = {**os.environ, "XPU_CALL_CPU": str(table), **({"XPU_SIM_SKIP_KERNELS": "1"} if backend == "sim" else {})}
-    command = [sys.executable, "-m", "xpuremote.interpose.run", "--backend", backend, "--", str(TORCH_PYTHON),
+SESSION_ENDED = re.compile(r"session \S+ ended: (\d+) calls \((\d+) from the fast lane, in (\d+) lanes\)")
+
+
+def run_once(workload: str, steps: int, folder: Path, backend: str) -> tuple[dict[str, list[int]], float, int]:
+    """One run: each entry point's [calls, CPU ns] over the whole run, the application's CPU ms a step, and the
+    calls the worker ran that did not come in the fast lane, the lanes themselves apart (its sessions' `ended`
+    lines)."""
+    table, log = folder / f"{workload}-{steps}.tsv", folder / f"{workload}-{steps}.log"
+    skip = {"XPU_SIM_SKIP_KERNELS": "1"} if backend == "sim" else {}
+    server, address = start_server(log, backend, env=skip)
+    env = {**os.environ, "XPU_CALL_CPU": str(table), **skip}
+    command = [sys.executable, "-m", "xpuremote.interpose.run", "--server", address, "--", str(TORCH_PYTHON),
                str(ROOT / "bench" / "torch_e2e.py"), "--run", workload, "--size", "small" if backend == "sim" else
                "full", "--steps", str(steps), "--warmup", "2"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    finally:
+        stop(server)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines or not table.is_file():
         raise SystemExit(f"{workload} failed ({done.returncode}): {done.stderr[-2000:]}")
     spent = {name: list(row) for name, row in call_cpu.read(table).items()}
-    return spent, json.loads(lines[-1])["cpu_ms"]
+    ended = SESSION_ENDED.findall(log.read_text())
+    outside_lane = sum(int(calls) - int(lane) - int(lanes) for calls, lane, lanes in ended)
+    return spent, json.loads(lines[-1])["cpu_ms"], outside_lane
 
 
 def one_step(workload: str, folder: Path, backend: str, repeats: int) -> dict[str, Any]:
     """Medians over `repeats` pairs of runs: the core's calls in one step, and the application's CPU a step."""
     per_call: dict[str, list[tuple[float, float]]] = {}
-    totals, app = [], []
+    totals, app, worker = [], [], []
     for _ in range(repeats):
-        short, _ = run_once(workload, 1, folder, backend)
-        long, cpu_ms = run_once(workload, 1 + STEPS, folder, backend)
+        short, _, short_worker = run_once(workload, 1, folder, backend)
+        long, cpu_ms, long_worker = run_once(workload, 1 + STEPS, folder, backend)
+        worker.append((long_worker - short_worker) / STEPS)
         step = {name: ((n - short.get(name, [0, 0])[0]) / STEPS, (ns - short.get(name, [0, 0])[1]) / STEPS)
                 for name, (n, ns) in long.items() if n > short.get(name, [0, 0])[0]}  # what each step calls
         for name, value in step.items():
@@ -73,9 +89,10 @@ def one_step(workload: str, folder: Path, backend: str, repeats: int) -> dict[st
     calls = {name: (statistics.median(v[0] for v in values), statistics.median(v[1] for v in values) / 1e3)
              for name, values in per_call.items()}
     core_ms, app_ms = statistics.median(totals), statistics.median(app)
-    rows = sorted(((name, n, us) for name, (n, us) in calls.items() if n >= 0.5), key=lambda row: -row[2])
+    rows = sorted(((name, n, us) for name, (n, us) in calls.items() if n >= 0.05), key=lambda row: -row[2])
     return {"workload": workload, "app_cpu_ms": app_ms, "core_ms": core_ms, "outside_ms": app_ms - core_ms,
-            "core_calls": sum(n for _, n, _ in rows), "app_samples": app, "core_samples": totals,
+            "core_calls": sum(n for n, _ in calls.values()), "worker_calls": statistics.median(worker),
+            "app_samples": app, "core_samples": totals,
             "calls": [{"call": name, "per_step": n, "us_per_step": us, "us_per_call": us / n} for name, n, us in rows]}
 
 
@@ -87,10 +104,10 @@ def markdown(report: dict[str, Any]) -> str:
            f"Machine: {report['machine']}", "",
            f"{runs} (1 and {1 + STEPS} steps after 2 warm-up steps; the difference is {STEPS} steps), {where}.", "",
            "| workload | application CPU ms/step | the core's calls ms/step | outside them ms/step | calls into the "
-           "core/step |", "|---|---:|---:|---:|---:|"]
+           "core/step | the worker's calls outside the lane/step |", "|---|---:|---:|---:|---:|---:|"]
     for w in report["workloads"]:
         out.append(f"| {w['workload']} | {w['app_cpu_ms']:.2f} | {w['core_ms']:.2f} | {w['outside_ms']:.2f} | "
-                   f"{w['core_calls']:.0f} |")
+                   f"{w['core_calls']:.2f} | {w['worker_calls']:.2f} |")
     for w in report["workloads"]:
         out += ["", f"## {w['workload']}: the dearest entry points", "",
                 "| call | calls/step | µs/call | µs/step |", "|---|---:|---:|---:|"]

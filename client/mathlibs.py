@@ -673,12 +673,11 @@ class KeptInC:
     def constant(self, call: Call, value: int) -> None:
         self.lib.xpu_kept_constant(*_op(call.symbol), value)
 
-    def learn_pointers(self, pointers: bytes, by_value: bytes) -> None:
-        """C queues the execution of a pack of these data pointers from now on, reading the by-value scalars'
-        bytes itself, until device memory changes (`forget_pointers`)."""
-        if len(by_value) <= abi.KEPT_PACK_ELEMENTS:  # a longer pack is never kept in C
-            mask = sum(1 << i for i, flag in enumerate(by_value) if flag)
-            self.lib.xpu_kept_pointers(self.ffi.from_buffer("uint64_t[]", pointers), len(by_value), mask)
+    def learn_scalars(self, pointers: bytes, by_value: bytes) -> None:
+        """The host addresses among these data pointers that hold by-value scalars: C reads their bytes itself at
+        the next execution that names them."""
+        addresses = [a for (a,), flag in zip(struct.iter_unpack("<Q", pointers), by_value) if flag]
+        self.lib.xpu_kept_scalars_at(self.ffi.new("uint64_t[]", addresses), len(addresses))
 
     def watch_device(self, devices: memory.RangeMap) -> None:
         """C knows the session's device memory from now on (a pack's pointers all inside it are all device
@@ -909,7 +908,7 @@ def _execution(d: Driver, pack: dict[str, Any]) -> list[Any] | None:
     if IN_C is not None:  # C queues the next execution itself: it knows device memory, and these scalars
         IN_C.watch_device(memory.maps(d)[0])
         if any(flags):
-            IN_C.learn_pointers(raw, flags)
+            IN_C.learn_scalars(raw, flags)
     return [count, int.from_bytes(workspace[2], "little"), mathlibs.execute_pack(raw, uids[2], scalars, flags)]
 
 

@@ -71,7 +71,7 @@ void xpu_kept_learn(int library, int op, const uint64_t *slots, const void *answ
 void xpu_kept_lt_names(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode);
 void xpu_kept_serve(const struct xpu_kept_record *setting, uint64_t server);
 void xpu_kept_constant(int library, int op, int32_t value);
-void xpu_kept_pointers(const uint64_t *pointers, int64_t count, uint32_t by_value);
+void xpu_kept_scalars_at(const uint64_t *addresses, int64_t count);
 void xpu_kept_device_ranges(const uint64_t *ranges, int64_t count);
 """ + abi.CDEF
 

@@ -103,9 +103,7 @@ static void xpu_kept_serve(const struct xpu_kept_record *setting, uint64_t serve
     front->kept_serve(setting, server);
 }
 static void xpu_kept_constant(int library, int op, int32_t value) { front->kept_constant(library, op, value); }
-static void xpu_kept_pointers(const uint64_t *pointers, int64_t count, uint32_t by_value) {
-    front->kept_pointers(pointers, count, by_value);
-}
+static void xpu_kept_scalars_at(const uint64_t *addresses, int64_t count) { front->kept_scalars_at(addresses, count); }
 static void xpu_kept_device_ranges(const uint64_t *ranges, int64_t count) { front->kept_device_ranges(ranges, count); }
 static void xpu_set_python_ready(void) {
     xpu_python_ready = 1;

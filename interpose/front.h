@@ -55,7 +55,7 @@ struct xpu_front {
     void (*kept_lt_names)(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode);
     void (*kept_serve)(const struct xpu_kept_record *setting, uint64_t server);
     void (*kept_constant)(int library, int op, int32_t value);
-    void (*kept_pointers)(const uint64_t *pointers, int64_t count, uint32_t by_value);
+    void (*kept_scalars_at)(const uint64_t *addresses, int64_t count);
     void (*kept_device_ranges)(const uint64_t *ranges, int64_t count);
 };
 

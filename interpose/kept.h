@@ -70,12 +70,10 @@ static struct {
      * it there (client/mathlibs.py, server_descriptor): a cuBLASLt call names those. server 0: free; ~0: gone. */
     struct { uint64_t hash, server; struct xpu_kept_record setting; } served[XPU_KEPT_SERVED];
     uint32_t serving;                            /* entries used, gone ones included */
-    /* A variant pack's data pointers as the core found them: a bit per by-value scalar's host address (cuDNN
-     * attention's scale), the others device addresses. PyTorch executes the same pointers step after step; they
-     * are forgotten when device memory changes (xpu_kept_device_ranges). A free entry's count is 0. */
-    struct { uint64_t hash; int64_t count; uint32_t by_value; uint64_t pointer[XPU_KEPT_PACK_ELEMENTS]; }
-        pointer_set[XPU_KEPT_POINTER_SETS];
-    uint32_t pointer_sets;
+    /* Host addresses the core found holding a variant pack's by-value scalar (cuDNN attention's scale: it lives in
+     * cudnn-frontend's graph, the same address at every execution of it). 0: free. */
+    uint64_t scalar_address[XPU_KEPT_SCALAR_ADDRESSES];
+    uint32_t scalar_addresses;
     /* The session's device memory as the core knows it: [base, end) pairs in order of their bases (a pack's data
      * pointers all inside are all device addresses: no by-value scalar, nothing to ask the core). */
     uint64_t *device;
@@ -614,46 +612,38 @@ static int xpu_kept_dnn_call(int library, int op, const uint64_t *s) {
 }
 
 /* ---- cuDNN's variant packs executed in the lane ------------------------------------------------------ */
-/* The entry of `count` data pointers, or the free one where they would go (its count 0). Under the lock. */
-static int xpu_kept_pointer_slot(uint64_t hash, const uint64_t *pointers, int64_t count) {
-    uint32_t i = (uint32_t)hash & (XPU_KEPT_POINTER_SETS - 1);
-    for (;; i = (i + 1) & (XPU_KEPT_POINTER_SETS - 1)) {  /* never full: it starts over at half */
-        if (!xpu_kept.pointer_set[i].count) return (int)i;
-        if (xpu_kept.pointer_set[i].hash == hash && xpu_kept.pointer_set[i].count == count
-            && !memcmp(xpu_kept.pointer_set[i].pointer, pointers, (size_t)count * 8))
-            return (int)i;
-    }
+/* Where `address` is in the table of by-value scalars' addresses, or the free entry where it would go. Under the
+ * lock. */
+static uint32_t xpu_kept_scalar_slot(uint64_t address) {
+    uint32_t i = (uint32_t)(xpu_kept_hash((const unsigned char *)&address, 8) & (XPU_KEPT_SCALAR_ADDRESSES - 1));
+    while (xpu_kept.scalar_address[i] && xpu_kept.scalar_address[i] != address)  /* never full: it starts over */
+        i = (i + 1) & (XPU_KEPT_SCALAR_ADDRESSES - 1);
+    return i;
 }
 
-/* The core's: of these `count` data pointers, those of `by_value` (a bit each) are by-value scalars' host
- * addresses, the others device addresses. */
-static void xpu_kept_pointers(const uint64_t *pointers, int64_t count, uint32_t by_value) {
+/* The core's: these `count` host addresses hold a variant pack's by-value scalars. */
+static void xpu_kept_scalars_at(const uint64_t *addresses, int64_t count) {
     pthread_mutex_lock(&xpu_kept.lock);
-    if (xpu_kept.pointer_sets >= XPU_KEPT_POINTER_SETS / 2) {
-        if (xpu_kept.pointer_sets) memset(xpu_kept.pointer_set, 0, sizeof xpu_kept.pointer_set);
-        xpu_kept.pointer_sets = 0;
-    }
-    if (count > 0 && count <= XPU_KEPT_PACK_ELEMENTS) {
-        uint64_t hash = xpu_kept_hash((const unsigned char *)pointers, (size_t)count * 8);
-        int i = xpu_kept_pointer_slot(hash, pointers, count);
-        if (!xpu_kept.pointer_set[i].count) xpu_kept.pointer_sets++;
-        xpu_kept.pointer_set[i].hash = hash, xpu_kept.pointer_set[i].count = count;
-        xpu_kept.pointer_set[i].by_value = by_value;
-        memcpy(xpu_kept.pointer_set[i].pointer, pointers, (size_t)count * 8);
+    for (int64_t a = 0; a < count; a++) {
+        if (!addresses[a]) continue;
+        if (xpu_kept.scalar_addresses >= XPU_KEPT_SCALAR_ADDRESSES / 2) {
+            memset(xpu_kept.scalar_address, 0, sizeof xpu_kept.scalar_address);
+            xpu_kept.scalar_addresses = 0;
+        }
+        uint32_t i = xpu_kept_scalar_slot(addresses[a]);
+        xpu_kept.scalar_addresses += !xpu_kept.scalar_address[i];
+        xpu_kept.scalar_address[i] = addresses[a];
     }
     pthread_mutex_unlock(&xpu_kept.lock);
 }
 
-/* The core's: device memory is these `count` [base, end) pairs now, in order of their bases; what it said of data
- * pointers before is void. */
+/* The core's: device memory is these `count` [base, end) pairs now, in order of their bases. */
 static void xpu_kept_device_ranges(const uint64_t *ranges, int64_t count) {
     uint64_t *copy = count > 0 ? malloc((size_t)count * 16) : NULL;
     if (copy) memcpy(copy, ranges, (size_t)count * 16);
     pthread_mutex_lock(&xpu_kept.lock);
     free(xpu_kept.device);
     xpu_kept.device = copy, xpu_kept.devices = copy ? count : 0;
-    if (xpu_kept.pointer_sets) memset(xpu_kept.pointer_set, 0, sizeof xpu_kept.pointer_set);
-    xpu_kept.pointer_sets = 0;
     pthread_mutex_unlock(&xpu_kept.lock);
 }
 
@@ -669,14 +659,14 @@ static int xpu_kept_on_device(uint64_t address) {
 }
 
 /* A pack's `count` data pointers: 0 and a bit per by-value scalar's host address in `by_value`, or -1 where C
- * cannot say (a pointer outside device memory in pointers the core has not told C of). Under the lock. */
+ * cannot say (a pointer neither in device memory nor where the core found a by-value scalar). Under the lock. */
 static int xpu_kept_by_value(const uint64_t *pointers, int64_t count, uint32_t *by_value) {
-    int64_t e = 0;
-    while (e < count && (!pointers[e] || xpu_kept_on_device(pointers[e]))) e++;
-    if (e == count) return *by_value = 0, 0;
-    int i = xpu_kept_pointer_slot(xpu_kept_hash((const unsigned char *)pointers, (size_t)count * 8), pointers, count);
-    if (!xpu_kept.pointer_set[i].count) return -1;
-    *by_value = xpu_kept.pointer_set[i].by_value;
+    *by_value = 0;
+    for (int64_t e = 0; e < count; e++) {
+        if (!pointers[e] || xpu_kept_on_device(pointers[e])) continue;
+        if (!xpu_kept.scalar_address[xpu_kept_scalar_slot(pointers[e])]) return -1;
+        *by_value |= 1u << e;
+    }
     return 0;
 }
 

@@ -500,6 +500,6 @@ static struct xpu_front xpu_front_table = {
     .kept_pack_names = xpu_kept_pack_names, .kept_setting = xpu_kept_setting,
     .kept_read = xpu_kept_read, .kept_release = xpu_kept_release, .kept_blas = xpu_kept_blas,
     .kept_learn = xpu_kept_learn, .kept_lt_names = xpu_kept_lt_names, .kept_serve = xpu_kept_serve,
-    .kept_constant = xpu_kept_constant, .kept_pointers = xpu_kept_pointers,
+    .kept_constant = xpu_kept_constant, .kept_scalars_at = xpu_kept_scalars_at,
     .kept_device_ranges = xpu_kept_device_ranges,
 };

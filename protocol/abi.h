@@ -44,10 +44,8 @@
 #define XPU_KEPT_HEURISTIC_RESULTS 8
 /* cuBLASLt matmul attributes that hold a device pointer, told by the core */
 #define XPU_KEPT_LT_POINTERS 16
-/* variant packs' data pointers whose by-value scalars the core told C (a power of two); full, or device memory
- * changed, it starts over
- */
-#define XPU_KEPT_POINTER_SETS 256
+/* host addresses of variant packs' by-value scalars the core told C (a power of two); at half, it starts over */
+#define XPU_KEPT_SCALAR_ADDRESSES 256
 /* failed records one run of server/native_lane.c reports before it hands back */
 #define XPU_NATIVE_FAILURES 64
 /* records server/native_lane.c keeps as run by Python (a power of two); at half, it starts over */

@@ -40,8 +40,8 @@ LIMITS: dict[str, tuple[int, str]] = {
                      "starts over"),
     "KEPT_HEURISTIC_RESULTS": (8, "results a heuristic question kept in C may ask for"),
     "KEPT_LT_POINTERS": (16, "cuBLASLt matmul attributes that hold a device pointer, told by the core"),
-    "KEPT_POINTER_SETS": (256, "variant packs' data pointers whose by-value scalars the core told C (a power of "
-                          "two); full, or device memory changed, it starts over"),
+    "KEPT_SCALAR_ADDRESSES": (256, "host addresses of variant packs' by-value scalars the core told C (a power of "
+                              "two); at half, it starts over"),
     "NATIVE_FAILURES": (64, "failed records one run of server/native_lane.c reports before it hands back"),
     "NATIVE_VETTED": (4096, "records server/native_lane.c keeps as run by Python (a power of two); at half, it "
                       "starts over"),

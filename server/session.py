@@ -87,6 +87,7 @@ class Session:
         self.deferred: list[tuple[str, int, str]] = []  # async failures not yet reported
         self.calls = 0
         self.lane_calls = 0  # of them, run from the shim's fast lane
+        self.lanes = 0  # xpuLane calls: the lane's batches
         self.library_calls: collections.Counter[str] = collections.Counter()  # math library -> calls
         self.errors = 0
         self.awaiting: int | None = None  # a host function the client runs before more work is done
@@ -275,6 +276,7 @@ class Session:
         if len(args) != 2 or not isinstance(args[0], (bytes, memoryview)) or args[1] != len(args[0]):
             raise CudaError(errors.INVALID_VALUE, "xpuLane takes [records, their size]")
         view, at, ctx = memoryview(args[0]), 0, None
+        self.lanes += 1
         try:
             while at < len(view):
                 if self.native is not None and ctx is not None and self.native.ops.get(_opcode_at(view, at)):

@@ -114,10 +114,11 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
         backend.close()
         report(session, None)
         by_library = "".join(f" {name}={n}" for name, n in sorted(session.library_calls.items()))
-        log.info("session %s ended: %d calls (%d from the fast lane), %d errors, peak device memory %d bytes, "
-                 "%d bytes on the data connection, %d messages there; library calls:%s", session_id, session.calls,
-                 session.lane_calls, session.errors, backend.peak, session.data.moved if session.data else 0,
-                 session.data.messages if session.data else 0, by_library or " none")
+        log.info("session %s ended: %d calls (%d from the fast lane, in %d lanes), %d errors, peak device memory "
+                 "%d bytes, %d bytes on the data connection, %d messages there; library calls:%s", session_id,
+                 session.calls, session.lane_calls, session.lanes, session.errors, backend.peak,
+                 session.data.moved if session.data else 0, session.data.messages if session.data else 0,
+                 by_library or " none")
         sock.disable_monitor()  # a watchdog still looking wakes up and sees `finished`
         sock.close()
         watchdog.join()

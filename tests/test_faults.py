@@ -581,7 +581,7 @@ time.sleep(120)
         proc.wait(5)
         assert wait_for(lambda: not alive(workers[0]), 5), "the worker outlived its client by 5 s"
         assert wait_for(lambda: f"session {session} ended" in private_server.log(), 2), private_server.log()
-        assert re.search(rf"session {session} ended: \d+ calls \(\d+ from the fast lane\)", private_server.log())
+        assert re.search(rf"session {session} ended: \d+ calls \(\d+ from the fast lane", private_server.log())
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -26,7 +26,7 @@ MEMSET = CALLS["cuMemsetD8Async"]
 
 def lane_calls(server: Server) -> list[tuple[int, int]]:
     """(calls, of them from the lane) of each session the server has ended."""
-    return [(int(a), int(b)) for a, b in re.findall(r"ended: (\d+) calls \((\d+) from the fast lane\)", server.log())]
+    return [(int(a), int(b)) for a, b in re.findall(r"ended: (\d+) calls \((\d+) from the fast lane", server.log())]
 
 
 @pytest.mark.parametrize("lane", ["1", "0"], ids=["lane", "no-lane"])
