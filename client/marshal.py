@@ -80,7 +80,7 @@ def get(p: Param, address: int) -> int:
 
 # ---- generic marshalling ---------------------------------------------------------------------
 # What sizes a library scalar from a call's arguments by name: its bytes in host pointer mode, or None in
-# device pointer mode (the address then travels). Set by client/mathlibs.py, which knows each handle's
+# device pointer mode (the address then travels). Set by client/descriptors.py, which knows each handle's
 # pointer mode.
 ScalarSizer = Callable[[Call, Param], Callable[[dict[str, Any]], "int | None"]]
 

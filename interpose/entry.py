@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from xpuremote.client import call_cpu, connection, driver, integrity, mathlibs, nvml, trace
+from xpuremote.client import call_cpu, connection, driver, integrity, kept_in_c, mathlibs, nvml, trace
 from xpuremote.client.lane import Lane
 from xpuremote.protocol import abi, errors, logs
 from xpuremote.protocol.calls import CALLS, LIBRARY_SYMBOLS, SYMBOLS
@@ -159,7 +159,7 @@ def install(ffi: Any, lib: Any) -> None:
     d = driver.DRIVER
     d.contexts = ShimContexts(lib)
     d.lane = Lane(ffi, lib)
-    mathlibs.IN_C = mathlibs.KeptInC(ffi, lib)
+    mathlibs.IN_C = kept_in_c.KeptInC(ffi, lib)
     mathlibs.IN_C.mark()
     d.state["requested_version"] = lib.xpu_requested_version
     for op, symbol in enumerate(SYMBOLS):

@@ -7,7 +7,7 @@
  * a table (front.h), and its handle is the record's.
  *
  * The core reads a record (xpu_kept_read) when a call names the descriptor: it sends the call with the
- * server's descriptor for that setting (client/mathlibs.py, `server_descriptor`). A call this table does
+ * server's descriptor for that setting (client/descriptors.py, `server_descriptor`). A call this table does
  * not take (another setter, a setting it cannot hold, a closed lane) goes to the core, which first takes
  * the record over (xpu_kept_read, adopting it): from then on the handle is the core's, and its slot stays
  * taken until the core frees it (xpu_kept_release) at the destroy, so a handle is given out again only after
@@ -67,7 +67,7 @@ static struct {
     uint32_t lt_pointer[XPU_KEPT_LT_POINTERS];  /* matmul attributes holding device pointers: keyed by alignment */
     uint32_t lt_scale_type, lt_pointer_mode;     /* the matmul attributes that size a call's scalars */
     /* The server's descriptor for a kept descriptor's setting (the record but its generation), as the core made
-     * it there (client/mathlibs.py, server_descriptor): a cuBLASLt call names those. server 0: free; ~0: gone. */
+     * it there (client/descriptors.py, server_descriptor): a cuBLASLt call names those. server 0: free; ~0: gone. */
     struct { uint64_t hash, server; struct xpu_kept_record setting; } served[XPU_KEPT_SERVED];
     uint32_t serving;                            /* entries used, gone ones included */
     /* Host addresses the core found holding a variant pack's by-value scalar (cuDNN attention's scale: it lives in

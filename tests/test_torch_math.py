@@ -196,7 +196,7 @@ def test_an_operations_descriptors_cost_the_server_nothing_after_the_first(tmp_p
     convolution: its execution is an internal call), their descriptor calls, a training batch norm's workspace
     sizes, and the calls that compute once their descriptors and pointers were seen, are answered or queued in C
     and never reach the client core (XPU_CALL_CPU counts the core's calls), and the results are the CPU's."""
-    from xpuremote.client.mathlibs import IN_C_OPS
+    from xpuremote.client.kept_in_c import IN_C_OPS
 
     program = tmp_path / "repeated.py"
     program.write_text(REPEATED)
