@@ -21,7 +21,8 @@ With an emulated link (protocol/link.py), messages carry their send time; this e
 answer until the link delivers it, and the worker does the same for requests.
 
 With a trace recorder (client/trace.py), each message is reported as it is sent and answered,
-with the server's times for it.
+with the server's times for it (on either connection) and the bytes its call's values took on
+the data connection.
 
 A peer that goes away
 (TCP disconnect, or ZeroMQ heartbeats unanswered) fails the call in flight and every later
@@ -73,6 +74,11 @@ def _nothing() -> None:
 
 # Set by the shim: makes a thread of the client's ready to run application code (interpose/core.c).
 native_thread_init: Callable[[], None] = _nothing
+
+def _beside(values: list[wire.Data]) -> tuple[int, int]:
+    """Bytes a call's values took on the data connection beside its message: (up, down)."""
+    return sum(v.size for v in values if not v.asked), sum(v.size for v in values if v.asked)
+
 
 class ServerGone(CudaError):
     pass
@@ -153,7 +159,7 @@ class Connection:
         self.max_request_bytes = self.inventory.get("max_request_bytes") or 0  # the worker's limit (0: none)
         port = self.inventory.get("data_port")
         seal = self.inventory.get("data_keys") if self.keys is not None else None  # CURVE: sealed, or none
-        if port and data.wanted() and not self.link.active and not measure and (self.keys is None or seal):
+        if port and data.wanted() and not self.link.active and (self.keys is None or seal):
             self.data = self._open_data(port, timeout_s, seal)
 
     def _socket(self, endpoint: str, routing_id: bytes | None = None) -> zmq.Socket:
@@ -256,8 +262,9 @@ class Connection:
                 self._read_later()
             if values and answer.get("outs"):
                 self._receive_data(answer["outs"], values)
-            if trace.RECORDER:
-                trace.RECORDER.answered(seq, time.monotonic_ns() - self.sent_ns, self.down_bytes)
+            if trace.RECORDER:  # with the bytes that went beside the message on the data connection
+                up, down = _beside(values) if stream else (0, 0)
+                trace.RECORDER.answered(seq, time.monotonic_ns() - self.sent_ns, self.down_bytes + down, up)
             deferred = self.late_errors + (answer.get("deferred") or [])
             self.late_errors = []
         return answer.get("status", errors.UNKNOWN), answer.get("outs") or [], deferred
@@ -523,13 +530,17 @@ class Connection:
         try:
             if self.data is None:  # lost while the message's input was sent
                 raise OSError("it failed while the call's input was sent")
-            answer = wire.decode(data.receive_message(self.data, self.scratch if alone else None), self._data_ref)
+            frames = data.receive_message(self.data, self.scratch if alone else None)
+            answer = wire.decode(frames, self._data_ref)
         except (SealBroken, wire.WireError) as exc:  # it was sent here, but not as it came: it is lost
             self._lose_data(f"receiving an answer: {exc}")
             raise CudaError(errors.UNKNOWN, f"the answer was lost with the data connection: {exc}") from None
         except OSError as exc:  # the worker gave the stream up: it sends the answer on ZeroMQ
             self._lose_data(f"receiving an answer: {exc}")
             return self._receive(seq)
+        if trace.RECORDER:
+            self.down_bytes = wire.size_of(frames)
+            self._timed(answer)
         return answer
 
     def _watch(self) -> None:
@@ -616,11 +627,17 @@ class Connection:
             self.down_bytes = wire.size_of(frames)
         if self.downlink and isinstance(answer.get("sent"), int):
             self.downlink.hold(answer["sent"], self.down_bytes)
-        if trace.RECORDER and answer.get("timing"):
-            trace.RECORDER.timed(answer["timing"])
-        if trace.RECORDER and answer.get("gpu"):
-            trace.RECORDER.gpu_timed(answer["gpu"])
+        if trace.RECORDER:
+            self._timed(answer)
         return answer
+
+    @staticmethod
+    def _timed(answer: dict[str, Any]) -> None:
+        """The server's times in an answer, for the trace."""
+        if answer.get("timing"):
+            trace.RECORDER.timed(answer["timing"])
+        if answer.get("gpu"):
+            trace.RECORDER.gpu_timed(answer["gpu"])
 
     def _drain_later(self) -> None:
         """Read answers that no sync call is waiting for, when the application makes none:

@@ -189,7 +189,8 @@ class Driver:
             # the wake-up probe measures this machine and the server's, not an emulated link's delays
             wake = None if conn.link.delays else probe_wake(conn)
             trace.start({"server": conn.address, "backend": inv.get("backend"), "link": conn.link.to_wire(),
-                         "devices": [d.name for d in self.devices], "wake": wake})
+                         "devices": [d.name for d in self.devices], "wake": wake, "data": conn.data is not None,
+                         "lane": conn.lane is not None})
         log.info("connected to %s (%s backend, driver %d, %d devices)", conn.address, inv.get("backend"),
                  self.driver_version, len(self.devices))
 

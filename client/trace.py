@@ -32,6 +32,7 @@ class Recorder:
         self.local = threading.local()
         self.open: dict[int, _Open] = {}  # seq -> message record waiting for an answer or times
         self.lanes: dict[int, list[int]] = {}  # seq -> the positions of lane records in that message, until sent
+        self.named: dict[tuple[int, int], tuple[str, int]] = {}  # a lane record's (op, opcode) -> (name, class)
         self.lock = threading.Lock()
 
     # ---- calls -----------------------------------------------------------------------------
@@ -52,13 +53,22 @@ class Recorder:
         """`count` lane records taken into message `seq` at `pos`, with their stamps (one each)."""
         with self.lock:
             self.lanes.setdefault(seq, []).append(pos)
+        named = self.named
         if len(stamps) == count * abi.LANE_STAMP_SIZE:
-            calls = [_stamped(*fields) for fields in abi.LANE_STAMP.iter_unpack(stamps)]
+            rows = [(*(named.get((op, opcode)) or self._name(op, opcode)), queued - took, queued, stream)
+                    for queued, stream, opcode, took, op in abi.LANE_STAMP.iter_unpack(stamps)]
         else:  # not stamped (cannot happen while the lane opens traced): named from the records, timed now
             now = time.monotonic_ns()
-            calls = [(_named(opcode, -1), now, now, 0) for opcode in _opcodes(records)]
-        self.writer.lane_calls([(name, _class(name), entry, ret, stream) for name, entry, ret, stream in calls],
-                               seq, pos)
+            rows = [(*self._name(-1, opcode), now, now, 0) for opcode in _opcodes(records)]
+        self.writer.lane_calls(rows, seq, pos)
+
+    def _name(self, op: int, opcode: int) -> tuple[str, int]:
+        """A lane record's call, (name, class): the application's where C knew its op, else the record's."""
+        call = CALLS.get(SYMBOLS[op]) if 0 <= op < len(SYMBOLS) else BY_OPCODE.get(opcode)
+        if call is None:
+            return "(an unknown lane record)", CLASS_INDEX["internal"]
+        self.named[op, opcode] = found = call.symbol, CLASS_INDEX.get(call.cls, CLASS_INDEX["internal"])
+        return found
 
     # ---- messages ----------------------------------------------------------------------------
     def sent(self, seq: int, kind: str, sent: int, up: int, n: int, items: int) -> None:
@@ -68,10 +78,13 @@ class Recorder:
                                    answered=kind == "async",  # nothing answers an async batch
                                    items=items, lanes=self.lanes.pop(seq, []))
 
-    def answered(self, seq: int, wait: int, down: int) -> None:
+    def answered(self, seq: int, wait: int, down: int, up: int = 0) -> None:
+        """Message `seq` was answered after `wait` ns with `down` bytes; `up`: bytes that went after it (a copy's
+        input on the data connection)."""
         with self.lock:
             msg = self.open.get(seq)
             if msg is not None:
+                msg.fields[3] += up
                 msg.fields[5:7] = [wait, down]
                 msg.answered = True
                 self._write_if_done(msg)
@@ -122,23 +135,6 @@ class _Open:
         for pos in sorted(self.lanes):
             out.insert(pos, None)
         return out
-
-
-def _stamped(queued: int, stream: int, opcode: int, took: int, op: int) -> tuple[str, int, int, int]:
-    """A stamp as (name, entry, return, stream): the application's call where C knew its op, else the record's."""
-    return _named(opcode, op), queued - took, queued, stream
-
-
-def _class(name: str) -> int:
-    call = CALLS.get(name)
-    return CLASS_INDEX.get(call.cls if call is not None else "", CLASS_INDEX["internal"])
-
-
-def _named(opcode: int, op: int) -> str:
-    if 0 <= op < len(SYMBOLS):
-        return SYMBOLS[op]
-    call = BY_OPCODE.get(opcode)
-    return call.symbol if call is not None else "(an unknown lane record)"
 
 
 def _opcodes(records: bytes) -> list[int]:

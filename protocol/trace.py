@@ -11,7 +11,8 @@ loop together. The reader returns nanoseconds.
 The header: format, version, epoch_ns; server, backend, devices; link (the emulated link the
 run went over: {"rtt_us", "gbps", "on"}, "on" false when there was none); wake (the wake-up
 probe of client/wake.py: {"client": [[idle_ns, extra_ns], ...], "server": [...]}, or nil when
-the run went over an emulated link that adds delay).
+the run went over an emulated link that adds delay); data and lane (version 2: whether the session
+had a data connection, and the fast lane).
 
   [NAME, id, name]                          a call name, defined before its first use
   [CALL, id, cls, d_entry, dur, stream, seq, pos]
@@ -93,20 +94,31 @@ class TraceWriter:
         """Calls queued in C, (name, cls, entry, return, stream) each, whose records went together at `pos` of
         message `seq`."""
         with self.lock:
+            append, epoch = self.records.append, self.epoch
             for name, cls, entry, ret, stream in calls:
-                self.records.append([*self._call(name, cls, entry, ret, stream, seq, pos), 1])
+                ident = self.names.get(name)
+                if ident is None:
+                    ident = self._name(name)
+                sid = self.streams.setdefault(stream, len(self.streams))
+                entry, ret = (entry - epoch) // TICK_NS, (ret - epoch) // TICK_NS
+                append([CALL, ident, cls, entry - self.last_call, ret - entry, sid, seq, pos, 1])
+                self.last_call = entry
             self._maybe_flush()
 
     def _call(self, name: str, cls: int, entry: int, ret: int, stream: int, seq: int, pos: int) -> list[int]:
         ident = self.names.get(name)
         if ident is None:
-            ident = self.names[name] = len(self.names)
-            self.records.append([NAME, ident, name])
+            ident = self._name(name)
         sid = self.streams.setdefault(stream, len(self.streams))
         entry, ret = self._ticks(entry), self._ticks(ret)
         record = [CALL, ident, cls, entry - self.last_call, ret - entry, sid, seq, pos]
         self.last_call = entry
         return record
+
+    def _name(self, name: str) -> int:
+        ident = self.names[name] = len(self.names)
+        self.records.append([NAME, ident, name])
+        return ident
 
     def message(self, seq: int, kind: int, sent: int, up: int, n: int, wait: int, down: int,
                 server: int | None, per_call: list[int | None] | None) -> None:

@@ -72,9 +72,10 @@ def test_trace_holds_every_call_and_message(run_on, workloads: Path, tmp_path: P
 
 
 def test_a_traced_run_keeps_the_fast_path_and_records_every_call(run_on, workloads: Path, tmp_path: Path) -> None:
-    """Under XPU_TRACE the lane stays open: a launch after the first and every memset are queued in C and never
-    enter the client core (XPU_CALL_CPU counts the core's calls), yet the trace holds each of them, named, timed
-    by the lane and placed in the message it went in. What reached the server is, by name and count, what a
+    """Under XPU_TRACE the session is the one that runs untraced, its data connection on and its lane open: a
+    launch after the first and every memset are queued in C and never enter the client core (XPU_CALL_CPU counts
+    the core's calls), yet the trace holds each of them, named, timed by the lane and placed in the message it
+    went in. What reached the server is, by name and count, what a
     traced run with the lane closed (XPU_LANE=0, every call through the core) sent."""
     runs = {}
     for lane in ("1", "0"):
@@ -83,6 +84,7 @@ def test_a_traced_run_keeps_the_fast_path_and_records_every_call(run_on, workloa
                    XPU_CALL_CPU=str(table))
         runs[lane] = t, call_cpu.read(table)
     (traced, core), (closed, closed_core) = runs["1"], runs["0"]
+    assert traced.header["data"] and traced.header["lane"], "the session that runs: its data connection, its lane"
     assert closed_core["cuLaunchKernel"][0] == 20 * 16
     assert {name: n for name, (n, _) in core.items() if CALLS[name].lane} == {"cuLaunchKernel": 1}, core
     assert not any(c.lane for c in closed.calls)
