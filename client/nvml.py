@@ -289,7 +289,23 @@ def nvml_p2p_status(n: Nvml, args: list[int]) -> int:
     return nvml.SUCCESS
 
 
-@handles("nvmlDeviceGetNvLinkRemoteDeviceType", "nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetGpuFabricInfoV")
+@handles("nvmlDeviceGetCudaComputeCapability")
+def nvml_compute_capability(n: Nvml, args: list[int]) -> int:
+    handle, major, minor = args
+    need(major, minor)
+    sm = n.devices()[n.index(handle)]["sm"]
+    marshal.write(major, struct.pack("<i", sm // 10))
+    marshal.write(minor, struct.pack("<i", sm % 10))
+    return nvml.SUCCESS
+
+
+# The server's links and PCI slot are not the application's: NVLink, fabric, PCIe and platform
+# questions (NCCL's topology) are answered NOT_SUPPORTED, as for a device without them.
+@handles("nvmlDeviceGetNvLinkRemoteDeviceType", "nvmlDeviceGetNvLinkRemotePciInfo_v2", "nvmlDeviceGetGpuFabricInfoV",
+         "nvmlDeviceGetNvLinkState", "nvmlDeviceGetNvLinkRemotePciInfo", "nvmlDeviceGetNvLinkCapability",
+         "nvmlDeviceGetFieldValues", "nvmlDeviceGetPciInfoExt", "nvmlDeviceGetPciInfo_v3",
+         "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetPcieLinkMaxSpeed",
+         "nvmlDeviceGetPlatformInfo")
 def nvml_not_supported(n: Nvml, args: list[int]) -> int:
     n.index(args[0])
     return nvml.NOT_SUPPORTED

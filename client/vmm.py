@@ -55,8 +55,33 @@ def checked_prop(d: Driver, call: Call, address: int) -> bytes:
         memprops.check_allocation_prop(data)
     except CudaError as exc:
         d.say_once(f"prop {exc.detail}", "%s refused: %s", call.family, exc.detail)
+        if "location type" in exc.detail and nccl_loaded():
+            say_nccl_unsupported(d)
         raise
     return to_server(d, memprops.ALLOCATION_PROP, data, 3)
+
+
+NCCL_LIBRARY = "libnccl.so.2"
+
+
+def nccl_loaded() -> bool:
+    """Whether NCCL is mapped in this process (PyTorch's CUDA library links it). Read from the process's maps,
+    not dlopen(RTLD_NOLOAD), which looks only in the client's own link namespace; asked only on a refusal."""
+    try:
+        with open("/proc/self/maps") as maps_file:
+            return any(line.rstrip().endswith("/" + NCCL_LIBRARY) for line in maps_file)
+    except OSError:
+        return False
+
+
+def say_nccl_unsupported(d: Driver) -> None:
+    """Host-memory VMM is what an NCCL communicator asks for first (its host buffers, at init): say plainly,
+    once, that NCCL cannot work through xpuremote, before its later failures (its memory registration,
+    its kernels) surface as bare CUDA errors."""
+    d.say_once("nccl", "NCCL is not supported through xpuremote yet (%s is loaded in this process): a "
+               "communicator maps host memory and peer memory for the GPU, and a GPU across the network cannot "
+               "reach either, so its calls fail (torch.distributed's \"nccl\" backend raises an unhandled CUDA "
+               "error); use the \"gloo\" backend meanwhile", NCCL_LIBRARY, level=logging.ERROR)
 
 
 def sendable(d: Driver, call: Call, layout: struct.Struct, data: bytes) -> bytes:

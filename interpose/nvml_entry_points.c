@@ -117,4 +117,48 @@ XPU_EXPORT unsigned int nvmlDeviceGetGpuFabricInfoV(void * a0, void * a1) {
     uint64_t s[2] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1};
     return xpu_forward(28, s);
 }
+XPU_EXPORT unsigned int nvmlDeviceGetCudaComputeCapability(void * a0, int * a1, int * a2) {
+    uint64_t s[3] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1, (uint64_t)(uintptr_t)a2};
+    return xpu_forward(29, s);
+}
+XPU_EXPORT unsigned int nvmlDeviceGetNvLinkState(void * a0, unsigned int a1, int * a2) {
+    uint64_t s[3] = {(uint64_t)(uintptr_t)a0, (uint64_t)a1, (uint64_t)(uintptr_t)a2};
+    return xpu_forward(30, s);
+}
+XPU_EXPORT unsigned int nvmlDeviceGetNvLinkRemotePciInfo(void * a0, unsigned int a1, void * a2) {
+    uint64_t s[3] = {(uint64_t)(uintptr_t)a0, (uint64_t)a1, (uint64_t)(uintptr_t)a2};
+    return xpu_forward(31, s);
+}
+XPU_EXPORT unsigned int nvmlDeviceGetNvLinkCapability(void * a0, unsigned int a1, int a2, unsigned int * a3) {
+    uint64_t s[4] = {(uint64_t)(uintptr_t)a0, (uint64_t)a1, (uint64_t)a2, (uint64_t)(uintptr_t)a3};
+    return xpu_forward(32, s);
+}
+XPU_EXPORT unsigned int nvmlDeviceGetFieldValues(void * a0, int a1, void * a2) {
+    uint64_t s[3] = {(uint64_t)(uintptr_t)a0, (uint64_t)a1, (uint64_t)(uintptr_t)a2};
+    return xpu_forward(33, s);
+}
+XPU_EXPORT unsigned int nvmlDeviceGetPciInfoExt(void * a0, void * a1) {
+    uint64_t s[2] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1};
+    return xpu_forward(34, s);
+}
+XPU_EXPORT unsigned int nvmlDeviceGetPciInfo_v3(void * a0, void * a1) {
+    uint64_t s[2] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1};
+    return xpu_forward(35, s);
+}
+XPU_EXPORT unsigned int nvmlDeviceGetCurrPcieLinkGeneration(void * a0, unsigned int * a1) {
+    uint64_t s[2] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1};
+    return xpu_forward(36, s);
+}
+XPU_EXPORT unsigned int nvmlDeviceGetCurrPcieLinkWidth(void * a0, unsigned int * a1) {
+    uint64_t s[2] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1};
+    return xpu_forward(37, s);
+}
+XPU_EXPORT unsigned int nvmlDeviceGetPcieLinkMaxSpeed(void * a0, unsigned int * a1) {
+    uint64_t s[2] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1};
+    return xpu_forward(38, s);
+}
+XPU_EXPORT unsigned int nvmlDeviceGetPlatformInfo(void * a0, void * a1) {
+    uint64_t s[2] = {(uint64_t)(uintptr_t)a0, (uint64_t)(uintptr_t)a1};
+    return xpu_forward(39, s);
+}
 static const struct { unsigned int code; const char *text; } xpu_nvml_errors[] = {{0, "Success"}, {1, "Uninitialized"}, {2, "Invalid Argument"}, {3, "Not Supported"}, {4, "Insufficient Permissions"}, {5, "Already Initialized"}, {6, "Not Found"}, {7, "Insufficient Size"}, {9, "Driver Not Loaded"}, {10, "Timeout"}, {15, "GPU is lost"}, {999, "Unknown Error"}};

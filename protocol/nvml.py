@@ -3,9 +3,11 @@
 Only what PyTorch uses: `torch.cuda` (device count and UUIDs for PYTORCH_NVML_BASED_CUDA_CHECK
 and CUDA_VISIBLE_DEVICES, and through pynvml `device_memory_used`, `memory_usage`,
 `utilization`, `temperature`, `power_draw`, `clock_rate`, `list_gpu_processes`) and its C++
-libraries (c10's out-of-memory report and peer-access checks, the IPC channel). The shim's C
-entry points are generated from FUNCTIONS; every other NVML symbol is absent, as in an older
-library, and callers that dlsym it see that.
+libraries (c10's out-of-memory report and peer-access checks, the IPC channel), and the calls NCCL
+makes without checking that dlsym found them (it calls each through its pointer: an absent one
+was a call to address 0); the links and PCI details among those answer NVML_ERROR_NOT_SUPPORTED.
+The shim's C entry points are generated from FUNCTIONS; every other NVML symbol is absent, as in
+an older library, and callers that dlsym it see that.
 """
 
 from __future__ import annotations
@@ -45,6 +47,17 @@ nvmlDeviceGetP2PStatus(void *, void *, int, int *)
 nvmlDeviceGetNvLinkRemoteDeviceType(void *, unsigned int, int *)
 nvmlDeviceGetNvLinkRemotePciInfo_v2(void *, unsigned int, void *)
 nvmlDeviceGetGpuFabricInfoV(void *, void *)
+nvmlDeviceGetCudaComputeCapability(void *, int *, int *)
+nvmlDeviceGetNvLinkState(void *, unsigned int, int *)
+nvmlDeviceGetNvLinkRemotePciInfo(void *, unsigned int, void *)
+nvmlDeviceGetNvLinkCapability(void *, unsigned int, int, unsigned int *)
+nvmlDeviceGetFieldValues(void *, int, void *)
+nvmlDeviceGetPciInfoExt(void *, void *)
+nvmlDeviceGetPciInfo_v3(void *, void *)
+nvmlDeviceGetCurrPcieLinkGeneration(void *, unsigned int *)
+nvmlDeviceGetCurrPcieLinkWidth(void *, unsigned int *)
+nvmlDeviceGetPcieLinkMaxSpeed(void *, unsigned int *)
+nvmlDeviceGetPlatformInfo(void *, void *)
 """
 
 
