@@ -1,8 +1,8 @@
 """The client's own CPU per call, by entry point: with XPU_CALL_CPU=FILE, each handler the core runs is timed on
 its thread's CPU clock, and FILE gets one line per entry point at the end of the session: its name, how many
 calls, their nanoseconds. Calls answered in C (the lane, the context questions, kept descriptors) never reach
-the core and are not in it. A trace (XPU_TRACE) times calls too, but turns those C paths off; this does not, so
-it shows what an application pays with them on (bench/client_cpu.py).
+the core and are not in it. A trace (XPU_TRACE) records every call, the lane's as C stamps them; this times the
+core's own work per entry point, what an application pays with the C paths on (bench/client_cpu.py).
 """
 
 from __future__ import annotations

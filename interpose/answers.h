@@ -6,8 +6,8 @@
  *
  * The core keeps the table true: it sets it whole (xpu_known_set) after every call that makes, ends or
  * changes a context (interpose/entry.py), and at exit, when the after-the-session answers read it. The
- * answers are given while the lane is open (lane.h: a session without a trace or per-call logging, which
- * must see every call); anything the table does not hold (a context it does not know, no current
+ * answers are given while the lane is open (lane.h: a session without per-call logging, which must see
+ * every call); anything the table does not hold (a context it does not know, no current
  * context, a NULL pointer) goes to the core, which answers as the driver does. */
 
 #define XPU_KNOWN 256

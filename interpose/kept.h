@@ -11,8 +11,8 @@
  * not take (another setter, a setting it cannot hold, a closed lane) goes to the core, which first takes
  * the record over (xpu_kept_read, adopting it): from then on the handle is the core's, and its slot stays
  * taken until the core frees it (xpu_kept_release) at the destroy, so a handle is given out again only after
- * it was destroyed, as the libraries' own memory is. The table answers while the lane is open (lane.h): a trace or
- * per-call logging must see every call. */
+ * it was destroyed, as the libraries' own memory is. The table answers while the lane is open (lane.h): per-call
+ * logging must see every call. */
 #ifndef XPU_KEPT_H
 #define XPU_KEPT_H
 

@@ -293,8 +293,8 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
     A stream or math mode set to the value it holds, or asked once set, is answered in C: the client core
     (XPU_CALL_CPU counts its calls) sees those setters as often for five rounds as for one, their getters never,
     and a setter after the handle is destroyed. C holds a cuBLAS handle's stream and workspace: their setters and
-    cublasGetStream never reach the core, and the server gets the pair from there. Under a trace the core answers
-    them all, as the same pair."""
+    cublasGetStream never reach the core, and the server gets the pair from there. A traced run (C's paths stay
+    open under a trace) sends the server the same calls."""
     from conftest import shim_env, start_server
 
     from xpuremote.client import call_cpu
@@ -306,7 +306,7 @@ def test_a_setting_is_sent_only_when_it_changes(tmp_path) -> None:
                                timeout=60, env=shim_env(ensure_shim(), srv.address, **env))
                 for n, env in ((1, {"XPU_CALL_CPU": str(tmp_path / "core-1.tsv")}),
                                (5, {"XPU_CALL_CPU": str(tmp_path / "core-5.tsv")}),
-                               (5, {"XPU_TRACE": str(tmp_path / "traced")}))]  # a trace: every call is the core's
+                               (5, {"XPU_TRACE": str(tmp_path / "traced")}))]
     finally:
         srv.stop()
     assert all(run.returncode == 0 for run in runs), [run.stderr[-3000:] for run in runs]
