@@ -119,7 +119,8 @@ class CudaBackend(Backend):
         self.scalars: dict[int, Any] = {}  # cuDNN variant pack -> its by-value scalars (xpuCudnnSetDataPointers)
         self.compiled: dict[int, Callable[[list[Any]], list[Any]]] = {}  # opcode -> its generic path (generic())
         self.check(self.lib.cuInit(0), "cuInit")
-        self.placed = PlacedPools(self.ffi, self.lib, self.check)  # pools' allocations at the client's addresses
+        # pools' allocations at the client's addresses, zeroed as any new memory is
+        self.placed = PlacedPools(self.ffi, self.lib, self.check, self.zero)
 
     def check(self, status: int, what: str, library: str = "cuda") -> None:
         if status:

@@ -57,8 +57,10 @@ class Placed:
 class PlacedPools:
     """The placed allocations of one session's pools."""
 
-    def __init__(self, ffi: Any, lib: Any, check: Callable[[int, str], None]) -> None:
-        self.ffi, self.lib, self.check = ffi, lib, check
+    def __init__(self, ffi: Any, lib: Any, check: Callable[[int, str], None],
+                 zero: Callable[[int, int], int]) -> None:
+        """`zero(address, size)`: the backend's zeroing of device memory on a stream of its own (a status)."""
+        self.ffi, self.lib, self.check, self.zero = ffi, lib, check, zero
         self.pools: dict[int, Placed] = {}
         self.allocations: dict[int, tuple[Placed, int]] = {}  # base -> (its pool, its rounded size)
         self.frees: dict[int, list[tuple[int, int]]] = {}  # stream -> [base, end) of frees the GPU may not be past
@@ -147,15 +149,6 @@ class PlacedPools:
         if status:
             lib.cuMemUnmap(address, GRANULE)
             self.check(status, "cuMemSetAccess (a pool's memory)")
-
-    def zero(self, address: int, size: int) -> int:
-        """Zeroed and waited for, on a stream of its own: another stream's allocation may share a granule."""
-        stream = self.ffi.new("void **")
-        status = self.lib.cuStreamCreate(stream, ENUMS["CU_STREAM_NON_BLOCKING"])
-        if not status:
-            status = self.lib.cuMemsetD8Async(address, 0, size, stream[0]) or self.lib.cuStreamSynchronize(stream[0])
-            self.lib.cuStreamDestroy_v2(stream[0])
-        return status
 
     # ---- stream order and giving back -------------------------------------------------------------------
     def wait_for_frees(self, base: int, end: int, stream: int) -> None:
