@@ -275,7 +275,114 @@ cudnnSpatialTfSamplerBackward       async   alpha=scalar:xDesc beta=scalar:xDesc
 """,
 )
 
-LIBRARIES: tuple[Library, ...] = (CUBLAS, CUBLASLT, CUDNN)
+# cuSOLVER (dense): the handle, the 64-bit API's parameters and the Jacobi methods' settings are client-made.
+# Workspace-size queries wait for the answer (the client keeps each, keyed by the arguments' content); the
+# factorizations are queued on the handle's stream and write their `info` into device memory, as the library
+# does. The generic API's host workspace is the caller's scratch memory: its bytes travel with the call (none,
+# for what PyTorch calls) and the server gives the library a writable copy.
+def _each_type(rows: str) -> str:
+    """`rows` once per data type: {T} -> S, D, C, Z; {sy}/{or} -> he/un for the complex types."""
+    out = []
+    for t in "SDCZ":
+        complex_ = t in "CZ"
+        out.append(rows.replace("{T}", t).replace("{sy}", "he" if complex_ else "sy")
+                   .replace("{or}", "un" if complex_ else "or"))
+    return "\n".join(out)
+
+
+_HOST_WORKSPACE = "bufferOnHost=in?:workspaceInBytesOnHost"
+_SIZES_64 = "workspaceInBytesOnDevice=out workspaceInBytesOnHost=out"
+
+CUSOLVER = Library(
+    name="cusolver", soname="libcusolver.so.12", header="cusolverDn.h", prefix="cusolver",
+    exclude=("cusolverSp", "cusolverRf", "cusolverMg"), status_type="cusolverStatus_t",
+    version_macros=("CUSOLVER_VER_MAJOR", "CUSOLVER_VER_MINOR", "CUSOLVER_VER_PATCH"), handles=(),
+    status={
+        "success": "CUSOLVER_STATUS_SUCCESS", "not_initialized": "CUSOLVER_STATUS_NOT_INITIALIZED",
+        "alloc_failed": "CUSOLVER_STATUS_ALLOC_FAILED", "invalid_value": "CUSOLVER_STATUS_INVALID_VALUE",
+        "not_supported": "CUSOLVER_STATUS_NOT_SUPPORTED", "execution_failed": "CUSOLVER_STATUS_EXECUTION_FAILED",
+        "internal": "CUSOLVER_STATUS_INTERNAL_ERROR", "version_mismatch": "CUSOLVER_STATUS_NOT_SUPPORTED",
+    },
+    spec=f"""
+cusolverGetProperty             local   value=out
+cusolverGetVersion              local   version=out
+cusolverDnCreate                shadow
+cusolverDnDestroy               async
+cusolverDnSetStream             async
+cusolverDnGetStream             local
+cusolverDnCreateParams          shadow
+cusolverDnDestroyParams         async
+cusolverDnSetAdvOptions         async
+cusolverDnCreateSyevjInfo       shadow
+cusolverDnDestroySyevjInfo      async
+cusolverDnXsyevjSetTolerance    async
+cusolverDnXsyevjSetMaxSweeps    async
+cusolverDnXsyevjSetSortEig      async
+cusolverDnXsyevjGetResidual     sync    residual=out
+cusolverDnXsyevjGetSweeps       sync    executed_sweeps=out
+cusolverDnCreateGesvdjInfo      shadow
+cusolverDnDestroyGesvdjInfo     async
+cusolverDnXgesvdjSetTolerance   async
+cusolverDnXgesvdjSetMaxSweeps   async
+cusolverDnXgesvdjSetSortEig     async
+cusolverDnXgesvdjGetResidual    sync    residual=out
+cusolverDnXgesvdjGetSweeps      sync    executed_sweeps=out
+# the 64-bit generic API: data types as cudaDataType_t; device and host workspaces
+cusolverDnXgetrf_bufferSize     sync    {_SIZES_64}
+cusolverDnXgetrf                async   {_HOST_WORKSPACE}
+cusolverDnXgetrs                async
+cusolverDnXpotrf_bufferSize     sync    {_SIZES_64}
+cusolverDnXpotrf                async   {_HOST_WORKSPACE}
+cusolverDnXpotrs                async
+cusolverDnXgeqrf_bufferSize     sync    {_SIZES_64}
+cusolverDnXgeqrf                async   {_HOST_WORKSPACE}
+cusolverDnXsyevd_bufferSize     sync    {_SIZES_64}
+cusolverDnXsyevd                async   {_HOST_WORKSPACE}
+cusolverDnXsyevBatched_bufferSize   sync    {_SIZES_64}
+cusolverDnXsyevBatched          async   {_HOST_WORKSPACE}
+cusolverDnXgesvd_bufferSize     sync    {_SIZES_64}
+cusolverDnXgesvd                async   {_HOST_WORKSPACE}
+cusolverDnXgeev_bufferSize      sync    {_SIZES_64}
+cusolverDnXgeev                 async   {_HOST_WORKSPACE}
+cusolverDnXsytrs_bufferSize     sync    {_SIZES_64}
+cusolverDnXsytrs                async   {_HOST_WORKSPACE}
+# the typed (legacy) API that PyTorch imports, for each data type; gesvdaStridedBatched's residual norms are
+# the caller's host memory, so it waits
+""" + _each_type("""
+cusolverDn{T}getrf_bufferSize       sync    Lwork=out
+cusolverDn{T}getrf                  async
+cusolverDn{T}getrs                  async
+cusolverDn{T}potrf_bufferSize       sync    Lwork=out
+cusolverDn{T}potrf                  async
+cusolverDn{T}potrs                  async
+cusolverDn{T}potrfBatched           async
+cusolverDn{T}potrsBatched           async
+cusolverDn{T}potri_bufferSize       sync    lwork=out
+cusolverDn{T}potri                  async
+cusolverDn{T}geqrf_bufferSize       sync    lwork=out
+cusolverDn{T}geqrf                  async
+cusolverDn{T}{or}gqr_bufferSize     sync    lwork=out
+cusolverDn{T}{or}gqr                async
+cusolverDn{T}{or}mqr_bufferSize     sync    lwork=out
+cusolverDn{T}{or}mqr                async
+cusolverDn{T}{sy}evd_bufferSize     sync    lwork=out
+cusolverDn{T}{sy}evd                async
+cusolverDn{T}{sy}evjBatched_bufferSize  sync    lwork=out
+cusolverDn{T}{sy}evjBatched         async
+cusolverDn{T}gesvd_bufferSize       sync    lwork=out
+cusolverDn{T}gesvd                  async
+cusolverDn{T}gesvdj_bufferSize      sync    lwork=out
+cusolverDn{T}gesvdj                 async
+cusolverDn{T}gesvdjBatched_bufferSize   sync    lwork=out
+cusolverDn{T}gesvdjBatched          async
+cusolverDn{T}gesvdaStridedBatched_bufferSize    sync    lwork=out
+cusolverDn{T}gesvdaStridedBatched   sync    h_R_nrmF=out?:batchSize*8
+cusolverDn{T}sytrf_bufferSize       sync    lwork=out
+cusolverDn{T}sytrf                  async
+"""),
+)
+
+LIBRARIES: tuple[Library, ...] = (CUBLAS, CUBLASLT, CUDNN, CUSOLVER)
 BY_NAME = {lib.name: lib for lib in LIBRARIES}
 
 # cudnnBackendAttributeType_t -> struct format of one element (the C type each names); a type not

@@ -518,6 +518,7 @@ class CudaBackend(Backend):
         if p.is_address:
             return lambda value: (ffi.cast(void_p, value or 0), None)
         scalar, given = p.is_scalar, p.direction == "in"
+        scratch = p.name == "bufferOnHost"  # cuSOLVER's host workspace (protocol/mathlibs.py)
         made = ffi.typeof("uint64_t *") if p.pointee == "handle" else ffi.typeof("char[]")
 
         def convert(value: Any) -> tuple[Any, Any]:
@@ -528,6 +529,8 @@ class CudaBackend(Backend):
                     return ffi.NULL, None
                 if isinstance(value, Incoming):  # from the data connection, into a buffer the driver copies from
                     value = value.read()
+                if scratch:  # the library writes there: a copy of its own, never the message's bytes
+                    return ffi.from_buffer(bytearray(value)), None
                 return ffi.from_buffer(value.encode() + b"\0" if isinstance(value, str) else value), None
             if p.pointee != "handle" and value is None:
                 return ffi.NULL, None

@@ -559,6 +559,10 @@ class SimBackend(SimGraphs, SimArrays):
             blas, dnn = SimBlas(self.memory), SimDnn(self.memory, self.skip_unknown_kernels)
             dnn.handles = self.handles
             self.libraries = {"cublas": blas, "cublasLt": blas, "cudnn": dnn}
+            from .sim_solver import SolvingBlas
+
+            solving = SolvingBlas(self.memory)  # cuBLAS with the batched solvers torch.linalg routes small batches to
+            self.libraries.update(cublas=solving, cublasLt=solving, cusolver=solving.solver)
         return self.libraries.get(name)
 
     def xpuLibraryVersion(self, library: str) -> tuple[list[int] | None]:
