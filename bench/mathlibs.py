@@ -9,6 +9,8 @@ On a private `xpu-server --backend sim` over loopback:
    - async: cublasSgemm_v2 on 1x1 matrices N times, then one cuCtxSynchronize (the sim's numpy
      work on each GEMM counts in the server's figure); and cublasSetMathMode N times, a call
      the server only records (forwarding alone);
+   - async: cusolverDnSpotrf of a 1x1 matrix N times (its info into device memory), then one
+     cuCtxSynchronize;
    - sync: cublasLtMatmulDescGetAttribute N times (a call that waits for its answer);
    - one operation's calls as PyTorch makes them, N times: a cuDNN batch norm in inference (the stream, two
      tensor descriptors made and set, the batch norm, two destroys: 8 calls) and a cuBLASLt GEMM (five
@@ -54,6 +56,7 @@ import ctypes as c, json, sys, time
 n = int(sys.argv[1])
 cu, blas, lt = c.CDLL("libcuda.so.1"), c.CDLL("libcublas.so.13"), c.CDLL("libcublasLt.so.13")
 dnn = c.CDLL("libcudnn.so.9")
+solver = c.CDLL("libcusolver.so.12")
 def ok(rc, what):
     if rc: raise SystemExit(f"{what} returned {rc}")
 ok(cu.cuInit(0), "cuInit")
@@ -84,6 +87,15 @@ def gets(k):
 def modes(k):
     for i in range(k):
         blas.cublasSetMathMode(handle, i & 1)
+    ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+solver_handle, solver_info = c.c_void_p(), c.c_uint64()
+ok(solver.cusolverDnCreate(c.byref(solver_handle)), "cusolverDnCreate")
+ok(cu.cuMemAlloc_v2(c.byref(solver_info), 4), "cuMemAlloc")
+potrf = solver.cusolverDnSpotrf
+potrf.argtypes = [c.c_void_p, c.c_int, c.c_int, c.c_uint64, c.c_int, c.c_uint64, c.c_int, c.c_uint64]
+def potrfs(k):  # a 1x1 Cholesky factorization, its info written to device memory
+    for _ in range(k):
+        potrf(solver_handle, 0, 1, out, 1, a, 1, solver_info.value)
     ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 dnn_handle, x, y, device, data = c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_int(), c.c_uint64()
 ok(dnn.cudnnCreate(c.byref(dnn_handle)), "cudnnCreate")
@@ -142,9 +154,10 @@ def floors(calls):  # as many calls, each answered in C: what ctypes and the ent
         for _ in range(calls * k):
             cu.cuCtxGetDevice(c.byref(device))
     return run
-gemms(200), gets(200), modes(200), batch_norms(200), lt_gemms(200)  # warm
+gemms(200), gets(200), modes(200), potrfs(200), batch_norms(200), lt_gemms(200)  # warm
 print("ready", flush=True)
-runs = {"async": gemms, "async_record": modes, "sync": gets, "batch_norm": batch_norms, "batch_norm_floor": floors(8),
+runs = {"async": gemms, "async_record": modes, "async_solver": potrfs,
+        "sync": gets, "batch_norm": batch_norms, "batch_norm_floor": floors(8),
         "lt_gemm": lt_gemms, "lt_gemm_floor": floors(21)}
 for line in sys.stdin:  # the name of what to run next
     cpu, wall = time.process_time(), time.perf_counter()
@@ -200,7 +213,7 @@ def shim_costs(address: str, log: Path, n: int) -> dict[str, Any]:
         raise SystemExit("the shim agent failed")
     worker = int(re.findall(r"worker_pid=(\d+)", log.read_text())[-1])
     samples: dict[str, list[dict[str, float]]] = {}
-    for name in ("async", "async_record", "sync", *OPERATIONS * OPERATION_REPEATS):
+    for name in ("async", "async_record", "async_solver", "sync", *OPERATIONS * OPERATION_REPEATS):
         before = cpu_s(worker)
         agent.stdin.write(name + "\n")
         agent.stdin.flush()
@@ -280,6 +293,7 @@ def markdown(report: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|"]
     for kind, label in (("async", "cublasSgemm_v2 1x1, async (calls/s)"),
                         ("async_record", "cublasSetMathMode, async (calls/s)"),
+                        ("async_solver", "cusolverDnSpotrf 1x1, async (calls/s)"),
                         ("sync", "cublasLtMatmulDescGetAttribute, sync (µs/call)")):
         s, r = report["shim"][kind], report["raw"][kind.split("_")[0]]
         key = "calls_per_s" if kind.startswith("async") else "us_per_call"

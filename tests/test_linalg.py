@@ -1,0 +1,66 @@
+"""torch.linalg through xpuremote: the stock wheel's cuSOLVER calls (and the cuBLAS batched solvers PyTorch routes
+small batches to) reach xpuremote's replacement libcusolver.so.12, travel to the server and are computed there, by
+the sim with numpy (server/backends/sim_solver.py) or (XPU_TEST_BACKEND=cuda) by NVIDIA's cuSOLVER on the GPU.
+tests/programs/torch_linalg_check.py compares each result with the CPU's; the checks' sizes pick PyTorch's paths
+under its default backend (`preferred_linalg_library` is left as it is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import BACKEND, ROOT, TORCH_SIM_KERNELS, Server, start_server
+from test_torch import run_torch
+from test_torch_math import library_calls, run_math
+
+LINALG = ROOT / "tests" / "programs" / "torch_linalg_check.py"
+KERNELS = f"{TORCH_SIM_KERNELS},{ROOT / 'tests' / 'torch_sim_kernels_linalg.py'}"
+CHECKS = {"solve", "solve_batched", "inv_batched", "cholesky", "cholesky_batched_upper", "qr", "eigh",
+          "eigh_batched", "svd", "svd_batched"}
+# on the sim, det's and lstsq's ATen kernels around cuSOLVER (a jitted product reduction, integer arange/compare/
+# fmod, a strided pow) have no host implementation yet: they run on a GPU only
+GPU_CHECKS = {"det", "lstsq"}
+TOLERANCE = 1e-5  # relative: float32 rounding of 6..32-element sums
+
+
+@pytest.fixture(scope="module")
+def linalg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tmp_path_factory.mktemp("linalg"), env={"XPU_SIM_KERNELS": KERNELS})
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def linalg_result(linalg_server: Server) -> tuple[dict[str, Any], str]:
+    return run_math(linalg_server, LINALG)
+
+
+def test_linalg_ops_match_the_cpu(linalg_result: tuple[dict[str, Any], str]) -> None:
+    """solve, inv of a batch, cholesky (one matrix and a batch), qr, eigh, svd (one and a batch) as on the CPU:
+    LU, Cholesky, QR with LAPACK's reflectors, eigen and singular values, and the matrices rebuilt from them."""
+    results, _ = linalg_result
+    expected = CHECKS | (GPU_CHECKS if BACKEND == "cuda" else set())
+    assert expected <= set(results), sorted(results)
+    failed = {k: results[k] for k in expected if not isinstance(results[k], float) or not results[k] <= TOLERANCE}
+    assert not failed, failed
+
+
+def test_cusolver_calls_reach_the_server(linalg_server: Server, linalg_result: tuple[dict[str, Any], str]) -> None:
+    """The factorizations are cuSOLVER calls forwarded at its own API (none computed by the client), and PyTorch's
+    workspace-size queries before each are answered by the client after the first of each kind."""
+    counts = library_calls(linalg_server)
+    assert counts.get("cusolver", 0) >= 10, counts
+    assert counts.get("cublas", 0) >= 2, counts  # getrfBatched and getrsBatched of the small batches
+
+
+@pytest.mark.sim_only(reason="XPU_SIM_LIBRARY_VERSIONS makes the sim serve an older cuSOLVER")
+def test_an_older_cusolver_on_the_server_is_refused_naming_both_versions(tmp_path: Any) -> None:
+    srv = start_server(tmp_path, env={"XPU_SIM_KERNELS": KERNELS, "XPU_SIM_LIBRARY_VERSIONS": "cusolver=11.7.1"})
+    try:
+        proc = run_torch(srv, ["-c", "import torch; a = torch.eye(3, device='cuda'); torch.linalg.cholesky(a)"])
+    finally:
+        srv.stop()
+    assert proc.returncode != 0
+    assert "cusolver 12.x" in proc.stderr and "11.7.1" in proc.stderr, proc.stderr[-3000:]
