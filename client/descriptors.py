@@ -118,7 +118,7 @@ def scalar_sizer(call: Call, p: Param) -> Callable[[dict[str, Any]], int | None]
                                            f"{values[kind]}")
             return DNN_ELEMENT_BYTES[values[kind]]
         return element
-    owner_name = "handle" if call.library == "cublas" else "computeDesc"
+    owner_name = "computeDesc" if call.library == "cublasLt" else "handle"
 
     def scalar(values: dict[str, Any]) -> int | None:
         owner = _state(values[owner_name])
@@ -234,13 +234,15 @@ def keep_setter(d: Driver, state: dict[str, Any], call: Call, args: list[Any], s
 
 
 def server_descriptor(d: Driver, handle: int) -> int:
-    """The server's descriptor for a kept one's setting, made there the first time it is named."""
+    """The server's descriptor for a kept one's setting, made there the first time it is named. A device address
+    among its attributes (a GEMM's bias) names it by its alignment only, as a heuristic does: under autocast
+    PyTorch casts the bias anew at every step, and the server's descriptor is moved to the new address instead."""
     state = _kept_state(handle)
     if state is None or "replay" not in state:
         return handle  # not kept here: the server says what it is
     key = state.get("key")
     if key is None:
-        key = state["key"] = (state["kind"], *sorted((str(slot), call.symbol, _hashable(wire_args[1:]))
+        key = state["key"] = (state["kind"], *sorted((str(slot), call.symbol, _named(call, wire_args))
                                                      for slot, (call, wire_args, _) in state["replay"].items()))
     with _made_lock:
         found = MADE.pop(key, None)
@@ -255,10 +257,35 @@ def server_descriptor(d: Driver, handle: int) -> int:
                 STATE.pop(gone, None)
                 if base.IN_C is not None:
                     base.IN_C.serve(None, gone)
+        else:
+            _move_addresses(d, state, found[0])
         MADE[key] = found
-    if base.IN_C is not None and "record" in state:  # a setting C keeps: C names it so in the calls it queues
-        base.IN_C.serve(state["record"][1], found[0])
+        if base.IN_C is None:  # the addresses it holds there (with the shim, C knows them: kept.h's `sent`)
+            STATE.setdefault(found[0], {})["addresses"] = {slot: _hashable(args[2:3]) for slot, (call, args, _)
+                                                           in _replay(state).items() if _is_address(call, args)}
+    if base.IN_C is not None:  # a setting C keeps: C names it so in the calls it queues, and moves its addresses
+        base.IN_C.serve(state["record"][1] if "record" in state else None, found[0])
     return found[0]
+
+
+def _is_address(call: Call, wire_args: list[Any]) -> bool:
+    return call.family == "cublasLtMatmulDescSetAttribute" and wire_args[1] in LT_POINTERS and wire_args[3] == 8
+
+
+def _named(call: Call, wire_args: list[Any]) -> tuple:
+    """A replayed call's arguments as they name a server's descriptor: a device address by its alignment."""
+    if _is_address(call, wire_args):
+        return wire_args[1], _as_setting(call, wire_args[1], _hashable(wire_args[2:3])[0]), wire_args[3]
+    return _hashable(wire_args[1:])
+
+
+def _move_addresses(d: Driver, state: dict[str, Any], server: int) -> None:
+    """The server's descriptor `server`, made for this setting, to the addresses the descriptor holds now. With
+    the shim C may have moved it since (kept.h, xpu_kept_moves), so then every address is sent again."""
+    had = STATE.get(server, {}).get("addresses", {}) if base.IN_C is None else {}
+    for slot, (call, wire_args, size) in _replay(state).items():
+        if _is_address(call, wire_args) and had.get(slot) != _hashable(wire_args[2:3]):
+            d.post(call, [server, *wire_args[1:]], size)
 
 
 @implements("cudnnDeriveBNTensorDescriptor", "cudnnSetTensorNdDescriptorEx")

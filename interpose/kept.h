@@ -44,6 +44,7 @@ static struct {
         uint8_t known;
     } op[XPU_LIBRARIES][XPU_LIBRARY_OPS_MAX];
     uint32_t blas_stream_opcode, blas_workspace_opcode;  /* cublasSetStream_v2's and cublasSetWorkspace_v2's */
+    uint32_t lt_set_opcode;                               /* cublasLtMatmulDescSetAttribute's */
     /* cuDNN's numbers (the core's): the variant pack's descriptor type; the ids', data pointers' and workspace's
      * attribute names, then their element types. 0 until told: no pack is kept. */
     int64_t pack_type, pack_name[XPU_KEPT_PACK_ATTRIBUTES], pack_element[XPU_KEPT_PACK_ATTRIBUTES];
@@ -66,9 +67,14 @@ static struct {
     uint32_t answers, lt_pointers;
     uint32_t lt_pointer[XPU_KEPT_LT_POINTERS];  /* matmul attributes holding device pointers: keyed by alignment */
     uint32_t lt_scale_type, lt_pointer_mode;     /* the matmul attributes that size a call's scalars */
-    /* The server's descriptor for a kept descriptor's setting (the record but its generation), as the core made
-     * it there (client/descriptors.py, server_descriptor): a cuBLASLt call names those. server 0: free; ~0: gone. */
-    struct { uint64_t hash, server; struct xpu_kept_record setting; } served[XPU_KEPT_SERVED];
+    /* The server's descriptor for a kept descriptor's setting (the record but its generation, a device pointer
+     * attribute by its alignment: xpu_kept_served_setting), as the core made it there (client/descriptors.py,
+     * server_descriptor): a cuBLASLt call names those. `sent`: the addresses its pointer attributes hold there, by
+     * the attribute's place in the setting (under autocast PyTorch casts a GEMM's bias anew at every step: C
+     * moves the server's descriptor to the new address, ahead of the GEMM). One entry a server descriptor.
+     * server 0: free; ~0: gone. */
+    struct { uint64_t hash, server; struct xpu_kept_record setting; uint64_t sent[XPU_KEPT_ATTRIBUTES]; }
+        served[XPU_KEPT_SERVED];
     uint32_t serving;                            /* entries used, gone ones included */
     /* Host addresses the core found holding a variant pack's by-value scalar (cuDNN attention's scale: it lives in
      * cudnn-frontend's graph, the same address at every execution of it). 0: free. */
@@ -156,6 +162,7 @@ static void xpu_kept_mark(int library, int op, int role, int kind, int made, uin
     xpu_kept.op[library][op].opcode = opcode;
     if (role == XPU_KEPT_BLAS_STREAM) xpu_kept.blas_stream_opcode = opcode;
     if (role == XPU_KEPT_BLAS_WORKSPACE) xpu_kept.blas_workspace_opcode = opcode;
+    if (role == XPU_KEPT_LT_SET && kind == XPU_KEPT_KIND_LT_MATMUL) xpu_kept.lt_set_opcode = opcode;
 }
 
 /* A library call C queues in the lane (XPU_KEPT_BLAS_CALL or _LT_CALL, marked first): `nargs` arguments, those of
@@ -501,35 +508,85 @@ static int xpu_kept_served_slot(uint64_t hash, const struct xpu_kept_record *set
     }
 }
 
-/* The core's: the server's descriptor `server` has the setting `setting` (a kept record, its generation 0); or
- * (setting NULL) it is gone, destroyed on the server. */
+/* A matmul descriptor's attribute that holds a device address (a bias, a scale). */
+static int xpu_kept_is_address(const struct xpu_kept_record *r, int a) {
+    return r->kind == XPU_KEPT_KIND_LT_MATMUL && r->attribute[a].size == 8 && xpu_kept_is_pointer(r->attribute[a].name);
+}
+
+static uint64_t xpu_kept_address_of(const struct xpu_kept_record *r, int a) {
+    uint64_t v;
+    memcpy(&v, r->attribute[a].value, 8);
+    return v;
+}
+
+/* What names a server's descriptor: `r` but its generation, each address attribute by its alignment as
+ * xpu_kept_setting_key has it (the server's descriptor is moved to the address, xpu_kept_lt_call). */
+static void xpu_kept_served_setting(const struct xpu_kept_record *r, struct xpu_kept_record *out) {
+    *out = *r;
+    out->generation = 0;
+    for (int a = 0; a < r->attributes; a++)
+        if (xpu_kept_is_address(r, a)) {
+            uint64_t v = xpu_kept_address_of(r, a), lowest = v & -v;
+            v = lowest && lowest < 256 ? lowest : 256 * !!v;
+            memcpy(out->attribute[a].value, &v, 8);
+        }
+}
+
+/* The core's: the server's descriptor `server` has the setting `setting` (a kept record), its addresses as they
+ * are there; or (setting NULL) it is gone, destroyed on the server. */
 static void xpu_kept_serve(const struct xpu_kept_record *setting, uint64_t server) {
     pthread_mutex_lock(&xpu_kept.lock);
-    if (!setting) {
-        for (int i = 0; i < XPU_KEPT_SERVED; i++)
-            if (xpu_kept.served[i].server == server) xpu_kept.served[i].server = UINT64_MAX;  /* probing goes on */
-    } else if (server && server != UINT64_MAX) {
+    for (int i = 0; i < XPU_KEPT_SERVED && server; i++)  /* a setting it had before is not its own any more */
+        if (xpu_kept.served[i].server == server) xpu_kept.served[i].server = UINT64_MAX;  /* probing goes on */
+    if (setting && server && server != UINT64_MAX) {
         if (xpu_kept.serving >= XPU_KEPT_SERVED / 2) {
             memset(xpu_kept.served, 0, sizeof xpu_kept.served);
             xpu_kept.serving = 0;
         }
-        uint64_t hash = xpu_kept_served_hash(setting);
-        int i = xpu_kept_served_slot(hash, setting);
+        struct xpu_kept_record named;
+        xpu_kept_served_setting(setting, &named);
+        uint64_t hash = xpu_kept_served_hash(&named);
+        int i = xpu_kept_served_slot(hash, &named);
         if (!xpu_kept.served[i].server) xpu_kept.serving++;
-        xpu_kept.served[i].hash = hash, xpu_kept.served[i].server = server, xpu_kept.served[i].setting = *setting;
+        xpu_kept.served[i].hash = hash, xpu_kept.served[i].server = server, xpu_kept.served[i].setting = named;
+        for (int a = 0; a < setting->attributes; a++)
+            xpu_kept.served[i].sent[a] = xpu_kept_is_address(setting, a) ? xpu_kept_address_of(setting, a) : 0;
     }
     pthread_mutex_unlock(&xpu_kept.lock);
 }
 
-/* The server's descriptor for the kept descriptor `handle`'s setting now, or 0. Under the lock. */
-static uint64_t xpu_kept_served_for(uint64_t handle, int kind_low, int kind_high) {
+/* The entry of the server's descriptor for the kept descriptor `handle`'s setting now, or -1. Under the lock. */
+static int xpu_kept_served_at(uint64_t handle, int kind_low, int kind_high) {
     const struct xpu_kept_record *r = xpu_kept_find(handle);
-    if (!r || r->state != XPU_SLOT_KEPT || r->kind < kind_low || r->kind > kind_high) return 0;
-    struct xpu_kept_record setting = *r;
-    setting.generation = 0;
-    int i = xpu_kept_served_slot(xpu_kept_served_hash(&setting), &setting);
+    if (!r || r->state != XPU_SLOT_KEPT || r->kind < kind_low || r->kind > kind_high) return -1;
+    struct xpu_kept_record named;
+    xpu_kept_served_setting(r, &named);
+    int i = xpu_kept_served_slot(xpu_kept_served_hash(&named), &named);
     uint64_t server = xpu_kept.served[i].server;
-    return server == UINT64_MAX ? 0 : server;
+    return server && server != UINT64_MAX ? i : -1;
+}
+
+static uint64_t xpu_kept_served_for(uint64_t handle, int kind_low, int kind_high) {
+    int i = xpu_kept_served_at(handle, kind_low, kind_high);
+    return i < 0 ? 0 : xpu_kept.served[i].server;
+}
+
+/* The records that move entry `i`'s server descriptor to the addresses kept descriptor `r` holds, into `calls`
+ * (their arguments in `args`, 4 a call, the addresses in `values`, the attributes' places in `places`); their
+ * count. Under the lock. */
+static int xpu_kept_moves(int i, const struct xpu_kept_record *r, struct xpu_lane_call *calls, uint64_t *args,
+                          uint64_t *values, int *places) {
+    int n = 0;
+    for (int a = 0; a < r->attributes; a++) {
+        if (!xpu_kept_is_address(r, a) || xpu_kept_address_of(r, a) == xpu_kept.served[i].sent[a]) continue;
+        values[n] = xpu_kept_address_of(r, a), places[n] = a;
+        uint64_t *at = args + 4 * n;
+        at[0] = xpu_kept.served[i].server, at[1] = r->attribute[a].name, at[2] = 0, at[3] = 8;
+        calls[n] = (struct xpu_lane_call){.opcode = xpu_kept.lt_set_opcode, .nargs = 4, .args = at, .blob_at = 2,
+                                          .blob_len = 8, .blob = &values[n]};
+        n++;
+    }
+    return n;
 }
 
 /* A kept matmul descriptor's attribute `name` as an int32 (4 bytes), or `otherwise`. */
@@ -550,12 +607,21 @@ static int32_t xpu_kept_attribute_int(const struct xpu_kept_record *r, uint32_t 
 static int xpu_kept_lt_call(int library, int op, const uint64_t *s) {
     const __typeof__(xpu_kept.op[0][0]) *o = &xpu_kept.op[library][op];
     if (!o->nargs || o->type_arg < 0 || !xpu_kept.lt_scale_type) return -1;
-    uint64_t args[XPU_LANE_ARGS_MAX];
+    uint64_t args[XPU_LANE_ARGS_MAX], move_args[4 * XPU_KEPT_ATTRIBUTES], addresses[XPU_KEPT_ATTRIBUTES];
+    struct xpu_lane_call calls[XPU_KEPT_ATTRIBUTES + 1];
+    int n = 0, moved = -1, places[XPU_KEPT_ATTRIBUTES];
     memcpy(args, s, o->nargs * sizeof *args);
-    for (int i = 0; i < o->nargs; i++)
-        if (o->descriptors >> i & 1 && !(args[i] = xpu_kept_served_for(s[i], XPU_KEPT_KIND_LT_MATMUL,
-                                                                          XPU_KEPT_KIND_LT_LAYOUT)))
-            return -1;
+    for (int i = 0; i < o->nargs; i++) {
+        if (!(o->descriptors >> i & 1)) continue;
+        int at = xpu_kept_served_at(s[i], XPU_KEPT_KIND_LT_MATMUL, XPU_KEPT_KIND_LT_LAYOUT);
+        if (at < 0) return -1;
+        args[i] = xpu_kept.served[at].server;
+        const struct xpu_kept_record *r = xpu_kept_find(s[i]);
+        if (r->kind == XPU_KEPT_KIND_LT_MATMUL && moved < 0 && xpu_kept.lt_set_opcode)
+            n = xpu_kept_moves(moved = at, r, calls, move_args, addresses, places);
+        else if (r->kind == XPU_KEPT_KIND_LT_MATMUL)
+            return -1;  /* two matmul descriptors, or no setter's opcode: the core sends it */
+    }
     const struct xpu_kept_record *desc = xpu_kept_find(s[o->type_arg]);  /* kept: it was served above */
     if (!desc || desc->kind != XPU_KEPT_KIND_LT_MATMUL || xpu_kept_attribute_int(desc, xpu_kept.lt_pointer_mode, 0))
         return -1;
@@ -565,10 +631,12 @@ static int xpu_kept_lt_call(int library, int op, const uint64_t *s) {
     const void *blob = o->blob_arg >= 0 ? (const void *)(uintptr_t)s[o->blob_arg] : NULL;
     if (o->blob_arg >= 0 && !blob) return -1;
     if (o->blob_arg >= 0) args[o->blob_arg] = 0;
-    struct xpu_lane_call call = {.opcode = o->opcode, .scalars = o->scalars, .nargs = o->nargs, .scalar_size = size,
-                                 .args = args, .blob_at = o->blob_arg, .blob_len = blob ? o->blob_size : 0,
-                                 .blob = blob};
-    return xpu_lane_put_calls(&call, 1);
+    calls[n] = (struct xpu_lane_call){.opcode = o->opcode, .scalars = o->scalars, .nargs = o->nargs,
+                                      .scalar_size = size, .args = args, .blob_at = o->blob_arg,
+                                      .blob_len = blob ? o->blob_size : 0, .blob = blob};
+    if (xpu_lane_put_calls(calls, n + 1)) return -1;
+    for (int m = 0; m < n; m++) xpu_kept.served[moved].sent[places[m]] = addresses[m];  /* where they are now */
+    return 0;
 }
 
 /* ---- cuDNN calls in the lane ------------------------------------------------------------------------- */

@@ -509,8 +509,9 @@ LANE = {
     "cuMemcpyDtoDAsync": "args", "cuLaunchKernel": "launch", "cuGraphLaunch": "known",
 }
 LANE_LAUNCH = "xpuLaunchKernel"
-# What interpose/kept.h queues in the lane from the descriptors it keeps: a variant pack's execution.
-KEPT_LANE = ("xpuCudnnExecute",)
+# What interpose/kept.h queues in the lane from the descriptors it keeps: a variant pack's execution, and a
+# server's matmul descriptor moved to a GEMM's new bias or scale address ahead of the GEMM.
+KEPT_LANE = ("xpuCudnnExecute", "cublasLtMatmulDescSetAttribute")
 
 # Copies whose host buffer may travel on the session's data connection (server/data.py) instead of in their
 # message, when the client waits for them (a sync call, or an async one from or into pageable memory).
