@@ -11,6 +11,8 @@ On a private `xpu-server --backend sim` over loopback:
      the server only records (forwarding alone);
    - async: cusolverDnSpotrf of a 1x1 matrix N times (its info into device memory), then one
      cuCtxSynchronize;
+   - async: cusparseSpMV of a 1x1 CSR matrix and two dense vectors (descriptors made once) N times, then
+     one cuCtxSynchronize;
    - sync: cublasLtMatmulDescGetAttribute N times (a call that waits for its answer);
    - one operation's calls as PyTorch makes them, N times: a cuDNN batch norm in inference (the stream, two
      tensor descriptors made and set, the batch norm, two destroys: 8 calls) and a cuBLASLt GEMM (five
@@ -57,6 +59,7 @@ n = int(sys.argv[1])
 cu, blas, lt = c.CDLL("libcuda.so.1"), c.CDLL("libcublas.so.13"), c.CDLL("libcublasLt.so.13")
 dnn = c.CDLL("libcudnn.so.9")
 solver = c.CDLL("libcusolver.so.12")
+sparse = c.CDLL("libcusparse.so.12")
 def ok(rc, what):
     if rc: raise SystemExit(f"{what} returned {rc}")
 ok(cu.cuInit(0), "cuInit")
@@ -96,6 +99,23 @@ potrf.argtypes = [c.c_void_p, c.c_int, c.c_int, c.c_uint64, c.c_int, c.c_uint64,
 def potrfs(k):  # a 1x1 Cholesky factorization, its info written to device memory
     for _ in range(k):
         potrf(solver_handle, 0, 1, out, 1, a, 1, solver_info.value)
+    ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+sparse_handle, csr, vec_x, vec_y, sparse_data = c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_uint64()
+ok(sparse.cusparseCreate(c.byref(sparse_handle)), "cusparseCreate")
+ok(cu.cuMemAlloc_v2(c.byref(sparse_data), 64), "cuMemAlloc")  # zeros: offsets [0, 0], an empty 1x1 matrix
+sd = sparse_data.value
+sparse.cusparseCreateCsr.argtypes = [c.c_void_p, c.c_int64, c.c_int64, c.c_int64, c.c_uint64, c.c_uint64, c.c_uint64,
+                                     c.c_int, c.c_int, c.c_int, c.c_int]
+ok(sparse.cusparseCreateCsr(c.byref(csr), 1, 1, 1, sd, sd + 16, sd + 24, 2, 2, 0, 0), "cusparseCreateCsr")  # 32I
+sparse.cusparseCreateDnVec.argtypes = [c.c_void_p, c.c_int64, c.c_uint64, c.c_int]
+ok(sparse.cusparseCreateDnVec(c.byref(vec_x), 1, sd + 32, 0), "cusparseCreateDnVec")
+ok(sparse.cusparseCreateDnVec(c.byref(vec_y), 1, sd + 40, 0), "cusparseCreateDnVec")
+spmv = sparse.cusparseSpMV
+spmv.argtypes = [c.c_void_p, c.c_int, c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p, c.c_void_p, c.c_int, c.c_int,
+                 c.c_uint64]
+def spmvs(k):  # y = A x of a 1x1 CSR matrix, R_32F, the default algorithm
+    for _ in range(k):
+        spmv(sparse_handle, 0, c.byref(alpha), csr, vec_x, c.byref(beta), vec_y, 0, 0, 0)
     ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 dnn_handle, x, y, device, data = c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_int(), c.c_uint64()
 ok(dnn.cudnnCreate(c.byref(dnn_handle)), "cudnnCreate")
@@ -154,9 +174,9 @@ def floors(calls):  # as many calls, each answered in C: what ctypes and the ent
         for _ in range(calls * k):
             cu.cuCtxGetDevice(c.byref(device))
     return run
-gemms(200), gets(200), modes(200), potrfs(200), batch_norms(200), lt_gemms(200)  # warm
+gemms(200), gets(200), modes(200), potrfs(200), spmvs(200), batch_norms(200), lt_gemms(200)  # warm
 print("ready", flush=True)
-runs = {"async": gemms, "async_record": modes, "async_solver": potrfs,
+runs = {"async": gemms, "async_record": modes, "async_solver": potrfs, "async_sparse": spmvs,
         "sync": gets, "batch_norm": batch_norms, "batch_norm_floor": floors(8),
         "lt_gemm": lt_gemms, "lt_gemm_floor": floors(21)}
 for line in sys.stdin:  # the name of what to run next
@@ -213,7 +233,7 @@ def shim_costs(address: str, log: Path, n: int) -> dict[str, Any]:
         raise SystemExit("the shim agent failed")
     worker = int(re.findall(r"worker_pid=(\d+)", log.read_text())[-1])
     samples: dict[str, list[dict[str, float]]] = {}
-    for name in ("async", "async_record", "async_solver", "sync", *OPERATIONS * OPERATION_REPEATS):
+    for name in ("async", "async_record", "async_solver", "async_sparse", "sync", *OPERATIONS * OPERATION_REPEATS):
         before = cpu_s(worker)
         agent.stdin.write(name + "\n")
         agent.stdin.flush()
@@ -294,6 +314,7 @@ def markdown(report: dict[str, Any]) -> str:
     for kind, label in (("async", "cublasSgemm_v2 1x1, async (calls/s)"),
                         ("async_record", "cublasSetMathMode, async (calls/s)"),
                         ("async_solver", "cusolverDnSpotrf 1x1, async (calls/s)"),
+                        ("async_sparse", "cusparseSpMV 1x1 CSR, async (calls/s)"),
                         ("sync", "cublasLtMatmulDescGetAttribute, sync (µs/call)")):
         s, r = report["shim"][kind], report["raw"][kind.split("_")[0]]
         key = "calls_per_s" if kind.startswith("async") else "us_per_call"

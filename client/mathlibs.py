@@ -111,11 +111,12 @@ def _creator(lib: mathlibs.Library, **defaults: int) -> Callable[[Driver, Call, 
 implements("cublasCreate")(_creator(mathlibs.CUBLAS, pointer_mode=0, math_mode=0, atomics_mode=0, sm_count=0))
 implements("cublasLtCreate")(_creator(mathlibs.CUBLASLT))
 implements("cudnnCreate")(_creator(mathlibs.CUDNN, stream=0))
+implements("cusparseCreate")(_creator(mathlibs.CUSPARSE, stream=0, pointer_mode=0))
 
 
 @implements("cublasDestroy", "cublasLtDestroy", "cudnnDestroy", "cublasLtMatmulDescDestroy",
             "cublasLtMatrixLayoutDestroy", "cublasLtMatmulPreferenceDestroy", "cudnnDestroyTensorDescriptor",
-            "cudnnBackendDestroyDescriptor")
+            "cudnnBackendDestroyDescriptor", "cusparseDestroy")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
     state = STATE.get(args[0])
     if IN_C is not None and call.family in HANDLE_DESTROYS:
@@ -242,7 +243,9 @@ for _key, _set, _get in (("pointer_mode", "cublasSetPointerMode", "cublasGetPoin
                          ("math_mode", "cublasSetMathMode", "cublasGetMathMode"),
                          ("atomics_mode", "cublasSetAtomicsMode", "cublasGetAtomicsMode"),
                          ("sm_count", "cublasSetSmCountTarget", "cublasGetSmCountTarget"),
-                         ("stream", "cudnnSetStream", "cudnnGetStream")):
+                         ("stream", "cudnnSetStream", "cudnnGetStream"),
+                         ("stream", "cusparseSetStream", "cusparseGetStream"),
+                         ("pointer_mode", "cusparseSetPointerMode", "cusparseGetPointerMode")):
     implements(_set)(_setter(_key))
     implements(_get)(_getter(lambda handle, key=_key: _state(handle)[key]))
 
@@ -254,6 +257,16 @@ def dot(d: Driver, call: Call, args: list[Any]) -> None:
     if _state(args[0])["pointer_mode"] == POINTER_MODE_HOST:
         raise errors.library_error("cublas", "not_supported", f"{call.symbol} into host memory (pointer mode "
                                    "CUBLAS_POINTER_MODE_HOST) is not forwarded; use CUBLAS_POINTER_MODE_DEVICE")
+    d.forward(call, args)
+
+
+@implements("cusparseXcsrgeam2Nnz", "cusparseXbsrsv2_zeroPivot", "cusparseXbsrsm2_zeroPivot")
+def sparse_host_result(d: Driver, call: Call, args: list[Any]) -> None:
+    """An `int *` result that cuSPARSE writes where the handle's pointer mode says: forwarded in host mode (the
+    answer comes back); in device mode the server would be given an address of this process."""
+    if _state(args[0])["pointer_mode"] != POINTER_MODE_HOST:
+        raise errors.library_error("cusparse", "not_supported", f"{call.symbol} in CUSPARSE_POINTER_MODE_DEVICE is "
+                                   "not forwarded; use CUSPARSE_POINTER_MODE_HOST")
     d.forward(call, args)
 
 
@@ -305,7 +318,15 @@ def cublas_get_version(d: Driver, call: Call, args: list[Any]) -> None:
 implements("cublasLtGetVersion")(_version_of(mathlibs.CUBLASLT))
 implements("cudnnGetVersion")(_version_of(mathlibs.CUDNN))
 implements("cublasGetCudartVersion", "cublasLtGetCudartVersion", "cudnnGetCudartVersion")(_cudart_version)
-implements("cublasGetProperty", "cublasLtGetProperty", "cudnnGetProperty")(_property)
+implements("cublasGetProperty", "cublasLtGetProperty", "cudnnGetProperty", "cusparseGetProperty")(_property)
+
+
+@implements("cusparseGetVersion")
+def cusparse_get_version(d: Driver, call: Call, args: list[Any]) -> None:
+    """CUSPARSE_VERSION's form: major * 1000 + minor * 100 + patch."""
+    _state(args[0])
+    major, minor, patch = version_of(d, mathlibs.CUSPARSE)
+    marshal.put(call.params[1], args[1], major * 1000 + minor * 100 + patch)
 
 
 @implements("cudnnGetLastErrorString")

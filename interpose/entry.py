@@ -85,11 +85,14 @@ def unknown_slot(ffi: Any, slots: Any) -> int:
     return errors.NOT_SUPPORTED
 
 
-# Tables the runtimes from 12.9 on (to 13.5) ask for and go on without: said at INFO only (12.4 to 12.8 do not ask).
+# Tables the runtimes from 12.9 on (to 13.5) ask for and go on without: said at INFO only (12.4 to 12.8 do not ask);
+# and the compilers' one.
 OPTIONAL_TABLES = {
     # slot 1: a log function (domain, severity, format, va_list); 13.x also calls slot 2 with 0 or 1
     # around some device queries. Without the table the runtime skips both.
     "f8cff951-2146-8b4e-b9e2-fb469e7c0dd9": "the runtime's optional driver-log table",
+    # asked by the host-only compilers NVRTC and nvJitLink 13, which compile and link without it (tests/test_nvrtc.py)
+    "da9151d3-3ae6-cc41-a5c0-4f26d533e328": "NVRTC's and nvJitLink's optional table",
 }
 
 

@@ -332,6 +332,7 @@ def _entry_points(functions, types, variant_rows) -> str:
 
 # ---- the math libraries ------------------------------------------------------------------------
 LIB_DECL_RE = re.compile(r"(?:^|(?<=[;}]))\s*((?:const\s+)?\w+(?:\s*\*)?)\s*\b(cu\w+)\s*\(([^;{}()]*)\)\s*;")
+ENUM_TYPEDEF_RE = re.compile(r"typedef\s+enum\s*\w*\s*\{[^}]*\}\s*(\w+)\s*;")
 LIB_ENUM_RE = re.compile(r"\b([A-Z][A-Z0-9_]+)\s*=\s*([^,}]+?)\s*[,}]")
 
 
@@ -361,11 +362,14 @@ def library_api(lib: Library, includes: list[Path], imported: dict[str, linked.I
     text = " ".join(library_text(lib, includes).split())
     functions: dict[str, list[tuple[str, str]]] = {}
     returns: dict[str, str] = {}
+    enum_types = set(ENUM_TYPEDEF_RE.findall(text)) - {lib.status_type}
     for ret, name, params in LIB_DECL_RE.findall(text):
         if not name.startswith(lib.prefix) or name.startswith(lib.exclude) or name in functions:
             continue
         functions[name] = split_params(params)
         ret = re.sub(r"\s*\*", " *", ret.strip())
+        if ret in enum_types:  # cuSPARSE's cusparseGetMatType...: an enum is an int to the entry point
+            ret = "int"
         if ret != lib.status_type:
             returns[name] = ret
     macros = " ".join(lib.version_macros)

@@ -275,6 +275,144 @@ cudnnSpatialTfSamplerBackward       async   alpha=scalar:xDesc beta=scalar:xDesc
 """,
 )
 
+# cuSPARSE: the generic API's handles and descriptors are client-made; a descriptor's creation carries the device
+# addresses and sizes it names (the server keeps them: the sim computes from them). alpha/beta follow the handle's
+# pointer mode; buffer-size queries wait for the answer; the operations are queued on the handle's stream.
+CUSPARSE = Library(
+    name="cusparse", soname="libcusparse.so.12", header="cusparse.h", prefix="cusparse", exclude=("cusparseLt",),
+    status_type="cusparseStatus_t",
+    version_macros=("CUSPARSE_VER_MAJOR", "CUSPARSE_VER_MINOR", "CUSPARSE_VER_PATCH"),
+    # the const descriptors (`struct X const *`), which the handle pattern does not read
+    handles=("cusparseConstSpVecDescr_t", "cusparseConstDnVecDescr_t", "cusparseConstSpMatDescr_t",
+             "cusparseConstDnMatDescr_t"),
+    status={
+        "success": "CUSPARSE_STATUS_SUCCESS", "not_initialized": "CUSPARSE_STATUS_NOT_INITIALIZED",
+        "alloc_failed": "CUSPARSE_STATUS_ALLOC_FAILED", "invalid_value": "CUSPARSE_STATUS_INVALID_VALUE",
+        "not_supported": "CUSPARSE_STATUS_NOT_SUPPORTED", "execution_failed": "CUSPARSE_STATUS_EXECUTION_FAILED",
+        "internal": "CUSPARSE_STATUS_INTERNAL_ERROR", "version_mismatch": "CUSPARSE_STATUS_NOT_SUPPORTED",
+    },
+    spec="""
+cusparseCreate                  shadow
+cusparseDestroy                 async
+cusparseGetVersion              local   version=out
+cusparseGetProperty             local   value=out
+cusparseSetStream               async
+cusparseGetStream               local
+cusparseSetPointerMode          async
+cusparseGetPointerMode          local   mode=out
+# the generic API's descriptors: made with the device addresses and sizes they name
+cusparseCreateCsr               shadow
+cusparseCreateConstCsr          shadow
+cusparseCreateCsc               shadow
+cusparseCreateConstCsc          shadow
+cusparseCreateCoo               shadow
+cusparseCreateConstCoo          shadow
+cusparseDestroySpMat            async
+cusparseCsrSetPointers          async
+cusparseCscSetPointers          async
+cusparseCooSetPointers          async
+cusparseCsrSetStridedBatch      async
+cusparseCooSetStridedBatch      async
+cusparseSpMatSetAttribute       async   data=in:dataSize
+cusparseSpMatGetSize            sync    rows=out cols=out nnz=out
+cusparseCreateDnMat             shadow
+cusparseCreateConstDnMat        shadow
+cusparseDestroyDnMat            async
+cusparseDnMatSetStridedBatch    async
+cusparseCreateDnVec             shadow
+cusparseCreateConstDnVec        shadow
+cusparseDestroyDnVec            async
+# the operations: sizes wait, the work is queued on the handle's stream
+cusparseSpMM_bufferSize         sync    alpha=scalar:computeType beta=scalar:computeType bufferSize=out
+cusparseSpMM_preprocess         async   alpha=scalar:computeType beta=scalar:computeType
+cusparseSpMM                    async   alpha=scalar:computeType beta=scalar:computeType
+cusparseSpMV_bufferSize         sync    alpha=scalar:computeType beta=scalar:computeType bufferSize=out
+cusparseSpMV                    async   alpha=scalar:computeType beta=scalar:computeType
+cusparseSDDMM_bufferSize        sync    alpha=scalar:computeType beta=scalar:computeType bufferSize=out
+cusparseSDDMM_preprocess        async   alpha=scalar:computeType beta=scalar:computeType
+cusparseSDDMM                   async   alpha=scalar:computeType beta=scalar:computeType
+# sparse times sparse: each step's buffer size is asked with a NULL buffer, then given with it (in and out)
+cusparseSpGEMM_createDescr      shadow
+cusparseSpGEMM_destroyDescr     async
+cusparseSpGEMM_workEstimation   sync    alpha=scalar:computeType beta=scalar:computeType bufferSize1=inout
+cusparseSpGEMM_compute          sync    alpha=scalar:computeType beta=scalar:computeType bufferSize2=inout
+cusparseSpGEMM_copy             async   alpha=scalar:computeType beta=scalar:computeType
+# triangular solves (torch.linalg.solve_triangular of a sparse CSR matrix)
+cusparseSpSV_createDescr        shadow
+cusparseSpSV_destroyDescr       async
+cusparseSpSV_bufferSize         sync    alpha=scalar:computeType bufferSize=out
+cusparseSpSV_analysis           async   alpha=scalar:computeType
+cusparseSpSV_solve              async   alpha=scalar:computeType
+cusparseSpSM_createDescr        shadow
+cusparseSpSM_destroyDescr       async
+cusparseSpSM_bufferSize         sync    alpha=scalar:computeType bufferSize=out
+cusparseSpSM_analysis           async   alpha=scalar:computeType
+cusparseSpSM_solve              async   alpha=scalar:computeType
+# the legacy API PyTorch still calls: BSR products and solves, CSR addition, index conversion and sorting. Typed
+# scalars are host values in host pointer mode; an `int *` result that the pointer mode places is answered in
+# host mode only (client/mathlibs.py). Forwarded for a GPU server; the sim computes only Xcoo2csr.
+cusparseCreateMatDescr          shadow
+cusparseDestroyMatDescr         async
+cusparseSetMatType              async
+cusparseSetMatFillMode          async
+cusparseSetMatDiagType          async
+cusparseSetMatIndexBase         async
+cusparseXcoo2csr                async
+cusparseCreateIdentityPermutation   async
+cusparseXcoosort_bufferSizeExt  sync    pBufferSizeInBytes=out
+cusparseXcoosortByRow           async
+cusparseXcsrsort_bufferSizeExt  sync    pBufferSizeInBytes=out
+cusparseXcsrsort                async
+cusparseScsrgeam2_bufferSizeExt sync    alpha=scalar beta=scalar pBufferSizeInBytes=out
+cusparseDcsrgeam2_bufferSizeExt sync    alpha=scalar beta=scalar pBufferSizeInBytes=out
+cusparseCcsrgeam2_bufferSizeExt sync    alpha=scalar beta=scalar pBufferSizeInBytes=out
+cusparseZcsrgeam2_bufferSizeExt sync    alpha=scalar beta=scalar pBufferSizeInBytes=out
+cusparseXcsrgeam2Nnz            sync    nnzTotalDevHostPtr=out
+cusparseScsrgeam2               async   alpha=scalar beta=scalar
+cusparseDcsrgeam2               async   alpha=scalar beta=scalar
+cusparseCcsrgeam2               async   alpha=scalar beta=scalar
+cusparseZcsrgeam2               async   alpha=scalar beta=scalar
+cusparseSbsrmm                  async   alpha=scalar beta=scalar
+cusparseDbsrmm                  async   alpha=scalar beta=scalar
+cusparseCbsrmm                  async   alpha=scalar beta=scalar
+cusparseZbsrmm                  async   alpha=scalar beta=scalar
+cusparseSbsrmv                  async   alpha=scalar beta=scalar
+cusparseDbsrmv                  async   alpha=scalar beta=scalar
+cusparseCbsrmv                  async   alpha=scalar beta=scalar
+cusparseZbsrmv                  async   alpha=scalar beta=scalar
+cusparseCreateBsrsv2Info        shadow
+cusparseDestroyBsrsv2Info       async
+cusparseCreateBsrsm2Info        shadow
+cusparseDestroyBsrsm2Info       async
+cusparseSbsrsv2_bufferSize      sync    pBufferSizeInBytes=out
+cusparseDbsrsv2_bufferSize      sync    pBufferSizeInBytes=out
+cusparseCbsrsv2_bufferSize      sync    pBufferSizeInBytes=out
+cusparseZbsrsv2_bufferSize      sync    pBufferSizeInBytes=out
+cusparseSbsrsv2_analysis        async
+cusparseDbsrsv2_analysis        async
+cusparseCbsrsv2_analysis        async
+cusparseZbsrsv2_analysis        async
+cusparseSbsrsv2_solve           async   alpha=scalar
+cusparseDbsrsv2_solve           async   alpha=scalar
+cusparseCbsrsv2_solve           async   alpha=scalar
+cusparseZbsrsv2_solve           async   alpha=scalar
+cusparseXbsrsv2_zeroPivot       sync    position=out
+cusparseSbsrsm2_bufferSize      sync    pBufferSizeInBytes=out
+cusparseDbsrsm2_bufferSize      sync    pBufferSizeInBytes=out
+cusparseCbsrsm2_bufferSize      sync    pBufferSizeInBytes=out
+cusparseZbsrsm2_bufferSize      sync    pBufferSizeInBytes=out
+cusparseSbsrsm2_analysis        async
+cusparseDbsrsm2_analysis        async
+cusparseCbsrsm2_analysis        async
+cusparseZbsrsm2_analysis        async
+cusparseSbsrsm2_solve           async   alpha=scalar
+cusparseDbsrsm2_solve           async   alpha=scalar
+cusparseCbsrsm2_solve           async   alpha=scalar
+cusparseZbsrsm2_solve           async   alpha=scalar
+cusparseXbsrsm2_zeroPivot       sync    position=out
+""",
+)
+
 # cuSOLVER (dense): the handle, the 64-bit API's parameters and the Jacobi methods' settings are client-made.
 # Workspace-size queries wait for the answer (the client keeps each, keyed by the arguments' content); the
 # factorizations are queued on the handle's stream and write their `info` into device memory, as the library
@@ -382,7 +520,11 @@ cusolverDn{T}sytrf                  async
 """),
 )
 
-LIBRARIES: tuple[Library, ...] = (CUBLAS, CUBLASLT, CUDNN, CUSOLVER)
+# cuSPARSE's const descriptors are its descriptors: a handle made as one is named as the other
+CUSPARSE_HANDLE_FAMILIES = {f"cusparseConst{kind}Descr_t": f"cusparse{kind}Descr_t"
+                            for kind in ("SpVec", "DnVec", "SpMat", "DnMat")}
+
+LIBRARIES: tuple[Library, ...] = (CUBLAS, CUBLASLT, CUDNN, CUSOLVER, CUSPARSE)
 BY_NAME = {lib.name: lib for lib in LIBRARIES}
 
 # cudnnBackendAttributeType_t -> struct format of one element (the C type each names); a type not

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from xpuremote.protocol import abi, errors, wire
+from xpuremote.protocol import abi, errors, mathlibs, wire
 from xpuremote.protocol.calls import BY_OPCODE, CALLS, DEFAULT_STREAMS, Call, Param
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import LinkSpec, Wire
@@ -40,7 +40,7 @@ LANE, SET_CONTEXT = CALLS["xpuLane"], CALLS["cuCtxSetCurrent"]
 # cuBLAS handle is a cuBLASLt handle too (NVIDIA documents the cast, and PyTorch makes it); a green
 # context's handle is also the CUcontext that stands for it (the client gives both one handle)
 HANDLE_FAMILIES = {"CUkernel": "CUfunction", "cudaStream_t": "CUstream", "cudaEvent_t": "CUevent",
-                   "cublasLtHandle_t": "cublasHandle_t", "CUgreenCtx": "CUcontext"}
+                   "cublasLtHandle_t": "cublasHandle_t", "CUgreenCtx": "CUcontext", **mathlibs.CUSPARSE_HANDLE_FAMILIES}
 
 
 class Handles(dict):

@@ -639,3 +639,11 @@ for mangled_op, binary in BINARY_OPS.items():
     for depth, result in ((1, 0), (2, 1)):
         register(FOREACH_SCALAR.format(depth=depth, result=result, op=mangled_op))(
             foreach(depth, 1, result, binary, alpha_list=False))
+
+# -------------------------------------------------------------------- cuSPARSE's neighbours (tests/test_sparse.py)
+
+# a COO matrix's int64 row indices cast to int32 before cusparseXcoo2csr (LoadWithCast from int64)
+register(UNROLLED.format(
+    "ZZZNS0_23direct_copy_kernel_cudaERNS_18TensorIteratorBaseEENKUlvE1_clEvENKUlvE1_clEvEUliE_St5arrayIPcLm2EELi4E"
+    "23TrivialOffsetCalculatorILi1EjESB_NS0_6memory12LoadWithCastILi1EEENSC_13StoreWithCastILi1EEE"))(
+    unrolled(copy, ("<i4", "<i4")))

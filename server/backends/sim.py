@@ -559,6 +559,9 @@ class SimBackend(SimGraphs, SimArrays):
             blas, dnn = SimBlas(self.memory), SimDnn(self.memory, self.skip_unknown_kernels)
             dnn.handles = self.handles
             self.libraries = {"cublas": blas, "cublasLt": blas, "cudnn": dnn}
+            from .sim_sparse import SimSparse
+
+            self.libraries["cusparse"] = SimSparse(self.memory)
             from .sim_solver import SolvingBlas
 
             solving = SolvingBlas(self.memory)  # cuBLAS with the batched solvers torch.linalg routes small batches to
