@@ -163,7 +163,7 @@ class Driver:
             raise CudaError(errors.INVALID_VALUE, f"a setting in the environment: {exc}") from None
         tracing = trace.requested()
         return Connection(self.server(), timeout, batch_us, link, measure=tracing,
-                          measure_gpu=tracing and os.environ.get("XPU_TRACE_GPU") == "1", spin_us=spin_us)
+                          measure_gpu=tracing and os.environ.get("XPU_TRACE_GPU") != "0", spin_us=spin_us)
 
     def _adopt(self, conn: Connection) -> None:
         try:  # nothing of an inventory is believed before it is checked: the session ends on a bad one

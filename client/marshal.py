@@ -3,6 +3,7 @@ table entry, and write a reply's outputs back into the application's memory."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import struct
 from collections.abc import Callable
@@ -62,7 +63,7 @@ def put(p: Param, address: int, value: Any) -> None:
     if p.pointee == "float":
         write(address, struct.pack("<f" if p.pointee_size == 4 else "<d", value))
     else:
-        size = p.pointee_size if p.pointee in ("int", "struct") else 8
+        size = p.pointee_size if p.pointee in ("int", "struct") or p.pointee == "handle" and p.pointee_size else 8
         write(address, (int(value) % (1 << (8 * size))).to_bytes(size, "little"))
 
 
@@ -201,7 +202,7 @@ def _step(call: Call, p: Param) -> Step:
         def made(a: Any, values: dict[str, Any], new_handle: Callable[[], int], snapshot: bool) -> tuple[Any, int]:
             if not a:
                 raise CudaError(errors.INVALID_VALUE, null)
-            handle = new_handle()
+            handle = new_handle() if p.pointee_size >= 8 else next(SMALL_HANDLES)
             put(p, a, handle)
             return handle, 0
         return made
@@ -212,6 +213,11 @@ def _step(call: Call, p: Param) -> Step:
         checked(a, values)
         return (p.byte_count(values) if a else None), 0
     return output
+
+
+# An integer handle (cuFFT's cufftHandle, an int) is client-made too: small positive numbers, which no other handle of
+# a session is (the client's start at driver.CLIENT_HANDLE_BASE, the server's at session.SERVER_HANDLE_BASE).
+SMALL_HANDLES = itertools.count(1)
 
 
 def unpack(call: Call, args: list[Any], outs: list[Any]) -> None:

@@ -469,7 +469,8 @@ DEVICE_POINTERS = ("CUdeviceptr", "CUdeviceptr_v1")
 # xpuGraphAddConditionalNode, whose body graphs the server names; an allocation node as xpuGraphAddMemAllocNode, its
 # properties' ordinals the server's and its access descriptions read), 3D peer copies as 3D copies, green contexts
 # as xpuGreenCtxCreate (with the SMs their descriptor gives: descriptors are the client's); the older CTC loss forms
-# read host arrays and are refused. A server accepts only calls the client sends (`Call.sent`).
+# read host arrays and are refused, cuFFT's cufftPlan* go as cufftCreate and a cufftMakePlan* (client/fft.py). A
+# server accepts only calls the client sends (`Call.sent`).
 SENT_INSTEAD: dict[str, str | None] = {
     "cuMemcpy": None, "cuMemcpyAsync": None, "cuMemcpy2D": None, "cuMemcpy2DUnaligned": None,
     "cuMemcpy2DAsync": None, "cuMemcpy3D": None, "cuMemcpy3DAsync": None,
@@ -490,6 +491,7 @@ SENT_INSTEAD: dict[str, str | None] = {
     "cuArray3DCreate": "cuArray3DCreate_v2", "cuTexObjectCreate": None, "cuSurfObjectCreate": None,
     "cuGreenCtxCreate": None,
     "cudnnCTCLoss": "cudnnCTCLoss_v8", "cudnnGetCTCLossWorkspaceSize": "cudnnGetCTCLossWorkspaceSize_v8",
+    "cufftPlan1d": None, "cufftPlan2d": None, "cufftPlan3d": None, "cufftPlanMany": None,
 }
 # Releases whose first argument is not a handle (see Call.releases; destroys are releases too).
 RELEASES = ("cuMemFree", "cuMemFreeAsync", "cuMemFreeHost", "cuMemHostUnregister", "cuMemRelease", "cuMemUnmap",

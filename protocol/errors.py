@@ -86,9 +86,8 @@ def status_name(code: int, library: str = "cuda") -> str:
     from . import mathlibs
 
     lib = mathlibs.BY_NAME[library]
-    prefix = lib.status["success"].removesuffix("SUCCESS")
-    names = [k for k, v in mathlibs.api(lib).ENUMS.items() if v == code and k.startswith(prefix)]
-    return names[0] if names else f"{prefix}{code}"
+    found = mathlibs.api(lib).STATUSES.get(code)  # the status type's own enumerators (cuFFT's CUFFT_ has others)
+    return found or f"{lib.status['success'].removesuffix('SUCCESS')}{code}"
 
 
 def status_for(exc: CudaError, library: str) -> int:

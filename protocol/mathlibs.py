@@ -524,7 +524,63 @@ cusolverDn{T}sytrf                  async
 CUSPARSE_HANDLE_FAMILIES = {f"cusparseConst{kind}Descr_t": f"cusparse{kind}Descr_t"
                             for kind in ("SpVec", "DnVec", "SpMat", "DnMat")}
 
-LIBRARIES: tuple[Library, ...] = (CUBLAS, CUBLASLT, CUDNN, CUSOLVER, CUSPARSE)
+CUFFT = Library(
+    name="cufft", soname="libcufft.so.12", header="cufftXt.h", prefix="cufft", exclude=(),
+    status_type="cufftResult", version_macros=("CUFFT_VER_MAJOR", "CUFFT_VER_MINOR", "CUFFT_VER_PATCH"),
+    handles=("cufftHandle",),  # an int: the client makes it, as it makes pointer handles (shadow)
+    status={
+        "success": "CUFFT_SUCCESS", "not_initialized": "CUFFT_SETUP_FAILED", "alloc_failed": "CUFFT_ALLOC_FAILED",
+        "invalid_value": "CUFFT_INVALID_VALUE", "not_supported": "CUFFT_NOT_SUPPORTED",
+        "execution_failed": "CUFFT_EXEC_FAILED", "internal": "CUFFT_INTERNAL_ERROR",
+        "version_mismatch": "CUFFT_NOT_SUPPORTED",
+    },
+    spec="""
+cufftGetVersion             local   version=out
+cufftGetProperty            local   value=out
+# plans: client-made; cufftPlan* are made by the client as cufftCreate and the matching cufftMakePlan*
+cufftCreate                 shadow
+cufftPlan1d                 shadow
+cufftPlan2d                 shadow
+cufftPlan3d                 shadow
+cufftPlanMany               shadow  n=in:rank*4 inembed=in:rank*4 onembed=in:rank*4
+cufftDestroy                async
+cufftSetStream              async
+cufftSetAutoAllocation      async
+cufftSetWorkArea            async
+cufftSetPlanPropertyInt64   async
+cufftResetPlanProperty      async
+cufftGetPlanPropertyInt64   sync    returnPtrValue=out
+# making a plan can fail (a size or layout the library refuses) and says the work area's size: it waits
+cufftMakePlan1d             sync    workSize=out
+cufftMakePlan2d             sync    workSize=out
+cufftMakePlan3d             sync    workSize=out
+cufftMakePlanMany           sync    n=in:rank*4 inembed=in:rank*4 onembed=in:rank*4 workSize=out
+cufftMakePlanMany64         sync    n=in:rank*8 inembed=in:rank*8 onembed=in:rank*8 workSize=out
+cufftXtMakePlanMany         sync    n=in:rank*8 inembed=in:rank*8 onembed=in:rank*8 workSize=out
+cufftGetSize                sync    workSize=out
+cufftGetSize1d              sync    workSize=out
+cufftGetSize2d              sync    workSize=out
+cufftGetSize3d              sync    workSize=out
+cufftGetSizeMany            sync    n=in:rank*4 inembed=in:rank*4 onembed=in:rank*4 workArea=out
+cufftGetSizeMany64          sync    n=in:rank*8 inembed=in:rank*8 onembed=in:rank*8 workSize=out
+cufftXtGetSizeMany          sync    n=in:rank*8 inembed=in:rank*8 onembed=in:rank*8 workSize=out
+cufftEstimate1d             sync    workSize=out
+cufftEstimate2d             sync    workSize=out
+cufftEstimate3d             sync    workSize=out
+cufftEstimateMany           sync    n=in:rank*4 inembed=in:rank*4 onembed=in:rank*4 workSize=out
+# transforms: enqueued GPU work on device memory
+cufftXtExec                 async
+cufftExecC2C                async
+cufftExecR2C                async
+cufftExecC2R                async
+cufftExecZ2Z                async
+cufftExecD2Z                async
+cufftExecZ2D                async
+""",
+)
+
+
+LIBRARIES: tuple[Library, ...] = (CUBLAS, CUBLASLT, CUDNN, CUSOLVER, CUSPARSE, CUFFT)
 BY_NAME = {lib.name: lib for lib in LIBRARIES}
 
 # cudnnBackendAttributeType_t -> struct format of one element (the C type each names); a type not

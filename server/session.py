@@ -24,7 +24,7 @@ from xpuremote.protocol.link import LinkSpec, Wire
 from . import metrics
 from .backends.base import Backend
 from .data import Asked, DataConnection, DataError, Incoming
-from .gpu_timer import GpuTimer, is_gpu_work
+from .gpu_timer import GpuTimer
 from .limits import Limits
 from .native_lane import NativeLane, NativeOp
 
@@ -126,6 +126,8 @@ class Session:
             raise wire.WireError(str(exc)) from None
         self.uplink = Wire(link) if link.active else None
         self.measure = bool(header.get("measure"))
+        if self.gpu_timer is not None:
+            self.gpu_timer.close()
         self.gpu_timer = GpuTimer(self.backend) if header.get("gpu") else None
         self.runners.clear()
         self.compiled.clear()
@@ -222,11 +224,12 @@ class Session:
         if call.destroys and args and isinstance(args[0], int):
             self.drop_handle(args[0])
 
-    def add_timings(self, answer: dict[str, Any]) -> dict[str, Any]:
-        """Give an answer the times measured since the last one, for the client's trace."""
+    def add_timings(self, answer: dict[str, Any], final: bool = False) -> dict[str, Any]:
+        """Give an answer the times measured since the last one, for the client's trace (`final`: the last answer,
+        which waits for the GPU's)."""
         if self.timings:
             answer["timing"], self.timings = self.timings, []
-        if self.gpu_timer and (gpu := self.gpu_timer.collect()):
+        if self.gpu_timer and (gpu := self.gpu_timer.collect(final)):
             answer["gpu"] = gpu
         return answer
 
@@ -236,13 +239,21 @@ class Session:
             raise wire.WireError("calls must be a non-empty list")
         outs: list[Any] = []
         status = errors.SUCCESS
+        timer = self.gpu_timer
         for i, item in enumerate(batch):
             last = i == len(batch) - 1
             self.answering = last and reply
+            if timer is not None:
+                timer.pos = i
             try:
                 call, args = _unpack(item)
                 if call is LANE:
-                    self.run_lane(args)
+                    if self.per_call is not None:  # one item: its records share its time (perfmodel/shares.py)
+                        began = time.monotonic_ns()
+                        self.run_lane(args)
+                        self.per_call.append(time.monotonic_ns() - began)
+                    else:
+                        self.run_lane(args)
                     outs, status = [], errors.SUCCESS
                     continue
                 run = self.compiled.get(call.opcode) or self.compile(call)
@@ -261,6 +272,8 @@ class Session:
                     self.deferred.append((name, status, exc.detail))
                 log.info("%s failed: %s", name, exc)
                 outs = []
+        if timer is not None:
+            timer.end_message(self.seq)
         if reply and status == errors.SUCCESS and call.symbol == "xpuHostFunc":
             self.awaiting = args[1]  # stop here until the client says the function has run
         answer: dict[str, Any] = {"op": "reply", "status": status, "outs": outs}
@@ -324,7 +337,7 @@ class Session:
         or, a math library's call, where it is a record of the same values as one the session ran (VETTED)."""
         shape = _native_shape(call) if call.library == "cuda" else _vetted_shape(call)
         native_call = getattr(self.backend, "native_call", None)
-        if (shape is None or native_call is None or call.destroys or self.gpu_timer or not call.sent
+        if (shape is None or native_call is None or call.destroys or self.gpu_times(call) or not call.sent
                 or (found := native_call(call)) is None):
             return
         if self.native is None:
@@ -369,6 +382,10 @@ class Session:
             self.defer_lane_failure(call.symbol, CudaError(status, f"{call.symbol} on the server's GPU", call.library))
         return at
 
+    def gpu_times(self, call: Call) -> bool:
+        """Whether the GPU timer (a trace's) must see `call`: it then goes the generic way, which the timer wraps."""
+        return self.gpu_timer is not None and self.gpu_timer.touches(call)
+
     def compile(self, call: Call) -> Callable[[list[Any]], list[Any]]:
         """What a batch runs for `call`: its runner, which leaves out the generic dispatch for the calls that
         allow it (the lane's own cache is apart: a lane may name only the calls the table lets in)."""
@@ -381,7 +398,7 @@ class Session:
         lane's hot calls, most of a batch's, a copy to the host), its shape checked, its handles resolved, then
         the backend's runner (the limits' checks included); for any other, `generic`."""
         plain = _plain(call)
-        if plain is None or call.destroys or self.gpu_timer or not call.sent or call.library != "cuda":
+        if plain is None or call.destroys or self.gpu_times(call) or not call.sent or call.library != "cuda":
             return self.generic(call)
         run, count = self.backend.runner(call), len(call.params)
         resolvers = [(i, self.resolver(call.params[i])) for i in plain.handles]
@@ -423,7 +440,7 @@ class Session:
         outputs = [(i, p) for i, p in enumerate(call.params) if p.direction != "in"]
         graph = _graph_of(call)
         run = self.backend.runner(call)
-        timer = self.gpu_timer if self.gpu_timer and is_gpu_work(call) else None
+        timed = self.gpu_timer.wrap(call, run) if self.gpu_timer else None
 
         def generic_call(args: list[Any]) -> list[Any]:
             self.calls += 1
@@ -443,12 +460,7 @@ class Session:
                 if shadow:
                     self.check_new(args[i])  # the client's new handle is free
             try:
-                if timer is not None:
-                    begun = timer.start(call, decoded)
-                    outs = run(decoded)
-                    timer.stop(self.seq, begun)
-                else:
-                    outs = run(decoded)
+                outs = run(decoded) if timed is None else timed(args, decoded)
             except BACKEND_FAULTS as exc:
                 raise _invalid(call, exc) from None
             if call.destroys:

@@ -363,7 +363,7 @@ def _serve(sock: zmq.Socket, session: Session, message: Message) -> bool:
         elif op == "done":
             return True  # a host function finished after its wait was abandoned: nothing to answer
         elif op == "bye":  # with the server's times for the last batches, for a client's trace
-            sock.send_multipart([identity, *wire.encode(session.add_timings({"op": "reply", "status": 0}))])
+            sock.send_multipart([identity, *wire.encode(session.add_timings({"op": "reply", "status": 0}, final=True))])
             return False
         else:
             raise wire.WireError(f"unknown op {op!r}")

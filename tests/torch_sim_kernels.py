@@ -647,3 +647,29 @@ register(UNROLLED.format(
     "ZZZNS0_23direct_copy_kernel_cudaERNS_18TensorIteratorBaseEENKUlvE1_clEvENKUlvE1_clEvEUliE_St5arrayIPcLm2EELi4E"
     "23TrivialOffsetCalculatorILi1EjESB_NS0_6memory12LoadWithCastILi1EEENSC_13StoreWithCastILi1EEE"))(
     unrolled(copy, ("<i4", "<i4")))
+
+# ------------------------------------------------------------------------------ around cuFFT (torch.fft)
+# An inverse transform's normalisation multiplies the result by 1/n in place (AUnaryFunctor{op, scalar}: the scalar
+# last, after the empty MulFunctor), complex results in complex, real ones (irfft) in double; a
+# strided complex result is copied element by element.
+C64, F64 = "<c8", "<f8"
+
+
+def mul_by_scalar(dtype: str) -> ElementwiseOp:
+    scalar_type = np.dtype(dtype)
+
+    def op(functor: bytes, x: list[np.ndarray]) -> np.ndarray:
+        return x[0] * np.frombuffer(functor, scalar_type, 1, len(functor) - scalar_type.itemsize)[0]
+    return op
+
+
+FFT_SCALAR_OPS = [  # (functor, operand dtype)
+    ("NS0_13AUnaryFunctorIN3c107complexIfEES5_S5_NS0_15binary_internal10MulFunctorIS5_EEEE", C64),
+    ("NS0_13AUnaryFunctorIdddNS0_15binary_internal10MulFunctorIdEEEE", F64),
+]
+for functor, dtype in FFT_SCALAR_OPS:
+    for vec in VECS:
+        register(VECTORIZED.format(vec=vec, functor=functor, n=2))(vectorized(mul_by_scalar(dtype), dtype))
+register(STRIDED.format(unroll=2, functor=DIRECT_COPY_F.format(7, "N3c107complexIfEE"), tail="S4_RKT_"))(
+    strided(copy, 2, C64))
+

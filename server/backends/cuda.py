@@ -60,6 +60,8 @@ HOST, DEVICE, ARRAY = ENUMS["CU_MEMORYTYPE_HOST"], ENUMS["CU_MEMORYTYPE_DEVICE"]
 
 
 def c_type(p: Param) -> str:
+    if p.kind == "handle" and p.size < 8:  # an integer handle (cufftHandle)
+        return C_INT[(p.size, 1)]
     if p.kind in ("ptr", "handle"):
         return "void *"
     if p.kind == "float":
@@ -509,6 +511,8 @@ class CudaBackend(Backend):
         ffi, green = self.ffi, self.green_contexts
         void_p = ffi.typeof("void *")
         if p.kind == "handle":
+            if p.size < 8:  # an integer handle (cufftHandle): the library's own number
+                return lambda value: (value, None)
             if p.ctype == "CUcontext":  # a green context, as a CUcontext
                 return lambda value: (green[value] if value in green else ffi.cast(void_p, value or 0), None)
             return lambda value: (ffi.cast(void_p, value or 0), None)
@@ -519,7 +523,8 @@ class CudaBackend(Backend):
             return lambda value: (ffi.cast(void_p, value or 0), None)
         scalar, given = p.is_scalar, p.direction == "in"
         scratch = p.name == "bufferOnHost"  # cuSOLVER's host workspace (protocol/mathlibs.py)
-        made = ffi.typeof("uint64_t *") if p.pointee == "handle" else ffi.typeof("char[]")
+        made = ffi.typeof(f"{C_INT[(p.pointee_size, 1)] if p.pointee_size < 8 else 'uint64_t'} *") \
+            if p.pointee == "handle" else ffi.typeof("char[]")
 
         def convert(value: Any) -> tuple[Any, Any]:
             if scalar and isinstance(value, int):  # a device address (device pointer mode)

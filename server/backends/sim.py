@@ -559,6 +559,9 @@ class SimBackend(SimGraphs, SimArrays):
             blas, dnn = SimBlas(self.memory), SimDnn(self.memory, self.skip_unknown_kernels)
             dnn.handles = self.handles
             self.libraries = {"cublas": blas, "cublasLt": blas, "cudnn": dnn}
+            from .sim_fft import SimFft
+
+            self.libraries["cufft"] = SimFft(self.memory)
             from .sim_sparse import SimSparse
 
             self.libraries["cusparse"] = SimSparse(self.memory)
