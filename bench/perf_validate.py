@@ -1,12 +1,16 @@
-"""xpu-perf's accuracy: the model's predictions against runs over emulated links (sim backend).
+"""xpu-perf's accuracy: the model's predictions against runs over emulated links (sim backend, or --backend cuda).
 
     python bench/perf_validate.py [--out bench/results/perf-validate.json] [--plot docs/images/validate.png]
+                                  [--backend sim|cuda]
 
 The same check as tests/test_perf.py's, written down: examples/workloads.cu in its three mixes
 (round-trip bound, launch bound, bandwidth bound), each recorded once at loopback speed and then
 run over RTT {0, 50, 200, 1000} µs x {1, 10 Gbit/s, unlimited}, in --repeat shuffled rounds of
 three recordings and one run per link; the faster two thirds of each side are compared
 (perfmodel/validate.py).
+
+Each table has, beside the prediction, the model's without the GPU's queues (each message's server time as
+recorded): the same on the sim, whose GPU times are part of the server's; on a GPU, what they change.
 
 It also draws the rounds again, with replacement, to show how far the worst point may land in a
 validation of as many rounds (the CI test's), and of half as many.
@@ -52,13 +56,14 @@ def main() -> int:
     parser.add_argument("--out", help="write JSON here and Markdown beside it")
     parser.add_argument("--plot", help="write predicted vs measured (PNG) here")
     parser.add_argument("--repeat", type=int, default=24)
+    parser.add_argument("--backend", default="sim", choices=["sim", "cuda"])
     args = parser.parse_args()
     os.environ.setdefault("XPU_SIM_KERNELS", str(ROOT / "examples/sim_kernels.py"))
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         exe = build(Path(tmp))
         for mix in MIXES:
-            results.append(validate.validate([str(exe), *mix], repeat=args.repeat, backend="sim"))
+            results.append(validate.validate([str(exe), *mix], repeat=args.repeat, backend=args.backend))
             print(validate.table(results[-1]), flush=True)
     errors = [abs(p.error) for r in results for p in r.points]
     command = "python bench/perf_validate.py " + " ".join(sys.argv[1:])
@@ -71,12 +76,12 @@ def main() -> int:
         data = {"command": command, "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                 "programs": [r.to_json() for r in results]}
         Path(args.out).write_text(json.dumps(data, indent=1))
-        md = [f"# xpu-perf validation (sim backend)\n\nCommand: `{command}`\n\nMachine: {data['machine']}\n"]
+        md = [f"# xpu-perf validation ({args.backend} backend)\n\nCommand: `{command}`\n\nMachine: {data['machine']}\n"]
         md += [f"```\n{validate.table(r)}\n```\n" for r in results]
         Path(args.out).with_suffix(".md").write_text("\n".join(md) + f"\n{summary}\n")
     if args.plot:
         points = [dict(p, label=" ".join(r.command)) for r in results for p in r.to_json()["points"]]
-        plots.validation(points, "xpu-perf on the sim backend: predicted vs measured", Path(args.plot))
+        plots.validation(points, f"xpu-perf on the {args.backend} backend: predicted vs measured", Path(args.plot))
     return 0
 
 

@@ -54,7 +54,8 @@ def describe(pred: Prediction, model: Model) -> str:
               for name, seconds in parts if pred.predicted_s]
     gpu = [m.gpu for m in model.trace.messages if m.gpu is not None]
     if gpu:
-        lines.append(f"GPU work measured in the recorded run: {sum(gpu) / 1e6:.2f} ms (part of the server's time)")
+        how = "the model queues it per stream" if any(m.gpu for m in model.msgs) else "part of the server's time"
+        lines.append(f"GPU work measured in the recorded run: {sum(gpu) / 1e6:.2f} ms ({how})")
     return "\n".join(lines)
 
 

@@ -17,10 +17,16 @@ server, and the replay adds it to each wait and to each message reaching an idle
 
 The bandwidth is a queue shared by consecutive messages in each direction, and batched async
 calls travel as the one message they were. The server is a queue too: a sync call waits for the
-async work sent before it. The client's own costs (the application, the shim, encoding) come
-from the trace as measured, not from constants. The recorded transport (base latency and per-byte
-cost of the loopback or network the trace was taken on) is fitted from the trace's sync round
-trips. The predicted network is added on top of it, as it is in the link emulation.
+async work sent before it. Where the trace says what each message did to the GPU's queues (GPU_OPS,
+protocol/trace.py) and the GPU runs apart from the server (a GPU, not the sim), the GPU is a queue per
+stream (rperf's Block): a work starts once the server has queued it and its stream's earlier work is done,
+and a synchronizing call holds the server until the queue it waits for is done, so the wait is computed,
+not replayed, and a wait for the GPU overlaps network time as it does on the wire.
+
+The client's own costs (the application, the shim, encoding) come from the trace as measured, not
+from constants. The recorded transport (base latency and per-byte cost of the loopback or network
+the trace was taken on) is fitted from the trace's sync round trips. The predicted network is added
+on top of it, as it is in the link emulation.
 """
 
 from __future__ import annotations
@@ -47,6 +53,9 @@ class Network:
         return f"RTT {self.rtt_us:g} µs, {bandwidth}"
 
 
+GpuStep = tuple[float, int, int, float]  # (ns into the server's time on its message, op, a, b): trace.GpuOp
+
+
 @dataclass(frozen=True)
 class Msg:
     """One message, as the model sees it."""
@@ -57,6 +66,8 @@ class Msg:
     down: int
     server: float  # ns the server spent on it
     wait: float  # ns the sender waited for its answer in the recorded run
+    gpu: tuple[GpuStep, ...] = ()  # what it did to the GPU's queues (overlapping traces only)
+    blocked: float = 0.0  # ns of `server` it waited for the GPU in synchronizing calls (computed in the replay)
 
 
 @dataclass(frozen=True)
@@ -141,8 +152,59 @@ class Prediction:
 
 
 # ---- from a trace ---------------------------------------------------------------------------
-def messages(trace: fmt.Trace) -> list[Msg]:
-    return [Msg(m.sent, m.kind, m.up, m.down, float(m.server or 0), float(m.wait)) for m in trace.messages]
+def gpu_overlaps(trace: fmt.Trace) -> bool:
+    """Whether the GPU ran apart from the server in the recorded run: not on the sim, which runs each call to its
+    end before the next (its GPU times are part of the server's)."""
+    return trace.header.get("backend") != "sim"
+
+
+def messages(trace: fmt.Trace, gpu: bool = True) -> list[Msg]:
+    """The trace's messages; with their GPU operations where `gpu` and the GPU ran apart (gpu_overlaps)."""
+    overlap = gpu and gpu_overlaps(trace)
+    return [msg(m, overlap) for m in trace.messages]
+
+
+SYNCS = (fmt.SYNC_ALL, fmt.SYNC_STREAM, fmt.SYNC_EVENT)
+
+
+def msg(m: fmt.Message, overlap: bool = True) -> Msg:
+    """A recorded message as the replay takes it; with its GPU operations where the GPU ran apart."""
+    if not (overlap and m.gpu_ops):
+        return Msg(m.sent, m.kind, m.up, m.down, float(m.server or 0), float(m.wait))
+    starts, at = [], 0.0  # where each item began in the server's time on the message
+    for t in m.per_call or ():
+        starts.append(at)
+        at += t or 0
+    steps = tuple((starts[o.pos] if o.pos < len(starts) else 0.0, o.op, o.a, float(o.b)) for o in m.gpu_ops)
+    blocked = sum(float(o.b) for o in m.gpu_ops if o.op in SYNCS)
+    return Msg(m.sent, m.kind, m.up, m.down, float(m.server or 0), float(m.wait), steps, min(blocked, m.server or 0))
+
+
+class Queues:
+    """The GPU's queues in a replay: when each stream's queued work is done, and when each event was reached."""
+
+    def __init__(self) -> None:
+        self.free: dict[int, float] = {}
+        self.events: dict[int, float] = {}
+
+    def run(self, steps: Sequence[GpuStep], start: float) -> float:
+        """Queue a message's GPU operations, the server having begun it at `start`; when its synchronizing calls
+        release the server (0: it has none)."""
+        free, events, release = self.free, self.events, 0.0
+        for offset, op, a, b in steps:
+            if op == fmt.WORK:
+                free[a] = max(start + offset, free.get(a, 0.0)) + b
+            elif op == fmt.RECORD:
+                events[b] = max(start + offset, free.get(a, 0.0))
+            elif op == fmt.WAIT:
+                free[a] = max(free.get(a, 0.0), events.get(b, 0.0))
+            elif op == fmt.SYNC_ALL or op == fmt.SYNC_STREAM and a == 0:  # the legacy stream waits for all
+                release = max(release, start + offset, *free.values())
+            elif op == fmt.SYNC_STREAM:
+                release = max(release, start + offset, free.get(a, 0.0))
+            elif op == fmt.SYNC_EVENT:
+                release = max(release, start + offset, events.get(a, 0.0))
+        return release
 
 
 def fit_transport(msgs: Iterable[Msg], recorded: Network) -> Transport:
@@ -166,6 +228,7 @@ def replay(msgs: Sequence[Msg], span: float, transport: Transport, net: Network,
     """The predicted duration of a run of `span` ns whose messages are `msgs` (in send order)."""
     half_rtt = net.rtt_us * 500.0
     up_free = down_free = server_free = 0.0
+    gpu = Queues()
     shift = 0.0  # how much later than recorded the client is at this point
     b = Breakdown()
     waited = 0.0
@@ -177,7 +240,9 @@ def replay(msgs: Sequence[Msg], span: float, transport: Transport, net: Network,
         arrives = leaves + half_rtt
         # a server that idled wakes up late; one still busy with earlier work takes it when done
         server_wake = machines.server.extra(arrives - server_free) if arrives > server_free else 0.0
-        server_free = max(arrives + server_wake, server_free) + m.server
+        begun = max(arrives + server_wake, server_free)
+        # with GPU operations, its waits for the GPU as the queues have them now, not as recorded
+        server_free = max(begun + m.server - m.blocked, gpu.run(m.gpu, begun)) if m.gpu else begun + m.server
         b.bytes_up += m.up
         if m.kind == "async":
             continue
@@ -206,10 +271,11 @@ def replay(msgs: Sequence[Msg], span: float, transport: Transport, net: Network,
 class Model:
     """A trace, ready to be replayed over any network."""
 
-    def __init__(self, trace: fmt.Trace, msgs: list[Msg] | None = None) -> None:
-        """`msgs`: the trace's messages changed (what-if); the transport is fitted from the originals."""
+    def __init__(self, trace: fmt.Trace, msgs: list[Msg] | None = None, gpu: bool = True) -> None:
+        """`msgs`: the trace's messages changed (what-if); the transport is fitted from the originals. `gpu`: keep
+        the GPU's queues where the trace has them."""
         self.trace = trace
-        recorded = messages(trace)
+        recorded = messages(trace, gpu)
         self.msgs = recorded if msgs is None else msgs
         link = trace.link
         self.recorded = Network(link.get("rtt_us", 0.0), link.get("gbps", 0.0))
@@ -220,6 +286,11 @@ class Model:
         # error, taken off every prediction, makes the model exact at the point it was measured
         self.bias = replay(recorded, self.span, self.transport, self.recorded, self.machines).predicted_s \
             - self.span / 1e9
+
+    def without_gpu(self) -> Model:
+        """The same trace with its GPU operations left out: each message's server time as recorded, waits for the
+        GPU included (the model before it kept the GPU's queues)."""
+        return Model(self.trace, gpu=False)
 
     def predict(self, net: Network) -> Prediction:
         pred = replay(self.msgs, self.span, self.transport, net, self.machines)

@@ -66,6 +66,7 @@ class Point:
     network: Network
     predicted_s: float
     measured_s: float
+    without_gpu_s: float | None = None  # the prediction with the GPU's queues left out (the server's times as recorded)
 
     @property
     def error(self) -> float:
@@ -80,6 +81,7 @@ class Rounds:
     nets: list[Network]
     recorded: list[tuple[int, float, list[float]]] = field(default_factory=list)  # (round, span s, per net)
     runs: list[tuple[int, int, float]] = field(default_factory=list)  # (round, net's index, span s)
+    without_gpu: list[list[float]] = field(default_factory=list)  # per recording, as `recorded`: no GPU queues
 
     def compare(self, rounds: Sequence[int] | None = None) -> tuple[float, list[Point]]:
         """The recorded span and a point per link, from `rounds` (default all; one may repeat).
@@ -87,12 +89,15 @@ class Rounds:
         recording's noise would shift every prediction alike, hence more of them); each link's
         measurement is the mean of its KEEP fastest runs."""
         times = collections.Counter(rounds if rounds is not None else {r for r, _, _ in self.recorded})
-        recorded = fastest([r for r in self.recorded for _ in range(times[r[0]])], key=lambda r: r[1])
+        chosen = fastest([j for j, r in enumerate(self.recorded) for _ in range(times[r[0]])],
+                         key=lambda j: self.recorded[j][1])
+        recorded = [self.recorded[j] for j in chosen]
         points = []
         for i, net in enumerate(self.nets):
             spans = [span for r, n, span in self.runs if n == i for _ in range(times[r])]
+            plain = statistics.fmean(self.without_gpu[j][i] for j in chosen) if self.without_gpu else None
             points.append(Point(net, statistics.fmean(preds[i] for _, _, preds in recorded),
-                                statistics.fmean(fastest(spans, key=float))))
+                                statistics.fmean(fastest(spans, key=float)), plain))
         return statistics.fmean(span for _, span, _ in recorded), points
 
 
@@ -115,8 +120,8 @@ class Validation:
         return {"command": self.command, "trace_s": self.trace_s, "median_abs_error": self.median_error,
                 "worst_abs_error": self.worst_error,
                 "points": [{"rtt_us": p.network.rtt_us, "gbps": p.network.gbps or None,
-                            "predicted_s": p.predicted_s, "measured_s": p.measured_s, "error": p.error}
-                           for p in self.points]}
+                            "predicted_s": p.predicted_s, "measured_s": p.measured_s, "error": p.error,
+                            "predicted_without_gpu_s": p.without_gpu_s} for p in self.points]}
 
 
 def run_traced(command: list[str], server: str, path: Path, net: Network,
@@ -168,6 +173,8 @@ def validate(command: list[str], server: str | None = None, rtts: tuple[float, .
                 if i is None:
                     model = Model(trace)
                     rounds.recorded.append((r, model.span / 1e9, [model.predict(n).predicted_s for n in rounds.nets]))
+                    plain = model.without_gpu()
+                    rounds.without_gpu.append([plain.predict(n).predicted_s for n in rounds.nets])
                 else:
                     rounds.runs.append((r, i, trace.span_ns / 1e9))
     return Validation(command, *rounds.compare(), rounds)
@@ -184,10 +191,12 @@ def resampled_worst(rounds: Rounds, trials: int, size: int, seed: int = 0) -> li
 
 def table(v: Validation) -> str:
     lines = [f"{' '.join(v.command)}: recorded {v.trace_s * 1e3:.1f} ms",
-             f"{'RTT µs':>8} {'Gbit/s':>9} {'predicted ms':>13} {'measured ms':>12} {'error':>7}"]
+             f"{'RTT µs':>8} {'Gbit/s':>9} {'predicted ms':>13} {'measured ms':>12} {'error':>7} "
+             f"{'no GPU queues ms':>17}"]
     for p in v.points:
         bw = f"{p.network.gbps:g}" if p.network.gbps else "unlimited"
+        plain = "-" if p.without_gpu_s is None else f"{p.without_gpu_s * 1e3:.1f}"
         lines.append(f"{p.network.rtt_us:>8g} {bw:>9} {p.predicted_s * 1e3:>13.1f} {p.measured_s * 1e3:>12.1f} "
-                     f"{p.error:>+7.1%}")
+                     f"{p.error:>+7.1%} {plain:>17}")
     lines.append(f"median |error| {v.median_error:.1%}, worst {v.worst_error:.1%}")
     return "\n".join(lines)

@@ -15,12 +15,13 @@ the answers the shim gives in C are not in a trace, so "no local answers" covers
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable
 
 from xpuremote.protocol import trace as fmt
 
-from .model import SMALL_BYTES, Model, Msg
+from .model import SMALL_BYTES, Model, Msg, gpu_overlaps, msg
 from .shares import call_shares
 
 OFF = {
@@ -48,18 +49,20 @@ def without(model: Model, turned_off: Callable[[fmt.Call], bool]) -> Model:
         server = share if share is not None else float(m.server or 0) / max(m.n, 1)
         removed.setdefault(m.seq, []).append(server)
         added.append(Msg(call.entry, "sync", m.up // max(m.n, 1), local.down, server, 0.0))
-    kept = [_shrunk(m, removed.get(m.seq, [])) for m in model.trace.messages]
+    overlap = gpu_overlaps(model.trace)
+    kept = [_shrunk(m, removed.get(m.seq, []), overlap) for m in model.trace.messages]
     msgs = sorted([k for k in kept if k is not None] + added, key=lambda m: m.sent)
     return Model(model.trace, msgs)
 
 
-def _shrunk(m: fmt.Message, taken: list[float]) -> Msg | None:
+def _shrunk(m: fmt.Message, taken: list[float], overlap: bool) -> Msg | None:
     """A message without calls taken out of it, the server's time on each in `taken`; None if nothing of it is
-    left."""
+    left. Its GPU operations stay with it (those of the calls taken out too: the GPU does the same work)."""
     if len(taken) >= m.n:
         return None
     up = m.up - len(taken) * (m.up // max(m.n, 1))
-    return Msg(m.sent, m.kind, up, m.down, max(float(m.server or 0) - sum(taken), 0.0), float(m.wait))
+    kept = msg(m, overlap)
+    return dataclasses.replace(kept, up=up, server=max(kept.server - sum(taken), kept.blocked))
 
 
 def _typical_round_trip(msgs: list[Msg]) -> Msg:

@@ -1,8 +1,8 @@
 """The trace file: what a client recorded of its run, for xpu-perf. Written by the client
 (`XPU_TRACE=path`), read by the performance model.
 
-Format, version 2 (the reader reads 1 too): the 8 bytes MAGIC, then one zstd stream of concatenated msgpack values:
-a header map, then records (arrays, the first element says which kind). Times are integer
+Format, version 3 (the reader reads 1 and 2 too): the 8 bytes MAGIC, then one zstd stream of concatenated
+msgpack values: a header map, then records (arrays, the first element says which kind). Times are integer
 ticks of TICK_NS of CLOCK_MONOTONIC relative to the header's `epoch_ns` (the moment the
 session with the server was up); time stamps are written as differences from the previous
 record of the same kind, so that each fits in a few bytes; zstd then folds the repeats of a
@@ -32,8 +32,20 @@ had a data connection, and the fast lane).
       `n` calls in it, each lane record counted; `server` the server's time on it, from reading
       it to answering; `per_call` the server's time on each item of it in order, the lane's
       records taken together one item (or nil; an item it did not time is nil)
-  [GPU, seq, gpu]                           the GPU time of the kernels, copies and memsets of
-      message `seq`, measured with events (only with XPU_TRACE_GPU=1)
+  [GPU, seq, gpu]                           (versions 1-2) the GPU time of the kernels, copies and memsets
+      of message `seq`, measured with events
+  [GPU_OPS, seq, [pos, op, a, b, pos, op, a, b, ...]]
+      (version 3) what the server's calls of message `seq` did to the GPU's queues, in the order it ran
+      them, four numbers each: `pos` the item of the message; `op` an index into GPU_OPS_NAMES:
+        work         a kernel, copy, memset or graph launch: `a` its stream, `b` its GPU time in ns
+                     (events around it on a GPU; on the sim, the sim's own time running it)
+        record       an event recorded: `a` its stream, `b` the event
+        wait         stream `a` waits for event `b`
+        sync_all     the server waited for the whole context for `b` ns (cuCtxSynchronize)
+        sync_stream  the server waited for stream `a` for `b` ns (cuStreamSynchronize, a synchronous copy)
+        sync_event   the server waited for event `a` for `b` ns (cuEventSynchronize)
+      a stream is a small number per stream handle as in CALL (0: the legacy default stream), an event a
+      small number per event handle, both numbered by the writer
   [END, span]                               the recording ended `span` after the epoch
 
 Messages are written when the server's times for them are known, so not in send order.
@@ -53,9 +65,11 @@ import msgpack
 import zstandard
 
 MAGIC = b"XPUTRACE"
-VERSION = 2
-READS = (1, 2)  # version 1 has no lane records
-NAME, CALL, MESSAGE, END, GPU = range(5)
+VERSION = 3
+READS = (1, 2, 3)  # version 1 has no lane records; 1-2 a GPU time per message, not its GPU operations
+NAME, CALL, MESSAGE, END, GPU, GPU_OPS = range(6)
+GPU_OPS_NAMES = ("work", "record", "wait", "sync_all", "sync_stream", "sync_event")
+WORK, RECORD, WAIT, SYNC_ALL, SYNC_STREAM, SYNC_EVENT = range(6)
 CLASSES = ("local", "async", "shadow", "sync", "internal")
 KINDS = ("async", "sync", "later")  # later: sent at once, its answer read by whoever comes next
 FLUSH_RECORDS = 4096
@@ -79,6 +93,7 @@ class TraceWriter:
         self.records: list[list[Any]] = []
         self.names: dict[str, int] = {}
         self.streams: dict[int, int] = {0: 0}
+        self.events: dict[int, int] = {}
         self.last_call = 0
         self.last_message = 0
         self.closed = False
@@ -129,10 +144,29 @@ class TraceWriter:
             self.last_message = sent
             self._maybe_flush()
 
-    def gpu(self, seq: int, gpu_ns: int) -> None:
+    def gpu(self, seq: int, ops: list[int] | int) -> None:
+        """What message `seq` did on the GPU: the server's flat [pos, op, stream or event handle, value, ...]
+        (GPU_OPS), or the GPU time of its work alone (a server before version 3 of this format)."""
         with self.lock:
-            self.records.append([GPU, seq, gpu_ns // TICK_NS])
+            if isinstance(ops, int):
+                self.records.append([GPU, seq, ops // TICK_NS])
+            else:
+                self.records.append([GPU_OPS, seq, self._gpu_ops(ops)])
             self._maybe_flush()
+
+    def _gpu_ops(self, ops: list[int]) -> list[int]:
+        """The server's handles numbered as the trace numbers them."""
+        out = list(ops)
+        streams, events = self.streams, self.events
+        for i in range(0, len(out) - 3, 4):
+            op, a, b = out[i + 1], out[i + 2], out[i + 3]
+            if op == SYNC_EVENT:
+                out[i + 2] = events.setdefault(a, len(events))
+            elif op in (WORK, RECORD, WAIT, SYNC_STREAM):
+                out[i + 2] = streams.setdefault(a, len(streams))
+            if op in (RECORD, WAIT):
+                out[i + 3] = events.setdefault(b, len(events))
+        return out
 
     def _ticks(self, t_ns: int) -> int:
         return (t_ns - self.epoch) // TICK_NS
@@ -175,6 +209,16 @@ class Call:
     lane: bool = False  # queued in C as a lane record: its times are the lane's own
 
 
+@dataclass(frozen=True)
+class GpuOp:
+    """One thing a message's call did to the GPU's queues (GPU_OPS in the module's docstring)."""
+
+    pos: int  # the item of its message
+    op: int  # WORK, RECORD, ...
+    a: int  # a stream (an event for SYNC_EVENT)
+    b: int  # ns (WORK, the syncs), or an event (RECORD, WAIT)
+
+
 @dataclass
 class Message:
     seq: int
@@ -186,7 +230,8 @@ class Message:
     down: int
     server: int | None
     per_call: list[int | None] | None  # per item; a lane's records are one item, None where the server did not time it
-    gpu: int | None = None  # ns, where measured
+    gpu: int | None = None  # ns of GPU work, where measured
+    gpu_ops: list[GpuOp] = field(default_factory=list)  # version 3: what it did to the GPU's queues, in order
 
 
 @dataclass
@@ -241,6 +286,7 @@ def _values(f: BinaryIO) -> Iterator[Any]:
 def _fill(trace: Trace, values: Iterator[Any]) -> None:
     names: dict[int, str] = {}
     gpu: dict[int, int] = {}
+    ops: dict[int, list[GpuOp]] = {}
     last_call = last_message = 0
     for rec in values:
         kind = rec[0]
@@ -259,9 +305,13 @@ def _fill(trace: Trace, values: Iterator[Any]) -> None:
                                           _ns(server), per_call and [_ns(t) for t in per_call]))
         elif kind == GPU:
             gpu[rec[1]] = rec[2] * TICK_NS
+        elif kind == GPU_OPS:
+            flat = rec[2]
+            ops.setdefault(rec[1], []).extend(GpuOp(*flat[i : i + 4]) for i in range(0, len(flat) - 3, 4))
         elif kind == END:
             trace.end = rec[1] * TICK_NS
         else:
             raise TraceError(f"unknown record kind {kind}")
     for m in trace.messages:
-        m.gpu = gpu.get(m.seq)
+        m.gpu_ops = ops.get(m.seq, [])
+        m.gpu = sum(o.b for o in m.gpu_ops if o.op == WORK) if m.gpu_ops else gpu.get(m.seq)

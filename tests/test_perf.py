@@ -130,15 +130,36 @@ def test_a_traced_run_records_the_library_calls_queued_in_c(tmp_path: Path) -> N
     assert len(served) == 2 and served[0] == served[1], served
 
 
-def test_gpu_time_is_measured_only_when_asked(run_on, workloads: Path, tmp_path: Path) -> None:
-    plain = record(run_on, tmp_path / "plain.trace", workloads, "async", 5)
-    assert all(m.gpu is None for m in plain.messages)
-    timed = record(run_on, tmp_path / "gpu.trace", workloads, "async", 5, XPU_TRACE_GPU="1")
-    launching = {c.seq for c in timed.calls if c.name == "cuLaunchKernel"}
-    gpu = {m.seq: m.gpu for m in timed.messages if m.gpu is not None}
-    assert launching <= set(gpu) and all(0 < gpu[s] <= timed.span_ns for s in launching)
+ENQUEUED = ("cuLaunchKernel", "cuMemsetD8Async")  # what the async mix queues on its stream
+
+
+@pytest.mark.parametrize("where", ["sim", pytest.param("cuda backend", marks=pytest.mark.sim_only(
+    reason="the cuda backend on a stand-in libcuda chained to a sim server"))])
+def test_a_trace_records_each_enqueued_calls_gpu_time(run_on, workloads: Path, tmp_path: Path, where: str,
+                                                       request: pytest.FixtureRequest) -> None:
+    """By default a trace holds, for each kernel and memset the server queued (the lane's records included), its
+    GPU time on its stream (events around it on the cuda backend, here on a stand-in libcuda; the sim's own time
+    on the sim), at the item of the message it went in, and each synchronizing call with its wait; the worker
+    times a lane's records as their item. XPU_TRACE_GPU=0 turns the GPU's part off."""
+    address = request.getfixturevalue("chained")[0].address if where == "cuda backend" else None
+    proc = run_on([str(workloads), "async", "5"], address=address, XPU_TRACE=str(tmp_path / "gpu.trace"))
+    assert proc.returncode == 0, proc.stderr
+    t = trace.read(tmp_path / "gpu.trace")
+    assert t.header["version"] == 3 and t.header["backend"] == ("cuda" if address else "sim")
+    queued = [c for c in t.calls if c.seq and c.name in ENQUEUED]
+    works = [(m, o) for m in t.messages for o in m.gpu_ops if o.op == trace.WORK]
+    assert len(works) == len(queued) == 5 * 17 and any(c.lane for c in queued)
+    assert collections.Counter(o.a for _, o in works) == collections.Counter(c.stream for c in queued), \
+        "each on the stream its call named"
+    assert all(o.b > 0 and o.pos < len(m.per_call) for m, o in works)
+    assert all(m.gpu == sum(o.b for o in m.gpu_ops if o.op == trace.WORK) for m in t.messages if m.gpu_ops)
+    syncs = collections.Counter(trace.GPU_OPS_NAMES[o.op] for m in t.messages for o in m.gpu_ops if o.op != trace.WORK)
+    assert syncs == {"sync_stream": 5, "sync_all": 1}  # its cuStreamSynchronize each round, cuCtxSynchronize at exit
+    assert shares.lane_items(t) and all(None not in m.per_call for m in t.messages), "lane items timed too"
     calls = json.loads(xpu_perf("calls", tmp_path / "gpu.trace", "--json").stdout)
-    assert calls["gpu_s"] == pytest.approx(sum(gpu.values()) / 1e9)
+    assert calls["gpu_s"] == pytest.approx(sum(o.b for _, o in works) / 1e9)
+    off = record(run_on, tmp_path / "off.trace", workloads, "async", 5, XPU_TRACE_GPU="0")
+    assert not any(m.gpu_ops or m.gpu for m in off.messages)
 
 
 def test_trace_starts_with_the_wake_up_probe(run_on, workloads: Path, tmp_path: Path) -> None:
@@ -284,6 +305,99 @@ def test_model_shares_an_untimed_lane_item_among_its_records() -> None:
     assert off.predict(model.Network()).breakdown.round_trips == 5
 
 
+def gpu_loop(rtt_ns: float, lag: int, steps: int = 40) -> tuple[trace.Trace, float]:
+    """A GPU-bound loop and the trace a cuda server's session would record of it, made by hand (each time below is
+    chosen, not measured), over a link of `rtt_ns`; with the run's true length. Each step sends one async message
+    (a 1 ms kernel and an event recorded after it on stream 1, 20 µs of the server's time), computes 30 µs, waits
+    in cuEventSynchronize for the event of `lag` steps before (a sync message, 5 µs of the server's time besides
+    the wait), then computes 100 µs. lag 1: the client runs a step ahead and the GPU never idles; lag 0: the GPU
+    idles for each round trip. The transport costs 10 µs each way."""
+    one_way, kernel = rtt_ns / 2 + 10_000, 1_000_000
+    msgs, events, t, gpu_free, server_free, seq = [], [], 0.0, 0.0, 0.0, 0
+    for i in range(steps):
+        begun = max(t + one_way, server_free)
+        gpu_free = max(begun, gpu_free) + kernel
+        events.append(gpu_free)
+        server_free = begun + 20_000
+        ops = [trace.GpuOp(0, trace.WORK, 1, kernel), trace.GpuOp(1, trace.RECORD, 1, i)]
+        msgs.append(trace.Message(seq := seq + 1, "async", round(t), 300, 2, 0, 0, 20_000, [10_000, 10_000],
+                                  kernel, ops))
+        t += 30_000
+        begun = max(t + one_way, server_free)
+        target = i - lag
+        release = max(begun + 5_000, events[target] if target >= 0 else 0.0)
+        server_free = release
+        ops = [trace.GpuOp(0, trace.SYNC_EVENT, target, round(release - begun - 5_000))] if target >= 0 else []
+        wait = release + one_way - t
+        msgs.append(trace.Message(seq := seq + 1, "sync", round(t), 100, 1, round(wait), 100,
+                                  round(release - begun), [round(release - begun)], None, ops))
+        t += wait + 100_000
+    recorded = trace.Trace({"version": trace.VERSION, "backend": "cuda"}, messages=msgs, end=round(t))
+    recorded.calls.append(trace.Call("cuEventSynchronize", "sync", 0, round(t), 0, 0, 0))
+    return recorded, t
+
+
+def test_model_overlaps_a_gpu_bound_loop_with_the_network() -> None:
+    """A GPU-bound loop whose client runs a step ahead of the GPU (a trace made by hand, gpu_loop): on a link of
+    200 µs its steps stay the GPU's 1 ms, and the model says so from the trace recorded at 0 µs, where it used to
+    add the RTT to every step's wait for the GPU. A loop that waits for each step's own kernel still pays the RTT
+    every step, and the model still adds it."""
+    rtt = 200_000
+    for lag, slower in ((1, 0.0), (0, 40 * rtt)):
+        recorded, span = gpu_loop(0, lag)
+        _, truth = gpu_loop(rtt, lag)
+        assert truth - span == pytest.approx(slower, abs=2 * rtt)
+        m = model.Model(recorded)
+        assert m.predict(model.Network()).predicted_s == pytest.approx(span / 1e9, rel=1e-6)
+        predicted = m.predict(model.Network(rtt_us=rtt / 1e3)).predicted_s
+        assert predicted == pytest.approx(truth / 1e9, rel=0.01), lag
+    recorded, span = gpu_loop(0, 1)
+    plain = model.Model(recorded).without_gpu()  # the server's times as recorded, its waits for the GPU fixed
+    assert plain.predict(model.Network(rtt_us=rtt / 1e3)).predicted_s > (span + 30 * rtt) / 1e9, "an RTT a step"
+
+
+def test_model_keeps_a_gpu_queue_per_stream() -> None:
+    """The queues, op by op: work on one stream queues behind that stream's work only; an event is reached when
+    the work before it on its stream is done; a stream waiting for an event starts after it; a stream's sync waits
+    for that stream, the legacy stream's and the context's for all."""
+    q = model.Queues()
+    ms = 1_000_000
+    assert q.run([(0, trace.WORK, 1, ms), (0, trace.WORK, 2, ms), (0, trace.RECORD, 1, 7)], 0) == 0
+    assert q.free == {1: ms, 2: ms} and q.events == {7: ms}
+    assert q.run([(10, trace.WAIT, 2, 7), (10, trace.WORK, 2, ms), (20, trace.SYNC_STREAM, 1, 0)], 100) == ms
+    assert q.free[2] == 2 * ms
+    assert q.run([(0, trace.SYNC_EVENT, 7, 0)], 0) == ms
+    assert q.run([(0, trace.SYNC_STREAM, 0, 0)], 0) == q.run([(0, trace.SYNC_ALL, 0, 0)], 0) == 2 * ms
+    assert q.run([(0, trace.SYNC_ALL, 0, 0)], 5 * ms) == 5 * ms, "nothing queued: no wait"
+
+
+def test_model_of_a_sim_trace_leaves_its_gpu_times_in_the_server() -> None:
+    """The sim runs each call to its end, so its GPU times are part of the server's: the model queues nothing."""
+    recorded, _ = gpu_loop(0, 1)
+    sim = trace.Trace({**recorded.header, "backend": "sim"}, recorded.calls, recorded.messages, recorded.end)
+    assert all(not m.gpu for m in model.messages(sim)) and any(m.gpu for m in model.messages(recorded))
+
+
+def test_a_gpu_trace_reads_its_versions(tmp_path: Path) -> None:
+    """Version 3 writes GPU operations with the trace's stream and event numbers; a server of before (one GPU time
+    per message) is still written, and read, as such."""
+    w = trace.TraceWriter(tmp_path / "t.trace", {})
+    w.call("cuLaunchKernel", 1, w.epoch, w.epoch + 100, 0x5000, 1, 0)
+    w.message(1, 0, w.epoch, 100, 2, 0, 0, 1_000, [500, 500])
+    w.message(2, 1, w.epoch + 10, 100, 1, 5_000, 100, 1_000, [1_000])
+    w.gpu(1, [0, trace.WORK, 0x5000, 7_000, 1, trace.RECORD, 0x5000, 0xE0, 1, trace.WAIT, 0x6000, 0xE0])
+    w.gpu(2, [0, trace.SYNC_EVENT, 0xE0, 900, 0, trace.SYNC_STREAM, 0x5000, 10])
+    w.gpu(3, 12_300)
+    w.message(3, 0, w.epoch + 20, 100, 1, 0, 0, 1_000, [1_000])
+    w.close()
+    t = trace.read(tmp_path / "t.trace")
+    first, second, old = t.messages
+    assert [(o.op, o.a, o.b) for o in first.gpu_ops] == [(trace.WORK, 1, 7_000), (trace.RECORD, 1, 0),
+                                                         (trace.WAIT, 2, 0)] and first.gpu == 7_000
+    assert [(o.op, o.a, o.b) for o in second.gpu_ops] == [(trace.SYNC_EVENT, 0, 900), (trace.SYNC_STREAM, 1, 10)]
+    assert old.gpu == 12_300 and old.gpu_ops == [] and t.calls[0].stream == 1
+
+
 def test_wake_up_cost_is_interpolated_and_flat_beyond() -> None:
     w = model.Wake.from_header([[1_000_000, 20_000], [100_000, 0], [3_000_000, 50_000]])
     assert [w.extra(i) for i in (0, 100_000, 550_000, 1_000_000, 2_000_000, 10_000_000)] == \
@@ -369,7 +483,7 @@ def test_calls_says_where_the_time_went_by_call(async_trace: Path) -> None:
     assert sum(r["server_ns"] for r in [*rows.values(), own] if r["count"]) == pytest.approx(
         sum(sum(t) for t in items.values()), abs=len(rows) + 1)
     assert sum(r["waits"] for r in rows.values()) == sum(m.kind != "async" for m in recorded.messages)
-    assert out["gpu_s"] is None  # recorded without XPU_TRACE_GPU
+    assert out["gpu_s"] == pytest.approx(sum(m.gpu or 0 for m in recorded.messages) / 1e9) and out["gpu_s"] > 0
     inside = [r["inside_ns"] for r in out["calls"]]
     assert inside == sorted(inside, reverse=True)
     later = json.loads(xpu_perf("calls", async_trace, "--from-ms", str(recorded.span_ns / 2e6), "--json").stdout)
