@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from xpuremote.protocol import trace as fmt
 
-from .model import SMALL_BYTES, Model, Msg, gpu_overlaps, msg
+from .model import SMALL_BYTES, SYNCS, GpuStep, Model, Msg, gpu_overlaps, msg
 from .shares import call_shares
 
 OFF = {
@@ -34,7 +34,10 @@ OFF = {
 def without(model: Model, turned_off: Callable[[fmt.Call], bool]) -> Model:
     """The model of the same run with the calls `turned_off` selects made synchronous."""
     by_seq = {m.seq: m for m in model.trace.messages}
+    overlap = gpu_overlaps(model.trace)
+    steps = {m.seq: msg(m, overlap).gpu for m in model.trace.messages}
     removed: dict[int, list[float]] = {}  # seq -> the server's time on each call taken out of that message
+    moved: set[tuple[int, int]] = set()  # (seq, pos): items whose GPU operations went with a call taken out
     added: list[Msg] = []
     local = _typical_round_trip(model.msgs)
     for call, share in zip(model.trace.calls, call_shares(model.trace), strict=True):
@@ -48,21 +51,33 @@ def without(model: Model, turned_off: Callable[[fmt.Call], bool]) -> Model:
             continue  # never sent: it failed before reaching the connection
         server = share if share is not None else float(m.server or 0) / max(m.n, 1)
         removed.setdefault(m.seq, []).append(server)
-        added.append(Msg(call.entry, "sync", m.up // max(m.n, 1), local.down, server, 0.0))
-    overlap = gpu_overlaps(model.trace)
-    kept = [_shrunk(m, removed.get(m.seq, []), overlap) for m in model.trace.messages]
+        gpu = ()  # its item's GPU work goes with the first call of the item taken out (a lane's records share one)
+        if (m.seq, call.pos) not in moved:
+            moved.add((m.seq, call.pos))
+            gpu = tuple((0.0, *rest) for _, *rest in _of_item(m, call.pos, steps[m.seq]))
+        added.append(Msg(call.entry, "sync", m.up // max(m.n, 1), local.down, server, 0.0, gpu))
+    kept = [_shrunk(m, removed.get(m.seq, []), overlap, {p for s, p in moved if s == m.seq})
+            for m in model.trace.messages]
     msgs = sorted([k for k in kept if k is not None] + added, key=lambda m: m.sent)
     return Model(model.trace, msgs)
 
 
-def _shrunk(m: fmt.Message, taken: list[float], overlap: bool) -> Msg | None:
-    """A message without calls taken out of it, the server's time on each in `taken`; None if nothing of it is
-    left. Its GPU operations stay with it (those of the calls taken out too: the GPU does the same work)."""
+def _of_item(m: fmt.Message, pos: int, steps: tuple[GpuStep, ...]) -> list[GpuStep]:
+    """The GPU operations of item `pos` of message `m` (its steps, as model.msg made them)."""
+    return [step for step, op in zip(steps, m.gpu_ops) if op.pos == pos]
+
+
+def _shrunk(m: fmt.Message, taken: list[float], overlap: bool, moved: set[int]) -> Msg | None:
+    """A message without calls taken out of it, the server's time on each in `taken`, the GPU operations of its
+    items in `moved` gone with them; None if nothing of it is left."""
     if len(taken) >= m.n:
         return None
     up = m.up - len(taken) * (m.up // max(m.n, 1))
     kept = msg(m, overlap)
-    return dataclasses.replace(kept, up=up, server=max(kept.server - sum(taken), kept.blocked))
+    gpu = tuple(step for step, op in zip(kept.gpu, m.gpu_ops) if op.pos not in moved) if kept.gpu else ()
+    blocked = sum(step[3] for step in gpu if step[1] in SYNCS)
+    return dataclasses.replace(kept, up=up, gpu=gpu, blocked=blocked,
+                               server=max(kept.server - sum(taken), blocked))
 
 
 def _typical_round_trip(msgs: list[Msg]) -> Msg:

@@ -356,6 +356,20 @@ def test_model_overlaps_a_gpu_bound_loop_with_the_network() -> None:
     assert plain.predict(model.Network(rtt_us=rtt / 1e3)).predicted_s > (span + 30 * rtt) / 1e9, "an RTT a step"
 
 
+def test_whatif_keeps_the_gpu_work_of_the_calls_it_turns_off() -> None:
+    """`no async` makes each launch of gpu_loop a round trip of its own: its kernel goes with it, the event record
+    stays in its message, and the GPU's work is the same. A round trip more a step over 200 µs still leaves the
+    client ahead of the GPU's 1 ms steps: the loop takes as long as recorded, give or take the last step."""
+    recorded, span = gpu_loop(0, 1)
+    recorded.calls += [trace.Call("cuLaunchKernel", "async", m.sent - 1_000, m.sent - 900, 1, m.seq, 0)
+                       for m in recorded.messages if m.kind == "async"]
+    off = whatif.without(model.Model(recorded), whatif.OFF["no async"])
+    work = [step[3] for m in off.msgs for step in m.gpu if step[1] == trace.WORK]
+    assert len(work) == 40 and sum(work) == 40 * 1_000_000
+    assert sum(step[1] == trace.RECORD for m in off.msgs for step in m.gpu) == 40
+    assert off.predict(model.Network(rtt_us=200)).predicted_s == pytest.approx(span / 1e9, abs=0.001)
+
+
 def test_model_keeps_a_gpu_queue_per_stream() -> None:
     """The queues, op by op: work on one stream queues behind that stream's work only; an event is reached when
     the work before it on its stream is done; a stream waiting for an event starts after it; a stream's sync waits
