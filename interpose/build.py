@@ -15,6 +15,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import site
 import subprocess
 import sys
@@ -34,46 +35,42 @@ CORE_NAME = "libxpuremote-core.so"
 NVML_NAME = "libnvidia-ml.so.1"
 LIBRARY_NAMES = tuple(lib.soname for lib in mathlibs.LIBRARIES)
 
-CDEF = """
-extern "Python" int xpu_dispatch(int op, uint64_t *slots);
-int xpu_symbol_count(void);
-void xpu_set_finalized(void);
-void xpu_thread_init(void);
-void xpu_known_set(const uint64_t *ctx, const int *device, int contexts, const unsigned *flags, const int *active,
-                   int devices);
-void xpu_mark_ask(int op, int kind);
-void xpu_mark_release(int op);
-void xpu_set_python_ready(void);
-int xpu_requested_version(void);
-uint64_t xpu_ctx_current(void);
-void xpu_ctx_set_current(uint64_t ctx);
-int xpu_ctx_push(uint64_t ctx);
-uint64_t xpu_ctx_pop(void);
-void xpu_cls_release(uint64_t ctx);
-void xpu_lane_allow(int op, uint32_t opcode, int kind, int nargs, int stream_arg);
-void xpu_lane_set_open(int open, int alarm_fd, uint64_t window_ns);
-void xpu_lane_context(uint64_t ctx, int ready);
-void xpu_lane_kernel(uint64_t handle, uint64_t server, int count, const uint32_t *offset, const uint32_t *size,
-                     uint32_t bytes);
-void xpu_lane_known(uint64_t handle, int allow);
-size_t xpu_lane_take(unsigned char *out, uint64_t *state);
-uint64_t xpu_lane_waiting(void);
-uint64_t xpu_lane_appended(void);
-void xpu_kept_mark(int library, int op, int role, int kind, int made, uint32_t opcode);
-void xpu_kept_lane(int library, int op, int nargs, uint32_t scalars, int type_arg, int size, uint32_t descriptors,
-                   int blob_arg, int blob_size);
-void xpu_kept_pack_names(const int64_t *names);
-void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value);
-int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt);
-int xpu_kept_release(uint64_t handle);
-struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold);
-void xpu_kept_learn(int library, int op, const uint64_t *slots, const void *answer, uint64_t bytes, int32_t count);
-void xpu_kept_lt_names(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode);
-void xpu_kept_serve(const struct xpu_kept_record *setting, uint64_t server);
-void xpu_kept_constant(int library, int op, int32_t value);
-void xpu_kept_scalars_at(const uint64_t *addresses, int64_t count);
-void xpu_kept_device_ranges(const uint64_t *ranges, int64_t count);
-""" + abi.CDEF
+
+def lent() -> list[str]:
+    """The declarations of what the front lends the core's Python: front.h's XPU_FRONT_LENT list, one entry a
+    line (continued with backslashes), as `return-type xpu_name(parameters);`."""
+    text = (HERE / "front.h").read_text()
+    body = text[text.index("#define XPU_FRONT_LENT("):].split("\n\n", 1)[0].replace("\\\n", "\n")
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.S)
+    found = []
+    for m in re.finditer(r"XPU_LENT(_VOID)?\((.*?)\)\s*(?=XPU_LENT|$)", body.split("\n", 1)[1], flags=re.S):
+        fields = " ".join(m.group(2).split())
+        if m.group(1):
+            name, _, rest = fields.partition(", ")
+            ret = "void"
+        else:
+            ret, name, rest = fields.split(", ", 2)
+        params = rest[: _closing(rest) + 1]
+        found.append(f"{ret} xpu_{name}{params};")
+    return found
+
+
+def _closing(text: str) -> int:
+    """Where the parenthesis that opens `text` closes."""
+    depth = 0
+    for i, c in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if depth == 0:
+            return i
+    raise ValueError(f"front.h: unbalanced parentheses in {text!r}")
+
+
+CDEF = "\n".join([
+    'extern "Python" int xpu_dispatch(int op, uint64_t *slots);',
+    "int xpu_symbol_count(void);",  # core.c's own, from the table's data
+    "void xpu_set_python_ready(void);",
+    *lent(),
+]) + abi.CDEF
 
 # Runs in the core's interpreter as it starts, before cffi imports _cffi_backend: the install's
 # folders may not be on the build Python's own path (pip install --target, PYTHONPATH).

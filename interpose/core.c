@@ -48,63 +48,10 @@ XPU_EXPORT int pthread_setspecific(pthread_key_t key, const void *value) { retur
 #pragma GCC diagnostic pop
 
 /* ---- lent by the front, called from Python (the cdef in build.py) -------------------------- */
+#define XPU_FORWARD(ret, name, params, args) static ret xpu_##name params { return front->name args; }
+#define XPU_FORWARD_VOID(name, params, args) static void xpu_##name params { front->name args; }
+XPU_FRONT_LENT(XPU_FORWARD, XPU_FORWARD_VOID)
 static int xpu_symbol_count(void) { return front->symbol_count; }
-static int xpu_requested_version(void) { return front->requested_version(); }
-static uint64_t xpu_ctx_current(void) { return front->ctx_current(); }
-static void xpu_ctx_set_current(uint64_t ctx) { front->ctx_set_current(ctx); }
-static int xpu_ctx_push(uint64_t ctx) { return front->ctx_push(ctx); }
-static uint64_t xpu_ctx_pop(void) { return front->ctx_pop(); }
-static void xpu_cls_release(uint64_t ctx) { front->cls_release(ctx); }
-static void xpu_known_set(const uint64_t *ctx, const int *device, int contexts, const unsigned *flags,
-                          const int *active, int devices) {
-    front->known_set(ctx, device, contexts, flags, active, devices);
-}
-static void xpu_mark_ask(int op, int kind) { front->mark_ask(op, kind); }
-static void xpu_mark_release(int op) { front->mark_release(op); }
-static void xpu_set_finalized(void) { front->set_finalized(); }
-static void xpu_thread_init(void) { front->thread_init(); }
-static void xpu_lane_allow(int op, uint32_t opcode, int kind, int nargs, int stream_arg) {
-    front->lane_allow(op, opcode, kind, nargs, stream_arg);
-}
-static void xpu_lane_set_open(int open, int alarm_fd, uint64_t window_ns) { front->lane_set_open(open, alarm_fd, window_ns); }
-static void xpu_lane_context(uint64_t ctx, int ready) { front->lane_context(ctx, ready); }
-static void xpu_lane_kernel(uint64_t handle, uint64_t server, int count, const uint32_t *offset, const uint32_t *size,
-                            uint32_t bytes) {
-    front->lane_kernel(handle, server, count, offset, size, bytes);
-}
-static void xpu_lane_known(uint64_t handle, int allow) { front->lane_known(handle, allow); }
-static size_t xpu_lane_take(unsigned char *out, uint64_t *state) { return front->lane_take(out, state); }
-static uint64_t xpu_lane_waiting(void) { return front->lane_waiting(); }
-static uint64_t xpu_lane_appended(void) { return front->lane_appended(); }
-static void xpu_kept_mark(int library, int op, int role, int kind, int made, uint32_t opcode) {
-    front->kept_mark(library, op, role, kind, made, opcode);
-}
-static void xpu_kept_lane(int library, int op, int nargs, uint32_t scalars, int type_arg, int size,
-                          uint32_t descriptors, int blob_arg, int blob_size) {
-    front->kept_lane(library, op, nargs, scalars, type_arg, size, descriptors, blob_arg, blob_size);
-}
-static void xpu_kept_pack_names(const int64_t *names) { front->kept_pack_names(names); }
-static void xpu_kept_setting(uint64_t handle, int library, int op, uint64_t value) {
-    front->kept_setting(handle, library, op, value);
-}
-static int64_t xpu_kept_read(uint64_t handle, struct xpu_kept_record *out, int adopt) {
-    return front->kept_read(handle, out, adopt);
-}
-static int xpu_kept_release(uint64_t handle) { return front->kept_release(handle); }
-static struct xpu_blas_pair *xpu_kept_blas(uint64_t handle, int hold) { return front->kept_blas(handle, hold); }
-static void xpu_kept_learn(int library, int op, const uint64_t *slots, const void *answer, uint64_t bytes,
-                           int32_t count) {
-    front->kept_learn(library, op, slots, answer, bytes, count);
-}
-static void xpu_kept_lt_names(const uint32_t *pointers, int count, uint32_t scale_type, uint32_t pointer_mode) {
-    front->kept_lt_names(pointers, count, scale_type, pointer_mode);
-}
-static void xpu_kept_serve(const struct xpu_kept_record *setting, uint64_t server) {
-    front->kept_serve(setting, server);
-}
-static void xpu_kept_constant(int library, int op, int32_t value) { front->kept_constant(library, op, value); }
-static void xpu_kept_scalars_at(const uint64_t *addresses, int64_t count) { front->kept_scalars_at(addresses, count); }
-static void xpu_kept_device_ranges(const uint64_t *ranges, int64_t count) { front->kept_device_ranges(ranges, count); }
 static void xpu_set_python_ready(void) {
     xpu_python_ready = 1;
     front->set_python_ready();

@@ -485,21 +485,11 @@ XPU_EXPORT int cuGetExportTable(const void **table, const unsigned char *uuid) {
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+static void xpu_thread_init(void) { xpu_libc_thread_init(); }
+#define XPU_FRONT_OWN(ret, name, params, args) .name = xpu_##name,
+#define XPU_FRONT_OWN_VOID(name, params, args) .name = xpu_##name,
 static struct xpu_front xpu_front_table = {
-    .version = XPU_FRONT_VERSION, .requested_version = xpu_requested_version,
-    .ctx_current = xpu_ctx_current, .ctx_set_current = xpu_ctx_set_current, .ctx_push = xpu_ctx_push,
-    .ctx_pop = xpu_ctx_pop, .cls_release = xpu_cls_release, .known_set = xpu_known_set, .mark_ask = xpu_mark_ask,
-    .mark_release = xpu_mark_release, .set_finalized = xpu_set_finalized,
-    .set_python_ready = xpu_set_python_ready, .thread_init = xpu_libc_thread_init,
+    .version = XPU_FRONT_VERSION, .set_python_ready = xpu_set_python_ready,
     .key_create = pthread_key_create, .key_delete = pthread_key_delete, .getspecific = pthread_getspecific,
-    .setspecific = pthread_setspecific, .lane_allow = xpu_lane_allow, .lane_set_open = xpu_lane_set_open,
-    .lane_context = xpu_lane_context, .lane_kernel = xpu_lane_kernel, .lane_known = xpu_lane_known,
-    .lane_take = xpu_lane_take,
-    .lane_waiting = xpu_lane_waiting, .lane_appended = xpu_lane_appended, .kept_mark = xpu_kept_mark,
-    .kept_lane = xpu_kept_lane,
-    .kept_pack_names = xpu_kept_pack_names, .kept_setting = xpu_kept_setting,
-    .kept_read = xpu_kept_read, .kept_release = xpu_kept_release, .kept_blas = xpu_kept_blas,
-    .kept_learn = xpu_kept_learn, .kept_lt_names = xpu_kept_lt_names, .kept_serve = xpu_kept_serve,
-    .kept_constant = xpu_kept_constant, .kept_scalars_at = xpu_kept_scalars_at,
-    .kept_device_ranges = xpu_kept_device_ranges,
+    .setspecific = pthread_setspecific, XPU_FRONT_LENT(XPU_FRONT_OWN, XPU_FRONT_OWN_VOID)
 };
