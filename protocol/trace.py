@@ -42,7 +42,8 @@ had a data connection, and the fast lane).
         record       an event recorded: `a` its stream, `b` the event
         wait         stream `a` waits for event `b`
         sync_all     the server waited for the whole context for `b` ns (cuCtxSynchronize)
-        sync_stream  the server waited for stream `a` for `b` ns (cuStreamSynchronize, a synchronous copy)
+        sync_stream  the server waited for stream `a` for `b` ns (cuStreamSynchronize, a synchronous copy, a
+                     copy to the server's host memory)
         sync_event   the server waited for event `a` for `b` ns (cuEventSynchronize)
       a stream is a small number per stream handle as in CALL (0: the legacy default stream), an event a
       small number per event handle, both numbered by the writer

@@ -28,7 +28,10 @@ from .backends.base import Backend
 GPU_WORK = ("cuLaunch", "xpuLaunch", "cuMemcpy", "xpuMemcpy", "cuMemset")
 TIMED_WORK = (*GPU_WORK, "cuGraphLaunch")
 NOT_TIMED = ("cuLaunchHostFunc",)  # on a stream, but the client's CPU runs it
-# copies that return once done (the host waits for the GPU); one between two device buffers does not wait
+# copies that return once done (the host waits for the GPU); one between two device buffers does not wait. A copy
+# to the server's host memory waits too, async or not: its bytes are read there to be answered, and the driver
+# returns from an async copy to pageable memory once it is done
+TO_HOST = ("DtoH", "AtoH", "ToHost")
 SYNC_COPIES = ("cuMemcpy", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpy2D", "cuMemcpy2DUnaligned", "cuMemcpy3D",
                "cuMemcpy3DPeer", "cuMemcpyPeer", "cuMemcpyAtoH", "cuMemcpyHtoA", "xpuMemcpy2DFromHost",
                "xpuMemcpy2DToHost", "xpuMemcpyArrayFromHost", "xpuMemcpyArrayToHost")
@@ -164,7 +167,7 @@ class GpuTimer:
                 return outs
             return capture
         if is_timed_work(call):
-            sync = stream_at is None and family in SYNC_COPIES
+            sync = stream_at is None and family in SYNC_COPIES or any(k in family for k in TO_HOST)
             default = PER_THREAD if call.per_thread else None  # the stream of a call that names none
 
             def work(raw: list[Any], decoded: list[Any]) -> Any:
