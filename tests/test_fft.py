@@ -66,16 +66,18 @@ def fft_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def test_torch_fft_matches_the_cpu_and_its_calls_reach_the_server(fft_server: Server, tmp_path: Path) -> None:
-    """fft, ifft, rfft, irfft2, fftn, batched and strided (cuFFT's advanced layout), in single and double precision:
-    each as on the CPU. Counted where they run: the cuFFT calls reach the server, and nothing asks the driver for
-    the private table NVIDIA's cuFFT would (the issue's CUFFT_INTERNAL_ERROR). A plan from PyTorch's plan cache is
-    executed again without being made again (ifft's is fft's; fft_c2c's shape three times more): the client's calls
-    (XPU_CALL_CPU) hold at least four executions more than plans, each plan created and made once."""
+    """fft, ifft, rfft, irfft2, fftn, of complex and real input, batched and strided (cuFFT's advanced layout), in
+    single and double precision: each as on the CPU. Counted where they run: the cuFFT calls reach the server, and
+    nothing asks the driver for the private table NVIDIA's cuFFT would (the issue's CUFFT_INTERNAL_ERROR). A plan
+    from PyTorch's plan cache is executed again without being made again (ifft's is fft's; fft_c2c's shape three
+    times more): the client's calls (XPU_CALL_CPU) hold at least four executions more than plans, each plan created
+    and made once."""
     table = tmp_path / "calls.tsv"
     results, stderr = run_program(fft_server, TORCH_FFT, XPU_CALL_CPU=str(table))
     assert {"fft_c2c", "ifft_c2c_inverse", "rfft_r2c_batched", "irfft2_c2r", "fftn_3d", "fft_batched_middle_dim",
             "fft_of_a_slice_advanced_layout", "rfft_strided_advanced_layout", "fft2_batched_norm_ortho",
-            "fft_z2z_double", "rfft_d2z_double", "irfft_z2d_double", "fft_again_from_the_plan_cache"} <= set(results)
+            "fft_z2z_double", "rfft_d2z_double", "irfft_z2d_double", "fft_again_from_the_plan_cache",
+            "fft_of_real_input_conjugate_fill", "fftn_of_real_input_3d_mirrored"} <= set(results)
     assert_close(results)
     calls = {name: n for name, (n, _) in call_cpu.read(table).items() if name.startswith("cufft")}
     assert calls["cufftCreate"] == calls["cufftXtMakePlanMany"] <= calls["cufftXtExec"] - 4, calls

@@ -673,3 +673,48 @@ for functor, dtype in FFT_SCALAR_OPS:
 register(STRIDED.format(unroll=2, functor=DIRECT_COPY_F.format(7, "N3c107complexIfEE"), tail="S4_RKT_"))(
     strided(copy, 2, C64))
 
+
+
+def hermitian_offsets(buf: bytes, at: int, count: int, mirror: bool) -> np.ndarray:
+    """Element offsets of linear indices 0..count-1 from ATen's OffsetCalculator<1, uint32, signed strides> (its
+    element strides) or, `mirror`, its HermitianSymmetryOffsetCalculator<uint32> (the same, then a bit mask of the
+    dimensions whose index i is mirrored to size - i for i > 0). Strides are read signed: the last dimension's is
+    negative, to mirror it."""
+    dims = struct.unpack_from("<i", buf, at)[0]
+    sizes = [struct.unpack_from("<I", buf, at + 4 + 12 * d)[0] for d in range(dims)]
+    strides = struct.unpack_from(f"<{dims}i", buf, at + 4 + 12 * MAX_DIMS)
+    mask = struct.unpack_from("<I", buf, at + 4 + 16 * MAX_DIMS)[0] if mirror else 0
+    index, out = np.arange(count, dtype=np.int64), np.zeros(count, dtype=np.int64)
+    for d, (size, stride) in enumerate(zip(sizes, strides, strict=True)):
+        index, within = np.divmod(index, size)
+        if mask >> d & 1:
+            within = np.where(within == 0, 0, size - within)
+        out += within * stride
+    return out
+
+
+def conjugate_copy(dtype: str) -> KernelImpl:
+    """_fft_conjugate_copy_kernel(int64 numel, T *out, const T *in, in_calc, out_calc): an r2c's half spectrum
+    mirrored into the other half, conjugated (torch.fft.fft of real input)."""
+    itemsize = np.dtype(dtype).itemsize
+
+    def run(k: Launch) -> None:
+        numel_param, out_param, in_param, in_calc, out_calc = k.kernel.params
+        count = struct.unpack_from("<q", k.params, numel_param.offset)[0]
+        out, source = (struct.unpack_from("<Q", k.params, p.offset)[0] for p in (out_param, in_param))
+        values = gather(k, source, hermitian_offsets(k.params, in_calc.offset, count, False) * itemsize, dtype)
+        scatter(k, out, hermitian_offsets(k.params, out_calc.offset, count, True) * itemsize, np.conj(values))
+
+    return run
+
+
+CONJUGATE_COPY = ("_ZN2at6native26_fft_conjugate_copy_kernelIN3c107complexI{}EEj16OffsetCalculatorILi1EjLb1EENS0_33"
+                  "HermitianSymmetryOffsetCalculatorIjEEEEvlPT_PKS9_T1_T2_")
+for scalar, dtype in (("f", C64), ("d", "<c16")):
+    register(CONJUGATE_COPY.format(scalar))(conjugate_copy(dtype))
+# a real tensor cast to complex before a c2c transform (fftn over some of its dimensions)
+SCALAR_TYPES.update({9: C64, 10: "<c16"})  # c10::ScalarType ComplexFloat, ComplexDouble
+register(UNROLLED.format(
+    "ZZZNS0_23direct_copy_kernel_cudaERNS_18TensorIteratorBaseEENKUlvE1_clEvENKUlvE7_clEvEUlN3c107complexIfEEE_St5array"
+    "IPcLm2EELi4E23TrivialOffsetCalculatorILi1EjESE_NS0_6memory12LoadWithCastILi1EEENSF_13StoreWithCastILi1EEE"))(
+    unrolled(copy, (C64, C64)))

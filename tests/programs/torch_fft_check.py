@@ -2,9 +2,9 @@
 tests/test_fft.py, prints one JSON line: per check, the largest difference from the CPU's result relative to
 the result's largest magnitude (or the error it raised).
 
-Inputs are complex where a transform of real input would take ATen's conjugate-fill path instead of cuFFT's
-c2c, so each check's transform is the one its name says: c2c (fft, ifft, fftn, the batched ones), r2c (rfft),
-c2c and c2r (irfft2), in single and double precision.
+Each check's transform is the one its name says: c2c (fft, ifft, fftn of complex input, the batched ones), r2c
+(rfft; fft and fftn of real input, whose other half ATen fills by conjugate symmetry), c2c and c2r (irfft2), in
+single and double precision.
 """
 
 from __future__ import annotations
@@ -48,6 +48,17 @@ def _() -> float:
 @check("fftn_3d")
 def _() -> float:
     return rel(torch.fft.fftn(x3.cuda()), torch.fft.fftn(x3))
+
+
+@check("fft_of_real_input_conjugate_fill")
+def _() -> float:
+    return rel(torch.fft.fft(real.cuda()), torch.fft.fft(real))
+
+
+@check("fftn_of_real_input_3d_mirrored")
+def _() -> float:
+    x = torch.randn(2, 5, 6, 7)
+    return rel(torch.fft.fftn(x.cuda(), dim=(-3, -2, -1)), torch.fft.fftn(x, dim=(-3, -2, -1)))
 
 
 @check("fft_batched_middle_dim")
