@@ -35,6 +35,9 @@ TO_HOST = ("DtoH", "AtoH", "ToHost")
 SYNC_COPIES = ("cuMemcpy", "cuMemcpyHtoD", "cuMemcpyDtoH", "cuMemcpy2D", "cuMemcpy2DUnaligned", "cuMemcpy3D",
                "cuMemcpy3DPeer", "cuMemcpyPeer", "cuMemcpyAtoH", "cuMemcpyHtoA", "xpuMemcpy2DFromHost",
                "xpuMemcpy2DToHost", "xpuMemcpyArrayFromHost", "xpuMemcpyArrayToHost")
+ON_HANDLES = ("xpuCudnnExecute",)  # the client's form of a library's call: on its handle's stream (its first argument)
+LIBRARY_SETTINGS = ("Set", "Get", "Create", "Destroy")  # a library's calls that queue no work, device data or not
+STREAMS = ("CUstream", "cudaStream_t")
 LEGACY, PER_THREAD = 1, 2  # CU_STREAM_LEGACY (the same queue as stream 0), CU_STREAM_PER_THREAD
 CAPTURE_BEGIN, CAPTURE_END = "xpuStreamBeginCapture", "xpuStreamEndCapture"
 MARKS = ("cuEventRecord", "cuEventRecordWithFlags", "cuStreamWaitEvent")
@@ -49,8 +52,19 @@ def is_gpu_work(call: Call) -> bool:
 
 
 def is_timed_work(call: Call) -> bool:
-    """A call whose GPU time the timer measures."""
-    return call.family.startswith(TIMED_WORK) and not call.family.startswith(NOT_TIMED)
+    """A call whose GPU time the timer measures: the driver's work, and a math library's (or NCCL's) call on device
+    data (a cuDNN plan's execution names its data in a variant pack), not its settings."""
+    if call.family in ON_HANDLES:
+        return True
+    if call.library == "cuda":
+        return call.family.startswith(TIMED_WORK) and not call.family.startswith(NOT_TIMED)
+    return (any(p.is_address for p in call.params) or call.family.endswith("Execute")) and \
+        not any(word in call.family for word in LIBRARY_SETTINGS)
+
+
+def sets_stream(call: Call) -> bool:
+    """A math library's setter of the stream its handle queues work on (cublasSetStream, cudnnSetStream, ...)."""
+    return call.library != "cuda" and call.family.endswith("SetStream") and _index(call, *STREAMS) is not None
 
 
 def _index(call: Call, *ctypes: str) -> int | None:
@@ -148,33 +162,45 @@ class GpuTimer:
         self.ops: list[Any] = []  # this message's, flat: pos, op, a, b (b a clock's token for WORK until read)
         self.pending: collections.deque[tuple[int, list[Any], list[int]]] = collections.deque()  # seq, ops, works
         self.pos = 0  # the item of the message being run
+        self.library_streams: dict[Any, tuple[Any, Any]] = {}  # a library handle -> its stream, client's and backend's
 
     def touches(self, call: Call) -> bool:
         """Whether `call` does something to the GPU's queues that the timer records (`wrap` wraps it)."""
-        return is_timed_work(call) or call.family in MARKS or call.family in SYNCS or \
+        return is_timed_work(call) or call.family in MARKS or call.family in SYNCS or sets_stream(call) or \
             call.family in (CAPTURE_BEGIN, CAPTURE_END)
 
     def wrap(self, call: Call, run: Run) -> Run | None:
         """`run` (the backend's, taking decoded arguments) timed for `call`, given its raw arguments too; None
         for a call that does nothing to the GPU's queues."""
         family = call.family
-        stream_at, event_at = _index(call, "CUstream", "cudaStream_t"), _index(call, "CUevent", "cudaEvent_t")
-        ops, clock = self.ops, self.clock
+        stream_at, event_at = _index(call, *STREAMS), _index(call, "CUevent", "cudaEvent_t")
+        ops, clock, streams = self.ops, self.clock, self.library_streams
         if family in (CAPTURE_BEGIN, CAPTURE_END):
             def capture(raw: list[Any], decoded: list[Any]) -> Any:
                 outs = run(decoded)
                 clock.capturing = max(0, clock.capturing + (1 if family == CAPTURE_BEGIN else -1))
                 return outs
             return capture
+        if sets_stream(call):
+            def set_stream(raw: list[Any], decoded: list[Any]) -> Any:
+                outs = run(decoded)
+                streams[raw[0]] = raw[stream_at], decoded[stream_at]
+                return outs
+            return set_stream
         if is_timed_work(call):
             sync = stream_at is None and family in SYNC_COPIES or any(k in family for k in TO_HOST)
             default = PER_THREAD if call.per_thread else None  # the stream of a call that names none
+            library = (call.library != "cuda" or family in ON_HANDLES) and stream_at is None  # on its handle's stream
 
             def work(raw: list[Any], decoded: list[Any]) -> Any:
-                stream = decoded[stream_at] if stream_at is not None else default
+                if library:
+                    queue, stream = streams.get(raw[0] if raw else None, (default, default))
+                else:
+                    queue = raw[stream_at] if stream_at is not None else default
+                    stream = decoded[stream_at] if stream_at is not None else default
                 began = time.monotonic_ns()
                 outs, token = clock.timed(run, decoded, stream)
-                queue = _stream(raw[stream_at] if stream_at is not None else default)
+                queue = _stream(queue)
                 if token is not None:
                     ops.extend((self.pos, WORK, queue, token))
                 if sync:

@@ -128,6 +128,12 @@ def test_a_traced_run_records_the_library_calls_queued_in_c(tmp_path: Path) -> N
     assert sum(m.n for m in traces["1"].messages) == sum(m.n for m in traces["0"].messages)
     served = re.findall(r"library calls: .*?cublas=(\d+)", srv.log())
     assert len(served) == 2 and served[0] == served[1], served
+    for t in traces.values():  # each GEMM's time on its handle's stream, as the driver's work (not the one refused)
+        ran = {m.seq: len(m.per_call or ()) for m in t.messages}  # a failed call's item is not timed
+        works = collections.Counter((m.seq, o.pos) for m in t.messages for o in m.gpu_ops if o.op == trace.WORK)
+        items = collections.Counter((c.seq, c.pos) for c in t.calls if c.seq and "gemm" in c.name.lower()
+                                    and c.pos < ran.get(c.seq, 0))
+        assert sum(items.values()) == 7 and all(works[item] >= n for item, n in items.items()), (works, items)
 
 
 ENQUEUED = ("cuLaunchKernel", "cuMemsetD8Async")  # what the async mix queues on its stream
