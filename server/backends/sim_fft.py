@@ -18,6 +18,8 @@ is transformed in single precision and rounded once. The sim needs no work area:
 
 from __future__ import annotations
 
+import functools
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +36,10 @@ R_16F, C_16F, R_32F, C_32F, R_64F, C_64F = (ENUMS[f"CUDA_{t}"] for t in ("R_16F"
 # cudaDataType -> (one real component's storage, complex)
 DATA = {R_16F: (np.dtype("<f2"), False), C_16F: (np.dtype("<f2"), True), R_32F: (np.dtype("<f4"), False),
         C_32F: (np.dtype("<f4"), True), R_64F: (np.dtype("<f8"), False), C_64F: (np.dtype("<f8"), True)}
+# cudaDataType -> how its elements are read: the numpy type of one, or of one component (half complex, which numpy has
+# no type for), and the components
+STORAGE = {R_16F: (np.dtype("<f2"), 1), C_16F: (np.dtype("<f2"), 2), R_32F: (np.dtype("<f4"), 1),
+           C_32F: (np.dtype("<c8"), 1), R_64F: (np.dtype("<f8"), 1), C_64F: (np.dtype("<c16"), 1)}
 # cufftType -> (input, output) data types
 TYPES = {ENUMS["CUFFT_C2C"]: (C_32F, C_32F), ENUMS["CUFFT_R2C"]: (R_32F, C_32F), ENUMS["CUFFT_C2R"]: (C_32F, R_32F),
          ENUMS["CUFFT_Z2Z"]: (C_64F, C_64F), ENUMS["CUFFT_D2Z"]: (R_64F, C_64F), ENUMS["CUFFT_Z2D"]: (C_64F, R_64F)}
@@ -56,6 +62,7 @@ class Layout:
     dist: int
 
 
+@functools.lru_cache(maxsize=4096)
 def _dimension_strides(embed: tuple[int, ...], stride: int) -> tuple[int, ...]:
     """Element strides of each dimension of an advanced layout: dimension k steps stride * embed[k+1] * ..."""
     out = []
@@ -259,33 +266,44 @@ class SimFft:
     # ---- memory as batches of transforms ------------------------------------------------------------
     def elements(self, address: int, data_type: int, logical: tuple[int, ...], layout: Layout, batch: int,
                  writable: bool = False) -> np.ndarray:
-        """(batch, *logical[, 2]) view of the elements (a complex one as its two components)."""
-        component, is_complex = DATA[data_type]
-        comps = 2 if is_complex else 1
+        """(batch, *logical) view of the elements (half complex ones as (..., 2) components)."""
+        storage, comps = STORAGE[data_type]
         pitches = _dimension_strides(layout.embed, layout.stride)
         last = (batch - 1) * layout.dist + sum((size - 1) * p for size, p in zip(logical, pitches))
-        item = component.itemsize * comps
-        flat = np.frombuffer(self.memory.view(address, (last + 1) * item), component)
-        strides = (layout.dist * item, *(p * item for p in pitches), component.itemsize)
-        return np.lib.stride_tricks.as_strided(flat, (batch, *logical, comps), strides, writeable=writable)
+        item = storage.itemsize * comps
+        memory = self.memory.view(address, (last + 1) * item)
+        shape, strides = (batch, *logical), (layout.dist * item, *(p * item for p in pitches))
+        if comps == 2:
+            shape, strides = (*shape, 2), (*strides, storage.itemsize)
+        view = np.ndarray(shape, storage, memory, 0, strides)  # as_strided's work, without its cost per call
+        view.flags.writeable = writable
+        return view
 
     def load(self, address: int, data_type: int, logical: tuple[int, ...], layout: Layout, batch: int) -> np.ndarray:
+        """The elements in single or double precision (half precision widened). A view where no widening is needed:
+        numpy.fft returns a new array, so an in-place transform reads its input whole before the output is written."""
         raw = self.elements(address, data_type, logical, layout, batch)
-        compute = np.float64 if DATA[data_type][0].itemsize == 8 else np.float32
-        values = raw.astype(compute)
-        return values[..., 0] + 1j * values[..., 1] if DATA[data_type][1] else values[..., 0]
+        if STORAGE[data_type][1] == 2:
+            return raw[..., 0].astype(np.float32) + 1j * raw[..., 1].astype(np.float32)
+        return raw.astype(np.float32) if raw.dtype.itemsize == 2 else raw
 
     def store(self, address: int, data_type: int, values: np.ndarray, layout: Layout) -> None:
         out = self.elements(address, data_type, values.shape[1:], layout, values.shape[0], writable=True)
-        component = DATA[data_type][0]
-        if DATA[data_type][1]:
-            out[..., 0], out[..., 1] = values.real.astype(component), values.imag.astype(component)
+        storage, comps = STORAGE[data_type]
+        if comps == 2:
+            out[..., 0], out[..., 1] = values.real.astype(storage), values.imag.astype(storage)
         else:
-            out[..., 0] = values.real.astype(component)
+            out[...] = values.astype(storage, copy=False)
 
 
 def transform(values: np.ndarray, shape: Shape, direction: int) -> np.ndarray:
     """One batch of transforms over all but the first axis: forward exp(-2 pi i jk / n), inverse not normalised."""
+    if values.ndim == 2:  # one dimension: numpy's 1-D functions cost less per call
+        if shape.kind == "r2c":
+            return np.fft.rfft(values)
+        if shape.kind == "c2r":
+            return np.fft.irfft(values, shape.n[0], norm="forward")
+        return np.fft.fft(values) if direction == FORWARD else np.fft.ifft(values, norm="forward")
     axes = tuple(range(1, values.ndim))
     if shape.kind == "r2c":
         return np.fft.rfftn(values, axes=axes)
@@ -296,6 +314,7 @@ def transform(values: np.ndarray, shape: Shape, direction: int) -> np.ndarray:
     return np.fft.ifftn(values, axes=axes, norm="forward")
 
 
+@functools.lru_cache(maxsize=4096)
 def _layout(shape: Shape, input_side: bool, in_place: bool) -> Layout:
     """A side's layout as given, or the basic one (a real side in place padded as cuFFT requires)."""
     given = shape.input_layout if input_side else shape.output_layout
@@ -305,7 +324,7 @@ def _layout(shape: Shape, input_side: bool, in_place: bool) -> Layout:
     storage = shape.logical(DATA[data_type][1])
     if in_place and shape.kind != "c2c" and not DATA[data_type][1]:
         storage = (*shape.n[:-1], 2 * (shape.n[-1] // 2 + 1))
-    return Layout(storage, 1, int(np.prod(storage)))
+    return Layout(storage, 1, math.prod(storage))
 
 
 def _shape(n: tuple[int, ...], inembed: tuple[int, ...] | None, istride: int, idist: int,
