@@ -11,17 +11,16 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import BACKEND, ROOT, TORCH_SIM_KERNELS, Server, start_server
+from conftest import ROOT, TORCH_SIM_KERNELS, Server, start_server
 from test_torch import run_torch
 from test_torch_math import library_calls, run_math
 
 LINALG = ROOT / "tests" / "programs" / "torch_linalg_check.py"
 KERNELS = f"{TORCH_SIM_KERNELS},{ROOT / 'tests' / 'torch_sim_kernels_linalg.py'}"
-CHECKS = {"solve", "solve_batched", "inv_batched", "cholesky", "cholesky_batched_upper", "qr", "eigh",
-          "eigh_batched", "svd", "svd_batched"}
-# on the sim, det's and lstsq's ATen kernels around cuSOLVER (a jitted product reduction, integer arange/compare/
-# fmod, a strided pow) have no host implementation yet: they run on a GPU only
-GPU_CHECKS = {"det", "lstsq"}
+CHECKS = {"solve", "solve_batched", "inv_batched", "det", "det_batched", "cholesky", "cholesky_batched_upper", "qr",
+          "eigh", "eigh_batched", "svd", "svd_batched", "lstsq"}
+COMPLEX_CHECKS = {"solve_complex", "solve_batched_complex", "det_complex", "qr_complex", "eigh_complex", "svd_complex",
+                  "lstsq_complex"}
 TOLERANCE = 1e-5  # relative: float32 rounding of 6..32-element sums
 
 
@@ -38,12 +37,22 @@ def linalg_result(linalg_server: Server) -> tuple[dict[str, Any], str]:
 
 
 def test_linalg_ops_match_the_cpu(linalg_result: tuple[dict[str, Any], str]) -> None:
-    """solve, inv of a batch, cholesky (one matrix and a batch), qr, eigh, svd (one and a batch) as on the CPU:
-    LU, Cholesky, QR with LAPACK's reflectors, eigen and singular values, and the matrices rebuilt from them."""
-    results, _ = linalg_result
-    expected = CHECKS | (GPU_CHECKS if BACKEND == "cuda" else set())
-    assert expected <= set(results), sorted(results)
-    failed = {k: results[k] for k in expected if not isinstance(results[k], float) or not results[k] <= TOLERANCE}
+    """solve, inv of a batch, det (one matrix and a batch), cholesky (one matrix and a batch), qr, eigh, svd (one and
+    a batch), lstsq as on the CPU: LU, Cholesky, QR with LAPACK's reflectors, eigen and singular values, and the
+    matrices rebuilt from them. det's and lstsq's ATen kernels around the library calls run too (on the sim: a
+    jitted product reduction, compiled by NVRTC in the program, integer pivots' sign, a residual's square)."""
+    assert_within(linalg_result[0], CHECKS)
+
+
+def test_complex_linalg_ops_match_the_cpu(linalg_result: tuple[dict[str, Any], str]) -> None:
+    """complex64: solve (cuSOLVER's, and cuBLAS's batched), det, qr (Q and R signs included), eigh of a Hermitian
+    matrix, svd and lstsq, through the C functions and ATen's complex kernels around them."""
+    assert_within(linalg_result[0], COMPLEX_CHECKS)
+
+
+def assert_within(results: dict[str, Any], checks: set[str]) -> None:
+    assert checks <= set(results), sorted(checks - set(results))
+    failed = {k: results[k] for k in checks if not isinstance(results[k], float) or not results[k] <= TOLERANCE}
     assert not failed, failed
 
 

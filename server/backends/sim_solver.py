@@ -567,13 +567,21 @@ for _call in mathlibs.api(mathlibs.CUSOLVER).FUNCTIONS:
 
 class SolvingBlas(SimBlas):
     """cuBLAS on the sim with the batched solvers PyTorch calls for small batches (torch.linalg.inv and solve of a
-    batch, lu_factor, the triangular solves of lstsq): getrfBatched, getrsBatched, trsm and trsmBatched, real types."""
+    batch, lu_factor, the triangular solves of lstsq): getrfBatched, getrsBatched, trsm and trsmBatched, real and
+    complex types."""
 
     solver: SimSolver
 
     def __init__(self, memory: Any) -> None:
         super().__init__(memory)
         self.solver = SimSolver(memory)
+
+    def typed_scalar(self, value: Any, dtype: np.dtype) -> Any:
+        """alpha of the typed API (complex for C and Z): its bytes (host pointer mode) or a device address."""
+        raw = bytes(self.memory.read(value, dtype.itemsize)) if isinstance(value, int) else bytes(value)
+        if len(raw) != dtype.itemsize:
+            raise errors.library_error("cublas", "invalid_value", f"a scalar of {len(raw)} bytes, not {dtype.itemsize}")
+        return np.frombuffer(raw, dtype, 1)[0]
 
 
 def _blas(letter: str) -> dict[str, Any]:
@@ -603,11 +611,11 @@ def _blas(letter: str) -> dict[str, Any]:
         return (0,)
 
     def trsm(self, h, side, uplo, trans, diag, m, n, alpha, a, lda, b, ldb):  # noqa: ANN001, ANN202
-        self.trsm_one(dtype, side, uplo, trans, diag, m, n, self.scalar(alpha, R_TYPES[letter]), a, lda, b, ldb)
+        self.trsm_one(dtype, side, uplo, trans, diag, m, n, self.typed_scalar(alpha, dtype), a, lda, b, ldb)
 
     def trsm_batched(self, h, side, uplo, trans, diag, m, n, alpha, a_arrays, lda, b_arrays, ldb,  # noqa: ANN001, ANN202
                      batch):
-        scale = self.scalar(alpha, R_TYPES[letter])
+        scale = self.typed_scalar(alpha, dtype)
         for a, b in zip(self.solver.pointers(a_arrays, batch), self.solver.pointers(b_arrays, batch), strict=True):
             self.trsm_one(dtype, side, uplo, trans, diag, m, n, scale, a, lda, b, ldb)
 
@@ -616,7 +624,7 @@ def _blas(letter: str) -> dict[str, Any]:
 
 
 def _trsm_one(self: SolvingBlas, dtype: np.dtype, side: int, uplo: int, trans: int, diag: int, m: int, n: int,
-              alpha: float, a: int, lda: int, b: int, ldb: int) -> None:
+              alpha: Any, a: int, lda: int, b: int, ldb: int) -> None:
     """B = alpha op(A)^-1 B (left) or alpha B op(A)^-1 (right), A triangular."""
     solver = self.solver
     order = m if side == SIDE_LEFT else n
@@ -630,9 +638,7 @@ def _trsm_one(self: SolvingBlas, dtype: np.dtype, side: int, uplo: int, trans: i
     solver.store(b, dtype, x, ldb)
 
 
-BLAS_ENUMS = mathlibs.api(mathlibs.CUBLAS).ENUMS
-R_TYPES = {"S": BLAS_ENUMS["CUDA_R_32F"], "D": BLAS_ENUMS["CUDA_R_64F"]}
 SolvingBlas.trsm_one = _trsm_one  # type: ignore[attr-defined]
-for _letter in R_TYPES:
+for _letter in TYPED:
     for _name, _method in _blas(_letter).items():
         setattr(SolvingBlas, _name, _method)

@@ -27,9 +27,20 @@ def positive_definite(*shape: int) -> torch.Tensor:
     return a @ a.mT / shape[-1] + torch.eye(shape[-1])
 
 
-def symmetric(*shape: int) -> torch.Tensor:
-    a = torch.randn(*shape)
-    return (a + a.mT) / 2
+def symmetric(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    a = torch.randn(*shape, dtype=dtype)
+    return (a + a.mH) / 2
+
+
+def complex_well_conditioned(*shape: int) -> torch.Tensor:
+    n = shape[-1]
+    return torch.randn(*shape, dtype=torch.complex64) / n ** 0.5 + 2 * torch.eye(n)
+
+
+def crel(device: torch.Tensor, cpu: torch.Tensor) -> float:
+    """rel() of complex results: the largest complex difference relative to the result's largest magnitude."""
+    difference = (device.cpu().to(torch.complex128) - cpu.to(torch.complex128)).abs().max().item()
+    return difference / max(cpu.abs().max().item(), 1e-30)
 
 
 @check("solve")
@@ -55,8 +66,18 @@ def _() -> float:
 
 @check("det")
 def _() -> float:
-    """cusolverDnSgetrf, then the product of U's diagonal and the pivots' sign."""
-    a = well_conditioned(7, 7)
+    """cusolverDnSgetrf, then the product of U's diagonal and the pivots' sign (rows 0 and 1 swapped: the pivoting
+    swaps them back, an odd permutation, so the sign is -1)."""
+    a = well_conditioned(7, 7)[[1, 0, 2, 3, 4, 5, 6]]
+    return rel(torch.linalg.det(a.cuda()), torch.linalg.det(a))
+
+
+@check("det_batched")
+def _() -> float:
+    """Three 5x5 matrices: cublasSgetrfBatched, then one product per matrix (a reduction with three outputs); their
+    rows as they are, two swapped (sign -1), three rotated (an even permutation, +1)."""
+    a = well_conditioned(3, 5, 5)
+    a[1], a[2] = a[1, [1, 0, 2, 3, 4]], a[2, [1, 2, 0, 3, 4]]
     return rel(torch.linalg.det(a.cuda()), torch.linalg.det(a))
 
 
@@ -126,6 +147,63 @@ def _() -> float:
     """The gels driver: cusolverDnSgeqrf, cusolverDnSormqr (Q^T B), then a triangular solve (cuBLAS)."""
     a, b = torch.randn(20, 5), torch.randn(20, 2)
     return rel(torch.linalg.lstsq(a.cuda(), b.cuda()).solution, torch.linalg.lstsq(a, b).solution)
+
+
+# ---- complex64: the C functions, ATen's complex kernels around them (conj, triu, fills, products)
+@check("solve_complex")
+def _() -> float:
+    """cusolverDnCgetrf and cusolverDnCgetrs (n <= 64, batch <= 2)."""
+    a, b = complex_well_conditioned(12, 12), torch.randn(12, 2, dtype=torch.complex64)
+    return crel(torch.linalg.solve(a.cuda(), b.cuda()), torch.linalg.solve(a, b))
+
+
+@check("solve_batched_complex")
+def _() -> float:
+    """cublasCgetrfBatched and cublasCgetrsBatched."""
+    a, b = complex_well_conditioned(4, 6, 6), torch.randn(4, 6, 2, dtype=torch.complex64)
+    return crel(torch.linalg.solve(a.cuda(), b.cuda()), torch.linalg.solve(a, b))
+
+
+@check("det_complex")
+def _() -> float:
+    """cusolverDnCgetrf, the jitted product of complex<float>, times the pivots' sign (-1: rows swapped) cast to
+    complex."""
+    a = complex_well_conditioned(7, 7)[[0, 1, 3, 2, 4, 5, 6]]
+    return crel(torch.linalg.det(a.cuda()), torch.linalg.det(a))
+
+
+@check("qr_complex")
+def _() -> float:
+    """cusolverDnCgeqrf and cusolverDnCungqr, reflectors as LAPACK makes them: Q and R equal the CPU's."""
+    a = torch.randn(12, 8, dtype=torch.complex64)
+    q, r = torch.linalg.qr(a.cuda())
+    q_cpu, r_cpu = torch.linalg.qr(a)
+    return max(crel(q, q_cpu), crel(r, r_cpu))
+
+
+@check("eigh_complex")
+def _() -> float:
+    """A Hermitian matrix: cusolverDnXsyevd of CUDA_C_32F (heevd); eigenvalues, and the matrix rebuilt."""
+    a = symmetric(10, 10, dtype=torch.complex64)
+    w, v = torch.linalg.eigh(a.cuda())
+    rebuilt = (v.cpu() * w.cpu()) @ v.cpu().mH
+    return max(rel(w, torch.linalg.eigvalsh(a)), crel(rebuilt, a))
+
+
+@check("svd_complex")
+def _() -> float:
+    """cusolverDnCgesvdj: singular values, and the matrix rebuilt from the vectors."""
+    a = torch.randn(9, 6, dtype=torch.complex64)
+    u, s, vh = torch.linalg.svd(a.cuda(), full_matrices=False)
+    rebuilt = (u.cpu() * s.cpu()) @ vh.cpu()
+    return max(rel(s, torch.linalg.svdvals(a)), crel(rebuilt, a))
+
+
+@check("lstsq_complex")
+def _() -> float:
+    """cusolverDnCgeqrf, cusolverDnCunmqr (Q^H B), then cublasCtrsm."""
+    a, b = torch.randn(20, 5, dtype=torch.complex64), torch.randn(20, 2, dtype=torch.complex64)
+    return crel(torch.linalg.lstsq(a.cuda(), b.cuda()).solution, torch.linalg.lstsq(a, b).solution)
 
 
 report()
