@@ -181,11 +181,12 @@ def source_hash() -> str:
 
 # ---- the bundle (made here, with the package index) ---------------------------------------------------
 def _pins() -> list[str]:
-    """NVIDIA's runtime wheels as the test extra pins them (pyproject.toml says them once)."""
+    """NVIDIA's runtime wheels and cuRAND's (tests/test_curand.py links it, the server runs it) as the test extra pins
+    them (pyproject.toml says them once)."""
     import tomllib
 
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    return [r for r in extras["test"] if r.startswith("nvidia-cuda-runtime")]
+    return [r for r in extras["test"] if r.startswith(("nvidia-cuda-runtime", "nvidia-curand"))]
 
 
 def _pip_download(wheels: Path, version: str, requirements: list[str]) -> None:
@@ -323,7 +324,8 @@ def _python_fallback(ctx: Context, facts: dict[str, Any]) -> str:
 # test_torch_math.py comes last of them: its end-to-end tests take minutes, and this call's programs and bench
 # stage run PyTorch's math on the GPU already.
 SUITE_FIRST = ("test_mathlibs.py", "test_torch.py", "test_cudart.py", "test_graphs.py", "test_memory_pools.py",
-               "test_fft.py", "test_torch_math.py")
+               "test_sparse.py", "test_fft.py", "test_linalg.py", "test_nvrtc.py", "test_curand.py",
+               "test_torch_math.py")
 
 
 def stage_suite(ctx: Context) -> dict[str, Any]:
