@@ -14,6 +14,8 @@ On a private `xpu-server --backend sim` over loopback:
    - async: cusparseSpMV of a 1x1 CSR matrix and two dense vectors (descriptors made once) N times, then
      one cuCtxSynchronize;
    - async: cufftExecC2C of a 2-point plan (made once with cufftPlan1d) N times, then one cuCtxSynchronize;
+   - async: curandGenerateUniform of 2 floats (a Philox generator made and seeded once) N times, then one
+     cuCtxSynchronize;
    - sync: cublasLtMatmulDescGetAttribute N times (a call that waits for its answer);
    - one operation's calls as PyTorch makes them, N times: a cuDNN batch norm in inference (the stream, two
      tensor descriptors made and set, the batch norm, two destroys: 8 calls) and a cuBLASLt GEMM (five
@@ -62,6 +64,7 @@ dnn = c.CDLL("libcudnn.so.9")
 solver = c.CDLL("libcusolver.so.12")
 sparse = c.CDLL("libcusparse.so.12")
 fft = c.CDLL("libcufft.so.12")
+rand = c.CDLL("libcurand.so.10")
 def ok(rc, what):
     if rc: raise SystemExit(f"{what} returned {rc}")
 ok(cu.cuInit(0), "cuInit")
@@ -128,6 +131,16 @@ def ffts(k):  # a forward transform of 2 complex points, in place
     for _ in range(k):
         exec_c2c(fft_plan, fft_data.value, fft_data.value, -1)
     ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+generator, rand_data = c.c_void_p(), c.c_uint64()
+ok(rand.curandCreateGenerator(c.byref(generator), 161), "curandCreateGenerator")  # CURAND_RNG_PSEUDO_PHILOX4_32_10
+ok(rand.curandSetPseudoRandomGeneratorSeed(generator, c.c_ulonglong(1234)), "curandSetPseudoRandomGeneratorSeed")
+ok(cu.cuMemAlloc_v2(c.byref(rand_data), 8), "cuMemAlloc")
+uniform = rand.curandGenerateUniform
+uniform.argtypes = [c.c_void_p, c.c_uint64, c.c_size_t]
+def uniforms(k):  # two floats into device memory
+    for _ in range(k):
+        uniform(generator, rand_data.value, 2)
+    ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 dnn_handle, x, y, device, data = c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_int(), c.c_uint64()
 ok(dnn.cudnnCreate(c.byref(dnn_handle)), "cudnnCreate")
 ok(cu.cuMemAlloc_v2(c.byref(data), 4096), "cuMemAlloc")
@@ -185,9 +198,11 @@ def floors(calls):  # as many calls, each answered in C: what ctypes and the ent
         for _ in range(calls * k):
             cu.cuCtxGetDevice(c.byref(device))
     return run
-gemms(200), gets(200), modes(200), potrfs(200), spmvs(200), ffts(200), batch_norms(200), lt_gemms(200)  # warm
+gemms(200), gets(200), modes(200), potrfs(200), spmvs(200), ffts(200), uniforms(200), batch_norms(200)  # warm
+lt_gemms(200)
 print("ready", flush=True)
 runs = {"async": gemms, "async_record": modes, "async_solver": potrfs, "async_sparse": spmvs, "async_fft": ffts,
+        "async_rand": uniforms,
         "sync": gets, "batch_norm": batch_norms, "batch_norm_floor": floors(8),
         "lt_gemm": lt_gemms, "lt_gemm_floor": floors(21)}
 for line in sys.stdin:  # the name of what to run next
@@ -244,7 +259,7 @@ def shim_costs(address: str, log: Path, n: int) -> dict[str, Any]:
         raise SystemExit("the shim agent failed")
     worker = int(re.findall(r"worker_pid=(\d+)", log.read_text())[-1])
     samples: dict[str, list[dict[str, float]]] = {}
-    for name in ("async", "async_record", "async_solver", "async_sparse", "async_fft", "sync",
+    for name in ("async", "async_record", "async_solver", "async_sparse", "async_fft", "async_rand", "sync",
                  *OPERATIONS * OPERATION_REPEATS):
         before = cpu_s(worker)
         agent.stdin.write(name + "\n")
@@ -328,6 +343,7 @@ def markdown(report: dict[str, Any]) -> str:
                         ("async_solver", "cusolverDnSpotrf 1x1, async (calls/s)"),
                         ("async_sparse", "cusparseSpMV 1x1 CSR, async (calls/s)"),
                         ("async_fft", "cufftExecC2C of 2 points, async (calls/s)"),
+                        ("async_rand", "curandGenerateUniform of 2 floats, async (calls/s)"),
                         ("sync", "cublasLtMatmulDescGetAttribute, sync (µs/call)")):
         s, r = report["shim"][kind], report["raw"][kind.split("_")[0]]
         key = "calls_per_s" if kind.startswith("async") else "us_per_call"

@@ -364,6 +364,10 @@ def status_enumerators(text: str, status_type: str, consts: dict[str, int]) -> d
     """code -> name of the enumerators of the status type's own enum (the first of a code's names): not every
     enumerator with the status prefix (cuFFT's CUFFT_ prefixes its transform types and Xt enums too)."""
     body = re.search(r"typedef\s+enum\s*\w*\s*\{([^}]*)\}\s*" + re.escape(status_type) + r"\s*;", text)
+    tag = re.search(r"typedef\s+enum\s+(\w+)\s+" + re.escape(status_type) + r"\s*;", text)
+    # cuRAND's: `enum curandStatus {...};` and then `typedef enum curandStatus curandStatus_t;`
+    if body is None and tag is not None:
+        body = re.search(r"\benum\s+" + tag.group(1) + r"\s*\{([^}]*)\}", text)
     if body is None:
         raise SystemExit(f"no `typedef enum {{...}} {status_type};` in the headers")
     names = re.findall(r"\b([A-Za-z_]\w*)\s*=", body.group(1))
@@ -486,8 +490,11 @@ def library_includes(extra: list[Path]) -> list[Path]:
     bases = [Path(b) for b in nvidia.__path__] + sorted(ROOT.glob(".venv-torch/lib/python3*/site-packages/nvidia"))
     found = [b / sub / "include" for sub in ("cudnn", "cu13") for b in bases]
     with_libs = [p for p in found if (p / "cublasLt.h").is_file() or (p / "cudnn.h").is_file()]
-    rest = [p for p in found if p not in with_libs and (p / "crt" / "host_defines.h").is_file()]
-    return list(dict.fromkeys([*extra, *with_libs, *rest]))
+    # cuRAND's wheel (the test extra's: the torch wheel does not bring it) puts curand.h beside this venv's CUDA
+    # headers: after the torch venv's folders, whose CUDA headers the other libraries are declared with
+    with_rand = [p for p in found if p not in with_libs and (p / "curand.h").is_file()]
+    rest = [p for p in found if p not in with_libs + with_rand and (p / "crt" / "host_defines.h").is_file()]
+    return list(dict.fromkeys([*extra, *with_libs, *with_rand, *rest]))
 
 
 def library_outputs(lib: Library) -> tuple[Path, Path]:
