@@ -1,6 +1,7 @@
 """What a session's calls do to the GPU's queues, for a client's trace (protocol/trace.py, GPU_OPS): each
-kernel's, copy's, memset's and graph launch's GPU time on its stream, the events recorded and waited for, and how
-long the server waited for the GPU in each synchronizing call. xpu-perf keeps a queue per stream with them.
+kernel's, copy's, memset's, graph launch's and math library call's GPU time on its stream (a library call's: the
+stream its handle was given), the events recorded and waited for, and how long the server waited for the GPU in
+each synchronizing call. xpu-perf keeps a queue per stream with them.
 
 On the cuda backend a work's GPU time is measured with a pair of events recorded around it on its own stream,
 taken from a pool (never created per call) and read without stalling anything: each answer looks at the oldest
