@@ -8,12 +8,15 @@ under its default backend (`preferred_linalg_library` is left as it is).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import ROOT, TORCH_SIM_KERNELS, Server, start_server
 from test_torch import run_torch
 from test_torch_math import library_calls, run_math
+
+from xpuremote.protocol import mathlibs
 
 LINALG = ROOT / "tests" / "programs" / "torch_linalg_check.py"
 KERNELS = f"{TORCH_SIM_KERNELS},{ROOT / 'tests' / 'torch_sim_kernels_linalg.py'}"
@@ -62,6 +65,25 @@ def test_cusolver_calls_reach_the_server(linalg_server: Server, linalg_result: t
     counts = library_calls(linalg_server)
     assert counts.get("cusolver", 0) >= 10, counts
     assert counts.get("cublas", 0) >= 2, counts  # getrfBatched and getrsBatched of the small batches
+
+
+@pytest.mark.sim_only(reason="the cuda backend on stand-in libraries chained to a sim server")
+def test_the_same_linalg_through_the_cuda_backend(tmp_path: Path, shim: Path) -> None:
+    """The cuda backend's replay of cuSOLVER's and cuBLAS's calls, without a GPU: a cuda-backend server whose
+    libcuda, libcublas and libcusolver are xpuremote's own stand-ins (named as such) talking to a sim server.
+    Every check matches the CPU, and the factorizations reach the sim through the cuda backend."""
+    sim = start_server(tmp_path, backend="sim", env={"XPU_SIM_KERNELS": KERNELS})
+    stand_ins = {f"XPU_{lib.name.upper()}_LIBRARY": str(shim.parent / lib.soname)
+                 for lib in (mathlibs.CUBLAS, mathlibs.CUBLASLT, mathlibs.CUSOLVER)}
+    cuda = start_server(tmp_path, backend="cuda", env={"XPU_CUDA_LIBRARY": str(shim), "XPU_SERVER": sim.address,
+                                                       **stand_ins})
+    try:
+        results, _ = run_math(cuda, LINALG)
+    finally:
+        cuda.stop()
+        sim.stop()
+    assert_within(results, CHECKS | COMPLEX_CHECKS)
+    assert library_calls(sim).get("cusolver", 0) >= 10, library_calls(sim)
 
 
 @pytest.mark.sim_only(reason="XPU_SIM_LIBRARY_VERSIONS makes the sim serve an older cuSOLVER")
