@@ -18,7 +18,9 @@ taken before anything else is queued, and travel as one call of the batch (in a 
 call of that message, timed in C).
 
 With an emulated link (protocol/link.py), messages carry their send time; this end holds each
-answer until the link delivers it, and the worker does the same for requests.
+answer, on ZeroMQ or the data connection, until the link delivers it, and the worker does the same for
+requests. The session is otherwise the one that runs without it: its data connection, its lane, its
+batching and its spin before blocking.
 
 With a trace recorder (client/trace.py), each message is reported as it is sent and answered,
 with the server's times for it (on either connection) and the bytes its call's values took on
@@ -49,7 +51,7 @@ import zmq.utils.monitor
 from xpuremote.protocol import errors, spin, wire
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
-from xpuremote.protocol.link import NO_LINK, LinkSpec, Wire
+from xpuremote.protocol.link import DATA, NO_LINK, LinkSpec, Wire, wait_until
 from xpuremote.protocol.stream import KEY_BYTES as SEAL_KEY_BYTES
 from xpuremote.protocol.stream import SealBroken, message_bound, valid_keys
 
@@ -159,7 +161,7 @@ class Connection:
         self.max_request_bytes = self.inventory.get("max_request_bytes") or 0  # the worker's limit (0: none)
         port = self.inventory.get("data_port")
         seal = self.inventory.get("data_keys") if self.keys is not None else None  # CURVE: sealed, or none
-        if port and data.wanted() and not self.link.active and (self.keys is None or seal):
+        if port and data.wanted() and (self.keys is None or seal):
             self.data = self._open_data(port, timeout_s, seal)
 
     def _socket(self, endpoint: str, routing_id: bytes | None = None) -> zmq.Socket:
@@ -524,6 +526,8 @@ class Connection:
         """The answer to message `seq`, sent on the data connection: it comes there, or, if the stream is lost
         on the way, on ZeroMQ (the worker sends it there when it cannot send it on the stream). `alone`: no
         output follows it there."""
+        if self.downlink:
+            self.downlink.waiting()
         if not data.pending(self.data) and not self._spun(ctx_flags):
             while self.data is not None and not self._stream_ready():
                 self._watch()
@@ -538,10 +542,21 @@ class Connection:
         except OSError as exc:  # the worker gave the stream up: it sends the answer on ZeroMQ
             self._lose_data(f"receiving an answer: {exc}")
             return self._receive(seq)
-        if trace.RECORDER:
+        if trace.RECORDER or self.downlink:
             self.down_bytes = wire.size_of(frames)
+        if self.downlink and isinstance(answer.get("sent"), int):
+            self._hold_stream(answer)
+        if trace.RECORDER:
             self._timed(answer)
         return answer
+
+    def _hold_stream(self, answer: dict[str, Any]) -> None:
+        """The emulated link's delay of an answer on the data connection, the outputs that follow it counted in
+        (protocol/link.py); their bytes are read after it, at the real transport's speed."""
+        outs = answer.get("outs")
+        following = sum(out.size for out in outs if type(out) is wire.Data) if type(outs) is list else 0
+        arrived = self.downlink.arrived(answer["sent"], self.down_bytes, DATA)
+        wait_until(self.downlink.deliver_at(arrived, self.down_bytes + following, DATA))
 
     def _watch(self) -> None:
         """Whether the server is still there (ZeroMQ's monitor); the session dies if not."""
@@ -593,7 +608,7 @@ class Connection:
         poller.register(self.data, zmq.POLLIN)
         ready = dict(poller.poll(RECEIVE_SLICE_MS))
         while self.later and self.sock.poll(0):
-            self._take_later(self._recv())
+            self._take_later(self._recv(polled=True))
         return self.data in ready
 
     def _read_later(self) -> None:
@@ -615,8 +630,9 @@ class Connection:
         else:  # the answer to the call in flight, sent here because the stream failed: _receive takes it
             self.early = answer
 
-    def _recv(self) -> dict[str, Any]:
-        if self.downlink:
+    def _recv(self, polled: bool = False) -> dict[str, Any]:
+        """The next message on ZeroMQ. `polled`: its wait began before (an emulated link's idle mark is set)."""
+        if self.downlink and not polled:
             self.downlink.waiting()
         self._sent()
         frames = [self.sock.recv(copy=False)]

@@ -2,8 +2,8 @@
 DATA_MIN bytes or more go on a plain TCP stream, from and into the application's memory, instead of in a
 ZeroMQ message (which lands in a buffer of its own, one more copy on each end).
 
-Opened after `init` when the worker offers it and nothing needs every byte in the messages: not with an
-emulated link (it accounts for what messages carry), nor with XPU_DATA_CONNECTION=0. With CURVE
+Opened after `init` when the worker offers it, unless XPU_DATA_CONNECTION=0; an emulated link delays what
+goes here as it does ZeroMQ's messages (protocol/link.py: a message and the bytes that follow it). With CURVE
 it is sealed (protocol/stream.py) with the keys the worker sent in its CURVE-encrypted answer, and not
 opened without them. A connection that fails later, a record that fails its check included, is closed; the
 session goes on without it.

@@ -181,8 +181,7 @@ class Driver:
         for i, p in enumerate(self.primaries):
             self.ctxs[p.handle] = Context(i, primary=True, ident=i + 1)
         self.conn = conn
-        if self.lane is not None and not conn.link.active \
-                and not log.isEnabledFor(EVERY_CALL) and os.environ.get("XPU_LANE", "1") != "0":
+        if self.lane is not None and not log.isEnabledFor(EVERY_CALL) and os.environ.get("XPU_LANE", "1") != "0":
             conn.lane = self.lane
             self.lane_gate()
         if trace.wanted():

@@ -27,7 +27,7 @@ from typing import Any
 import zmq
 
 from xpuremote.protocol import errors, logs, spin, wire
-from xpuremote.protocol.link import wait_until
+from xpuremote.protocol.link import DATA, wait_until
 from xpuremote.protocol.stream import new_keys as new_data_keys
 
 from . import auth, data, metrics
@@ -93,6 +93,8 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
             reported = report(session, reported)
             session.repeats.flush()
             stream = _stream_of(session)
+            if session.uplink:
+                session.uplink.waiting()
             ready = poller.wait(stream, 1000, stream is not None and session.data.buffered())
             if watchdog.gone:
                 log.info("session %s: %s; ending", session_id, watchdog.gone)
@@ -100,7 +102,7 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
             if not session.peers and time.monotonic() - started > idle_connect_s:  # a hello squatted
                 log.warning("session %s: no client connected within %g s", session_id, idle_connect_s)
                 break
-            if sock in ready and not _handle(sock, session):
+            if sock in ready and not _handle(sock, session, polled=True):
                 break
             if sock not in ready and stream in ready and not _handle_stream(sock, session):
                 break
@@ -119,6 +121,9 @@ def serve(bind: str, backend_name: str, session_id: str, idle_connect_s: float =
                  session.calls, session.lane_calls, session.lanes, session.errors, backend.peak,
                  session.data.moved if session.data else 0, session.data.messages if session.data else 0,
                  by_library or " none")
+        if session.uplink:
+            log.info("session %s: the emulated link held %d messages from ZeroMQ and %d from the data connection",
+                     session_id, *session.uplink.held)
         sock.disable_monitor()  # a watchdog still looking wakes up and sees `finished`
         sock.close()
         watchdog.join()
@@ -166,9 +171,11 @@ def _next(sock: zmq.Socket, session: Session, poller: Poller) -> bool:
     stream = _stream_of(session)
     if stream is None:
         return _handle(sock, session)  # waiting in recv costs fewer system calls than a poll
+    if session.uplink:
+        session.uplink.waiting()
     ready = poller.wait(stream, RECEIVE_SLICE_MS, session.data.buffered())
     if sock in ready:  # first: a message there may be the one a message on the stream comes after
-        return _handle(sock, session)
+        return _handle(sock, session, polled=True)
     if ready:
         return _handle_stream(sock, session)
     raise zmq.Again()
@@ -224,6 +231,7 @@ def _handle_stream(sock: zmq.Socket, session: Session) -> bool:
         return True
     message = Message(None, frames, too_big, session.data)
     header = message.header
+    arrived = _arrived(session, message)
     if not message.error and (header.get("op") != "calls" or not header.get("reply")):
         message.error = wire.WireError("only a batch to be answered may come on the data connection")
     after = header.get("after")
@@ -240,15 +248,27 @@ def _handle_stream(sock: zmq.Socket, session: Session) -> bool:
     if isinstance(after, int) and after > session.stream_after:  # what came before it is behind it now
         session.stream_after = after
         session.zmq_seqs = {seq for seq in session.zmq_seqs if seq > after}
+    if arrived is not None:  # behind the batches it came after on the emulated link, as it is served after them
+        wait_until(session.uplink.deliver_at(arrived, wire.size_of(frames) + sum(v.size for v in message.incoming),
+                                             DATA))
     return _dispatch(sock, session, message)
 
 
-def _handle(sock: zmq.Socket, session: Session) -> bool:
-    """Take one message; False when the client said goodbye.
+def _arrived(session: Session, message: Message) -> float | None:
+    """With an emulated link, when a message read from the data connection reached this end (protocol/link.py)."""
+    sent = message.header.get("sent")
+    if session.uplink is None or not isinstance(sent, int):
+        return None
+    return session.uplink.arrived(sent, wire.size_of(message.frames), DATA)
+
+
+def _handle(sock: zmq.Socket, session: Session, polled: bool = False) -> bool:
+    """Take one message; False when the client said goodbye. `polled`: a poll found it (an emulated link's idle
+    mark was set before that poll).
 
     While the client runs a host function (`session.awaiting`), every other message waits in
     the stash: work queued behind the function must not start before it has run."""
-    if session.uplink:
+    if session.uplink and not polled:
         session.uplink.waiting()
     limits = session.limits
     frames, too_big = wire.receive(sock, limits.max_request_bytes, limits.request_frames())
