@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,26 +63,30 @@ def checked_prop(d: Driver, call: Call, address: int) -> bytes:
 
 
 NCCL_LIBRARY = "libnccl.so.2"
+CORE = "libxpuremote-core.so"  # beside xpuremote's libnccl.so.2 (interpose/build.py)
 
 
 def nccl_loaded() -> bool:
-    """Whether NCCL is mapped in this process (PyTorch's CUDA library links it). Read from the process's maps,
-    not dlopen(RTLD_NOLOAD), which looks only in the client's own link namespace; asked only on a refusal."""
+    """Whether NVIDIA's NCCL is mapped in this process (PyTorch's CUDA library links it), not xpuremote's (which
+    xpu-run preloads, beside the client core). Read from the process's maps, not dlopen(RTLD_NOLOAD), which looks
+    only in the client's own link namespace; asked only on a refusal."""
     try:
         with open("/proc/self/maps") as maps_file:
-            return any(line.rstrip().endswith("/" + NCCL_LIBRARY) for line in maps_file)
+            paths = {line.split(maxsplit=5)[-1].strip() for line in maps_file if line.rstrip().endswith(NCCL_LIBRARY)}
     except OSError:
         return False
+    return any(p.endswith("/" + NCCL_LIBRARY) and not os.path.exists(os.path.join(os.path.dirname(p), CORE))
+               for p in paths)
 
 
 def say_nccl_unsupported(d: Driver) -> None:
     """Host-memory VMM is what an NCCL communicator asks for first (its host buffers, at init): say plainly,
     once, that NCCL cannot work through xpuremote, before its later failures (its memory registration,
     its kernels) surface as bare CUDA errors."""
-    d.say_once("nccl", "NCCL is not supported through xpuremote yet (%s is loaded in this process): a "
-               "communicator maps host memory and peer memory for the GPU, and a GPU across the network cannot "
-               "reach either, so its calls fail (torch.distributed's \"nccl\" backend raises an unhandled CUDA "
-               "error); use the \"gloo\" backend meanwhile", NCCL_LIBRARY, level=logging.ERROR)
+    d.say_once("nccl", "NVIDIA's NCCL (%s) is loaded in this process instead of xpuremote's, which xpu-run "
+               "preloads: a communicator made here maps host memory and peer memory for the GPU, and a GPU across "
+               "the network cannot reach either, so its calls fail; run the program under xpu-run, which forwards "
+               "NCCL to the server", NCCL_LIBRARY, level=logging.ERROR)
 
 
 def sendable(d: Driver, call: Call, layout: struct.Struct, data: bytes) -> bytes:

@@ -42,6 +42,11 @@ class Library:
     # generic outcome -> the library's status enumerator
     status: dict[str, str]
     spec: str
+    # prefixes of enumerators named in mixed case (ncclSum, ncclFloat32), which the header's enums hold too
+    enum_prefixes: tuple[str, ...] = ()
+    # folders of other packages' libraries that import from this one (PyTorch's torch/lib imports NCCL), read
+    # beside NVIDIA's wheels for what the replacement must export (protocol/linked.py): globs under site-packages
+    importers: tuple[str, ...] = ()
 
 
 CUBLAS_STATUS = {
@@ -622,7 +627,99 @@ curandGenerateBinomial                  async
 """,
 )
 
-LIBRARIES: tuple[Library, ...] = (CUBLAS, CUBLASLT, CUDNN, CUSOLVER, CUSPARSE, CUFFT, CURAND)
+# NCCL: communicators live on the server, so collective traffic goes between the servers' GPUs, never over the
+# client's link (docs/distributed.md). ncclGetUniqueId is made there; its 128 bytes travel as the application
+# passes them. Initialising a communicator waits for its peers (the server times out a rank whose peers never
+# come); collectives are queued on the stream like kernels, their errors surface at the next wait. A call with
+# no row here is refused with ncclInvalidUsage, named once on stderr.
+NCCL = Library(
+    name="nccl", soname="libnccl.so.2", header="nccl.h", prefix="nccl", exclude=(), status_type="ncclResult_t",
+    version_macros=("NCCL_MAJOR", "NCCL_MINOR", "NCCL_PATCH"), handles=(),
+    status={
+        "success": "ncclSuccess", "not_initialized": "ncclUnhandledCudaError", "alloc_failed": "ncclSystemError",
+        "invalid_value": "ncclInvalidArgument", "not_supported": "ncclInvalidUsage",
+        "execution_failed": "ncclUnhandledCudaError", "internal": "ncclInternalError",
+        "version_mismatch": "ncclInvalidUsage", "remote": "ncclRemoteError", "timeout": "ncclTimeout",
+    },
+    enum_prefixes=("nccl",),
+    importers=("torch/lib",),
+    spec="""
+ncclGetVersion              local   version=out
+ncclGetUniqueId             sync    uniqueId=out
+# the unique id by value: the client sends its bytes; the config's host strings are not sent (client/nccl.py)
+ncclCommInitRank            sync    commId=in:128
+ncclCommInitRankConfig      sync    commId=in:128 config=in
+ncclCommFinalize            sync
+ncclCommDestroy             sync
+ncclCommAbort               sync
+# answered by the client from what it learnt at the communicator's creation
+ncclCommGetAsyncError       local   asyncError=out
+ncclCommCount               local   count=out
+ncclCommCuDevice            local   device=out
+ncclCommUserRank            local   rank=out
+# buffer registration (PyTorch registers each segment of its allocator): the server's handle travels back
+ncclCommRegister            sync    handle=out
+ncclCommDeregister          async
+# collectives and point-to-point: queued on the stream, as kernels are
+ncclGroupStart              async
+ncclGroupEnd                async
+ncclAllReduce               async
+ncclBroadcast               async
+ncclBcast                   async
+ncclReduce                  async
+ncclAllGather               async
+ncclReduceScatter           async
+ncclAlltoAll                async
+ncclGather                  async
+ncclScatter                 async
+ncclSend                    async
+ncclRecv                    async
+""",
+)
+
+# cuRAND (the host API): a generator is client-made, its settings and generations are queued on the generator's
+# stream and write device memory. The client keeps each generator's type and answers what cuRAND refuses at once
+# (a normal count that is odd, a type's wrong call: client/curand.py). Host generators (curandCreateGeneratorHost)
+# write host memory the server cannot reach, and the discrete distributions are device memory for the device API's
+# kernels: neither is forwarded (no row), each refused with CURAND_STATUS_ARCH_MISMATCH, said once.
+CURAND = Library(
+    name="curand", soname="libcurand.so.10", header="curand.h", prefix="curand", exclude=(),
+    status_type="curandStatus_t", version_macros=("CURAND_VER_MAJOR", "CURAND_VER_MINOR", "CURAND_VER_PATCH"),
+    handles=(),
+    status={
+        "success": "CURAND_STATUS_SUCCESS", "not_initialized": "CURAND_STATUS_NOT_INITIALIZED",
+        "alloc_failed": "CURAND_STATUS_ALLOCATION_FAILED", "invalid_value": "CURAND_STATUS_OUT_OF_RANGE",
+        "not_supported": "CURAND_STATUS_ARCH_MISMATCH", "execution_failed": "CURAND_STATUS_LAUNCH_FAILURE",
+        "internal": "CURAND_STATUS_INTERNAL_ERROR", "version_mismatch": "CURAND_STATUS_VERSION_MISMATCH",
+        "type_error": "CURAND_STATUS_TYPE_ERROR", "length_not_multiple": "CURAND_STATUS_LENGTH_NOT_MULTIPLE",
+        "initialization_failed": "CURAND_STATUS_INITIALIZATION_FAILED",
+    },
+    spec="""
+curandGetVersion                        local   version=out
+curandGetProperty                       local   value=out
+curandCreateGenerator                   shadow
+curandDestroyGenerator                  async
+curandSetStream                         async
+curandSetPseudoRandomGeneratorSeed      async
+curandSetGeneratorOffset                async
+curandSetGeneratorOrdering              async
+curandSetQuasiRandomGeneratorDimensions async
+curandGenerateSeeds                     async
+# generations: queued on the generator's stream, into device memory
+curandGenerate                          async
+curandGenerateLongLong                  async
+curandGenerateUniform                   async
+curandGenerateUniformDouble             async
+curandGenerateNormal                    async
+curandGenerateNormalDouble              async
+curandGenerateLogNormal                 async
+curandGenerateLogNormalDouble           async
+curandGeneratePoisson                   async
+curandGenerateBinomial                  async
+""",
+)
+
+LIBRARIES: tuple[Library, ...] = (CUBLAS, CUBLASLT, CUDNN, CUSOLVER, CUSPARSE, CUFFT, CURAND, NCCL)
 BY_NAME = {lib.name: lib for lib in LIBRARIES}
 
 # cudnnBackendAttributeType_t -> struct format of one element (the C type each names); a type not

@@ -455,6 +455,31 @@ for size in (1, 2, 4, 8):
     for dims in range(1, CAT_MAX_DIMS + 1):  # torch.cat of generate's token ids: int64 (1, n) + (1, 1)
         register(CAT_CONTIG.format(size=size, dims=dims))(cat_contiguous(size, dims, 128))
 
+
+def cat_vectorized(itemsize: int) -> KernelImpl:
+    """CatArrayBatchedCopy_vectorized<T, uint, Dims=1, ...>(char* out, CatArrInputTensorMetadata inputs,
+    TensorSizeStride out_shape, int concat_dim, uint trailing): 1-D contiguous inputs, one per blockIdx.y, each to
+    the output from its offset (in elements, times `trailing`) on. DDP flattens a bucket's tensors this way."""
+
+    def run(k: Launch) -> None:
+        out_param, meta_param, _shape, _dim, trailing_param = k.kernel.params
+        out = struct.unpack_from("<Q", k.params, out_param.offset)[0]
+        at = meta_param.offset
+        inputs = struct.unpack_from("<128Q", k.params, at)
+        offsets, _sizes, counts = (struct.unpack_from("<128I", k.params, at + 8 * 128 + 4 * 128 * i) for i in range(3))
+        trailing = struct.unpack_from("<I", k.params, trailing_param.offset)[0]
+        for i in range(k.grid[1]):
+            k.store(out + offsets[i] * trailing * itemsize, k.array(inputs[i], counts[i] * itemsize, "<u1"))
+
+    return run
+
+
+CAT_VECTORIZED = ("_ZN2at6native40_GLOBAL__N__f1f992fe_8_Shape_cu_49f7391c30CatArrayBatchedCopy_vectorizedINS1_10"
+                  "OpaqueTypeILj{size}EEEjLi1ELi128ELi1ELi16ELi{per_vec}EEEvPcNS1_25CatArrInputTensorMetadataIT_T0_XT2_"
+                  "EXT3_EEENS1_16TensorSizeStrideIS8_Lj4EEEiS8_")
+for size in (1, 2, 4, 8):  # 16-byte vectors
+    register(CAT_VECTORIZED.format(size=size, per_vec=16 // size))(cat_vectorized(size))
+
 # -------------------------------------------------------------------------------------- reductions
 
 

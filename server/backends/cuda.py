@@ -9,7 +9,8 @@ The math libraries' calls go the same way to NVIDIA's own libcublas, libcublasLt
 found in the server's NVIDIA wheels (as PyTorch installs them), else by name on the library
 path; XPU_CUBLAS_LIBRARY, XPU_CUBLASLT_LIBRARY and XPU_CUDNN_LIBRARY override that. What is
 hand-written for them: the library versions, and the client handles inside cuDNN's descriptor
-arrays, which become the real descriptors.
+arrays, which become the real descriptors. NCCL's libnccl.so.2 (XPU_NCCL_LIBRARY) too, but for
+communicator creation, which waits for the peers with a timeout (cuda_nccl.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from xpuremote.protocol.layouts import (
 )
 
 from ..data import Incoming
+from . import cuda_nccl
 from .base import CAPTURE_REFUSED, Backend, DeviceInfo, Inventory, check_module_image, launch_attributes
 from .cuda_pools import PlacedPools
 from .cuda_upload import Upload
@@ -89,7 +91,7 @@ def library_path(lib: mathlibs.Library) -> str:
         import nvidia  # namespace package of NVIDIA's wheels
 
         for base in nvidia.__path__:
-            for sub in ("cu13", "cudnn", "cublas"):
+            for sub in ("cu13", "cudnn", "cublas", "nccl"):
                 candidate = Path(base) / sub / "lib" / lib.soname
                 if candidate.is_file():
                     return str(candidate)
@@ -146,6 +148,8 @@ class CudaBackend(Backend):
             real = self.library(name)
         except CudaError:
             return (None,)
+        if name == "nccl":  # no ncclGetProperty: its version is one number
+            return (cuda_nccl.version(self.ffi, real),)
         value = self.ffi.new("int32_t *")
         version = []
         for kind in range(3):
@@ -286,6 +290,8 @@ class CudaBackend(Backend):
             per_thread = call.symbol.endswith(("_ptds", "_ptsz"))
             self.placed.free(args[0], (args[1] if len(args) > 1 else 0) or (2 if per_thread else 0))
             return []
+        if call.library == "nccl" and call.family in cuda_nccl.OWN:
+            return cuda_nccl.init_rank(self, call, args)
         if call.family in CAPTURE_REFUSED:
             self.refuse_if_capturing(call, args)
         own = getattr(self, call.family, None) if call.family.startswith("xpu") or call.family in OWN else None
@@ -306,6 +312,8 @@ class CudaBackend(Backend):
         of a batch's) by the shortest way, a math library's call or a driver call with outputs by `generic`."""
         if self.compiles(call):
             return self.plain(call)
+        if call.library == "nccl" and call.family in cuda_nccl.OWN:  # waits for the peers, with a timeout
+            return lambda args: cuda_nccl.init_rank(self, call, args)
         if call.family in CAPTURE_REFUSED or call.family in OWN or call.family.startswith("xpu") \
                 or call.family in ("cuMemcpyHtoD", "cuMemcpyHtoDAsync"):
             return super().runner(call)

@@ -367,6 +367,8 @@ class SimBackend(SimGraphs, SimArrays):
         return Inventory(SIM_DRIVER_VERSION, devices, self.name)
 
     def close(self) -> None:
+        if "nccl" in self.libraries:  # its ranks leave their communicators
+            self.libraries["nccl"].close()
         self.vmm.close()
         self.memory.release_all()
         self.modules.clear()
@@ -565,6 +567,9 @@ class SimBackend(SimGraphs, SimArrays):
             from .sim_sparse import SimSparse
 
             self.libraries["cusparse"] = SimSparse(self.memory)
+            from .sim_nccl import SimNccl
+
+            self.libraries["nccl"] = SimNccl(self.memory, self._current_device)
             from .sim_rand import SimRand
 
             self.libraries["curand"] = SimRand(self.memory)
