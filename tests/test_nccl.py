@@ -47,7 +47,7 @@ def nccl_in(python: Path) -> None:
 
 
 def under_xpu_run(python: Path, server: Server, *command: str) -> subprocess.Popen:
-    env = dict(os.environ)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # as torchrun sets: ranks share the machine's cores
     env.pop("LD_PRELOAD", None)
     return subprocess.Popen([str(python), "-m", "xpuremote.interpose.run", "--server", server.address, "--",
                              str(python), *command], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -78,20 +78,28 @@ def test_collectives_and_a_ddp_step_on_two_ranks(two_device_server: Server, tmp_
     for rank, (proc, (_out, err)) in enumerate(zip(ranks, outputs)):
         no_signal(rank, proc, err)
         assert proc.returncode == 0, f"rank {rank}: exit {proc.returncode}\n{err[-4000:]}"
-    seen = [json.loads(o.read_text()) for o in outs]
-    base = [[1.0 + i + r * 10 for i in range(4)] for r in range(WORLD)]
+    check_ranks([json.loads(o.read_text()) for o in outs])
+    # the server ran them: each rank's session made at least the collectives above (17 a rank, DDP's included)
+    counts = nccl_calls(two_device_server, WORLD)
+    assert len(counts) >= WORLD and all(n >= 17 for n in counts[-WORLD:]), counts
+
+
+def check_ranks(seen: list[dict]) -> None:
+    """What tests/programs/nccl_ranks.py's ranks saw (rank order) is what NCCL gives, for any number of ranks."""
+    world = len(seen)
+    base = [[1.0 + i + r * 10 for i in range(4)] for r in range(world)]
     expected = {
         "all_reduce_sum": list(np.sum(base, axis=0)), "all_reduce_avg": list(np.mean(base, axis=0)),
         "all_reduce_prod": list(np.prod(base, axis=0)), "all_reduce_max": list(np.max(base, axis=0)),
-        "all_reduce_min": list(np.min(base, axis=0)), "broadcast": [float(WORLD - 1 + 5)] * 3,
-        "all_gather": [[r, r * 100.0] for r in range(WORLD)],
+        "all_reduce_min": list(np.min(base, axis=0)), "broadcast": [float(world - 1 + 5)] * 3,
+        "all_gather": [[r, r * 100.0] for r in range(world)],
         **{f"all_reduce_sum_{t}": list(np.sum(base, axis=0)) for t in ("float16", "bfloat16", "int32", "int64")},
     }
     for rank, got in enumerate(seen):
         for name, want in expected.items():
             assert close(got[name], want), f"rank {rank} {name}: {got[name]} != {want}"
-        assert got["reduce_scatter"] == [float(sum(r * 10 + rank for r in range(WORLD)))] * 2, got["reduce_scatter"]
-        assert got["send_recv"] == [float((rank - 1) % WORLD)] * 3, got["send_recv"]
+        assert got["reduce_scatter"] == [float(sum(r * 10 + rank for r in range(world)))] * 2, got["reduce_scatter"]
+        assert got["send_recv"] == [float((rank - 1) % world)] * 3, got["send_recv"]
         # DDP: the averaged gradients, the weights after the step and the loss agree across ranks...
         for name in ("ddp_grads", "ddp_weights"):
             assert all(close(a, b, 0) for a, b in zip(got[name], seen[0][name])), f"rank {rank}'s {name} differ"
@@ -101,9 +109,6 @@ def test_collectives_and_a_ddp_step_on_two_ranks(two_device_server: Server, tmp_
         assert all(close(a, b) for a, b in zip(got["ddp_weights"], seen[0]["one_weights"]))
         assert abs(got["ddp_loss"] - seen[0]["one_loss"]) < 1e-5, (got["ddp_loss"], seen[0]["one_loss"])
     assert close(seen[0]["reduce_on_0"], expected["all_reduce_sum"])
-    # the server ran them: each rank's session made at least the collectives above (17 a rank, DDP's included)
-    counts = nccl_calls(two_device_server, WORLD)
-    assert len(counts) >= WORLD and all(n >= 17 for n in counts[-WORLD:]), counts
 
 
 def nccl_calls(server: Server, sessions: int) -> list[int]:
@@ -242,3 +247,26 @@ def test_the_cuda_backends_nccl_on_nvidias_library() -> None:
         patch.setenv("XPU_NCCL_TIMEOUT_S", "5")
         cuda_nccl.init_rank(Backend(), CALLS["ncclCommInitRank"], [None, 2, bytes(ffi.buffer(unique)), 0])
     assert failed.value.library == "nccl", failed.value
+
+
+def test_a_rank_that_times_out_leaves_nothing_behind(tmp_path: Path) -> None:
+    """The sim's rendezvous (server/backends/sim_rendezvous.py), without a server: a rank alone gives up after its
+    timeout with an error naming the missing rank, and withdraws, its communicator's directory removed; a
+    directory that a killed worker left (its process gone) is removed once idle."""
+    from xpuremote.protocol.errors import CudaError
+    from xpuremote.server.backends import sim_rendezvous
+
+    unique = sim_rendezvous.new_id()
+    directory = sim_rendezvous.root() / sim_rendezvous.token_of(unique)
+    with pytest.raises(CudaError, match="waited 0.2 s for rank.s. 1 to join"):
+        sim_rendezvous.Rendezvous(unique, 2, 0, timeout=0.2)
+    assert not directory.exists()
+    with pytest.raises(CudaError, match="not made by this machine's sim"):
+        sim_rendezvous.Rendezvous(b"\0" * 128, 2, 0)
+    stale, live = tmp_path / "stale", tmp_path / "live"  # as in the root: a killed worker's, a running one's
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for directory, pid in ((stale, dead.stdout.strip()), (live, os.getpid())):
+        directory.mkdir()
+        (directory / "rank-0").write_text(f"{pid} 2\n")
+    sim_rendezvous.remove_stale(tmp_path, idle_s=0)
+    assert not stale.exists() and live.exists()

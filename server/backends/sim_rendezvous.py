@@ -14,7 +14,9 @@ In a communicator's directory:
   reads every rank's and computes the result itself. Once it has seen all of collective N, every rank has
   finished N-1 (each wrote N only after), so it removes its own N-1.
 - `p<S>-<D>.<N>`: the N-th message from rank S to rank D (ncclSend), removed by D once read.
-- `left-R`: rank R has left (destroy, abort or the session's end); the last to leave removes the directory.
+- `left-R`: rank R has left (destroy, abort or the session's end); the last to leave removes the directory. A
+  rank whose join failed withdraws (its `rank-R` removed). What a killed worker left is removed by a later
+  ncclGetUniqueId once the directory has been idle an hour and none of its ranks' processes is alive.
 
 A wait polls with a growing sleep (50 µs to 2 ms), and gives up after the timeout (XPU_NCCL_TIMEOUT_S, 300 s by
 default) or as soon as a peer it waits for has left or its process is gone, each with an error that says which
@@ -42,6 +44,7 @@ TIMEOUT_ENV = "XPU_NCCL_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 300.0
 POLL_MIN_S, POLL_MAX_S = 50e-6, 2e-3
 LIVENESS_EVERY_S = 0.5  # how often a wait looks whether the peers it waits for are still there
+STALE_S = 3600.0  # a communicator's directory idle this long, its ranks' processes gone, is removed
 
 
 def nccl_error(outcome: str, detail: str) -> CudaError:
@@ -71,8 +74,25 @@ def root() -> Path:
 
 
 def new_id() -> bytes:
-    """A unique id as ncclGetUniqueId answers it: 128 bytes, which the application passes to every rank."""
+    """A unique id as ncclGetUniqueId answers it: 128 bytes, which the application passes to every rank. Each new
+    one first removes what communicators whose ranks are all gone left behind."""
+    remove_stale(root())
     return (MAGIC + secrets.token_bytes(TOKEN_BYTES)).ljust(ID_BYTES, b"\0")
+
+
+def remove_stale(directory: Path, idle_s: float = STALE_S) -> None:
+    """The communicators' directories untouched for `idle_s` whose joined ranks' processes have all ended (a
+    worker killed outright never leaves)."""
+    now = time.time()
+    for entry in directory.iterdir():
+        try:
+            if now - entry.stat().st_mtime < idle_s:
+                continue
+            pids = [int(f.read_text().split()[0]) for f in entry.glob("rank-*")]
+        except (OSError, ValueError, IndexError):
+            continue
+        if not any(_alive(pid) for pid in pids):
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def token_of(comm_id: bytes) -> str:
@@ -122,7 +142,7 @@ class Rendezvous:
                                     f"rank {self.rank} one of {self.nranks}")
                 self.pids[r] = pid
         except CudaError:
-            self.leave()
+            self._withdraw()
             raise
 
     # ---- waiting ----------------------------------------------------------------------------------------
@@ -219,6 +239,16 @@ class Rendezvous:
             raise nccl_error("invalid_value", f"rank {self.rank} has left this communicator")
 
     # ---- leaving ----------------------------------------------------------------------------------------
+    def _withdraw(self) -> None:
+        """A join that failed: this rank was never a member. A peer still waiting learns it from `left-R`; the
+        directory goes with the last rank that had joined."""
+        self.left = True
+        with contextlib.suppress(OSError):
+            (self.directory / f"left-{self.rank}").touch()
+            os.unlink(self.directory / f"rank-{self.rank}")
+        if not any(self.directory.glob("rank-*")):
+            shutil.rmtree(self.directory, ignore_errors=True)
+
     def leave(self) -> None:
         """Say so to the peers; the last one to leave removes the directory."""
         if self.left:

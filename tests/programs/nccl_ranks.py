@@ -1,6 +1,7 @@
 """One rank of a torch.distributed job on the "nccl" backend, started by hand with a TCP store.
 
-Usage: nccl_ranks.py RANK WORLD STORE_PORT OUT.json
+Usage: nccl_ranks.py RANK WORLD STORE_PORT OUT.json, or nccl_ranks.py env OUT_DIR under torchrun (RANK,
+WORLD_SIZE and MASTER_ADDR/MASTER_PORT from its environment; OUT_DIR/rankN.json).
 
 Runs all_reduce (sum, avg, prod, max, min), broadcast, all_gather, reduce_scatter, send/recv and reduce on the
 rank's own device (cuda:RANK), then one DDP training step of a tiny model (Linear + MSE, SGD) on this rank's half
@@ -8,18 +9,26 @@ of a batch; rank 0 also runs the same step in one process, without DDP, on the w
 to OUT.json for the test to check: every result, the gradients and the loss.
 """
 
+import datetime
 import json
+import os
 import sys
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-device = torch.device(f"cuda:{rank}")
-torch.cuda.set_device(device)
-store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=__import__("datetime").timedelta(60))
-dist.init_process_group("nccl", store=store, rank=rank, world_size=world)
+if sys.argv[1] == "env":
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    out = os.path.join(sys.argv[2], f"rank{rank}.json")
+    torch.cuda.set_device(torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}"))
+    dist.init_process_group("nccl")
+else:
+    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    torch.cuda.set_device(torch.device(f"cuda:{rank}"))
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=datetime.timedelta(60))
+    dist.init_process_group("nccl", store=store, rank=rank, world_size=world)
+device = torch.device(f"cuda:{torch.cuda.current_device()}")
 seen: dict = {}
 
 
