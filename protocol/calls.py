@@ -560,8 +560,8 @@ class Param:
     def byte_count(self, values: dict[str, Any]) -> int | None:
         """Bytes behind this pointer, given the call's scalar arguments by name; None when the
         size is not fixed by them (a string, a library scalar, or an output the server sizes)."""
-        if self.count is None:
-            return self.pointee_size
+        if self.count is None:  # one pointee; a struct passed by value travels as its own bytes (ncclUniqueId)
+            return self.size if self.kind == "struct" else self.pointee_size
         factors = self.factors
         if factors is None:
             return None

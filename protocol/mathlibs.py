@@ -646,9 +646,9 @@ NCCL = Library(
     spec="""
 ncclGetVersion              local   version=out
 ncclGetUniqueId             sync    uniqueId=out
-# the unique id by value: the client sends its bytes; the config's host strings are not sent (client/nccl.py)
-ncclCommInitRank            sync    commId=in:128
-ncclCommInitRankConfig      sync    commId=in:128 config=in
+# the unique id is passed by value: the client sends its bytes; the config's host strings are not sent
+ncclCommInitRank            sync
+ncclCommInitRankConfig      sync    config=in
 ncclCommFinalize            sync
 ncclCommDestroy             sync
 ncclCommAbort               sync
