@@ -1,6 +1,6 @@
 """xpu-run: run a program with xpuremote's libcuda.so.1, libnvidia-ml.so.1 and math libraries
-(protocol/mathlibs.py's LIBRARIES: cuBLAS, cuBLASLt, cuDNN, cuFFT, cuSOLVER, cuSPARSE, cuRAND...) in place
-of NVIDIA's.
+(protocol/mathlibs.py's LIBRARIES: cuBLAS, cuBLASLt, cuDNN, cuFFT, cuSOLVER, cuSPARSE, cuRAND..., and NCCL)
+in place of NVIDIA's.
 
     xpu-run [--server tcp://host:port | --pool ray://HEAD:PORT [--gpus N] [--lease-timeout S]]
             [--backend auto|cuda|sim] [--trace PATH] [--key CLIENT.key_secret --server-key SERVER.key]
