@@ -60,6 +60,9 @@ def put(p: Param, address: int, value: Any) -> None:
     """Store one value through pointer parameter `p`, at the pointee's width."""
     if not address:
         return
+    if p.pointee == "handle" and p.pointee_size > 8:  # a caller's struct (cuSPARSELt's) holds the handle
+        write(address, int(value).to_bytes(8, "little") + STRUCT_HANDLE_MARK)
+        return
     if p.pointee == "float":
         write(address, struct.pack("<f" if p.pointee_size == 4 else "<d", value))
     else:
@@ -177,6 +180,10 @@ def _step(call: Call, p: Param) -> Step:
             raise CudaError(errors.INVALID_VALUE, null)
 
     if p.direction in ("in", "inout"):  # an inout buffer goes up as it is, and comes back
+        if p.by_reference:
+            def referred(a: Any, values: dict[str, Any], new_handle: Any, snapshot: bool) -> tuple[Any, int]:
+                return struct_handle(call, p, a), 0
+            return referred
         if p.is_scalar:
             size = scalar_sizer(call, p)
 
@@ -213,6 +220,22 @@ def _step(call: Call, p: Param) -> Step:
         checked(a, values)
         return (p.byte_count(values) if a else None), 0
     return output
+
+
+# A handle in a caller's struct (cuSPARSELt's handle, descriptors and plans: 512 bytes the caller allocates) is the
+# client's handle, then this mark: a struct no Init of this process wrote is refused, not sent as a handle.
+STRUCT_HANDLE_MARK = b"xpuLt\x00\x01\x00"
+
+
+def struct_handle(call: Call, p: Param, address: int) -> int:
+    """The client handle the caller's struct at `address` holds (written there by the call that made it)."""
+    if not address:
+        raise errors.library_error(call.library, "invalid_value", f"{call.symbol}: {p.name} is NULL")
+    data = bytes(read(address, 16))
+    if data[8:] != STRUCT_HANDLE_MARK:
+        raise errors.library_error(call.library, "invalid_value", f"{call.symbol}: {p.name} was not initialised "
+                                   f"(no {p.ctype.replace('const ', '').rstrip(' *')} made by this process is there)")
+    return int.from_bytes(data[:8], "little")
 
 
 # An integer handle (cuFFT's cufftHandle, an int) is client-made too: small positive numbers, which no other handle of

@@ -342,4 +342,4 @@ def handlers() -> list[list[Callable[[Any], int]]]:
     return [[handler(CALLS[s]) for s in LIBRARY_SYMBOLS[lib.name]] for lib in mathlibs.LIBRARIES]
 
 
-from . import curand, cusolver, descriptors, fft, nccl, variant_packs  # noqa: E402, F401  (their calls' handlers; they read this module's state)
+from . import curand, cusolver, cusparselt, descriptors, fft, nccl, variant_packs  # noqa: E402, F401  (their calls' handlers; they read this module's state)

@@ -57,7 +57,7 @@
 
 /* the op numbers of the generated entry points (entry_points.c, <library>_entry_points.c) */
 #define XPU_DRIVER_OPS 688
-#define XPU_LIBRARIES 8
+#define XPU_LIBRARIES 9
 #define XPU_LIBRARY_OPS_MAX 517
 
 /* the lane's state as the core sets it (lane.h's xpu_lane_set_open): closed, open, or open with each record's

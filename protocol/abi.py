@@ -28,7 +28,7 @@ OP_LIBRARY_SHIFT = 16
 
 # the op numbers of the generated entry points
 DRIVER_OPS = 688
-LIBRARY_OPS = {'cublas': 517, 'cublasLt': 52, 'cudnn': 235, 'cusolver': 395, 'cusparse': 448, 'cufft': 56, 'curand': 29, 'nccl': 63}
+LIBRARY_OPS = {'cublas': 517, 'cublasLt': 52, 'cudnn': 235, 'cusolver': 395, 'cusparse': 448, 'cufft': 56, 'curand': 29, 'nccl': 63, 'cusparseLt': 31}
 
 LANE_OPEN_CLOSED = 0
 LANE_OPEN_OPEN = 1

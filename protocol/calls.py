@@ -534,13 +534,19 @@ class Param:
     direction: str  # in | out | inout
     count: str | None  # bytes behind a pointer: a parameter name, `a*b`, a number; None = one pointee;
     # `str`; `*` (sized by the server); `scalar[:TYPE]` (a library's alpha/beta); `device` (an address
-    # in the GPU's memory: the value travels, as a CUdeviceptr does)
+    # in the GPU's memory: the value travels, as a CUdeviceptr does); `ref` (a pointer to a caller's struct that
+    # holds a client handle, cuSPARSELt's: the handle travels)
     optional: bool = False  # the driver accepts NULL here (`out?` in SPEC)
     extent: str | None = None  # of a CUdeviceptr: the bytes from it that the call touches (`device:`)
 
     @property
     def is_string(self) -> bool:
         return self.count == "str"
+
+    @property
+    def by_reference(self) -> bool:
+        """A handle the caller's struct holds (cuSPARSELt's): the pointer is to it, the handle in it travels."""
+        return self.count == "ref"
 
     @property
     def is_scalar(self) -> bool:
@@ -574,7 +580,7 @@ class Param:
     def factors(self) -> tuple[int, tuple[str, ...]] | None:
         """`count` as `a*b*4` parsed once (byte_count runs on every call that carries bytes): the constant
         (`each`: the size of one pointee) and the arguments it multiplies; None where no count sizes it."""
-        if self.count in ("str", "*", "device") or self.is_scalar:
+        if self.count in ("str", "*", "device", "ref") or self.is_scalar:
             return None
         constant, names = 1, []
         for part in (p.strip() for p in self.count.split("*")):
@@ -669,7 +675,7 @@ class Call:
     def destroys(self) -> bool:
         """Ends the life of the handle in its first argument (cuStreamDestroy, cudnnDestroy...Descriptor)."""
         return ("Destroy" in self.family or self.family.endswith("Unload")) and bool(self.params) \
-            and self.params[0].kind == "handle"
+            and (self.params[0].kind == "handle" or self.params[0].by_reference)
 
     @cached_property
     def releases(self) -> bool:
@@ -855,6 +861,8 @@ def _param(ctype: str, name: str, note: Note | None, types: dict[str, tuple], li
         direction, count = "in", "device"  # a library's data pointers are the GPU's; host buffers are annotated
     else:
         direction, count = ("in" if ctype.startswith("const ") else "out"), None
+    if pointee == "handle" and pointee_size > 8 and direction == "in":  # a struct of the caller's holds the handle
+        count = "ref"
     return Param(name, ctype, kind, size, bool(signed), pointee, pointee_size, direction, count, optional)
 
 

@@ -133,6 +133,7 @@ def variants(include: Path, symbols: set[str]) -> list[tuple[str, int, int, str]
 
 
 PROBE_HEAD = """#include <stdio.h>
+#include <stdalign.h> /* cusparseLt.h's structs use C++'s alignas */
 #include <{header}>
 typedef int CUoutput_mode; /* the one enum of cudaProfiler.h, a header the runtime wheels lack */
 #define CLS(x) __builtin_classify_type(x)
@@ -498,8 +499,9 @@ def library_includes(extra: list[Path]) -> list[Path]:
     import nvidia
 
     bases = [Path(b) for b in nvidia.__path__] + sorted(ROOT.glob(".venv-torch/lib/python3*/site-packages/nvidia"))
-    found = [b / sub / "include" for sub in ("cudnn", "nccl", "cu13") for b in bases]
-    with_libs = [p for p in found if any((p / h).is_file() for h in ("cublasLt.h", "cudnn.h", "nccl.h"))]
+    found = [b / sub / "include" for sub in ("cudnn", "nccl", "cusparselt", "cu13") for b in bases]
+    headers = ("cublasLt.h", "cudnn.h", "nccl.h", "cusparseLt.h")
+    with_libs = [p for p in found if any((p / h).is_file() for h in headers)]
     # cuRAND's wheel (the test extra's: the torch wheel does not bring it) puts curand.h beside this venv's CUDA
     # headers: after the torch venv's folders, whose CUDA headers the other libraries are declared with
     with_rand = [p for p in found if p not in with_libs and (p / "curand.h").is_file()]

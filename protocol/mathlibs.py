@@ -719,7 +719,74 @@ curandGenerateBinomial                  async
 """,
 )
 
-LIBRARIES: tuple[Library, ...] = (CUBLAS, CUBLASLT, CUDNN, CUSOLVER, CUSPARSE, CUFFT, CURAND, NCCL)
+# cuSPARSELt: its handle, matrix descriptors, algorithm selections and plans are structs of 512 bytes the caller
+# allocates (`cusparseLtHandle_t` is no pointer), passed by address. Each Init writes into the caller's struct the
+# client's handle of the object it makes on the server; every other call reads the handle from the struct it is
+# given (a pointer to one of these types is a handle by reference: protocol/calls.py), so a copy of the struct
+# names the same object. The server keeps one 512-byte struct of NVIDIA's per object (client/cusparselt.py says
+# how a struct initialised again is handled: its object is replaced, not leaked). Sizes wait; pruning, compression
+# and the products are queued on the stream they name (alpha and beta are host floats).
+CUSPARSELT = Library(
+    name="cusparseLt", soname="libcusparseLt.so.0", header="cusparseLt.h", prefix="cusparseLt", exclude=(),
+    status_type="cusparseStatus_t",
+    version_macros=("CUSPARSELT_VER_MAJOR", "CUSPARSELT_VER_MINOR", "CUSPARSELT_VER_PATCH"),
+    handles=("cusparseLtHandle_t", "cusparseLtMatDescriptor_t", "cusparseLtMatmulDescriptor_t",
+             "cusparseLtMatmulAlgSelection_t", "cusparseLtMatmulPlan_t"),
+    status=CUSPARSE.status,
+    enum_prefixes=("CUSPARSE_",),  # cuSPARSE's orders and operations, and cuSPARSELt's compute types
+    spec="""
+cusparseLtInit                      shadow
+cusparseLtDestroy                   async
+cusparseLtGetVersion                local   version=out
+cusparseLtGetProperty               local   value=out
+# matrix descriptors (dense and 2:4 structured) and their batch settings
+cusparseLtDenseDescriptorInit       shadow
+cusparseLtStructuredDescriptorInit  shadow
+cusparseLtMatDescriptorDestroy      async
+cusparseLtMatDescSetAttribute       async   matmulDescr=in data=in:dataSize
+cusparseLtMatDescGetAttribute       sync    data=out:dataSize
+# the product's descriptor (cuSPARSELt has no destroy for it), its algorithm and its plan
+cusparseLtMatmulDescriptorInit      shadow
+cusparseLtMatmulDescSetAttribute    async   matmulDescr=in data=in:dataSize
+cusparseLtMatmulDescGetAttribute    sync    data=out:dataSize
+cusparseLtMatmulAlgSelectionInit    shadow
+cusparseLtMatmulAlgSelectionDestroy async
+cusparseLtMatmulAlgSetAttribute     async   algSelection=in data=in:dataSize
+cusparseLtMatmulAlgGetAttribute     sync    data=out:dataSize
+cusparseLtMatmulPlanInit            shadow
+cusparseLtMatmulPlanDestroy         async
+cusparseLtMatmulGetWorkspace        sync    workspaceSize=out
+# the product: queued on the streams it names (an array of them); the search runs it and settles the plan's
+# algorithm, so it waits
+cusparseLtMatmul                    async   alpha=in:4 beta=in:4 streams=in?:numStreams*8
+cusparseLtMatmulSearch              sync    plan=in alpha=in:4 beta=in:4 streams=in?:numStreams*8
+# pruning (a check writes its verdict into device memory) and compression, queued on their stream
+cusparseLtSpMMAPrune                async
+cusparseLtSpMMAPruneCheck           async
+cusparseLtSpMMAPrune2               async
+cusparseLtSpMMAPruneCheck2          async
+cusparseLtSpMMACompressedSize       sync    compressedSize=out compressedBufferSize=out
+cusparseLtSpMMACompressedSize2      sync    compressedSize=out compressedBufferSize=out
+cusparseLtSpMMACompress             async
+cusparseLtSpMMACompress2            async
+""",
+)
+
+# cuSPARSELt's enumerators that its header leaves implicit (counted from 0 in the header's order), which the
+# generated ENUMS, read from `NAME = value`, do not hold
+CUSPARSELT_IMPLICIT = {
+    "CUSPARSELT_SPARSITY_50_PERCENT": 0, "CUSPARSELT_MAT_NUM_BATCHES": 0, "CUSPARSELT_MAT_BATCH_STRIDE": 1,
+    "CUSPARSE_COMPUTE_32I": 0, "CUSPARSE_COMPUTE_16F": 1, "CUSPARSE_COMPUTE_32F": 2,
+    **{f"CUSPARSELT_MATMUL_{name}": i for i, name in enumerate((
+        "ACTIVATION_RELU", "ACTIVATION_RELU_UPPERBOUND", "ACTIVATION_RELU_THRESHOLD", "ACTIVATION_GELU",
+        "ACTIVATION_GELU_SCALING", "ALPHA_VECTOR_SCALING", "BETA_VECTOR_SCALING", "BIAS_STRIDE", "BIAS_POINTER",
+        "SPARSE_MAT_POINTER"))},
+    "CUSPARSELT_MATMUL_ALG_DEFAULT": 0,
+    **{f"CUSPARSELT_MATMUL_{name}": i for i, name in enumerate((
+        "ALG_CONFIG_ID", "ALG_CONFIG_MAX_ID", "SEARCH_ITERATIONS", "SPLIT_K", "SPLIT_K_MODE", "SPLIT_K_BUFFERS"))},
+}
+
+LIBRARIES: tuple[Library, ...] = (CUBLAS, CUBLASLT, CUDNN, CUSOLVER, CUSPARSE, CUFFT, CURAND, NCCL, CUSPARSELT)
 BY_NAME = {lib.name: lib for lib in LIBRARIES}
 
 # cudnnBackendAttributeType_t -> struct format of one element (the C type each names); a type not

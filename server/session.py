@@ -437,6 +437,9 @@ class Session:
         sized = any(p.kind == "ptr" and p.count is not None and p.factors and p.factors[1] for p in call.params)
         made = [(i, _handle_family(p.ctype.rstrip(" *"))) for i, p in enumerate(call.params)
                 if p.direction == "out" and p.pointee == "handle"]
+        # a caller's struct (cuSPARSELt's) initialised again: the client names the object it held, which ends
+        in_struct = {i for i, p in enumerate(call.params) if p.direction == "out" and p.pointee_size > 8} \
+            if shadow and library != "cuda" else set()
         outputs = [(i, p) for i, p in enumerate(call.params) if p.direction != "in"]
         graph = _graph_of(call)
         run = self.backend.runner(call)
@@ -456,6 +459,8 @@ class Session:
             for i, decode in decoders:
                 decoded[i] = decode(args[i], scalars)
             for i, family in made:  # checked before anything is made
+                if i in in_struct and self.handles.get(args[i], ("",))[0] == family:
+                    self.drop_handle(args[i])
                 self.limits.check_count(self.held[family], f"handles of type {family}")
                 if shadow:
                     self.check_new(args[i])  # the client's new handle is free
@@ -488,6 +493,8 @@ class Session:
         name = f"{call.symbol}.{p.name}"
         if p.kind == "handle":
             return self.resolver(p)
+        if p.by_reference:  # the handle a caller's struct holds: resolved as one of the struct's type
+            return self.resolver(dataclasses.replace(p, ctype=p.ctype.replace("const ", "").rstrip(" *")))
         if p.kind in ("int", "float"):
             low, high = _int_range(p) if p.kind == "int" else (None, None)
 

@@ -24,7 +24,7 @@ from typing import Any
 import cffi
 
 from xpuremote.protocol import abi, errors, mathlibs, memprops, wire
-from xpuremote.protocol.calls import CALLS, Call, Param
+from xpuremote.protocol.calls import CALLS, DEFAULT_STREAMS, Call, Param
 from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import (
@@ -91,7 +91,7 @@ def library_path(lib: mathlibs.Library) -> str:
         import nvidia  # namespace package of NVIDIA's wheels
 
         for base in nvidia.__path__:
-            for sub in ("cu13", "cudnn", "cublas", "nccl"):
+            for sub in ("cu13", "cudnn", "cublas", "nccl", "cusparselt"):
                 candidate = Path(base) / sub / "lib" / lib.soname
                 if candidate.is_file():
                     return str(candidate)
@@ -118,6 +118,7 @@ class CudaBackend(Backend):
         self.modules: dict[bytes, int] = {}  # content hash -> CUmodule, within this session
         self.nvml: NvmlStatus | None = None  # loaded on the first xpuDeviceStatus
         self.libraries: dict[str, Any] = {}  # math library name -> its cffi handle, loaded on first use
+        self.libc: Any = None  # aligned_alloc and free, for the structs a library initialises (library_struct)
         self.green_contexts: dict[int, Any] = {}  # green context -> the CUcontext that stands for it
         self.upload: Upload | None = None  # made on the first large input from the data connection
         self.scalars: dict[int, Any] = {}  # cuDNN variant pack -> its by-value scalars (xpuCudnnSetDataPointers)
@@ -239,6 +240,17 @@ class CudaBackend(Backend):
         return [self.real_handles(a, p.ctype.replace("const ", "").rstrip(" *")) if _handle_array(p) and a else a
                 for p, a in zip(call.params, args)]
 
+    def stream_arrays(self, call: Call, args: list[Any]) -> list[Any]:
+        """cuSPARSELt's array of streams (cusparseLtMatmul's `streams`) holds client streams: the real ones go."""
+        out = list(args)
+        for i, p in enumerate(call.params):
+            if _handle_array(p) and args[i]:
+                data = bytes(args[i])
+                streams = [s if s in DEFAULT_STREAMS else int(self.ffi.cast("uintptr_t", self.handle_array(
+                    struct.pack("<Q", s), 1, "CUstream")[0])) for (s,) in struct.iter_unpack("<Q", data)]
+                out[i] = struct.pack(f"<{len(streams)}Q", *streams)
+        return out
+
     def real_handles(self, data: bytes, family: str) -> bytes:
         """The driver's own objects for an array of client handles, each of `family`."""
         real = self.handle_array(data, len(data) // 8, family)
@@ -347,7 +359,8 @@ class CudaBackend(Backend):
         convert = [(i, self.converter(p)) for i, p in enumerate(call.params) if p.kind not in ("int", "float")]
         outputs = [(i, p) for i, p in enumerate(call.params) if p.direction != "in"]
         prepare = self.library_arguments if call.family == "cudnnBackendSetAttribute" else \
-            self.handle_arrays if any(_handle_array(p) for p in call.params) and call.library == "cuda" else None
+            self.handle_arrays if any(_handle_array(p) for p in call.params) and call.library == "cuda" else \
+            self.stream_arrays if call.library == "cusparseLt" and any(_handle_array(p) for p in call.params) else None
         after = self.after_family(call)
         check, symbol, library, result = self.check, call.symbol, call.library, self.result
 
@@ -527,6 +540,10 @@ class CudaBackend(Backend):
         if p.kind == "struct":
             struct_p = ffi.typeof(f"xpu_struct{p.size} *")
             return lambda value: (ffi.new(struct_p, {"b": bytes(value)})[0], None)
+        if p.by_reference:  # the server's struct of a caller's struct handle (cuSPARSELt): its address
+            return lambda value: (ffi.cast(void_p, value or 0), None)
+        if p.pointee == "handle" and p.pointee_size > 8 and p.direction == "out":
+            return lambda value: (self.library_struct(p.pointee_size),) * 2
         if p.is_address:
             return lambda value: (ffi.cast(void_p, value or 0), None)
         scalar, given = p.is_scalar, p.direction == "in"
@@ -557,9 +574,23 @@ class CudaBackend(Backend):
             return buf, buf
         return convert
 
+    def library_struct(self, size: int) -> Any:
+        """A struct of `size` bytes a library initialises (cuSPARSELt's handle, descriptors, plans: 16-byte aligned,
+        which cffi's own allocations are not sure to be), zeroed; freed when its handle's object is let go."""
+        if self.libc is None:
+            self.ffi.cdef("void *aligned_alloc(size_t, size_t); void free(void *);")
+            self.libc = self.ffi.dlopen(None)
+        raw = self.libc.aligned_alloc(16, size)
+        if raw == self.ffi.NULL:
+            raise errors.library_error("cusparseLt", "alloc_failed", f"no host memory for a struct of {size} bytes")
+        self.ffi.memmove(raw, b"\0" * size, size)
+        return self.ffi.gc(raw, self.libc.free)
+
     def result(self, p: Param, buf: Any) -> Any:
         if buf is None:
             return None
+        if p.pointee == "handle" and p.pointee_size > 8:  # the struct itself: its handle's object, held by it
+            return buf
         if p.pointee == "handle":
             return int(buf[0])
         data = self.ffi.buffer(buf)  # holds the buffer: a large output is sent from it, not copied first

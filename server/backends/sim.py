@@ -573,6 +573,9 @@ class SimBackend(SimGraphs, SimArrays):
             from .sim_rand import SimRand
 
             self.libraries["curand"] = SimRand(self.memory)
+            from .sim_sparselt import SimSparseLt
+
+            self.libraries["cusparseLt"] = SimSparseLt(self.memory)
             from .sim_solver import SolvingBlas
 
             solving = SolvingBlas(self.memory)  # cuBLAS with the batched solvers torch.linalg routes small batches to
