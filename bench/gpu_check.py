@@ -324,7 +324,7 @@ def _python_fallback(ctx: Context, facts: dict[str, Any]) -> str:
 # test_torch_math.py comes last of them: its end-to-end tests take minutes, and this call's programs and bench
 # stage run PyTorch's math on the GPU already.
 SUITE_FIRST = ("test_mathlibs.py", "test_torch.py", "test_cudart.py", "test_graphs.py", "test_memory_pools.py",
-               "test_sparse.py", "test_fft.py", "test_linalg.py", "test_nvrtc.py", "test_curand.py",
+               "test_sparse.py", "test_sparselt.py", "test_fft.py", "test_linalg.py", "test_nvrtc.py", "test_curand.py",
                "test_torch_math.py")
 
 

@@ -16,6 +16,8 @@ On a private `xpu-server --backend sim` over loopback:
    - async: cufftExecC2C of a 2-point plan (made once with cufftPlan1d) N times, then one cuCtxSynchronize;
    - async: curandGenerateUniform of 2 floats (a Philox generator made and seeded once) N times, then one
      cuCtxSynchronize;
+   - async: cusparseLtMatmul of an 8x8 2:4-structured fp32 matrix (compressed once) by a dense 8x8 one (its
+     descriptors, selection and plan made once) N times, then one cuCtxSynchronize;
    - sync: cublasLtMatmulDescGetAttribute N times (a call that waits for its answer);
    - one operation's calls as PyTorch makes them, N times: a cuDNN batch norm in inference (the stream, two
      tensor descriptors made and set, the batch norm, two destroys: 8 calls) and a cuBLASLt GEMM (five
@@ -65,6 +67,7 @@ solver = c.CDLL("libcusolver.so.12")
 sparse = c.CDLL("libcusparse.so.12")
 fft = c.CDLL("libcufft.so.12")
 rand = c.CDLL("libcurand.so.10")
+lt_sparse = c.CDLL("libcusparseLt.so.0")
 def ok(rc, what):
     if rc: raise SystemExit(f"{what} returned {rc}")
 ok(cu.cuInit(0), "cuInit")
@@ -141,6 +144,30 @@ def uniforms(k):  # two floats into device memory
     for _ in range(k):
         uniform(generator, rand_data.value, 2)
     ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+splt_handle, splt_a, splt_b, splt_c, splt_mm, splt_alg, splt_plan = (c.create_string_buffer(512) for _ in range(7))
+splt_data = c.c_uint64()
+ok(lt_sparse.cusparseLtInit(splt_handle), "cusparseLtInit")
+ok(cu.cuMemAlloc_v2(c.byref(splt_data), 4096), "cuMemAlloc")  # compressed A, B, C/D: zeros
+i64, u32 = c.c_int64, c.c_uint32
+ok(lt_sparse.cusparseLtStructuredDescriptorInit(splt_handle, splt_a, i64(8), i64(8), i64(8), u32(16), 0, 2, 0), "A")
+for splt_m in (splt_b, splt_c):  # CUDA_R_32F, CUSPARSE_ORDER_ROW
+    ok(lt_sparse.cusparseLtDenseDescriptorInit(splt_handle, splt_m, i64(8), i64(8), i64(8), u32(16), 0, 2), "B, C")
+ok(lt_sparse.cusparseLtMatmulDescriptorInit(splt_handle, splt_mm, 0, 0, splt_a, splt_b, splt_c, splt_c, 2),  # 32F
+   "matmul")
+ok(lt_sparse.cusparseLtMatmulAlgSelectionInit(splt_handle, splt_alg, splt_mm, 0), "alg selection")
+ok(lt_sparse.cusparseLtMatmulPlanInit(splt_handle, splt_plan, splt_mm, splt_alg), "plan")
+ld = splt_data.value
+ok(lt_sparse.cusparseLtSpMMACompress(splt_handle, splt_plan, c.c_void_p(ld + 1024), c.c_void_p(ld), None, None),
+   "compress")
+splt_matmul = lt_sparse.cusparseLtMatmul
+splt_matmul.argtypes = [c.c_void_p, c.c_void_p, c.c_void_p, c.c_uint64, c.c_uint64, c.c_void_p, c.c_uint64,
+                        c.c_uint64, c.c_uint64, c.c_void_p, c.c_int32]
+splt_alpha, splt_beta = c.c_float(1.0), c.c_float(0.0)
+def lt_matmuls(k):  # D = A B of 8x8 fp32 matrices, A 2:4-structured
+    for _ in range(k):
+        splt_matmul(splt_handle, splt_plan, c.byref(splt_alpha), ld, ld + 1024, c.byref(splt_beta), ld + 2048,
+                    ld + 2048, 0, None, 0)
+    ok(cu.cuCtxSynchronize(), "cuCtxSynchronize")
 dnn_handle, x, y, device, data = c.c_void_p(), c.c_void_p(), c.c_void_p(), c.c_int(), c.c_uint64()
 ok(dnn.cudnnCreate(c.byref(dnn_handle)), "cudnnCreate")
 ok(cu.cuMemAlloc_v2(c.byref(data), 4096), "cuMemAlloc")
@@ -199,10 +226,10 @@ def floors(calls):  # as many calls, each answered in C: what ctypes and the ent
             cu.cuCtxGetDevice(c.byref(device))
     return run
 gemms(200), gets(200), modes(200), potrfs(200), spmvs(200), ffts(200), uniforms(200), batch_norms(200)  # warm
-lt_gemms(200)
+lt_gemms(200), lt_matmuls(200)
 print("ready", flush=True)
 runs = {"async": gemms, "async_record": modes, "async_solver": potrfs, "async_sparse": spmvs, "async_fft": ffts,
-        "async_rand": uniforms,
+        "async_rand": uniforms, "async_sparselt": lt_matmuls,
         "sync": gets, "batch_norm": batch_norms, "batch_norm_floor": floors(8),
         "lt_gemm": lt_gemms, "lt_gemm_floor": floors(21)}
 for line in sys.stdin:  # the name of what to run next
@@ -259,7 +286,8 @@ def shim_costs(address: str, log: Path, n: int) -> dict[str, Any]:
         raise SystemExit("the shim agent failed")
     worker = int(re.findall(r"worker_pid=(\d+)", log.read_text())[-1])
     samples: dict[str, list[dict[str, float]]] = {}
-    for name in ("async", "async_record", "async_solver", "async_sparse", "async_fft", "async_rand", "sync",
+    for name in ("async", "async_record", "async_solver", "async_sparse", "async_fft", "async_rand", "async_sparselt",
+                 "sync",
                  *OPERATIONS * OPERATION_REPEATS):
         before = cpu_s(worker)
         agent.stdin.write(name + "\n")
@@ -344,6 +372,7 @@ def markdown(report: dict[str, Any]) -> str:
                         ("async_sparse", "cusparseSpMV 1x1 CSR, async (calls/s)"),
                         ("async_fft", "cufftExecC2C of 2 points, async (calls/s)"),
                         ("async_rand", "curandGenerateUniform of 2 floats, async (calls/s)"),
+                        ("async_sparselt", "cusparseLtMatmul 8x8 2:4 fp32, async (calls/s)"),
                         ("sync", "cublasLtMatmulDescGetAttribute, sync (µs/call)")):
         s, r = report["shim"][kind], report["raw"][kind.split("_")[0]]
         key = "calls_per_s" if kind.startswith("async") else "us_per_call"
