@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from xpuremote.protocol import errors, mathlibs
-from xpuremote.protocol.calls import Call
+from xpuremote.protocol.calls import CALLS, Call
 
 from . import marshal
 from .driver import Driver, implements
@@ -28,6 +28,7 @@ UNIQUE_ID_BYTES = 128
 # ncclConfig_t as this NCCL's header lays it out: size, magic, version, blocking, ..., netName at 32, commName at 48
 CONFIG_BYTES = mathlibs.api(NCCL).TYPES["ncclConfig_t *"][4]
 CONFIG_BLOCKING, CONFIG_STRINGS = 16, {"netName": 32, "commName": 48}
+NO_COLOR = -1  # NCCL_SPLIT_NOCOLOR
 
 
 @dataclass
@@ -129,6 +130,34 @@ def _config(address: int) -> bytes:
     if size >= CONFIG_BLOCKING + 4:
         data[CONFIG_BLOCKING:CONFIG_BLOCKING + 4] = struct.pack("<i", 1)
     return bytes(data)
+
+
+@implements("ncclCommSplit")
+def split(d: Driver, call: Call, args: list[Any]) -> None:
+    """Waits on the server for the parent's ranks; the new communicator's size and rank are asked there once.
+    A rank that asked for no color gets NULL, as NCCL answers it."""
+    parent, color, out = _comm(call, args[0]), args[1], args[3]
+    if not out:
+        raise errors.library_error("nccl", "invalid_value", "ncclCommSplit: NULL newcomm")
+    wire, keep = list(args), None
+    if args[4]:
+        keep = marshal.ffi.new("char[]", _config(args[4]))
+        wire[4] = int(marshal.ffi.cast("uintptr_t", keep))
+    d.forward(call, wire)
+    if color == NO_COLOR:
+        marshal.put_u64(out, 0)
+        return
+    handle = int.from_bytes(marshal.read(out, 8), "little")
+    count, rank = (_ask(d, name, handle) for name in ("ncclCommCount", "ncclCommUserRank"))
+    COMMS[handle] = Comm(count, rank, parent.device)
+    log.info("NCCL communicator %#x split from %#x: rank %d of %d", handle, args[0], rank, count)
+
+
+def _ask(d: Driver, symbol: str, handle: int) -> int:
+    """One of a communicator's numbers, asked of the server."""
+    answer = marshal.ffi.new("int *")
+    d.forward(CALLS[symbol], [handle, int(marshal.ffi.cast("uintptr_t", answer))])
+    return int(answer[0])
 
 
 @implements("ncclCommDestroy", "ncclCommAbort")

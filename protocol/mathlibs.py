@@ -652,11 +652,13 @@ ncclCommInitRankConfig      sync    config=in
 ncclCommFinalize            sync
 ncclCommDestroy             sync
 ncclCommAbort               sync
-# answered by the client from what it learnt at the communicator's creation
+# a split waits for the parent's ranks, as a creation waits for its peers (color NCCL_SPLIT_NOCOLOR: no new one)
+ncclCommSplit               sync    config=in
+# answered by the client from what it learnt at the communicator's creation (asked once of a split's)
 ncclCommGetAsyncError       local   asyncError=out
-ncclCommCount               local   count=out
-ncclCommCuDevice            local   device=out
-ncclCommUserRank            local   rank=out
+ncclCommCount               sync    count=out
+ncclCommCuDevice            sync    device=out
+ncclCommUserRank            sync    rank=out
 # buffer registration (PyTorch registers each segment of its allocator): the server's handle travels back
 ncclCommRegister            sync    handle=out
 ncclCommDeregister          async

@@ -66,8 +66,9 @@ def close(a: list, b: list, tolerance: float = 1e-5) -> bool:
 
 def test_collectives_and_a_ddp_step_on_two_ranks(two_device_server: Server, tmp_path: Path) -> None:
     """Two ranks, each its own session on its own device of one server: every collective's result is what NCCL
-    gives, the DDP step's gradients agree across ranks and with the same step in one process, and the server
-    ran the NCCL calls (counted per session in its log)."""
+    gives, in the default group and in groups split from it (one of them with rank 0 only), the DDP step's
+    gradients agree across ranks and with the same step in one process, and the server ran the NCCL calls
+    (counted per session in its log)."""
     python = torch_python()
     nccl_in(python)
     port = free_port()
@@ -109,6 +110,8 @@ def check_ranks(seen: list[dict]) -> None:
         assert all(close(a, b) for a, b in zip(got["ddp_weights"], seen[0]["one_weights"]))
         assert abs(got["ddp_loss"] - seen[0]["one_loss"]) < 1e-5, (got["ddp_loss"], seen[0]["one_loss"])
     assert close(seen[0]["reduce_on_0"], expected["all_reduce_sum"])
+    assert all(close(got["split_all_reduce"], expected["all_reduce_sum"]) for got in seen)  # a group of all
+    assert seen[0]["split_alone"] == base[0] and all("split_alone" not in got for got in seen[1:])  # of rank 0
 
 
 def nccl_calls(server: Server, sessions: int) -> list[int]:
@@ -144,7 +147,8 @@ def test_a_rank_whose_peer_never_comes_gets_a_clear_error(tmp_path: Path) -> Non
 def test_the_sims_collectives_for_every_numpy_type(tmp_path: Path) -> None:
     """The sim's NCCL (server/backends/sim_nccl.py) of two ranks, in two threads over two memories, without a
     server: every reduction on every data type numpy has, the rooted collectives, all-to-all, and a group whose
-    receive comes before its send (run at the group's end, sends first)."""
+    receive comes before its send (run at the group's end, sends first), and splits (a color of one rank, no
+    color, ranks ordered by key)."""
     from xpuremote.protocol import mathlibs
     from xpuremote.server.backends.sim import Memory
     from xpuremote.server.backends.sim_blas import bf16_to_f32, f32_to_bf16
@@ -184,6 +188,13 @@ def test_the_sims_collectives_for_every_numpy_type(tmp_path: Path) -> None:
             nccl.ncclSend(send, 4, f32, 1 - r, comm, None)
             nccl.ncclGroupEnd()
             got["exchanged"] = list(np.frombuffer(memory.read(recv, 16), np.float32))
+            # a split: rank 1 alone in color 7, rank 0 asks for no color; then a split that reverses the ranks
+            (lone,) = nccl.ncclCommSplit(comm, 7 if r else -1, 0, None)
+            got["lone"] = None if lone is None else (nccl.ncclCommCount(lone)[0], nccl.ncclCommUserRank(lone)[0])
+            (reversed_,) = nccl.ncclCommSplit(comm, 3, -r, None)
+            got["reversed"] = nccl.ncclCommUserRank(reversed_)[0]
+            nccl.ncclAllGather(send, recv, 1, f32, reversed_, None)
+            got["reversed_gather"] = list(np.frombuffer(memory.read(recv, 8), np.float32))
             nccl.ncclCommDestroy(comm)
         except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
             failures.append(exc)
@@ -205,6 +216,9 @@ def test_the_sims_collectives_for_every_numpy_type(tmp_path: Path) -> None:
         assert results[r]["scatter"] == [r * 2, r * 2 + 1], results[r]["scatter"]
         assert results[r]["exchanged"] == [(1 - r) * 10 + i for i in range(4)], results[r]["exchanged"]
     assert results[1]["gather"] == [0, 1, 10, 11], results[1]["gather"]
+    assert results[0]["lone"] is None and results[1]["lone"] == (1, 0), (results[0]["lone"], results[1]["lone"])
+    assert [results[r]["reversed"] for r in range(WORLD)] == [1, 0]
+    assert results[0]["reversed_gather"] == results[1]["reversed_gather"] == [10, 0]
     assert len(DTYPES) == 10 and set(DTYPES) == {v for k, v in enums.items() if k in (
         "ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32", "ncclInt64", "ncclUint64", "ncclFloat16", "ncclFloat32",
         "ncclFloat64", "ncclBfloat16")}

@@ -17,6 +17,7 @@ sends first, so a group's receives never wait for a send queued after them.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,7 +28,7 @@ from xpuremote.protocol import errors, mathlibs
 from xpuremote.protocol.errors import CudaError
 
 from .sim_blas import bf16_to_f32, f32_to_bf16
-from .sim_rendezvous import Rendezvous, new_id
+from .sim_rendezvous import Rendezvous, derived_id, new_id
 
 ENUMS = mathlibs.api(mathlibs.NCCL).ENUMS
 BF16 = ENUMS["ncclBfloat16"]
@@ -36,6 +37,8 @@ DTYPES = {ENUMS[name]: np.dtype(kind) for name, kind in (
     ("ncclUint64", "<u8"), ("ncclFloat16", "<f2"), ("ncclFloat32", "<f4"), ("ncclFloat64", "<f8"),
     ("ncclBfloat16", "<u2"))}
 SUM, PROD, MAX, MIN, AVG = (ENUMS[f"nccl{op}"] for op in ("Sum", "Prod", "Max", "Min", "Avg"))
+SPLIT = struct.Struct("<iq")  # a rank's color and key, as ncclCommSplit's exchange carries them
+NO_COLOR = -1  # NCCL_SPLIT_NOCOLOR
 REDUCE: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     SUM: lambda x: x.sum(axis=0), PROD: lambda x: x.prod(axis=0), MAX: lambda x: x.max(axis=0),
     MIN: lambda x: x.min(axis=0)}
@@ -88,6 +91,30 @@ class SimNccl:
 
     def ncclCommInitRankConfig(self, nranks: int, comm_id: bytes, rank: int, config: bytes | None) -> tuple[Comm]:
         return self.ncclCommInitRank(nranks, comm_id, rank)  # the config's tuning means nothing here
+
+    def ncclCommSplit(self, comm: Any, color: int, key: int, config: bytes | None) -> tuple[Comm | None]:
+        """Every rank of the parent says its color and key (a collective of the parent); the ranks of one color
+        form a new communicator, ranked by key then by their rank in the parent. NCCL_SPLIT_NOCOLOR: none."""
+        parent = self._comm(comm)
+        salt = f"split {parent.meeting.collectives}"
+        choices = [SPLIT.unpack(p) for p in parent.meeting.exchange(SPLIT.pack(color, key))]
+        if color == NO_COLOR:
+            return (None,)
+        members = sorted((k, r) for r, (c, k) in enumerate(choices) if c == color)
+        rank = [r for _k, r in members].index(parent.rank)
+        made = Comm(Rendezvous(derived_id(parent.meeting.token, f"{salt} color {color}"), len(members), rank),
+                    parent.device)
+        self.comms.append(made)
+        return (made,)
+
+    def ncclCommCount(self, comm: Any) -> tuple[int]:
+        return (self._comm(comm).nranks,)
+
+    def ncclCommUserRank(self, comm: Any) -> tuple[int]:
+        return (self._comm(comm).rank,)
+
+    def ncclCommCuDevice(self, comm: Any) -> tuple[int]:
+        return (self._comm(comm).device,)
 
     def ncclCommFinalize(self, comm: Comm) -> None:
         self._comm(comm)  # every operation has completed: calls run as they come

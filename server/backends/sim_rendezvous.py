@@ -26,6 +26,7 @@ rank, and why.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import secrets
 import shutil
@@ -95,6 +96,13 @@ def remove_stale(directory: Path, idle_s: float = STALE_S) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
+def derived_id(token: str, salt: str) -> bytes:
+    """The unique id of a communicator split from the one named `token`: the same for every rank that asks with
+    the same salt (the parent's collective count and the color), unguessable without the parent's."""
+    derived = hashlib.sha256(f"{token}/{salt}".encode()).digest()[:TOKEN_BYTES]
+    return (MAGIC + derived).ljust(ID_BYTES, b"\0")
+
+
 def token_of(comm_id: bytes) -> str:
     """The communicator's name in the id's bytes; an id the sim did not make is refused."""
     raw = bytes(comm_id)
@@ -113,7 +121,8 @@ class Rendezvous:
             raise nccl_error("invalid_value", f"rank {rank} of a communicator of {nranks}")
         self.nranks, self.rank = nranks, rank
         self.timeout = timeout if timeout is not None else timeout_s()
-        self.directory = root() / token_of(comm_id)
+        self.token = token_of(comm_id)
+        self.directory = root() / self.token
         with contextlib.suppress(FileExistsError):
             self.directory.mkdir(mode=0o700)
         self.collectives = 0  # collectives done so far

@@ -4,9 +4,10 @@ Usage: nccl_ranks.py RANK WORLD STORE_PORT OUT.json, or nccl_ranks.py env OUT_DI
 WORLD_SIZE and MASTER_ADDR/MASTER_PORT from its environment; OUT_DIR/rankN.json).
 
 Runs all_reduce (sum, avg, prod, max, min), broadcast, all_gather, reduce_scatter, send/recv and reduce on the
-rank's own device (cuda:RANK), then one DDP training step of a tiny model (Linear + MSE, SGD) on this rank's half
-of a batch; rank 0 also runs the same step in one process, without DDP, on the whole batch. Writes what it saw
-to OUT.json for the test to check: every result, the gradients and the loss.
+rank's own device (cuda:RANK), an all_reduce in two new groups (split from the default one), then one DDP
+training step of a tiny model (Linear + MSE, SGD) on this rank's half of a batch; rank 0 also runs the same step
+in one process, without DDP, on the whole batch. Writes what it saw to OUT.json for the test to check: every
+result, the gradients and the loss.
 """
 
 import datetime
@@ -18,17 +19,19 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+# bound to its device (device_id): the communicator is made at once, and new groups are split from it
 if sys.argv[1] == "env":
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     out = os.path.join(sys.argv[2], f"rank{rank}.json")
-    torch.cuda.set_device(torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}"))
-    dist.init_process_group("nccl")
+    device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
 else:
     rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    torch.cuda.set_device(torch.device(f"cuda:{rank}"))
+    device = torch.device(f"cuda:{rank}")
+    torch.cuda.set_device(device)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=datetime.timedelta(60))
-    dist.init_process_group("nccl", store=store, rank=rank, world_size=world)
-device = torch.device(f"cuda:{torch.cuda.current_device()}")
+    dist.init_process_group("nccl", store=store, rank=rank, world_size=world, device_id=device)
 seen: dict = {}
 
 
@@ -77,6 +80,16 @@ seen["send_recv"] = values(received)
 t = on_device(base)
 dist.reduce(t, dst=0)
 seen["reduce_on_0"] = values(t) if rank == 0 else None
+
+# new groups, split from the default communicator: every rank, and rank 0 alone (the others ask for no color)
+everyone, alone = dist.new_group(list(range(world))), dist.new_group([0])
+t = on_device(base)
+dist.all_reduce(t, group=everyone)
+seen["split_all_reduce"] = values(t)
+if rank == 0:
+    t = on_device(base)
+    dist.all_reduce(t, group=alone)
+    seen["split_alone"] = values(t)
 
 # one DDP step: each rank its half of the batch; gradients averaged across ranks
 torch.manual_seed(0)
