@@ -102,3 +102,25 @@ def test_a_server_with_an_older_cusparselt_is_refused_at_the_handle(tmp_path: Pa
     assert f"cannot serve cusparseLt {major}.{minor}" in proc.stderr, proc.stderr[-3000:]
     assert f"the server has {major}.{minor - 1}.0" in proc.stderr, proc.stderr[-3000:]
     assert "CUSPARSE_STATUS_NOT_SUPPORTED" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.sim_only(reason="the cuda backend on stand-in libraries chained to a sim server")
+def test_the_same_api_through_the_cuda_backend(shim: Path, tmp_path: Path) -> None:
+    """The cuda backend's path for cuSPARSELt's structs (its own aligned struct per object, given to the library by
+    address and freed with the handle; the product's array of streams made its own), run on stand-in libraries
+    (xpuremote's libcuda and libcusparseLt, chained to a sim server) without a GPU."""
+    sim = start_server(tmp_path, backend="sim")
+    cuda = start_server(tmp_path, backend="cuda", env={
+        "XPU_CUDA_LIBRARY": str(shim), "XPU_SERVER": sim.address,
+        "XPU_CUSPARSELT_LIBRARY": str(shim.parent / "libcusparseLt.so.0")})
+    try:
+        proc = run_preloaded(shim, cuda, [str(API)])
+    finally:
+        cuda.stop()
+        sim.stop()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.splitlines()[-1])
+    assert_close({k.replace("prune", "prune_fp32"): v for k, v in results.items()
+                  if k.startswith(("prune_strip", "prune_tile", "matmul"))})
+    assert results["destroyed_plan_status"] == INVALID_VALUE, results
+    assert library_calls(sim).get("cusparseLt", 0) >= 30, library_calls(sim)  # the stand-in's, forwarded again

@@ -244,7 +244,7 @@ class CudaBackend(Backend):
         """cuSPARSELt's array of streams (cusparseLtMatmul's `streams`) holds client streams: the real ones go."""
         out = list(args)
         for i, p in enumerate(call.params):
-            if _handle_array(p) and args[i]:
+            if _stream_array(p) and args[i]:
                 data = bytes(args[i])
                 streams = [s if s in DEFAULT_STREAMS else int(self.ffi.cast("uintptr_t", self.handle_array(
                     struct.pack("<Q", s), 1, "CUstream")[0])) for (s,) in struct.iter_unpack("<Q", data)]
@@ -360,7 +360,7 @@ class CudaBackend(Backend):
         outputs = [(i, p) for i, p in enumerate(call.params) if p.direction != "in"]
         prepare = self.library_arguments if call.family == "cudnnBackendSetAttribute" else \
             self.handle_arrays if any(_handle_array(p) for p in call.params) and call.library == "cuda" else \
-            self.stream_arrays if call.library == "cusparseLt" and any(_handle_array(p) for p in call.params) else None
+            self.stream_arrays if any(_stream_array(p) for p in call.params) else None
         after = self.after_family(call)
         check, symbol, library, result = self.check, call.symbol, call.library, self.result
 
@@ -1027,3 +1027,8 @@ def device_copy(dst: int, dst_pitch: int, src: int, src_pitch: int, width: int, 
 def _handle_array(p: Param) -> bool:
     """An input array of handles (a graph's nodes), which holds the client's handles."""
     return p.pointee == "handle" and p.direction == "in" and bool(p.count)
+
+
+def _stream_array(p: Param) -> bool:
+    """A library's input array of streams (cusparseLtMatmul's), which holds the client's streams."""
+    return p.ctype == "cudaStream_t *" and p.direction == "in" and bool(p.count)
