@@ -195,7 +195,9 @@ def test_the_sims_collectives_for_every_numpy_type(tmp_path: Path) -> None:
             got["reversed"] = nccl.ncclCommUserRank(reversed_)[0]
             nccl.ncclAllGather(send, recv, 1, f32, reversed_, None)
             got["reversed_gather"] = list(np.frombuffer(memory.read(recv, 8), np.float32))
+            got["directories"] = [c.meeting.directory for c in (comm, lone, reversed_) if c is not None]
             nccl.ncclCommDestroy(comm)
+            nccl.close()  # the session's end: its ranks leave the communicators it did not destroy
         except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
             failures.append(exc)
 
@@ -219,6 +221,7 @@ def test_the_sims_collectives_for_every_numpy_type(tmp_path: Path) -> None:
     assert results[0]["lone"] is None and results[1]["lone"] == (1, 0), (results[0]["lone"], results[1]["lone"])
     assert [results[r]["reversed"] for r in range(WORLD)] == [1, 0]
     assert results[0]["reversed_gather"] == results[1]["reversed_gather"] == [10, 0]
+    assert not any(d.exists() for r in range(WORLD) for d in results[r]["directories"])  # the last to leave
     assert len(DTYPES) == 10 and set(DTYPES) == {v for k, v in enums.items() if k in (
         "ncclInt8", "ncclUint8", "ncclInt32", "ncclUint32", "ncclInt64", "ncclUint64", "ncclFloat16", "ncclFloat32",
         "ncclFloat64", "ncclBfloat16")}
