@@ -73,10 +73,18 @@ class CudaError(Exception):
 
 # ---- the math libraries' status codes --------------------------------------------------------
 # What a CUresult means to a library caller, and what a library's failure means to a driver
-# caller (an asynchronous GEMM that failed surfaces at the next synchronous driver call).
+# caller (an asynchronous GEMM that failed surfaces at a later synchronous driver call).
 _OUTCOME_OF_CUDA = {OUT_OF_MEMORY: "alloc_failed", INVALID_VALUE: "invalid_value", INVALID_HANDLE: "invalid_value",
                     NOT_SUPPORTED: "not_supported", NOT_INITIALIZED: "not_initialized",
                     DEINITIALIZED: "not_initialized", UNKNOWN: "internal"}
+# the CUresult that says the same as a library's outcome: a kernel that failed is the only LAUNCH_FAILED
+_CUDA_OF_OUTCOME = {"not_supported": NOT_SUPPORTED, "invalid_value": INVALID_VALUE, "alloc_failed": OUT_OF_MEMORY,
+                    "execution_failed": LAUNCH_FAILED, "not_initialized": NOT_INITIALIZED, "internal": UNKNOWN}
+# a status named under several outcomes (cuBLAS's NOT_SUPPORTED is its version_mismatch too, NCCL's
+# ncclUnhandledCudaError two) is read as the first of these it stands for
+_OUTCOMES = ("not_supported", "invalid_value", "alloc_failed", "execution_failed", "not_initialized", "internal")
+# what another call's failure is to a library call: what the library says when a CUDA call under it fails
+_FOREIGN = {"not_supported": "not_supported", "alloc_failed": "alloc_failed", "not_initialized": "not_initialized"}
 
 
 def status_name(code: int, library: str = "cuda") -> str:
@@ -90,19 +98,52 @@ def status_name(code: int, library: str = "cuda") -> str:
     return found or f"{lib.status['success'].removesuffix('SUCCESS')}{code}"
 
 
-def status_for(exc: CudaError, library: str) -> int:
-    """`exc` as a status of `library` ("cuda" for a CUresult)."""
-    if exc.library == library:
-        return exc.code
+def outcome_of(code: int, library: str) -> str:
+    """The generic outcome (`not_supported`, `execution_failed`, ...) that `code` of `library` stands for."""
     if library == "cuda":
-        return LAUNCH_FAILED
+        return _OUTCOME_OF_CUDA.get(code, "execution_failed")
     from . import mathlibs
 
-    if exc.library != "cuda" and mathlibs.BY_NAME[exc.library].status is mathlibs.BY_NAME[library].status:
-        return exc.code  # cuBLAS and cuBLASLt share cublasStatus_t
+    lib = mathlibs.BY_NAME[library]
+    return next((o for o in _OUTCOMES if o in lib.status and mathlibs.status_code(lib, o) == code), "internal")
+
+
+def _same_status(library: str, other: str) -> bool:
+    """Whether the two share one status type (cuBLAS and cuBLASLt share cublasStatus_t)."""
+    if library == other:
+        return True
+    if "cuda" in (library, other):
+        return False
+    from . import mathlibs
+
+    return mathlibs.BY_NAME[library].status is mathlibs.BY_NAME[other].status
+
+
+def status_for(exc: CudaError, library: str) -> int:
+    """`exc`, a failure of the call itself, as a status of `library` ("cuda" for a CUresult)."""
+    if _same_status(exc.library, library):
+        return exc.code
+    if library == "cuda":
+        return _CUDA_OF_OUTCOME[outcome_of(exc.code, exc.library)]
+    from . import mathlibs
 
     outcome = _OUTCOME_OF_CUDA.get(exc.code, "execution_failed") if exc.library == "cuda" else "execution_failed"
     return mathlibs.status_code(mathlibs.BY_NAME[library], outcome)
+
+
+def deferred_status(code: int, failed: str, library: str) -> int:
+    """A failure of an earlier asynchronous call (`code`, a status of the library `failed`) as a later call of
+    `library` reports it: a driver call gets the CUresult that says what happened, a call of the same library the
+    status itself, a call of another library what it says when a CUDA call under it fails (NOT_SUPPORTED, an
+    allocation that failed, else EXECUTION_FAILED): another call's bad argument is not this call's."""
+    if _same_status(failed, library):
+        return code
+    outcome = outcome_of(code, failed)
+    if library == "cuda":
+        return _CUDA_OF_OUTCOME[outcome]
+    from . import mathlibs
+
+    return mathlibs.status_code(mathlibs.BY_NAME[library], _FOREIGN.get(outcome, "execution_failed"))
 
 
 def library_error(library: str, outcome: str, detail: str) -> CudaError:
