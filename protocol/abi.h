@@ -50,6 +50,10 @@
 #define XPU_NATIVE_FAILURES 64
 /* records server/native_lane.c keeps as run by Python (a power of two); at half, it starts over */
 #define XPU_NATIVE_VETTED 4096
+/* float and double arguments a VETTED call passes in floating registers (x86-64's and AArch64's eight: none goes
+ * on the stack, so the integers keep their places)
+ */
+#define XPU_NATIVE_FLOATS 8
 /* the core's op numbers of the math libraries start here */
 #define XPU_OP_LIBRARY 1048576
 /* a math library's op numbers: OP_LIBRARY + (library << OP_LIBRARY_SHIFT) + op */
@@ -92,6 +96,13 @@ enum {
     XPU_KEPT_BLAS_GET_STREAM = 17, XPU_KEPT_HEURISTIC = 18, XPU_KEPT_BLAS_CALL = 19, XPU_KEPT_LT_CALL = 20,
     XPU_KEPT_CONSTANT = 21, XPU_KEPT_PACK_EXECUTE = 22, XPU_KEPT_DNN_CALL = 23, XPU_KEPT_SIZE = 24
 };
+/* xpuCudnnExecute's arguments in the call table's order (the session checks that they are), as
+ * server/native_lane.c reads its record
+ */
+enum {
+    XPU_EXECUTE_ARG_HANDLE = 0, XPU_EXECUTE_ARG_PLAN = 1, XPU_EXECUTE_ARG_COUNT = 2, XPU_EXECUTE_ARG_WORKSPACE
+    = 3, XPU_EXECUTE_ARG_PACK = 4
+};
 /* xpuCudnnExecute's `pack` of `count` elements: the data pointers, their unique ids and the by-value scalars'
  * bytes, 8 bytes an element each, in this order from 8 * count * part; then BY_VALUE, a byte an element, 1 where
  * that pointer is a by-value scalar's
@@ -122,17 +133,32 @@ enum {
     XPU_OP_UNKNOWN_TABLE = 4, XPU_OP_CONTEXT_KIND = 5, XPU_OP_NVML = 6
 };
 /* a lane record argument's kind, for server/native_lane.c: a number, a handle, the blob's bytes, a host scalar's
- * bytes in its slot (passed by their address)
+ * bytes in its slot (passed by their address), a float or a double by value (its bits in the slot, passed in a
+ * floating register)
  */
 enum {
-    XPU_NATIVE_ARG_INT = 0, XPU_NATIVE_ARG_HANDLE = 1, XPU_NATIVE_ARG_BLOB = 2, XPU_NATIVE_ARG_SCALAR = 3
+    XPU_NATIVE_ARG_INT = 0, XPU_NATIVE_ARG_HANDLE = 1, XPU_NATIVE_ARG_BLOB = 2, XPU_NATIVE_ARG_SCALAR = 3,
+    XPU_NATIVE_ARG_FLOAT = 4, XPU_NATIVE_ARG_DOUBLE = 5
 };
 /* how server/native_lane.c calls an op's function: its arguments as they are (integers and handles, up to 8), as
- * cuLaunchKernel takes xpuLaunchKernel's, or (a math library's call, up to LANE_ARGS_MAX) only where the
- * session's Python ran a record of the same values before
+ * cuLaunchKernel takes xpuLaunchKernel's, or (a math library's call, up to LANE_ARGS_MAX, NATIVE_FLOATS of them
+ * floats) only where the session's Python ran a record of the same values before; or xpuCudnnExecute's record,
+ * also vetted so, as cudnnBackendExecute of a variant pack made once for the record's values (its functions and
+ * constants: NATIVE_CUDNN)
  */
 enum {
-    XPU_NATIVE_CALL_PLAIN = 0, XPU_NATIVE_CALL_LAUNCH = 1, XPU_NATIVE_CALL_VETTED = 2
+    XPU_NATIVE_CALL_PLAIN = 0, XPU_NATIVE_CALL_LAUNCH = 1, XPU_NATIVE_CALL_VETTED = 2, XPU_NATIVE_CALL_EXECUTE
+    = 3
+};
+/* what server/native_lane.c is given of cuDNN for an EXECUTE op, in this order: the functions that make, set,
+ * finalize and destroy a variant pack, then the constants they take (the pack's descriptor type, its attributes'
+ * names, their element types); COUNT of them
+ */
+enum {
+    XPU_NATIVE_CUDNN_CREATE = 0, XPU_NATIVE_CUDNN_SET = 1, XPU_NATIVE_CUDNN_FINALIZE = 2,
+    XPU_NATIVE_CUDNN_DESTROY = 3, XPU_NATIVE_CUDNN_VARIANT_PACK = 4, XPU_NATIVE_CUDNN_DATA_POINTERS = 5,
+    XPU_NATIVE_CUDNN_UNIQUE_IDS = 6, XPU_NATIVE_CUDNN_WORKSPACE = 7, XPU_NATIVE_CUDNN_VOID_PTR = 8,
+    XPU_NATIVE_CUDNN_INT64 = 9, XPU_NATIVE_CUDNN_COUNT = 10
 };
 
 /* a fast-lane record's head, little-endian; `nargs` u64 arguments follow, then the blob that replaces argument

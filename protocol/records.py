@@ -45,6 +45,8 @@ LIMITS: dict[str, tuple[int, str]] = {
     "NATIVE_FAILURES": (64, "failed records one run of server/native_lane.c reports before it hands back"),
     "NATIVE_VETTED": (4096, "records server/native_lane.c keeps as run by Python (a power of two); at half, it "
                       "starts over"),
+    "NATIVE_FLOATS": (8, "float and double arguments a VETTED call passes in floating registers (x86-64's and "
+                      "AArch64's eight: none goes on the stack, so the integers keep their places)"),
     "OP_LIBRARY": (1 << 20, "the core's op numbers of the math libraries start here"),
     "OP_LIBRARY_SHIFT": (16, "a math library's op numbers: OP_LIBRARY + (library << OP_LIBRARY_SHIFT) + op"),
 }
@@ -73,6 +75,8 @@ ENUMS: dict[str, tuple[str, tuple[str, ...]]] = {
               "PACK_CREATE", "PACK_SET", "PACK_FINALIZE", "PACK_DESTROY", "SETTING", "GETTING", "BLAS_STREAM",
               "BLAS_WORKSPACE", "BLAS_GET_STREAM", "HEURISTIC", "BLAS_CALL", "LT_CALL", "CONSTANT",
               "PACK_EXECUTE", "DNN_CALL", "SIZE")),
+    "EXECUTE_ARG": ("xpuCudnnExecute's arguments in the call table's order (the session checks that they are), as "
+                    "server/native_lane.c reads its record", ("HANDLE", "PLAN", "COUNT", "WORKSPACE", "PACK")),
     "EXECUTE_PART": ("xpuCudnnExecute's `pack` of `count` elements: the data pointers, their unique ids and the "
                      "by-value scalars' bytes, 8 bytes an element each, in this order from 8 * count * part; then "
                      "BY_VALUE, a byte an element, 1 where that pointer is a by-value scalar's",
@@ -87,11 +91,20 @@ ENUMS: dict[str, tuple[str, tuple[str, ...]]] = {
            "NVML functions follow from OP_NVML", ("PRIMARY_CTX", "INTEGRITY", "UNKNOWN_SLOT", "EXIT",
                                                    "UNKNOWN_TABLE", "CONTEXT_KIND", "NVML")),
     "NATIVE_ARG": ("a lane record argument's kind, for server/native_lane.c: a number, a handle, the blob's bytes, "
-                   "a host scalar's bytes in its slot (passed by their address)", ("INT", "HANDLE", "BLOB", "SCALAR")),
+                   "a host scalar's bytes in its slot (passed by their address), a float or a double by value (its "
+                   "bits in the slot, passed in a floating register)",
+                   ("INT", "HANDLE", "BLOB", "SCALAR", "FLOAT", "DOUBLE")),
     "NATIVE_CALL": ("how server/native_lane.c calls an op's function: its arguments as they are (integers and "
                     "handles, up to 8), as cuLaunchKernel takes xpuLaunchKernel's, or (a math library's call, up to "
-                    "LANE_ARGS_MAX) only where the session's Python ran a record of the same values before",
-                    ("PLAIN", "LAUNCH", "VETTED")),
+                    "LANE_ARGS_MAX, NATIVE_FLOATS of them floats) only where the session's Python ran a record of the "
+                    "same values before; or xpuCudnnExecute's record, also vetted so, as cudnnBackendExecute of a "
+                    "variant pack made once for the record's values (its functions and constants: NATIVE_CUDNN)",
+                    ("PLAIN", "LAUNCH", "VETTED", "EXECUTE")),
+    "NATIVE_CUDNN": ("what server/native_lane.c is given of cuDNN for an EXECUTE op, in this order: the functions "
+                     "that make, set, finalize and destroy a variant pack, then the constants they take (the pack's "
+                     "descriptor type, its attributes' names, their element types); COUNT of them",
+                     ("CREATE", "SET", "FINALIZE", "DESTROY", "VARIANT_PACK", "DATA_POINTERS", "UNIQUE_IDS",
+                      "WORKSPACE", "VOID_PTR", "INT64", "COUNT")),
 }
 
 # Field types: u8..u64, i32, i64, or another record's name. A count is a number or a limit's name, or a

@@ -275,6 +275,8 @@ class Accounted(Backend):
         found = getattr(self.inner, "native_function", lambda call: None)(call)
         if found is not None and found[1] == abi.NATIVE_CALL_VETTED:  # a record run here first: checked here
             return None if call.family in _ACCOUNTED or call.family in EMBEDDING else (*found, -1, -1, 0, 0)
+        if found is not None and found[1] == abi.NATIVE_CALL_EXECUTE:  # the same: its data pointers checked here
+            return (*found, -1, -1, 0, 0) if call.family == "xpuCudnnExecute" else None
         params = _address_params(call)
         if found is None or len(params) > 1 or (params and params[0][2].length is None):
             return None

@@ -13,6 +13,13 @@
  * types) is run here only where Python ran a record of the same values before (its host scalars' bytes apart,
  * passed by their address in the record): Python vets each record it ran (xpu_native_vet), and everything
  * vetted is forgotten with the handles and ranges. PyTorch's steady steps repeat their GEMMs' values exactly.
+ * Such a call's float and double arguments (a batch norm's epsilon and exponentialAverageFactor) go in floating
+ * registers, the others in order in the integer ones.
+ *
+ * A cuDNN execution (XPU_NATIVE_CALL_EXECUTE: xpuCudnnExecute, a variant pack the client kept) is vetted the same
+ * way; for each vetted record this side makes one real variant pack (its data pointers, a by-value scalar's
+ * pointing at bytes held with the pack, unique ids, workspace; finalized), kept until the record is forgotten, and
+ * each record of those values is one cudnnBackendExecute of it.
  *
  * A record is a struct xpu_lane_record (protocol/records.py), its arguments (u64 each) and its blob,
  * padded to 8 bytes. */
@@ -29,8 +36,14 @@
 
 typedef int (*xpu_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
 #define XPU_U64_32 uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t
-typedef int (*xpu_vetted_fn)(XPU_U64_32, XPU_U64_32, XPU_U64_32, XPU_U64_32);  /* extra arguments are ignored */
+#define XPU_F64_8 double, double, double, double, double, double, double, double
+/* A VETTED call: its floats first, then its other arguments in order. On x86-64 (System V) and AArch64 a float
+ * or double argument takes the next floating register and an integer or pointer the next integer register, each
+ * counted apart, and only an integer past the registers goes on the stack, in order: with at most eight floats,
+ * the callee finds every argument where its own prototype puts it. Extra arguments are ignored. */
+typedef int (*xpu_vetted_fn)(XPU_F64_8, XPU_U64_32, XPU_U64_32, XPU_U64_32, XPU_U64_32);
 _Static_assert(XPU_LANE_ARGS_MAX <= 32, "a VETTED call passes 32 arguments");
+_Static_assert(XPU_NATIVE_FLOATS == 8, "a VETTED call passes 8 floating arguments");
 typedef int (*xpu_launch_fn)(uint64_t f, uint32_t gx, uint32_t gy, uint32_t gz, uint32_t bx, uint32_t by,
                              uint32_t bz, uint32_t shared, uint64_t stream, void **params, void **extra);
 
@@ -45,10 +58,26 @@ struct xpu_native_op {
     uint64_t scale;                  /* bytes per unit of the length */
     int32_t blob, blob_size;         /* the blob's argument and the one that says its size, or -1 */
     uint32_t scalars;                /* a bit per SCALAR argument: the record's `scalars` */
+    uint32_t floats;                 /* a bit per FLOAT or DOUBLE argument */
+    uint64_t cudnn[XPU_NATIVE_CUDNN_COUNT];  /* an EXECUTE op's cuDNN functions and constants */
 };
 
-/* A record Python ran: its head, its arguments (host scalars' slots zeroed) and its blob. */
-struct xpu_native_vetted { uint64_t hash; uint32_t len; unsigned char *key; };
+/* cuDNN's backend API as an EXECUTE op calls it (cudnn_graph.h): a status, enums as int. */
+typedef int (*xpu_cudnn_create)(int type, void **descriptor);
+typedef int (*xpu_cudnn_set)(void *descriptor, int name, int type, int64_t count, const void *elements);
+typedef int (*xpu_cudnn_one)(void *descriptor);  /* finalize, destroy */
+typedef int (*xpu_cudnn_execute)(void *handle, void *plan, void *pack);
+
+/* A record Python ran: its head, its arguments (host scalars' slots zeroed) and its blob; an EXECUTE record's
+ * variant pack, once made, with the by-value scalars' bytes its data pointers name and the pack's destroy. */
+struct xpu_native_vetted {
+    uint64_t hash;
+    uint32_t len;
+    unsigned char *key;
+    void *pack;
+    uint64_t *held;
+    xpu_cudnn_one destroy;
+};
 #define XPU_NATIVE_KEY (sizeof(struct xpu_lane_record) + 8 * XPU_LANE_ARGS_MAX + 4096)
 
 struct xpu_native_handle { uint64_t key, value; uint32_t family, used; };
@@ -61,12 +90,18 @@ struct xpu_native {
     uint32_t ranges;
     struct xpu_native_vetted vetted[XPU_NATIVE_VETTED];
     uint32_t vetted_count;
+    uint64_t cudnn[XPU_NATIVE_CUDNN_COUNT];  /* cuDNN's functions and constants, for EXECUTE ops */
 };
 
 struct xpu_native *xpu_native_new(void) { return calloc(1, sizeof(struct xpu_native)); }
 
 static void vetted_clear(struct xpu_native *n) {
-    for (int i = 0; i < XPU_NATIVE_VETTED; i++) free(n->vetted[i].key);
+    for (int i = 0; i < XPU_NATIVE_VETTED; i++) {
+        struct xpu_native_vetted *v = &n->vetted[i];
+        if (v->pack) v->destroy(v->pack);
+        free(v->key);
+        free(v->held);
+    }
     memset(n->vetted, 0, sizeof n->vetted);
     n->vetted_count = 0;
 }
@@ -83,21 +118,44 @@ static struct xpu_native_op *op_slot(struct xpu_native *n, uint32_t opcode) {
     return NULL;
 }
 
-/* 0, or -1 where the op cannot be registered (its shape, the table full). */
+/* cuDNN's functions and constants (`count` of them, XPU_NATIVE_CUDNN_*'s order), which EXECUTE ops registered
+ * from now on call: 0, or -1 where they are not all there. */
+int xpu_native_cudnn(struct xpu_native *n, const uint64_t *values, uint32_t count) {
+    if (count != XPU_NATIVE_CUDNN_COUNT) return -1;
+    for (int f = XPU_NATIVE_CUDNN_CREATE; f <= XPU_NATIVE_CUDNN_DESTROY; f++)
+        if (!values[f]) return -1;
+    memcpy(n->cudnn, values, sizeof n->cudnn);
+    return 0;
+}
+
+/* An EXECUTE op's shape: xpuCudnnExecute's arguments (XPU_EXECUTE_ARG_*), its pack the blob; cuDNN's functions
+ * given (xpu_native_cudnn). */
+static int execute_shape(const struct xpu_native *n, uint32_t count, const uint8_t *kind, int32_t blob) {
+    if (count != 5 || blob != XPU_EXECUTE_ARG_PACK || !n->cudnn[XPU_NATIVE_CUDNN_CREATE]) return 0;
+    return kind[XPU_EXECUTE_ARG_HANDLE] == XPU_NATIVE_ARG_HANDLE && kind[XPU_EXECUTE_ARG_PLAN] == XPU_NATIVE_ARG_HANDLE
+           && kind[XPU_EXECUTE_ARG_COUNT] == XPU_NATIVE_ARG_INT && kind[XPU_EXECUTE_ARG_WORKSPACE] == XPU_NATIVE_ARG_INT;
+}
+
+/* 0, or -1 where the op cannot be registered (its shape, the table full, an EXECUTE op before cuDNN's functions). */
 int xpu_native_op(struct xpu_native *n, uint32_t opcode, void *fn, uint32_t convention, uint32_t count,
                   const uint8_t *kind, const uint8_t *family, const uint64_t *max, int32_t address, int32_t length,
                   uint64_t scale, int32_t blob, int32_t blob_size) {
     struct xpu_native_op *op = op_slot(n, opcode);
-    int plain = convention == XPU_NATIVE_CALL_PLAIN && count <= 8 && blob < 0;
-    int launch = convention == XPU_NATIVE_CALL_LAUNCH && count == 12 && blob == 9 && blob_size == 10;
-    int vetted = convention == XPU_NATIVE_CALL_VETTED && count <= XPU_LANE_ARGS_MAX && address < 0
-                 && (blob < 0 || max[blob] <= 4096);
-    if (!op || !fn || !(plain || launch || vetted)) return -1;
+    uint32_t floats = 0, float_count = 0;
+    for (uint32_t i = 0; i < count && i < XPU_LANE_ARGS_MAX; i++)
+        if (kind[i] == XPU_NATIVE_ARG_FLOAT || kind[i] == XPU_NATIVE_ARG_DOUBLE) floats |= 1u << i, float_count++;
+    int plain = convention == XPU_NATIVE_CALL_PLAIN && count <= 8 && blob < 0 && !floats;
+    int launch = convention == XPU_NATIVE_CALL_LAUNCH && count == 12 && blob == 9 && blob_size == 10 && !floats;
+    int checked = count <= XPU_LANE_ARGS_MAX && address < 0 && (blob < 0 || max[blob] <= 4096);
+    int vetted = convention == XPU_NATIVE_CALL_VETTED && checked && float_count <= XPU_NATIVE_FLOATS;
+    int execute = convention == XPU_NATIVE_CALL_EXECUTE && checked && !floats && execute_shape(n, count, kind, blob);
+    if (!op || !fn || !(plain || launch || vetted || execute)) return -1;
     *op = (struct xpu_native_op){.opcode = opcode, .count = count, .fn = fn, .convention = convention,
                                  .address = address, .length = length, .scale = scale, .blob = blob,
-                                 .blob_size = blob_size};
+                                 .blob_size = blob_size, .floats = floats};
     for (uint32_t i = 0; i < count; i++)
         if (kind[i] == XPU_NATIVE_ARG_SCALAR) op->scalars |= 1u << i;
+    if (execute) memcpy(op->cudnn, n->cudnn, sizeof op->cudnn);
     memcpy(op->kind, kind, count);
     memcpy(op->family, family, count);
     memcpy(op->max, max, count * sizeof(uint64_t));
@@ -133,6 +191,11 @@ static uint64_t key_hash(const unsigned char *key, uint32_t len) {
     return h;
 }
 
+/* Whether an op runs only records Python ran first. */
+static int vetted_op(const struct xpu_native_op *op) {
+    return op->convention == XPU_NATIVE_CALL_VETTED || op->convention == XPU_NATIVE_CALL_EXECUTE;
+}
+
 /* The entry of `key`, or the free one where it would go (its key NULL). */
 static struct xpu_native_vetted *vetted_slot(struct xpu_native *n, const unsigned char *key, uint32_t len,
                                              uint64_t hash) {
@@ -151,7 +214,7 @@ void xpu_native_vet(struct xpu_native *n, const uint8_t *data, uint64_t len) {
     struct xpu_lane_record r;
     memcpy(&r, data, head);
     const struct xpu_native_op *op = op_slot(n, r.opcode);
-    if (!op || !op->fn || op->convention != XPU_NATIVE_CALL_VETTED || op->count != r.nargs || r.blob_len > 4096
+    if (!op || !op->fn || !vetted_op(op) || op->count != r.nargs || r.blob_len > 4096
         || len < head + 8u * r.nargs + r.blob_len)
         return;
     unsigned char key[XPU_NATIVE_KEY];
@@ -165,12 +228,14 @@ void xpu_native_vet(struct xpu_native *n, const uint8_t *data, uint64_t len) {
     n->vetted_count++;
 }
 
-static int is_vetted(struct xpu_native *n, const struct xpu_native_op *op, const uint8_t *data, uint32_t count,
-                     uint32_t blob_len) {
+/* The entry of a record Python ran with the values of the one at `data`, or NULL. */
+static struct xpu_native_vetted *vetted_of(struct xpu_native *n, const struct xpu_native_op *op, const uint8_t *data,
+                                           uint32_t count, uint32_t blob_len) {
     unsigned char key[XPU_NATIVE_KEY];
-    if (blob_len > 4096) return 0;
+    if (blob_len > 4096) return NULL;
     uint32_t size = record_key(op, data, count, blob_len, key);
-    return vetted_slot(n, key, size, key_hash(key, size))->key != NULL;
+    struct xpu_native_vetted *v = vetted_slot(n, key, size, key_hash(key, size));
+    return v->key ? v : NULL;
 }
 
 /* A handle Python has resolved: the client's value, its family, the driver's object. 1 where the table
@@ -233,6 +298,10 @@ static int arguments(const struct xpu_native *n, const struct xpu_native_op *op,
         } else if (op->kind[i] == XPU_NATIVE_ARG_INT) {
             if (v > op->max[i]) return 0;
             out[i] = v;
+        } else if (op->kind[i] == XPU_NATIVE_ARG_FLOAT) {
+            out[i] = v & 0xFFFFFFFFu;  /* a float's bits, in the low half of its register as in its slot */
+        } else if (op->kind[i] == XPU_NATIVE_ARG_DOUBLE) {
+            out[i] = v;
         } else if (v == 0) {
             out[i] = 0;
         } else {
@@ -249,12 +318,81 @@ static int arguments(const struct xpu_native *n, const struct xpu_native_op *op,
     return 1;
 }
 
+/* A VETTED call: its float and double arguments (their bits, a float's in the low half) in floating registers, in
+ * order, and the rest in order after them (xpu_vetted_fn says why that is the callee's own layout). */
+static int call_vetted(const struct xpu_native_op *op, const uint64_t *out) {
+    double f[XPU_NATIVE_FLOATS] = {0};
+    uint64_t a[32] = {0};
+    if (op->floats) {
+        uint32_t fs = 0, as = 0;
+        for (uint32_t i = 0; i < op->count; i++)
+            if (op->floats >> i & 1) memcpy(&f[fs++], &out[i], 8);
+            else a[as++] = out[i];
+    } else {
+        memcpy(a, out, 8u * op->count);
+    }
+    return ((xpu_vetted_fn)op->fn)(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7],
+                                   a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
+                                   a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23],
+                                   a[24], a[25], a[26], a[27], a[28], a[29], a[30], a[31]);
+}
+
+/* Whether an EXECUTE record's blob holds the pack of its count (EXECUTE_PART_*'s layout: Python's reader says what
+ * is wrong with one that does not). */
+static int pack_fits(const uint64_t *in, uint64_t blob_len) {
+    uint64_t count = in[XPU_EXECUTE_ARG_COUNT];
+    return count <= 4096 && blob_len >= 8 * count * XPU_EXECUTE_PART_BY_VALUE + count;
+}
+
+/* The variant pack of an EXECUTE record's values (`in`, its blob), made as CudaBackend.xpuCudnnExecute makes one:
+ * its data pointers (a by-value scalar's pointing at its bytes, held with the pack), unique ids and workspace set,
+ * finalized. 0, or the failed call's status. */
+static int make_pack(const struct xpu_native_op *op, struct xpu_native_vetted *v, const uint64_t *in,
+                     const uint8_t *blob) {
+    const uint64_t count = in[XPU_EXECUTE_ARG_COUNT], part = 8 * count, room = part ? part : 8;
+    const uint64_t *c = op->cudnn;
+    uint64_t *pointers = calloc(1, room), *held = calloc(1, room), workspace = in[XPU_EXECUTE_ARG_WORKSPACE];
+    int64_t *ids = calloc(1, room);
+    void *pack = NULL;
+    int rc = pointers && held && ids ? 0 : -1;
+    if (!rc) {
+        memcpy(pointers, blob + part * XPU_EXECUTE_PART_POINTERS, part);
+        memcpy(ids, blob + part * XPU_EXECUTE_PART_UNIQUE_IDS, part);
+        memcpy(held, blob + part * XPU_EXECUTE_PART_SCALARS, part);
+        for (uint64_t e = 0; e < count; e++)
+            if (blob[part * XPU_EXECUTE_PART_BY_VALUE + e]) pointers[e] = (uint64_t)(uintptr_t)(held + e);
+        rc = ((xpu_cudnn_create)(uintptr_t)c[XPU_NATIVE_CUDNN_CREATE])((int)c[XPU_NATIVE_CUDNN_VARIANT_PACK], &pack);
+    }
+    xpu_cudnn_set set = (xpu_cudnn_set)(uintptr_t)c[XPU_NATIVE_CUDNN_SET];
+    int pointer = (int)c[XPU_NATIVE_CUDNN_VOID_PTR];
+    if (!rc) rc = set(pack, (int)c[XPU_NATIVE_CUDNN_DATA_POINTERS], pointer, (int64_t)count, pointers);
+    if (!rc) rc = set(pack, (int)c[XPU_NATIVE_CUDNN_UNIQUE_IDS], (int)c[XPU_NATIVE_CUDNN_INT64], (int64_t)count, ids);
+    if (!rc) rc = set(pack, (int)c[XPU_NATIVE_CUDNN_WORKSPACE], pointer, 1, &workspace);
+    if (!rc) rc = ((xpu_cudnn_one)(uintptr_t)c[XPU_NATIVE_CUDNN_FINALIZE])(pack);
+    xpu_cudnn_one destroy = (xpu_cudnn_one)(uintptr_t)c[XPU_NATIVE_CUDNN_DESTROY];
+    free(pointers);
+    free(ids);
+    if (rc) {
+        if (pack) destroy(pack);
+        free(held);
+        return rc;
+    }
+    v->pack = pack, v->held = held, v->destroy = destroy;
+    return 0;
+}
+
+/* An EXECUTE record: cudnnBackendExecute(handle, plan, the pack of its values), the pack made the first time. */
+static int execute(const struct xpu_native_op *op, struct xpu_native_vetted *v, const uint64_t *in,
+                   const uint64_t *out, const uint8_t *blob) {
+    int rc = v->pack ? 0 : make_pack(op, v, in, blob);
+    if (rc) return rc;
+    return ((xpu_cudnn_execute)op->fn)((void *)(uintptr_t)out[XPU_EXECUTE_ARG_HANDLE],
+                                       (void *)(uintptr_t)out[XPU_EXECUTE_ARG_PLAN], v->pack);
+}
+
 static int call(const struct xpu_native_op *op, const uint64_t *a, const uint8_t *blob, uint64_t blob_len) {
     if (op->convention == XPU_NATIVE_CALL_PLAIN) return ((xpu_fn)op->fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
-    if (op->convention == XPU_NATIVE_CALL_VETTED)
-        return ((xpu_vetted_fn)op->fn)(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
-                                       a[13], a[14], a[15], a[16], a[17], a[18], a[19], a[20], a[21], a[22], a[23],
-                                       a[24], a[25], a[26], a[27], a[28], a[29], a[30], a[31]);
+    if (op->convention == XPU_NATIVE_CALL_VETTED) return call_vetted(op, a);
     size_t size = blob_len;
     void *extra[] = {(void *)1, (void *)blob, (void *)2, &size, NULL};  /* CU_LAUNCH_PARAM_BUFFER_*, END */
     return ((xpu_launch_fn)op->fn)(a[0], (uint32_t)a[1], (uint32_t)a[2], (uint32_t)a[3], (uint32_t)a[4],
@@ -278,12 +416,15 @@ void xpu_native_run(struct xpu_native *n, const uint8_t *data, uint64_t len, uin
         if (!op || !op->fn || op->count != count || !blob_ok || r.ctx != ctx || r.scalars != op->scalars
             || len - pos - head < 8u * count + (uint64_t)blob_len)
             break;
-        if (op->convention == XPU_NATIVE_CALL_VETTED && !is_vetted(n, op, data + pos, count, blob_len)) break;
+        struct xpu_native_vetted *v = NULL;
+        if (vetted_op(op) && !(v = vetted_of(n, op, data + pos, count, blob_len))) break;
         uint64_t in[XPU_LANE_ARGS_MAX], out[XPU_LANE_ARGS_MAX] = {0};
         memcpy(in, data + pos + head, 8u * count);
         const uint8_t *blob = data + pos + head + 8u * count;
         if (!arguments(n, op, in, data + pos + head, blob, blob_len, out)) break;
-        int rc = call(op, out, blob, blob_len);
+        int execution = op->convention == XPU_NATIVE_CALL_EXECUTE;
+        if (execution && !pack_fits(in, blob_len)) break;
+        int rc = execution ? execute(op, v, in, out, blob) : call(op, out, blob, blob_len);
         uint64_t next = pos + head + 8u * count + (((uint64_t)blob_len + 7) & ~(uint64_t)7);
         pos = next < len ? next : len;  /* the blob's padding may run past the end, as Python reads it */
         (*ran)++;

@@ -14,7 +14,10 @@ or a range goes away, the C side forgets all it was taught. A record the C side 
 goes back to the session, which runs it the usual way. So a record runs in C only where the
 session's Python would have run the same driver call with the same values. A math library's call
 (VETTED) runs in C only where Python ran a record of the same values (host scalars' bytes apart) since
-the C side last forgot: its device ranges, sized by its numbers, are then the ones Python checked.
+the C side last forgot: its device ranges, sized by its numbers, are then the ones Python checked. Its float and
+double arguments (a cuDNN batch norm's epsilon) go in floating registers (native_lane.c's xpu_vetted_fn says why
+that matches the callee's prototype). A cuDNN execution (xpuCudnnExecute, EXECUTE) is vetted the same way, and
+runs as cudnnBackendExecute of one real variant pack per vetted record, made by the C side the first time.
 
 XPU_NATIVE_LANE=0 keeps every record in Python. The library is built once per source, with the
 compiler Python was built with, into the shim's cache folder; where that fails, the lane stays in
@@ -48,6 +51,7 @@ void xpu_native_free(struct xpu_native *n);
 int xpu_native_op(struct xpu_native *n, uint32_t opcode, void *fn, uint32_t convention, uint32_t count,
                   const uint8_t *kind, const uint8_t *family, const uint64_t *max, int32_t address, int32_t length,
                   uint64_t scale, int32_t blob, int32_t blob_size);
+int xpu_native_cudnn(struct xpu_native *n, const uint64_t *values, uint32_t count);
 void xpu_native_forget(struct xpu_native *n);
 int xpu_native_handle(struct xpu_native *n, uint64_t key, uint32_t family, uint64_t value);
 void xpu_native_range(struct xpu_native *n, uint64_t low, uint64_t high);
@@ -75,6 +79,7 @@ class NativeOp:
     scale: int = 0
     blob: int = -1
     blob_size: int = -1
+    extra: tuple[int, ...] = ()  # an EXECUTE op's cuDNN functions and constants (abi.NATIVE_CUDNN_*'s order)
 
 
 def _library() -> tuple[Any, Any] | None:
@@ -109,7 +114,9 @@ class NativeLane:
 
     def __init__(self, ffi: Any, lib: Any) -> None:
         self.ffi, self.lib = ffi, lib
-        self.state = ffi.gc(lib.xpu_native_new(), lib.xpu_native_free)
+        # what the C side calls when it frees its state (a variant pack's destroy): held until then
+        self.kept: list[Any] = []
+        self.state = ffi.gc(lib.xpu_native_new(), lambda state, kept=self.kept: lib.xpu_native_free(state))
         self.ops: dict[int, NativeOp | None] = {}  # opcode -> its op, or None: it runs in Python
         self.marks: tuple[int, int] = (-1, -1)  # the session's removals when the C side was last emptied
         self.defaults: list[tuple[int, int, int]] = []  # (handle, family, object) every session has
@@ -126,13 +133,19 @@ class NativeLane:
         loaded = _library()
         return cls(*loaded) if loaded else None
 
-    def register(self, opcode: int, op: NativeOp) -> None:
-        """The C side runs `opcode`'s records from now on, where it takes the op's shape."""
-        status = self.lib.xpu_native_op(
+    def register(self, opcode: int, op: NativeOp, keep: Any = None) -> None:
+        """The C side runs `opcode`'s records from now on, where it takes the op's shape; `keep` (the library its
+        functions are in) stays loaded while the C side may call them."""
+        status = 0
+        if op.extra:
+            status = self.lib.xpu_native_cudnn(self.state, self.ffi.new("uint64_t[]", list(op.extra)), len(op.extra))
+        status = status or self.lib.xpu_native_op(
             self.state, opcode, self.ffi.cast("void *", op.function), op.convention, len(op.kinds), bytes(op.kinds),
             bytes(op.families), self.ffi.new("uint64_t[]", list(op.bounds) or [0]), op.address, op.length, op.scale,
             op.blob, op.blob_size)
         self.ops[opcode] = op if status == 0 else None
+        if status == 0 and keep is not None:
+            self.kept.append(keep)
 
     def forget(self, marks: tuple[int, int], defaults: list[tuple[int, int, int]]) -> None:
         """Everything taught goes (a handle or a range went away); the handles every session has stay."""
@@ -151,7 +164,7 @@ class NativeLane:
             self.lib.xpu_native_range(self.state, low, high)
 
     def vet(self, record: Any) -> None:
-        """A record of a VETTED op that Python ran: one of the same values may run in C from now on."""
+        """A record of a VETTED or EXECUTE op that Python ran: one of the same values may run in C from now on."""
         self.lib.xpu_native_vet(self.state, self.ffi.from_buffer("uint8_t[]", record), len(record))
 
     def run(self, data: Any, at: int, ctx: int) -> tuple[int, int, list[tuple[int, int]]]:

@@ -326,33 +326,38 @@ class Session:
         return ctx
 
     def defer_lane_failure(self, name: str, exc: CudaError) -> None:
-        """A record's failure, deferred as a batch defers its calls': as a status of the library of the call it
-        names (the client reads it so), a cuBLAS refusal as cuBLAS's NOT_SUPPORTED."""
         self.errors += 1
-        call = CALLS.get(name)
-        self.deferred.append((name, errors.status_for(exc, call.library if call is not None else "cuda"), exc.detail))
+        self.deferred.append((name, errors.status_for(exc, "cuda"), exc.detail))
         log.info("%s (lane) failed: %s", name, exc)
 
     # ---- the lane in C (native_lane.py) ----------------------------------------------------------
     def register_native(self, call: Call) -> None:
         """Tell the C side how to run `call`, where the backend has it as a C function and the session checks
         no more than numbers' bounds, handles, one device range and a blob's size (the backend's native_call);
-        or, a math library's call, where it is a record of the same values as one the session ran (VETTED)."""
-        shape = _native_shape(call) if call.library == "cuda" else _vetted_shape(call)
+        or, a math library's call or a cuDNN execution, where it is a record of the same values as one the session
+        ran (VETTED, EXECUTE)."""
         native_call = getattr(self.backend, "native_call", None)
-        if (shape is None or native_call is None or call.destroys or self.gpu_times(call) or not call.sent
+        if (native_call is None or call.destroys or self.gpu_times(call) or not call.sent
                 or (found := native_call(call)) is None):
+            return
+        function, convention, address, length, scale, blob_max = found
+        extra, keep = (), None
+        if convention == abi.NATIVE_CALL_EXECUTE:
+            extra, handle_types, keep = self.backend.native_execute()
+            shape = _execute_shape(call, handle_types)
+        else:
+            shape = _native_shape(call) if call.library == "cuda" else _vetted_shape(call)
+        if shape is None:
             return
         if self.native is None:
             self.native = NativeLane.load()  # after its first try in this process, at once
             if self.native is None:
                 return
-        function, convention, address, length, scale, blob_max = found
         kinds, bounds, families, blob, blob_size = shape
         if blob >= 0 and blob_size >= 0:  # a blob sized by an argument (a launch's): as large as the backend allows
             bounds = (*bounds[:blob], blob_max, *bounds[blob + 1:])
         self.native.register(call.opcode, NativeOp(function, convention, kinds, bounds, families, address, length,
-                                                   scale, blob, blob_size))
+                                                   scale, blob, blob_size, extra), keep)
 
     def teach(self, op: NativeOp, record: list[Any], raw: memoryview | None) -> None:
         """What the record just run named, now checked: its handles and its device range, or (VETTED) itself."""
@@ -363,7 +368,7 @@ class Session:
                 native.teach_handle(record[i], family, entry[1])
         if op.address >= 0 and record[op.address]:
             native.teach_range(*self.backend.regions.last)
-        if op.convention == abi.NATIVE_CALL_VETTED and raw is not None:
+        if op.convention in (abi.NATIVE_CALL_VETTED, abi.NATIVE_CALL_EXECUTE) and raw is not None:
             native.vet(raw)
 
     def native_current(self) -> None:
@@ -382,7 +387,9 @@ class Session:
         self.lane_calls += ran
         for opcode, status in failed:
             call = BY_OPCODE[opcode]
-            self.defer_lane_failure(call.symbol, CudaError(status, f"{call.symbol} on the server's GPU", call.library))
+            op = native.ops.get(opcode)
+            library = "cudnn" if op is not None and op.convention == abi.NATIVE_CALL_EXECUTE else call.library
+            self.defer_lane_failure(call.symbol, CudaError(status, f"{call.symbol} on the server's GPU", library))
         return at
 
     def gpu_times(self, call: Call) -> bool:
@@ -641,13 +648,16 @@ def _native_shape(call: Call) -> tuple[tuple[int, ...], tuple[int, ...], tuple[i
 
 def _vetted_shape(call: Call) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int, int] | None:
     """(each argument's kind, largest value, handle family; the blob's argument, -1) of a math library's call of
-    numbers, handles, device addresses (numbers here: the record is vetted whole), host scalars and at most one
-    input struct (cublasLtMatmul's algorithm, the record's blob), for the lane's C side. None for others."""
+    numbers (a float or a double by value too: a batch norm's epsilon), handles, device addresses (numbers here: the
+    record is vetted whole), host scalars and at most one input struct (cublasLtMatmul's algorithm, the record's
+    blob), for the lane's C side. None for others."""
     kinds, bounds, families, blob = [], [], [], -1
     for i, p in enumerate(call.params):
         family = 0
         if p.kind == "int":
             kind, bound = abi.NATIVE_ARG_INT, _int_range(p)[1] - 1
+        elif p.kind == "float":
+            kind, bound = abi.NATIVE_ARG_FLOAT if p.size == 4 else abi.NATIVE_ARG_DOUBLE, 0
         elif p.kind == "handle":
             kind, bound, family = abi.NATIVE_ARG_HANDLE, 0, _family_number(p.ctype)
         elif p.is_scalar and p.direction == "in":
@@ -662,6 +672,37 @@ def _vetted_shape(call: Call) -> tuple[tuple[int, ...], tuple[int, ...], tuple[i
         bounds.append(bound)
         families.append(family)
     return tuple(kinds), tuple(bounds), tuple(families), blob, -1
+
+
+# xpuCudnnExecute's arguments as the lane's C side reads them (abi.EXECUTE_ARG_*), in their order
+EXECUTE_ARGS = tuple(name.removeprefix("EXECUTE_ARG_").lower()
+                     for _, name in sorted((v, k) for k, v in vars(abi).items() if k.startswith("EXECUTE_ARG_")))
+
+
+def _execute_shape(call: Call, handle_types: tuple[str, str]) -> tuple[tuple[int, ...], tuple[int, ...],
+                                                                       tuple[int, ...], int, int] | None:
+    """xpuCudnnExecute's shape for the lane's C side (EXECUTE): its handle and plan, which the backend resolves as
+    handles of `handle_types`, its count and workspace (numbers: the record is vetted whole) and its pack, the
+    record's blob, as large as the pack of the most elements the shim keeps. None where the table's arguments are
+    not those the C side reads."""
+    if call.names != EXECUTE_ARGS:
+        return None
+    pack = call.params[abi.EXECUTE_ARG_PACK]
+    kinds, bounds, families = [], [], []
+    for name, p in zip(EXECUTE_ARGS, call.params):
+        if name in ("handle", "plan"):
+            kinds.append(abi.NATIVE_ARG_HANDLE)
+            bounds.append(0)
+            families.append(_family_number(handle_types[name == "plan"]))
+        elif p is pack:
+            kinds.append(abi.NATIVE_ARG_BLOB)
+            bounds.append(pack.byte_count({"count": abi.KEPT_PACK_ELEMENTS}))
+            families.append(0)
+        else:
+            kinds.append(abi.NATIVE_ARG_INT)
+            bounds.append(_int_range(p)[1] - 1)
+            families.append(0)
+    return tuple(kinds), tuple(bounds), tuple(families), abi.EXECUTE_ARG_PACK, -1
 
 
 def _opcode_at(view: memoryview, at: int) -> int:

@@ -7,10 +7,13 @@ stand-in (xpuremote's own shim chained to a sim server, named as such); on a GPU
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 SCENARIO = r"""
 import hashlib, json, struct, sys
@@ -226,3 +229,197 @@ def test_library_calls_run_in_c_where_python_ran_the_same_values(driver_env: dic
     for alpha in (1, 2, 3, 4, 5, 6, 7, 8):
         c = [alpha * r + 0.5 * v for r, v in zip(row, c)]
     assert results["1"]["c"][4:] == [round(v, 2) for _ in range(3) for v in c], results
+
+
+# cuDNN's lane records as the shim's C queues them (kept.h: batch norms with the server's tensor descriptors and
+# their scalars' bytes, executions of kept variant packs), run by a cuda-backend session whose cuDNN is the stand-in
+# (xpuremote's own replacement library, named as such) chained to a sim
+DNN_SCENARIO = r"""
+import json, struct
+from xpuremote.protocol import abi, mathlibs
+from xpuremote.protocol.calls import CALLS
+from xpuremote.server.backends.cuda import CudaBackend
+from xpuremote.server.limits import Accounted, Limits
+from xpuremote.server.session import Session
+
+E = mathlibs.api(mathlibs.CUDNN).ENUMS
+CTX, DNN, FOREIGN = 0x7C00_0000_1000, 0x7C00_0000_5000, 0x7C00_DEAD_0000
+X, BN, SPARE = 0x7C00_0000_5100, 0x7C00_0000_5110, 0x7C00_0000_5120  # tensor descriptors
+backend = Accounted(CudaBackend(), Limits())
+session = Session(backend)
+session.limits = backend.limits
+
+def batch(*calls):
+    answer = session.run_batch([[CALLS[s].opcode, list(a)] for s, a in calls], True)
+    assert answer["status"] == 0, answer
+    return answer["outs"]
+
+def alloc(values):
+    address = int.from_bytes(batch(("cuMemAlloc_v2", [8, 4 * len(values)]))[0], "little")
+    data = struct.pack(f"<{len(values)}f", *values)
+    batch(("cuMemcpyHtoD_v2", [address, data, len(data)]))
+    return address
+
+def bits(value, size=4):
+    return int.from_bytes(struct.pack("<f" if size == 4 else "<d", value), "little")
+
+def record(symbol, args, scalars=(), blob=None):
+    head = abi.pack_lane_record(opcode=CALLS[symbol].opcode, nargs=len(args), scalar_size=4 if scalars else 0,
+                                scalars=sum(1 << i for i in scalars), blob_at=abi.LANE_NO_BLOB if blob is None else 4,
+                                blob_len=len(blob or b""), ctx=CTX)
+    return head + struct.pack(f"<{len(args)}Q", *args) + (blob or b"") + bytes(-len(blob or b"") % 8)
+
+def lane(*records):
+    data = b"".join(records)
+    session.run_lane([data, len(data)])
+    failures = [[name, status] for name, status, _ in session.deferred]
+    session.deferred.clear()
+    return failures
+
+def in_c():
+    return session.native.calls if session.native else 0
+
+def tensor(handle, dims):
+    strides = [1] * len(dims)
+    for i in range(len(dims) - 2, -1, -1):
+        strides[i] = strides[i + 1] * dims[i + 1]
+    batch(("cudnnCreateTensorDescriptor", [handle]),
+          ("cudnnSetTensorNdDescriptor", [handle, E["CUDNN_DATA_FLOAT"], len(dims), struct.pack("<4i", *dims),
+                                          struct.pack("<4i", *strides)]))
+
+batch(("cuCtxCreate_v2", [CTX, 0, 0]), ("cudnnCreate", [DNN]))
+tensor(X, [2, 2, 1, 2])
+tensor(BN, [1, 2, 1, 1])
+tensor(SPARE, [1, 2, 1, 1])
+x, y, dy, dx = alloc([1, 2, 4, 8, -1, 3, 5, 0]), alloc([0] * 8), alloc([1, -1, 2, 0, 1, 1, -2, 3]), alloc([0] * 8)
+scale, bias, mean, var = alloc([2, 0.5]), alloc([1, -1]), alloc([1, 2]), alloc([0.5, 3])
+running_mean, running_var, saved_mean, saved_inv = alloc([0, 0]), alloc([1, 1]), alloc([0, 0]), alloc([0, 0])
+d_scale, d_bias, spare = alloc([0, 0]), alloc([0, 0]), alloc([0] * 8)
+SPATIAL, BN_ONLY = E["CUDNN_BATCHNORM_SPATIAL"], E["CUDNN_BATCHNORM_OPS_BN"]
+
+def infer(alpha=1.0, eps=0.25, x_desc=X, source=x, handle=DNN):  # y = alpha * bn(x), epsilon by value
+    return record("cudnnBatchNormalizationForwardInference",
+                  [handle, SPATIAL, bits(alpha), bits(0.0), x_desc, source, X, y, BN, scale, bias, mean, var,
+                   bits(eps, 8)], scalars=(2, 3))
+
+def train(factor=0.375, eps=0.125):  # two doubles by value: exponentialAverageFactor, epsilon
+    return record("cudnnBatchNormalizationForwardTrainingEx",
+                  [DNN, SPATIAL, BN_ONLY, bits(1.0), bits(0.0), X, x, 0, 0, X, y, BN, scale, bias, bits(factor, 8),
+                   running_mean, running_var, bits(eps, 8), saved_mean, saved_inv, 0, 0, 0, 0, 0], scalars=(3, 4))
+
+def backward(eps=0.125):
+    return record("cudnnBatchNormalizationBackwardEx",
+                  [DNN, SPATIAL, BN_ONLY, bits(1.0), bits(0.0), bits(1.0), bits(0.5), X, x, 0, 0, X, dy, 0, 0, X, dx,
+                   BN, scale, bias, d_scale, d_bias, bits(eps, 8), saved_mean, saved_inv, 0, 0, 0, 0, 0],
+                  scalars=(3, 4, 5, 6))
+
+def read(address, count):
+    return [round(v, 4) for v in struct.unpack(f"<{count}f", batch(("cuMemcpyDtoH_v2", [4 * count, address,
+                                                                                        4 * count]))[0])]
+
+ran, failures, results = [], [], {}
+failures += lane(*[infer(alpha=1.0 + i) for i in range(4)])  # the first vetted in Python, the rest in C
+results["inferred"] = read(y, 8)
+ran.append(in_c())
+failures += lane(*[r for _ in range(3) for r in (train(), backward())])  # each op's first in Python
+results["trained"] = [read(a, n) for a, n in ((y, 8), (running_mean, 2), (running_var, 2), (saved_mean, 2),
+                                              (saved_inv, 2), (dx, 8), (d_scale, 2), (d_bias, 2))]
+ran.append(in_c())
+# refused in Python as they were before: a foreign tensor descriptor, an address outside; new values run there
+failures += lane(infer(x_desc=FOREIGN), infer(source=0xDEAD_0000), infer(eps=0.5), infer(handle=FOREIGN))
+ran.append(in_c())
+batch(("cudnnDestroyTensorDescriptor", [SPARE]))  # a handle went: nothing vetted holds
+failures += lane(infer(eps=0.5), infer(eps=0.5, alpha=3.0))
+results["after"] = read(y, 8)
+ran.append(in_c())
+
+# a convolution's execution: y = 2 x, by a plan of the sim's one engine, its variant pack kept by the client
+def descriptor(kind, handle, *attributes):
+    batch(("cudnnBackendCreateDescriptor", [E[f"CUDNN_BACKEND_{kind}_DESCRIPTOR"], handle]))
+    for name, kind_, values in attributes:
+        fmt = "<" + mathlibs.cudnn_format(E[f"CUDNN_TYPE_{kind_}"])
+        data = b"".join(struct.pack(fmt, v) for v in values)
+        batch(("cudnnBackendSetAttribute", [handle, E[f"CUDNN_ATTR_{name}"], E[f"CUDNN_TYPE_{kind_}"], len(values),
+                                            data]))
+    batch(("cudnnBackendFinalize", [handle]))
+
+PLAN, T = 0x7C00_0000_6000, [0x7C00_0000_6010 + 16 * i for i in range(8)]
+for uid, handle, dims in ((1, T[0], [1, 1, 2, 4]), (2, T[1], [1, 1, 1, 1]), (3, T[2], [1, 1, 2, 4])):
+    strides = [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1]
+    descriptor("TENSOR", handle, ("TENSOR_DATA_TYPE", "DATA_TYPE", [E["CUDNN_DATA_FLOAT"]]),
+               ("TENSOR_DIMENSIONS", "INT64", dims), ("TENSOR_STRIDES", "INT64", strides),
+               ("TENSOR_UNIQUE_ID", "INT64", [uid]))
+descriptor("CONVOLUTION", T[3])
+descriptor("OPERATION_CONVOLUTION_FORWARD", T[4], *[(f"OPERATION_CONVOLUTION_FORWARD_{role}", "BACKEND_DESCRIPTOR",
+                                                       [h]) for role, h in zip(("X", "W", "Y", "CONV_DESC"), T)])
+descriptor("OPERATIONGRAPH", T[5], ("OPERATIONGRAPH_OPS", "BACKEND_DESCRIPTOR", [T[4]]),
+           ("OPERATIONGRAPH_HANDLE", "HANDLE", [DNN]))
+descriptor("ENGINE", T[6], ("ENGINE_OPERATION_GRAPH", "BACKEND_DESCRIPTOR", [T[5]]),
+           ("ENGINE_GLOBAL_INDEX", "INT64", [0]))
+descriptor("ENGINECFG", T[7], ("ENGINECFG_ENGINE", "BACKEND_DESCRIPTOR", [T[6]]))
+descriptor("EXECUTION_PLAN", PLAN, ("EXECUTION_PLAN_HANDLE", "HANDLE", [DNN]),
+           ("EXECUTION_PLAN_ENGINE_CONFIG", "BACKEND_DESCRIPTOR", [T[7]]))
+filt, image, out = alloc([2.0]), alloc([1, 2, 3, 4, 5, 6, 7, 8]), alloc([0] * 8)
+
+def execute(pointers=None, handle=DNN, scalar=None):  # a by-value scalar's bytes as a fourth element, unused by it
+    pointers = pointers or [image, filt, out]
+    uids, scalars, flags = [1, 2, 3], bytes(8 * len(pointers)), bytes(len(pointers))
+    if scalar is not None:
+        pointers, uids = [*pointers, 0], [*uids, 99]
+        scalars, flags = scalars + struct.pack("<f4x", scalar), flags + b"\1"
+    pack = mathlibs.execute_pack(struct.pack(f"<{len(pointers)}Q", *pointers), struct.pack(f"<{len(uids)}q", *uids),
+                                 scalars, flags)
+    return record("xpuCudnnExecute", [handle, PLAN, len(pointers), 0, 0], blob=pack)
+
+failures += lane(*[execute() for _ in range(4)], *[execute(scalar=0.125) for _ in range(3)])
+ran.append(in_c())
+batch(("cuMemcpyHtoD_v2", [image, struct.pack("<8f", *range(8, 0, -1)), 32]))
+failures += lane(execute(), execute())  # the same pack again, other data (a lane's first record: Python)
+results["convolved"] = read(out, 8)
+ran.append(in_c())
+failures += lane(execute([image, 0xDEAD_0000, out]), execute(handle=X), execute([image, filt, spare]))
+ran.append(in_c())
+batch(("cuMemFree_v2", [spare]))  # memory went: nothing vetted holds
+failures += lane(execute(), execute(), execute([image, filt, spare]))  # the last vetted, then its memory went
+ran.append(in_c())
+print(json.dumps({"ran": ran, "failures": failures, **results}))
+"""
+
+
+def test_cudnn_calls_run_in_c_where_python_ran_the_same_values(driver_env: dict[str, str], shim: Path) -> None:
+    """cuDNN's lane records (batch norms, with epsilon and the average factor as doubles by value, in floating
+    registers; variant-pack executions, made once per vetted record in C) run in C after Python ran one of the same
+    values, counted: the same results and refusals both ways. A foreign tensor descriptor or cuDNN handle, an address
+    outside, new values, a destroyed descriptor or freed memory send a record back to Python, which refuses the bad
+    ones as it did."""
+    from xpuremote.interpose.build import LIBRARY_NAMES
+    from xpuremote.protocol import errors
+
+    if not driver_env:
+        pytest.skip("a plan of the sim's one engine: NVIDIA's cuDNN finalizes plans its heuristics offer")
+    env = {**driver_env, "XPU_CUDNN_LIBRARY": str(shim.parent / LIBRARY_NAMES[2])}
+    results = {}
+    for native in ("1", "0"):
+        full = {**os.environ, **env, "XPU_NATIVE_LANE": native}
+        full.pop("LD_PRELOAD", None)
+        proc = subprocess.run([sys.executable, "-c", DNN_SCENARIO], env=full, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[native] = json.loads(proc.stdout.strip().splitlines()[-1])
+    # inference 3 of 4; training and backward 2 of 3 each; none of the refused; after the destroy 1 of 2;
+    # executions 3 of 4 and 2 of 3 (a by-value scalar's pack is another record); the same again, 1 of 2 (a lane's
+    # first record: Python); none refused; 1 of 3 after the free
+    assert results["1"].pop("ran") == [3, 7, 7, 8, 13, 14, 14, 15], results["1"]
+    assert results["0"].pop("ran") == [0] * 8
+    assert results["1"] == results["0"]
+    refused = [[name, status] for name, status in (
+        ("cudnnBatchNormalizationForwardInference", errors.INVALID_HANDLE),  # a foreign tensor descriptor
+        ("cudnnBatchNormalizationForwardInference", errors.INVALID_VALUE),  # x outside the session's memory
+        ("cudnnBatchNormalizationForwardInference", errors.INVALID_HANDLE),  # a foreign cuDNN handle
+        ("xpuCudnnExecute", errors.INVALID_VALUE),  # a data pointer outside
+        ("xpuCudnnExecute", errors.LAUNCH_FAILED),  # a tensor descriptor for the cuDNN handle (cuDNN's error)
+        ("xpuCudnnExecute", errors.INVALID_VALUE))]  # a data pointer into freed memory
+    assert results["1"]["failures"] == refused, results["1"]["failures"]
+    channel_0 = [2 * (v - 1) / math.sqrt(0.5 + 0.25) + 1 for v in (1, 2)]  # gamma (x - mean) / sqrt(var + eps) + beta
+    assert results["1"]["inferred"][:2] == [round(4 * v, 4) for v in channel_0]  # alpha 4, the last record's
+    assert results["1"]["convolved"] == [16.0, 14.0, 12.0, 10.0, 8.0, 6.0, 4.0, 2.0]

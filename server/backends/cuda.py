@@ -59,6 +59,7 @@ ARRAY_CLEAR_BYTES = 16 << 20  # host zeros copied at a time into a new CUDA arra
 C_INT = {(1, 0): "uint8_t", (1, 1): "int8_t", (2, 0): "uint16_t", (2, 1): "int16_t",
          (4, 0): "uint32_t", (4, 1): "int32_t", (8, 0): "uint64_t", (8, 1): "int64_t"}
 HOST, DEVICE, ARRAY = ENUMS["CU_MEMORYTYPE_HOST"], ENUMS["CU_MEMORYTYPE_DEVICE"], ENUMS["CU_MEMORYTYPE_ARRAY"]
+EXECUTE_HANDLES = ("cudnnHandle_t", "cudnnBackendDescriptor_t")  # what xpuCudnnExecute's handle and plan name
 
 
 def c_type(p: Param) -> str:
@@ -195,8 +196,8 @@ class CudaBackend(Backend):
         ids and workspace set, finalized, executed and destroyed."""
         lib, ffi = self.library("cudnn"), self.ffi
         pointers, uids, scalars, by_value = mathlibs.execute_parts(count, pack)
-        real_handle = self.real_descriptor(handle, "cudnnHandle_t")
-        real_plan = self.real_descriptor(plan, "cudnnBackendDescriptor_t")
+        real_handle = self.real_descriptor(handle, EXECUTE_HANDLES[0])
+        real_plan = self.real_descriptor(plan, EXECUTE_HANDLES[1])
         made = ffi.new("void **")
         self.check(lib.cudnnBackendCreateDescriptor(mathlibs.CUDNN_VARIANT_PACK, made), "cudnnBackendCreateDescriptor",
                    "cudnn")
@@ -406,6 +407,9 @@ class CudaBackend(Backend):
         if call.family == "xpuLaunchKernel":
             launch = self.ffi.addressof(self.lib, "cuLaunchKernel")
             return int(self.ffi.cast("uintptr_t", launch)), abi.NATIVE_CALL_LAUNCH
+        if call.family == "xpuCudnnExecute":
+            found = self.native_cudnn("cudnnBackendExecute")
+            return None if found is None else (found, abi.NATIVE_CALL_EXECUTE)
         if call.library != "cuda":
             return self.native_library_function(call)
         if not self.compiles(call) or any(p.ctype == "CUcontext" for p in call.params):
@@ -413,16 +417,40 @@ class CudaBackend(Backend):
         return int(self.ffi.cast("uintptr_t", self.ffi.addressof(self.lib, call.symbol))), abi.NATIVE_CALL_PLAIN
 
     def native_library_function(self, call: Call) -> tuple[int, int] | None:
-        """A math library's call that `generic` runs with nothing before or after it and no outputs (a GEMM):
-        its function's address, for the lane's C side to run records of the values Python ran (VETTED)."""
+        """A math library's call that `generic` runs with nothing before or after it and no outputs (a GEMM, a
+        batch norm): its function's address, for the lane's C side to run records of the values Python ran
+        (VETTED; a float or double argument by value goes in a floating register)."""
         if call.outputs or call.family.startswith("xpu") or call.family == "cudnnBackendSetAttribute" \
-                or self.after_family(call) is not None or any(p.kind in ("float", "struct") for p in call.params):
+                or self.after_family(call) is not None or any(p.kind == "struct" for p in call.params):
             return None
         try:
             function = self.ffi.addressof(self.library(call.library), call.symbol)
         except (AttributeError, CudaError):  # not in the server's copy of the library
             return None
         return int(self.ffi.cast("uintptr_t", function)), abi.NATIVE_CALL_VETTED
+
+    def native_cudnn(self, symbol: str) -> int | None:
+        """The address of cuDNN's `symbol`, or None where the server's cuDNN lacks it or cannot be loaded."""
+        try:
+            return int(self.ffi.cast("uintptr_t", self.ffi.addressof(self.library("cudnn"), symbol)))
+        except (AttributeError, CudaError):
+            return None
+
+    def native_execute(self) -> tuple[tuple[int, ...], tuple[str, str], Any]:
+        """What the lane's C side runs xpuCudnnExecute's records with, as xpuCudnnExecute does: cuDNN's functions
+        and the constants they take (abi.NATIVE_CUDNN_*'s order), the handle types of its handle and plan, and
+        the library, which must stay loaded while the C side holds packs it made."""
+        by_part = {abi.NATIVE_CUDNN_CREATE: self.native_cudnn("cudnnBackendCreateDescriptor"),
+                   abi.NATIVE_CUDNN_SET: self.native_cudnn("cudnnBackendSetAttribute"),
+                   abi.NATIVE_CUDNN_FINALIZE: self.native_cudnn("cudnnBackendFinalize"),
+                   abi.NATIVE_CUDNN_DESTROY: self.native_cudnn("cudnnBackendDestroyDescriptor"),
+                   abi.NATIVE_CUDNN_VARIANT_PACK: mathlibs.CUDNN_VARIANT_PACK,
+                   abi.NATIVE_CUDNN_DATA_POINTERS: mathlibs.CUDNN_DATA_POINTERS,
+                   abi.NATIVE_CUDNN_UNIQUE_IDS: mathlibs.CUDNN_UNIQUE_IDS,
+                   abi.NATIVE_CUDNN_WORKSPACE: mathlibs.CUDNN_WORKSPACE,
+                   abi.NATIVE_CUDNN_VOID_PTR: mathlibs.CUDNN_VOID_PTR, abi.NATIVE_CUDNN_INT64: mathlibs.CUDNN_INT64}
+        values = tuple(by_part.get(part) or 0 for part in range(abi.NATIVE_CUDNN_COUNT))  # a missing one: refused
+        return values, EXECUTE_HANDLES, self.library("cudnn")
 
     def upload_from_network(self, call: Call, args: list[Any]) -> list[Any]:
         """A copy whose bytes come on the data connection, in pieces (cuda_upload.py). Not into a capture: its
