@@ -115,6 +115,7 @@ class Connection:
         # and the writer of its late answer
         self.early: dict[str, Any] | None = None  # an answer read on ZeroMQ before its call looked there
         self.late_errors: list[list[Any]] = []
+        self.blocking = False  # CUDA_LAUNCH_BLOCKING=1: an asynchronous call is sent and waited for (Driver sets it)
         self.dead: str | None = None
         self.batch_window_s = batch_window_us / 1e6
         self.alarm = Alarm()
@@ -236,7 +237,11 @@ class Connection:
 
     # ---- calls ----------------------------------------------------------------------------
     def post(self, call: Call, args: list[Any], ctx: int | None, size: int = 0) -> None:
-        """Queue an async call; it is sent with the next batch."""
+        """Queue an async call; it is sent with the next batch (under CUDA_LAUNCH_BLOCKING, at once, and waited for:
+        its failure is raised here)."""
+        if self.blocking:
+            self._blocking(call, args, ctx)
+            return
         with self.lock:
             self._check()
             self._queue(call, args, ctx, size)
@@ -276,11 +281,25 @@ class Connection:
         """Send this call now but do not wait: `on_answer(status, outputs)` runs when its answer is
         read, which is before the answer to any later sync call (the server answers in order). Outputs that are
         not what `args` asked for (marshal.checked) are not given to it: they fail the next sync call."""
+        if self.blocking:
+            on_answer(errors.SUCCESS, self._blocking(call, args, ctx))
+            return
         with self.lock:
             self._check()
             self._queue(call, args, ctx, 0)
             self.later[self._send(reply=True, kind="later")] = (call, args, on_answer)
             self.alarm.arm(self.batch_window_s)  # the flusher reads the answer if no sync call does first
+
+    def _blocking(self, call: Call, args: list[Any], ctx: int | None) -> list[Any]:
+        """An asynchronous call sent and waited for: its outputs, or its own failure raised. Failures of earlier
+        calls (a late answer's) are left for the next call the application waits for."""
+        status, outs, deferred = self.call(call, args, ctx)
+        if deferred:
+            with self.lock:
+                self.late_errors[:0] = deferred
+        if status:
+            raise CudaError(status, f"{call.symbol} on the server (CUDA_LAUNCH_BLOCKING=1)", call.library)
+        return marshal.checked(call, args, outs)
 
     def run_host_function(self, fn: Callable[[], None], token: int) -> None:
         """Run `fn` on the host-function thread, then tell the server it may go on.

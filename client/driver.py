@@ -115,6 +115,16 @@ class Primary:
 
 
 @dataclass
+class Failure:
+    """An earlier asynchronous call's failure, from the server: kept until a call returns it (see `Driver.report`)."""
+    symbol: str
+    code: int  # a status of `library`, the failed call's
+    library: str
+    detail: str
+    kept: bool = False  # a context synchronize returned it: the next call returns it again
+
+
+@dataclass
 class Driver:
     contexts: ContextStack = field(default_factory=ContextStack)
     conn: Connection | None = None
@@ -128,6 +138,7 @@ class Driver:
     _ids: itertools.count = field(default_factory=lambda: itertools.count(CLIENT_HANDLE_BASE, 16))
     _said: set[str] = field(default_factory=set)
     unreachable: str | None = None  # why the last try to start the session failed (said once)
+    failures: list[Failure] = field(default_factory=list)  # earlier asynchronous failures not yet returned
 
     # ---- connection -----------------------------------------------------------------------
     def server(self) -> str:
@@ -181,7 +192,11 @@ class Driver:
         for i, p in enumerate(self.primaries):
             self.ctxs[p.handle] = Context(i, primary=True, ident=i + 1)
         self.conn = conn
-        if self.lane is not None and not log.isEnabledFor(EVERY_CALL) and os.environ.get("XPU_LANE", "1") != "0":
+        conn.blocking = launch_blocking()
+        if conn.blocking:
+            log.info("CUDA_LAUNCH_BLOCKING=1: every asynchronous call (launches, copies, memsets, library calls) is "
+                     "sent and waited for, so a failing one returns its own error; the fast lane is off")
+        elif self.lane is not None and not log.isEnabledFor(EVERY_CALL) and os.environ.get("XPU_LANE", "1") != "0":
             conn.lane = self.lane
             self.lane_gate()
         if trace.wanted():
@@ -269,23 +284,43 @@ class Driver:
         ctx = self.wire_ctx()
         info = self.ctxs.get(ctx) if ctx else None
         status, outs, deferred = self.session().call(call, wire_args, ctx, by_data, self.flags(info) if info else 0)
-        for symbol, code, detail in deferred:
-            log.warning("an earlier %s failed: %s (%s)", symbol, errors.status_name(code, _library_of(symbol)), detail)
+        if deferred:
+            self.defer(deferred)
         if status:
             raise CudaError(status, f"{call.symbol} on the server", call.library)
-        if deferred:
-            symbol, code, detail = deferred[0]
-            raise CudaError(code, f"earlier {symbol}: {detail}", _library_of(symbol))
+        if self.failures:
+            self.report(call)
         return marshal.checked(call, wire_args, outs)
+
+    def defer(self, deferred: list[list[Any]]) -> None:
+        """Failures of earlier asynchronous calls the server reported: said on stderr now, returned by `report`."""
+        for symbol, code, detail in deferred:
+            library = _library_of(symbol)  # the server gives each in its own call's library's terms
+            log.warning("an earlier %s failed: %s (%s)", symbol, errors.status_name(code, library), detail)
+            with self.lock:
+                self.failures.append(Failure(symbol, code, library, detail))
+
+    def report(self, call: Call) -> None:
+        """Return the earliest failure not yet returned, as a status of `call`'s library (errors.deferred_status).
+        None is sticky (the server's driver keeps a kernel's fault sticky itself), but none goes unseen: a context
+        synchronize that returns them keeps them for the next call that waits for the server, once, since it is
+        the wait programs leave unchecked (PyTorch's cudaDeviceSynchronize after its sparse kernels);
+        docs/client-core.md, "Failures of asynchronous calls"."""
+        with self.lock:
+            first = self.failures[0]
+            keep = call.family == "cuCtxSynchronize"
+            self.failures = [f for f in self.failures if keep and not f.kept]
+            for failure in self.failures:
+                failure.kept = True
+        code = errors.deferred_status(first.code, first.library, call.library)
+        raise CudaError(code, f"earlier {first.symbol}: {first.detail}", call.library)
 
     def query(self, call: Call, wire_args: list[Any]) -> list[Any]:
         """A synchronous call made for a tool API (NVML), not for the application's CUDA work:
         failures of earlier asynchronous calls are left for the application's next call."""
-        conn = self.session()
-        status, outs, deferred = conn.call(call, wire_args, self.wire_ctx())
+        status, outs, deferred = self.session().call(call, wire_args, self.wire_ctx())
         if deferred:
-            with conn.lock:
-                conn.late_errors[:0] = deferred
+            self.defer(deferred)
         if status:
             raise CudaError(status, f"{call.symbol} on the server")
         return marshal.checked(call, wire_args, outs)
@@ -315,6 +350,12 @@ class Driver:
         if key not in self._said:
             self._said.add(key)
             log.log(level, message, *args)
+
+
+def launch_blocking() -> bool:
+    """CUDA_LAUNCH_BLOCKING=1 in the application's environment: as the driver does, every launch (and here every
+    other asynchronous call) returns only once it ran, with its own status."""
+    return os.environ.get("CUDA_LAUNCH_BLOCKING", "0").strip() == "1"
 
 
 def _library_of(symbol: str) -> str:
