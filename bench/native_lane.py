@@ -97,6 +97,8 @@ def measure(records: int, repeats: int) -> dict[str, Any]:
     figures["driver"] = driver_alone(backend.inner, base, records, repeats)
     figures["library"] = library_alone(backend.inner, session.handles[BLAS][1], base, records // 10, repeats)
     figures["batch_norm_alone"] = batch_norm_alone(backend.inner, session.handles, base, records // 10, repeats)
+    if EXECUTE in lanes:
+        figures["execute_alone"] = execute_alone(backend.inner, session.handles, base, records // 10, repeats)
     figures["in_c"] = session.native.calls if session.native else 0
     return figures
 
@@ -184,6 +186,39 @@ def batch_norm_alone(cuda: Any, handles: dict[int, Any], base: int, records: int
     return statistics.median(samples)
 
 
+def execute_alone(cuda: Any, handles: dict[int, Any], base: int, records: int, repeats: int) -> float:
+    """cudnnBackendExecute of one variant pack of the same pointers, made once, called straight from cffi: the
+    library's own cost of an execution, with cffi's call on top."""
+    from xpuremote.protocol import mathlibs
+
+    ffi, lib = cuda.ffi, cuda.library("cudnn")
+    made = ffi.new("void **")
+    if lib.cudnnBackendCreateDescriptor(mathlibs.CUDNN_VARIANT_PACK, made):
+        raise RuntimeError("cudnnBackendCreateDescriptor failed")
+    pack = made[0]
+    try:
+        for name, kind, count, values in (
+                (mathlibs.CUDNN_DATA_POINTERS, mathlibs.CUDNN_VOID_PTR, 3, ffi.new("uint64_t[]", [base, base + 8192,
+                                                                                             base + 4096])),
+                (mathlibs.CUDNN_UNIQUE_IDS, mathlibs.CUDNN_INT64, 3, ffi.new("int64_t[]", [1, 2, 3])),
+                (mathlibs.CUDNN_WORKSPACE, mathlibs.CUDNN_VOID_PTR, 1, ffi.new("uint64_t[]", [0]))):
+            if lib.cudnnBackendSetAttribute(pack, name, kind, count, values):
+                raise RuntimeError("cudnnBackendSetAttribute failed")
+        if lib.cudnnBackendFinalize(pack):
+            raise RuntimeError("cudnnBackendFinalize failed")
+        dnn, plan = ffi.cast("void *", handles[DNN][1]), ffi.cast("void *", handles[PLAN][1])
+        fn = lib.cudnnBackendExecute
+        samples = []
+        for _ in range(repeats):
+            began = time.process_time()
+            for _ in range(records):
+                fn(dnn, plan, pack)
+            samples.append((time.process_time() - began) / records * 1e6)
+        return statistics.median(samples)
+    finally:
+        lib.cudnnBackendDestroyDescriptor(pack)
+
+
 def driver_alone(cuda: Any, base: int, records: int, repeats: int) -> float:
     """The same memsets called straight from cffi: the driver's own cost, with cffi's call on top."""
     fn, stream = cuda.lib.cuMemsetD8Async, cuda.ffi.cast("void *", 0)
@@ -266,7 +301,10 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {kind} | {c:.2f} | {py:.2f} | {py / c:.1f}x |")
     lines += ["", f"The same memsets called straight from cffi (the driver's own cost with cffi's call on top): "
               f"{rows['in C']['driver']:.2f} µs; the same GEMMs: {rows['in C']['library']:.2f} µs; the same batch "
-              f"norms: {rows['in C']['batch_norm_alone']:.2f} µs. Records run in C: {rows['in C']['in_c']:,} (in the "
+              f"norms: {rows['in C']['batch_norm_alone']:.2f} µs"
+              + (f"; the same executions of one pack made once: {rows['in C']['execute_alone']:.2f} µs"
+                 if "execute_alone" in rows["in C"] else "")
+              + f". Records run in C: {rows['in C']['in_c']:,} (in the "
               f"Python run: {rows['in Python']['in_c']}). The cuDNN records are a tenth as many as the others (the "
               "sim behind the stand-in computes them)."]
     return "\n".join(lines) + "\n"
