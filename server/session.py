@@ -326,8 +326,11 @@ class Session:
         return ctx
 
     def defer_lane_failure(self, name: str, exc: CudaError) -> None:
+        """A record's failure, deferred as a batch defers its calls': as a status of the library of the call it
+        names (the client reads it so), a cuBLAS refusal as cuBLAS's NOT_SUPPORTED."""
         self.errors += 1
-        self.deferred.append((name, errors.status_for(exc, "cuda"), exc.detail))
+        call = CALLS.get(name)
+        self.deferred.append((name, errors.status_for(exc, call.library if call is not None else "cuda"), exc.detail))
         log.info("%s (lane) failed: %s", name, exc)
 
     # ---- the lane in C (native_lane.py) ----------------------------------------------------------
