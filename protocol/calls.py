@@ -673,8 +673,9 @@ class Call:
 
     @cached_property
     def destroys(self) -> bool:
-        """Ends the life of the handle in its first argument (cuStreamDestroy, cudnnDestroy...Descriptor)."""
-        return ("Destroy" in self.family or self.family.endswith("Unload")) and bool(self.params) \
+        """Ends the life of the handle in its first argument (cuStreamDestroy, cudnnDestroy...Descriptor,
+        cusparseSpGEMM_destroyDescr)."""
+        return ("destroy" in self.family.lower() or self.family.endswith("Unload")) and bool(self.params) \
             and (self.params[0].kind == "handle" or self.params[0].by_reference)
 
     @cached_property

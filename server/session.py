@@ -35,6 +35,7 @@ log = logging.getLogger("xpuremote.worker")
 
 MAX_OUTPUT_BYTES = 1 << 34  # a single reply larger than this is an error, not an attempt
 SERVER_HANDLE_BASE = 0x5E00_0000_0000
+STILLBORN_MAX = 4096  # handles whose making failed, remembered: a bound against a client that fails forever
 LANE, SET_CONTEXT = CALLS["xpuLane"], CALLS["cuCtxSetCurrent"]
 # a CUkernel works as a CUfunction; the runtime's stream and event types are the driver's; a
 # cuBLAS handle is a cuBLASLt handle too (NVIDIA documents the cast, and PyTorch makes it); a green
@@ -83,6 +84,9 @@ class Session:
         self.key = key  # what every connection of this session presents as its routing id
         self.handles = Handles()
         self.held: collections.Counter[str] = collections.Counter()  # live handles of each family
+        # client handles whose making failed here (an async shadow call refused): their destroy is a no-op, so
+        # one refusal is said once, not again at the destroy and at whatever waits next
+        self.stillborn: dict[int, str] = {}
         self.next_handle = SERVER_HANDLE_BASE
         self.deferred: list[tuple[str, int, str]] = []  # async failures not yet reported
         self.calls = 0
@@ -168,7 +172,8 @@ class Session:
             entry = handles.get(value)
             if entry is not None and entry[0] == family:
                 return entry[1]
-            raise CudaError(errors.INVALID_HANDLE, f"{param.name}={value:#x} is not a live {param.ctype}")
+            why = f" (making it failed: {self.stillborn[value]})" if value in self.stillborn else ""
+            raise CudaError(errors.INVALID_HANDLE, f"{param.name}={value:#x} is not a live {param.ctype}{why}")
         return resolve
 
     def register(self, ctype: str, obj: Any, handle: int | None = None, owner: Any = None) -> int:
@@ -218,6 +223,14 @@ class Session:
         if entry[0] == "CUgraph":
             for owned in self.owned.pop(entry[1], ()):
                 self.drop_handle(owned)
+
+    def stillbirth(self, call: Call, args: list[Any], made: list[tuple[int, str]], error: CudaError) -> CudaError:
+        """A shadow call that failed: the client's handles it was to make are remembered as never made."""
+        if call.cls == "shadow":
+            for i, _ in made:
+                if isinstance(args[i], int) and args[i] not in self.handles and len(self.stillborn) < STILLBORN_MAX:
+                    self.stillborn[args[i]] = str(error)
+        return error
 
     def forget(self, call: Call, args: list[Any]) -> None:
         """Destroy calls drop the handle they destroyed, and the handles of what it held."""
@@ -464,6 +477,8 @@ class Session:
                 self.library_calls[library] += 1
             if len(args) != count:
                 raise CudaError(errors.INVALID_VALUE, f"{call.symbol} takes {count} arguments, got {len(args)}")
+            if call.destroys and self.stillborn.pop(args[0], None) is not None:
+                return []  # its making failed and was said: nothing to destroy
             for i, low, high in ints:
                 if type(args[i]) is not int or not low <= args[i] < high:
                     self.decoder(call, call.params[i])(args[i], {})  # raises, saying what is wrong
@@ -480,7 +495,9 @@ class Session:
             try:
                 outs = run(decoded) if timed is None else timed(args, decoded)
             except BACKEND_FAULTS as exc:
-                raise _invalid(call, exc) from None
+                raise self.stillbirth(call, args, made, _invalid(call, exc)) from None
+            except CudaError as exc:
+                raise self.stillbirth(call, args, made, exc) from None
             if call.destroys:
                 self.forget(call, args)
             if not outputs:

@@ -88,7 +88,7 @@ def test_parameter_annotations_are_consistent() -> None:
             assert p.direction in ("in", "out", "inout")
             if p.kind != "ptr":
                 assert p.direction == "in" and p.count is None, (call.symbol, p)
-            if p.count in (None, "str", "*", "device") or p.count.isdigit():
+            if p.count in (None, "str", "*", "device", "ref") or p.count.isdigit():
                 continue
             for ref in re.split(r"\s*\*\s*", p.count.removeprefix("scalar").lstrip(":")):
                 if not ref:  # a scalar sized by its own type
