@@ -24,7 +24,12 @@ CHECKS = {"solve", "solve_batched", "inv_batched", "det", "det_batched", "choles
           "eigh", "eigh_batched", "svd", "svd_batched", "lstsq"}
 COMPLEX_CHECKS = {"solve_complex", "solve_batched_complex", "det_complex", "qr_complex", "eigh_complex", "svd_complex",
                   "lstsq_complex"}
+# cuBLAS's geqrfBatched and gelsBatched, S, C, D and Z
+BATCHED_QR_CHECKS = {f"{op}_batched{suffix}" for op in ("qr", "lstsq")
+                     for suffix in ("", "_complex", "_double", "_complex_double")}
+DOUBLE_CHECKS = {f"{name}_double" for name in CHECKS} | {f"{name}_double" for name in COMPLEX_CHECKS}
 TOLERANCE = 1e-5  # relative: float32 rounding of 6..32-element sums
+DOUBLE_TOLERANCE = 1e-10  # float64's rounding is ~1e-15: a result computed or kept in float32 anywhere is ~1e-7 off
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +58,25 @@ def test_complex_linalg_ops_match_the_cpu(linalg_result: tuple[dict[str, Any], s
     assert_within(linalg_result[0], COMPLEX_CHECKS)
 
 
+def test_batched_qr_and_lstsq_match_the_cpu(linalg_result: tuple[dict[str, Any], str]) -> None:
+    """qr and lstsq of a batch of four 8x8 / 8x3 matrices, which PyTorch sends to cuBLAS's geqrfBatched and
+    gelsBatched (m <= 256 and at least max(2, m / 16) matrices), in float32, complex64, float64 and complex128: Q and
+    R equal the CPU's (LAPACK's reflectors and tau), and the least-squares solutions too."""
+    assert_within(linalg_result[0], BATCHED_QR_CHECKS)
+
+
+def test_double_linalg_ops_match_the_cpu(linalg_result: tuple[dict[str, Any], str]) -> None:
+    """float64 and complex128: every check of the two tests above (solve, inv, det, cholesky, qr, eigh, svd, lstsq)
+    through the D and Z functions and ATen's double-precision kernels around them (copies, fills, triu/tril, det's
+    product and sign, conj, the residuals' squares and sums), to float64's precision."""
+    assert_within(linalg_result[0], DOUBLE_CHECKS)
+
+
 def assert_within(results: dict[str, Any], checks: set[str]) -> None:
+    """Each check's relative difference within its type's rounding (a `_double` name: float64 or complex128)."""
     assert checks <= set(results), sorted(checks - set(results))
-    failed = {k: results[k] for k in checks if not isinstance(results[k], float) or not results[k] <= TOLERANCE}
+    failed = {k: results[k] for k in checks if not isinstance(results[k], float)
+              or not results[k] <= (DOUBLE_TOLERANCE if k.endswith("_double") else TOLERANCE)}
     assert not failed, failed
 
 
@@ -82,7 +103,7 @@ def test_the_same_linalg_through_the_cuda_backend(tmp_path: Path, shim: Path) ->
     finally:
         cuda.stop()
         sim.stop()
-    assert_within(results, CHECKS | COMPLEX_CHECKS)
+    assert_within(results, CHECKS | COMPLEX_CHECKS | BATCHED_QR_CHECKS | DOUBLE_CHECKS)
     assert library_calls(sim).get("cusolver", 0) >= 10, library_calls(sim)
 
 

@@ -10,11 +10,14 @@ whose decoders it uses: it loads its own copy of that file (the sim enters neith
 
 import importlib.util
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from xpuremote.server.backends.sim_kernels import Launch, register
+
+ElementwiseOp = Callable[[bytes, list[np.ndarray]], np.ndarray]
 
 _spec = importlib.util.spec_from_file_location("xpuremote_sim_kernels_torch_base", Path(__file__).with_name(
     "torch_sim_kernels.py"))
@@ -65,6 +68,7 @@ TRIU_TRIL = "_ZN2at6native16triu_tril_kernelI{scalar}iLb{upper}ELi{per_thread}EL
 # own components shift them)
 TRIU_TRIL_TYPES = [
     ("f", "<f4", 2, "4_IKS5_S6_EEllS6_"),
+    ("d", "<f8", 1, "4_IKS5_S6_EEllS6_"),
     ("N3c107complexIfEE", "<c8", 1, "7_IKS8_S9_EEllS9_"),
     ("N3c107complexIdEE", "<c16", 1, "7_IKS8_S9_EEllS9_"),
 ]
@@ -95,7 +99,7 @@ def fill_strided(dtype: str):  # noqa: ANN201
 
 FILL_STRIDED = "_ZN2at6native18elementwise_kernelILi128ELi2EZNS0_22gpu_kernel_impl_nocastINS0_11FillFunctorI{}EEEEv" \
     "RNS_18TensorIteratorBaseERKT_EUliE_EEviT1_"
-for scalar, dtype in (("f", "<f4"), ("N3c107complexIfEE", "<c8"), ("N3c107complexIdEE", "<c16")):
+for scalar, dtype in (("f", "<f4"), ("d", "<f8"), ("N3c107complexIfEE", "<c8"), ("N3c107complexIdEE", "<c16")):
     register(FILL_STRIDED.format(scalar))(fill_strided(dtype))
 
 # ------------------------------------------------------------------------------------ any() of the infos
@@ -202,22 +206,30 @@ def jitted_prod(k: Launch) -> None:
 register("reduction_prod_kernel")(jitted_prod)
 
 # ----------------------------------------------------------------------------------------------- lstsq
-# pow_tensor_scalar_kernel_impl<float, float>(iter, exp): exponents 2, 3 and -2 as products (lambdas 1-3, nothing
-# captured), any other as pow(base, exp) (lambda 4, capturing exp); lstsq squares its residuals.
-POW_NS = "ZNS0_51_GLOBAL__N__7b48bba2_12_PowKernel_cu_e5d96c45_5803729pow_tensor_scalar_kernel_implIffEEvRNS_18Tensor" \
-    "IteratorBaseET0_EUlfE{}_"
+# pow_tensor_scalar_kernel_impl<T, T>(iter, exp), float and double: exponents 2, 3 and -2 as products (lambdas 1-3,
+# nothing captured), any other as pow(base, exp) (lambda 4, capturing exp as T); lstsq squares its residuals.
+POW_NS = "ZNS0_51_GLOBAL__N__7b48bba2_12_PowKernel_cu_e5d96c45_5803729pow_tensor_scalar_kernel_implI{t}{t}EEvRNS_18" \
+    "TensorIteratorBaseET0_EUl{t}E{discriminator}_"
 POW_VECTORIZED = "_ZN2at6native29vectorized_elementwise_kernelILi{vec}E{functor}St5arrayIPcLm2EELb0EEEviS6_T1_"
-POW_OPS = {  # lambda discriminator -> op
-    "": lambda functor, x: x[0] * x[0],
-    "0": lambda functor, x: x[0] * x[0] * x[0],
-    "1": lambda functor, x: np.float32(1) / (x[0] * x[0]),
-    "2": lambda functor, x: np.power(x[0], np.float32(struct.unpack_from("<f", functor)[0])),
-}
-for discriminator, pow_op in POW_OPS.items():
-    pow_functor = POW_NS.format(discriminator)
-    register(base.STRIDED.format(unroll=2, functor=pow_functor, tail="S6_RKT_"))(base.strided(pow_op, 2))
-    for vec in (2, 4, 8):
-        register(POW_VECTORIZED.format(vec=vec, functor=pow_functor))(base.vectorized(pow_op))
+
+
+def pow_ops(dtype: str) -> dict[str, ElementwiseOp]:
+    """lambda discriminator -> op, for operands of `dtype`."""
+    one = np.dtype(dtype).type(1)
+    return {
+        "": lambda functor, x: x[0] * x[0],
+        "0": lambda functor, x: x[0] * x[0] * x[0],
+        "1": lambda functor, x: one / (x[0] * x[0]),
+        "2": lambda functor, x: np.power(x[0], np.frombuffer(functor, dtype, 1)[0]),
+    }
+
+
+for mangled, dtype in (("f", "<f4"), ("d", "<f8")):
+    for discriminator, pow_op in pow_ops(dtype).items():
+        pow_functor = POW_NS.format(t=mangled, discriminator=discriminator)
+        register(base.STRIDED.format(unroll=2, functor=pow_functor, tail="S6_RKT_"))(base.strided(pow_op, 2, dtype))
+        for vec in (2, 4, 8):
+            register(POW_VECTORIZED.format(vec=vec, functor=pow_functor))(base.vectorized(pow_op, dtype))
 
 # ------------------------------------------------------------------------------------------ complex types
 # conj() (materialised before cuSOLVER reads a conjugated view, and by torch.linalg's adjoints), and a complex
@@ -242,3 +254,32 @@ register(base.UNROLLED.format(
 for scalar, dtype in (("f", C64), ("d", C128)):  # a complex product of strided operands
     register(base.STRIDED.format(unroll=2, functor=f"NS0_13BinaryFunctorIN3c107complexI{scalar}EES6_S6_NS0_15binary_"
                                  "internal10MulFunctorIS6_EEEE", tail=base.ITER))(base.strided(base.mul, 3, dtype))
+
+# ------------------------------------------------------------------------------------------ float64
+# The double-precision kernels the same checks launch in float64: a strided copy (a matrix made column-major for
+# the library), det's product times the int64 sign (a multiply that casts), the sum of lstsq's squared residuals.
+# (triu/tril, the strided fill and pow have their double cases above.)
+F64 = "<f8"
+for unroll in (2, 4):
+    register(base.STRIDED.format(unroll=unroll, functor=base.DIRECT_COPY_F.format(4, "d"), tail="S4_RKT_"))(
+        base.strided(base.copy, 2, F64))
+register(base.UNROLLED.format(
+    "NS0_13BinaryFunctorIdddNS0_15binary_internal10MulFunctorIdEEEESt5arrayIPcLm3EELi4E23TrivialOffsetCalculatorILi2"
+    "EjESA_ILi1EjENS0_6memory12LoadWithCastILi2EEENSD_13StoreWithCastILi1EEE"))(base.unrolled(base.mul, (F64,) * 3))
+SUM_D = "NS0_14func_wrapper_tIdZNS0_11sum_functorIdddEclERNS_14TensorIteratorEEUlddE_EE"
+for nt, vec in ((512, 1), (256, 2), (128, 4)):
+    register(base.REDUCE.format(nt=nt, vec=vec, scalar="d", ops=SUM_D, out="d"))(base.reduction(base.SUM, F64))
+
+# ---------------------------------------------------------------------------------------- complex128
+# A strided copy, a complex det's product times the sign (cast), and conj() of 16-byte elements, which ATen runs
+# unrolled rather than vectorized.
+for unroll in (2, 4):
+    register(base.STRIDED.format(unroll=unroll, functor=base.DIRECT_COPY_F.format(6, "N3c107complexIdEE"),
+                                 tail="S4_RKT_"))(base.strided(base.copy, 2, C128))
+register(base.UNROLLED.format(
+    "NS0_13BinaryFunctorIN3c107complexIdEES5_S5_NS0_15binary_internal10MulFunctorIS5_EEEESt5arrayIPcLm3EELi4E23Trivial"
+    "OffsetCalculatorILi2EjESD_ILi1EjENS0_6memory12LoadWithCastILi2EEENSG_13StoreWithCastILi1EEE"))(
+    base.unrolled(base.mul, (C128,) * 3))
+register(base.UNROLLED.format(
+    CONJ_F.format(9, "d") + "St5arrayIPcLm2EELi4E23TrivialOffsetCalculatorILi1EjESE_NS0_6memory15LoadWithoutCastENSF_"
+    "16StoreWithoutCastE"))(base.unrolled(conj, (C128, C128)))

@@ -13,8 +13,10 @@ written as LAPACK writes them, which is what PyTorch reads back:
 - syevd/heevd: eigenvalues ascending, the vectors in A (numpy's LAPACK; a vector's sign is LAPACK's choice);
 - gesvd (U, S, V^T), gesvdj and gesvda (U, S, V): numpy's SVD.
 Workspaces are not needed: the size queries answer small sizes and the workspace pointers are ignored.
-The cuBLAS batched solvers PyTorch routes small batches through (getrfBatched, getrsBatched, trsm) share the
-same code (SolvingBlas).
+The cuBLAS batched solvers PyTorch routes small batches through (getrfBatched, getrsBatched, trsm, geqrfBatched,
+gelsBatched) share the same code (SolvingBlas): gelsBatched as xGELS (geqrf's factors in A, the solution in C's first
+n rows, Q^H C below them; a device `info` per matrix), their host `info` 0, and an argument cuBLAS refuses failing
+the call with its documented status (INVALID_VALUE; NOT_SUPPORTED for gels of m < n or a transpose).
 """
 
 from __future__ import annotations
@@ -181,6 +183,20 @@ def apply_q(reflectors: np.ndarray, taus: np.ndarray, c: np.ndarray, adjoint: bo
         tau = np.conj(taus[i]) if adjoint else taus[i]
         c[i:] -= tau * np.outer(w, w.conj() @ c[i:])
     return c
+
+
+def least_squares(a: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """xGELS of a full-rank m >= n system, not transposed: (A's geqrf, C with the solution in its first n rows and
+    the rest of Q^H C below it, info). info = i where R's i-th diagonal element (1-based) is exactly zero, and then C
+    holds Q^H C, unsolved."""
+    n = a.shape[1]
+    factors, taus = qr(a)
+    c = apply_q(factors, taus, c, True)
+    zeros = np.flatnonzero(np.diagonal(factors)[:n] == 0)
+    if zeros.size:
+        return factors, c, int(zeros[0]) + 1
+    c[:n] = triangular_solve(factors[:n, :n], c[:n], False, False)
+    return factors, c, 0
 
 
 def eigh(a: np.ndarray, uplo: int) -> tuple[np.ndarray, np.ndarray]:
@@ -567,8 +583,8 @@ for _call in mathlibs.api(mathlibs.CUSOLVER).FUNCTIONS:
 
 class SolvingBlas(SimBlas):
     """cuBLAS on the sim with the batched solvers PyTorch calls for small batches (torch.linalg.inv and solve of a
-    batch, lu_factor, the triangular solves of lstsq): getrfBatched, getrsBatched, trsm and trsmBatched, real and
-    complex types."""
+    batch, lu_factor, the triangular solves of lstsq, qr and lstsq of a batch): getrfBatched, getrsBatched, trsm,
+    trsmBatched, geqrfBatched and gelsBatched, real and complex types."""
 
     solver: SimSolver
 
@@ -619,8 +635,44 @@ def _blas(letter: str) -> dict[str, Any]:
         for a, b in zip(self.solver.pointers(a_arrays, batch), self.solver.pointers(b_arrays, batch), strict=True):
             self.trsm_one(dtype, side, uplo, trans, diag, m, n, scale, a, lda, b, ldb)
 
+    def geqrf_batched(self, h, m, n, a_arrays, lda, tau_arrays, batch):  # noqa: ANN001, ANN202
+        """geqrf of each matrix: R and the reflectors in place, min(m, n) `tau` per matrix; the host `info`: 0."""
+        check_batched_sizes("geqrfBatched", m, n, batch, lda)
+        solver = self.solver
+        for a, tau in zip(solver.pointers(a_arrays, batch), solver.pointers(tau_arrays, batch), strict=True):
+            factors, taus = qr(solver.load(a, dtype, m, n, lda))
+            solver.store(a, dtype, factors, lda)
+            solver.put_vector(tau, dtype, taus)
+        return (0,)
+
+    def gels_batched(self, h, trans, m, n, nrhs, a_arrays, lda, c_arrays, ldc, dev_info, batch):  # noqa: ANN001, ANN202
+        """Least squares of full-rank m >= n systems; the host `info`: 0 (bad arguments fail the call)."""
+        check_batched_sizes("gelsBatched", m, n, batch, lda, nrhs, ldc)
+        if trans != OP_N or m < n:
+            raise errors.library_error("cublas", "not_supported",
+                                       f"gelsBatched of trans={trans}, m={m}, n={n} (only m >= n, not transposed)")
+        solver = self.solver
+        statuses = []
+        for a, c in zip(solver.pointers(a_arrays, batch), solver.pointers(c_arrays, batch), strict=True):
+            factors, solution, status = least_squares(solver.load(a, dtype, m, n, lda),
+                                                      solver.load(c, dtype, m, nrhs, ldc))
+            solver.store(a, dtype, factors, lda)
+            solver.store(c, dtype, solution, ldc)
+            statuses.append(status)
+        solver.put_ints(dev_info, statuses)
+        return (0,)
+
     return {f"cublas{letter}getrfBatched": getrf_batched, f"cublas{letter}getrsBatched": getrs_batched,
-            f"cublas{letter}trsm": trsm, f"cublas{letter}trsmBatched": trsm_batched}
+            f"cublas{letter}trsm": trsm, f"cublas{letter}trsmBatched": trsm_batched,
+            f"cublas{letter}geqrfBatched": geqrf_batched, f"cublas{letter}gelsBatched": gels_batched}
+
+
+def check_batched_sizes(call: str, m: int, n: int, batch: int, lda: int, nrhs: int = 0, ldc: int | None = None
+                        ) -> None:
+    """cuBLAS's INVALID_VALUE cases of geqrfBatched and gelsBatched: negative sizes, leading dimensions < max(1, m)."""
+    if min(m, n, nrhs, batch) < 0 or lda < max(1, m) or (ldc is not None and ldc < max(1, m)):
+        raise errors.library_error("cublas", "invalid_value", f"{call} of m={m}, n={n}, nrhs={nrhs}, lda={lda}, "
+                                   f"ldc={ldc}, batchSize={batch}")
 
 
 def _trsm_one(self: SolvingBlas, dtype: np.dtype, side: int, uplo: int, trans: int, diag: int, m: int, n: int,
