@@ -7,10 +7,12 @@ under its default backend (`preferred_linalg_library` is left as it is).
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import ROOT, TORCH_SIM_KERNELS, Server, start_server
 from test_torch import run_torch
@@ -116,3 +118,65 @@ def test_an_older_cusolver_on_the_server_is_refused_naming_both_versions(tmp_pat
         srv.stop()
     assert proc.returncode != 0
     assert "cusolver 12.x" in proc.stderr and "11.7.1" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_the_sims_batched_qr_and_least_squares_follow_lapack_and_cublas() -> None:
+    """In process, without PyTorch: the sim's cublasDgelsBatched solves each system as numpy's lstsq does and leaves
+    the rest of Q^T C below the solution (whose squared norms are the residuals); a matrix whose R has an exactly
+    zero diagonal element gets its position (1-based) in the device `info` and C left as Q^T C, unsolved, as xGELS
+    leaves it; cublasDgeqrfBatched's reflectors and tau rebuild each matrix (Q R = A). Arguments cuBLAS refuses fail
+    the call with its documented statuses."""
+    from xpuremote.protocol import errors
+    from xpuremote.server.backends.sim import Memory
+    from xpuremote.server.backends.sim_solver import SolvingBlas, apply_q
+
+    memory = Memory(1 << 20)
+    blas = SolvingBlas(memory)
+    rng = np.random.default_rng(0)
+    m, n, nrhs = 6, 3, 2
+    a = rng.standard_normal((3, m, n))
+    a[2, :, 1] = 0  # rank deficient: R[1, 1] is exactly zero
+    c = rng.standard_normal((3, m, nrhs))
+
+    def matrices(values: np.ndarray) -> tuple[list[int], int]:
+        """Each matrix column-major in its own buffer, and the device array of their addresses."""
+        buffers = [memory.alloc(v.nbytes) for v in values]
+        for buffer, v in zip(buffers, values, strict=True):
+            memory.write(buffer, np.asfortranarray(v).tobytes(order="F"))
+        array = memory.alloc(8 * len(buffers))
+        memory.write(array, struct.pack(f"<{len(buffers)}Q", *buffers))
+        return buffers, array
+
+    def read(buffer: int, shape: tuple[int, int]) -> np.ndarray:
+        return np.frombuffer(bytes(memory.read(buffer, 8 * shape[0] * shape[1])), "<f8").reshape(shape, order="F")
+
+    a_buffers, a_array = matrices(a)
+    c_buffers, c_array = matrices(c)
+    info = memory.alloc(4 * 3)
+    assert blas.cublasDgelsBatched(None, 0, m, n, nrhs, a_array, m, c_array, m, info, 3) == (0,)
+    assert list(np.frombuffer(bytes(memory.read(info, 12)), "<i4")) == [0, 0, 2]
+    for i in range(2):
+        solution, residuals, _, _ = np.linalg.lstsq(a[i], c[i], rcond=None)
+        found = read(c_buffers[i], (m, nrhs))
+        np.testing.assert_allclose(found[:n], solution, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose((found[n:] ** 2).sum(axis=0), residuals, rtol=1e-12)
+    q, _ = np.linalg.qr(a[2], mode="complete")
+    unsolved = read(c_buffers[2], (m, nrhs))  # Q^T C; Q's columns are unique up to sign
+    np.testing.assert_allclose(np.abs(unsolved), np.abs(q.T @ c[2]), atol=1e-12)
+
+    qr_buffers, qr_array = matrices(a[:2])
+    tau_buffers, tau_array = matrices(np.zeros((2, n, 1)))
+    assert blas.cublasDgeqrfBatched(None, m, n, qr_array, m, tau_array, 2) == (0,)
+    for i in range(2):
+        factors, taus = read(qr_buffers[i], (m, n)), read(tau_buffers[i], (n, 1))[:, 0]
+        np.testing.assert_allclose(apply_q(factors, taus, np.triu(factors), False), a[i], atol=1e-12)
+
+    refusals = [(blas.cublasSgelsBatched, (None, 0, 2, 3, 1, a_array, 2, c_array, 2, info, 1), "not_supported"),
+                (blas.cublasSgelsBatched, (None, 1, m, n, 1, a_array, m, c_array, m, info, 1), "not_supported"),
+                (blas.cublasSgelsBatched, (None, 0, m, n, 1, a_array, m, c_array, m - 1, info, 1), "invalid_value"),
+                (blas.cublasSgeqrfBatched, (None, m, n, a_array, m - 1, tau_array, 1), "invalid_value"),
+                (blas.cublasSgeqrfBatched, (None, m, n, a_array, m, tau_array, -1), "invalid_value")]
+    for call, args, outcome in refusals:
+        with pytest.raises(errors.CudaError) as refused:
+            call(*args)
+        assert refused.value.code == mathlibs.status_code(mathlibs.CUBLAS, outcome), (call.__name__, args)
