@@ -418,6 +418,10 @@ cusparseXbsrsm2_zeroPivot       sync    position=out
 """,
 )
 
+# cuSPARSE's const descriptors are its descriptors: a handle made as one is named as the other
+CUSPARSE_HANDLE_FAMILIES = {f"cusparseConst{kind}Descr_t": f"cusparse{kind}Descr_t"
+                            for kind in ("SpVec", "DnVec", "SpMat", "DnMat")}
+
 # cuSOLVER (dense): the handle, the 64-bit API's parameters and the Jacobi methods' settings are client-made.
 # Workspace-size queries wait for the answer (the client keeps each, keyed by the arguments' content); the
 # factorizations are queued on the handle's stream and write their `info` into device memory, as the library
@@ -525,10 +529,6 @@ cusolverDn{T}sytrf                  async
 """),
 )
 
-# cuSPARSE's const descriptors are its descriptors: a handle made as one is named as the other
-CUSPARSE_HANDLE_FAMILIES = {f"cusparseConst{kind}Descr_t": f"cusparse{kind}Descr_t"
-                            for kind in ("SpVec", "DnVec", "SpMat", "DnMat")}
-
 CUFFT = Library(
     name="cufft", soname="libcufft.so.12", header="cufftXt.h", prefix="cufft", exclude=(),
     status_type="cufftResult", version_macros=("CUFFT_VER_MAJOR", "CUFFT_VER_MINOR", "CUFFT_VER_PATCH"),
@@ -581,49 +581,6 @@ cufftExecC2R                async
 cufftExecZ2Z                async
 cufftExecD2Z                async
 cufftExecZ2D                async
-""",
-)
-
-
-# cuRAND (the host API): a generator is client-made, its settings and generations are queued on the generator's
-# stream and write device memory. The client keeps each generator's type and answers what cuRAND refuses at once
-# (a normal count that is odd, a type's wrong call: client/curand.py). Host generators (curandCreateGeneratorHost)
-# write host memory the server cannot reach, and the discrete distributions are device memory for the device API's
-# kernels: neither is forwarded (no row), each refused with CURAND_STATUS_ARCH_MISMATCH, said once.
-CURAND = Library(
-    name="curand", soname="libcurand.so.10", header="curand.h", prefix="curand", exclude=(),
-    status_type="curandStatus_t", version_macros=("CURAND_VER_MAJOR", "CURAND_VER_MINOR", "CURAND_VER_PATCH"),
-    handles=(),
-    status={
-        "success": "CURAND_STATUS_SUCCESS", "not_initialized": "CURAND_STATUS_NOT_INITIALIZED",
-        "alloc_failed": "CURAND_STATUS_ALLOCATION_FAILED", "invalid_value": "CURAND_STATUS_OUT_OF_RANGE",
-        "not_supported": "CURAND_STATUS_ARCH_MISMATCH", "execution_failed": "CURAND_STATUS_LAUNCH_FAILURE",
-        "internal": "CURAND_STATUS_INTERNAL_ERROR", "version_mismatch": "CURAND_STATUS_VERSION_MISMATCH",
-        "type_error": "CURAND_STATUS_TYPE_ERROR", "length_not_multiple": "CURAND_STATUS_LENGTH_NOT_MULTIPLE",
-        "initialization_failed": "CURAND_STATUS_INITIALIZATION_FAILED",
-    },
-    spec="""
-curandGetVersion                        local   version=out
-curandGetProperty                       local   value=out
-curandCreateGenerator                   shadow
-curandDestroyGenerator                  async
-curandSetStream                         async
-curandSetPseudoRandomGeneratorSeed      async
-curandSetGeneratorOffset                async
-curandSetGeneratorOrdering              async
-curandSetQuasiRandomGeneratorDimensions async
-curandGenerateSeeds                     async
-# generations: queued on the generator's stream, into device memory
-curandGenerate                          async
-curandGenerateLongLong                  async
-curandGenerateUniform                   async
-curandGenerateUniformDouble             async
-curandGenerateNormal                    async
-curandGenerateNormalDouble              async
-curandGenerateLogNormal                 async
-curandGenerateLogNormalDouble           async
-curandGeneratePoisson                   async
-curandGenerateBinomial                  async
 """,
 )
 
