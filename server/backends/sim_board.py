@@ -43,7 +43,7 @@ def remove_stale() -> None:
     name = re.compile(rf"{re.escape(PREFIX)}{os.getuid()}-(\d+)(-\w+)?")
     for entry in os.scandir(tempfile.gettempdir()):
         match = name.fullmatch(entry.name)
-        if match and not _alive(int(match.group(1))) and _private(entry.path, quiet=True):
+        if match and not process_alive(int(match.group(1))) and _private(entry.path, quiet=True):
             shutil.rmtree(entry.path, ignore_errors=True)  # without following links (fd-based on Linux)
 
 
@@ -101,7 +101,7 @@ class Board:
             if not entry.name.isdigit():
                 continue
             pid = int(entry.name)
-            if not _alive(pid):
+            if not process_alive(pid):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)  # a worker that died without closing
                 continue
@@ -136,7 +136,8 @@ def _read_slot(path: str, device: int) -> int:
     return SLOT.unpack(raw)[0] if len(raw) == SLOT.size else 0
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` lives (another user's too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -38,6 +38,8 @@ from pathlib import Path
 from xpuremote.protocol import errors
 from xpuremote.protocol.errors import CudaError
 
+from .sim_board import process_alive
+
 ID_BYTES = 128
 MAGIC = b"xpuremote-sim-nccl-v1\0"
 TOKEN_BYTES = 16
@@ -92,7 +94,7 @@ def remove_stale(directory: Path, idle_s: float = STALE_S) -> None:
             pids = [int(f.read_text().split()[0]) for f in entry.glob("rank-*")]
         except (OSError, ValueError, IndexError):
             continue
-        if not any(_alive(pid) for pid in pids):
+        if not any(process_alive(pid) for pid in pids):
             shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -191,7 +193,7 @@ class Rendezvous:
                 raise nccl_error("remote", f"rank {r} left the communicator while rank {self.rank} waited "
                                 f"for it {what}")
             pid = self.pids.get(r)
-            if pid is not None and not _alive(pid):
+            if pid is not None and not process_alive(pid):
                 raise nccl_error("remote", f"rank {r}'s server process ({pid}) is gone while rank "
                                 f"{self.rank} waited for it {what}")
 
@@ -268,12 +270,3 @@ class Rendezvous:
         if all((self.directory / f"left-{r}").exists() for r in range(self.nranks)):
             shutil.rmtree(self.directory, ignore_errors=True)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
