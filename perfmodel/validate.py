@@ -6,9 +6,11 @@ the last call), the same span the prediction is of, so process start-up and the 
 starting a worker are outside both.
 
 Every run goes through the link emulation, the recordings too (set to add nothing): its
-bookkeeping costs each message a few µs of Python at both ends, 10-17 µs a round trip on a
-2-core virtual machine, which a real network does not add. Left out of the recordings, it
-showed up as a model error of -2 to -6% on the round-trip-bound program.
+bookkeeping costs CPU at both ends (about 9 µs of the client's and 7 of the worker's a round
+trip on a 2-core virtual machine, bench/link_emulation.py), which a real network does not add.
+Left out of the recordings, when it cost 10-17 µs a round trip, it showed up as a model error of
+-2 to -6% on the round-trip-bound program. The emulated session is the one that runs: its data
+connection and fast lane stay on (protocol/link.py).
 
 When validate starts its own server, the server and the runs get CPUs of their own, as a
 client and a GPU server on two machines would: the scheduler's placement of both on shared
