@@ -38,7 +38,7 @@ SIZES = {
              "tokens": (8, 512), "gpt2": {}, "generate": (32, 64), "compile_batch": 64},
     "small": {"mlp": (32, 64, 8), "image": 32, "images": 2, "gpt": (2, 64, 2, 512, 64), "tokens": (2, 16),
               "gpt2": {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 512, "n_positions": 64,
-                       "bos_token_id": 0, "eos_token_id": 0},
+                       "bos_token_id": 0, "eos_token_id": 511},  # not 0: the sim's skipped kernels pick 0
               "generate": (8, 4), "compile_batch": 4},
 }
 
@@ -125,7 +125,9 @@ def _train(torch: Any, model: Any, make_batch: Callable[[], tuple[Any, Any]], lo
     return step, lambda: float(last[0])
 
 
-def build(name: str, torch: Any, size: str = "full") -> tuple[Callable[[], Any], Callable[[], float]]:
+def build(name: str, torch: Any, size: str = "full", new_tokens: int | None = None
+          ) -> tuple[Callable[[], Any], Callable[[], float]]:
+    """A workload's step and checksum; `new_tokens`: gpt2_generate's, instead of its size's."""
     torch.manual_seed(0)
     dev, F, dims = "cuda", torch.nn.functional, SIZES[size]
     if name == "mlp_train":
@@ -171,7 +173,7 @@ def build(name: str, torch: Any, size: str = "full") -> tuple[Callable[[], Any],
 
         config = GPT2Config(**dims["gpt2"])
         model = GPT2LMHeadModel(config).to(dev).eval()
-        prompt_tokens, new_tokens = dims["generate"]
+        prompt_tokens, new_tokens = dims["generate"][0], new_tokens or dims["generate"][1]
         prompt = torch.randint(0, config.vocab_size, (1, prompt_tokens), device=dev)
         out = [None]
 
@@ -180,29 +182,38 @@ def build(name: str, torch: Any, size: str = "full") -> tuple[Callable[[], Any],
                 out[0] = model.generate(prompt, max_new_tokens=new_tokens, do_sample=False, use_cache=True,
                                         pad_token_id=0, attention_mask=torch.ones_like(prompt))
 
+        generate.tokens = lambda: out[0].shape[1] - prompt_tokens  # type: ignore[attr-defined]  # the last step's
         return generate, lambda: float(out[0].sum())
     raise SystemExit(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
 
 
 def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP,
-            stop_at: float | None = None) -> dict[str, Any]:
+            stop_at: float | None = None, gate: bool = False, new_tokens: int | None = None) -> dict[str, Any]:
     """One workload in this process: per-step times after warm-up, and a checksum. With `stop_at` (a
-    time.time()), the steps stop there, after at least one: fewer steps, not none."""
+    time.time()), the steps stop there, after at least one: fewer steps, not none. With `gate`, once warmed up
+    it says so on stdout and times its steps when a line comes on stdin (xpu-perf's validation starts a
+    workload's runs together and times them one at a time). `window_ns`: the timed steps' start and end on
+    CLOCK_MONOTONIC, the clock a trace's times are on."""
     import torch
 
-    step, checksum = build(name, torch, size)
+    step, checksum = build(name, torch, size, new_tokens)
     at: dict[str, Any] = {}  # this process's CPU and the workers' when the timed steps begin
 
     def begin() -> None:
-        at.update(cpu=time.process_time(), workers=workers_cpu_s())
+        if gate:
+            print(json.dumps({"ready": name}), flush=True)
+            sys.stdin.readline()
+        at.update(cpu=time.process_time(), workers=workers_cpu_s(), start=time.monotonic_ns())
 
     times = time_steps(step, torch.cuda.synchronize, steps, warmup, stop_at, begin)
+    window = [at["start"], time.monotonic_ns()]
     cpu = time.process_time() - at["cpu"]
     served = sum(now - at["workers"].get(pid, 0.0) for pid, now in workers_cpu_s().items())
     return {"workload": name, "steps_s": times, "median_ms": 1000 * statistics.median(times), "checksum": checksum(),
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "max_allocated": torch.cuda.max_memory_allocated(), "steps": len(times), "steps_asked": steps,
-            "cpu_ms": 1000 * cpu / len(times), "server_cpu_ms": 1000 * served / len(times)}
+            "cpu_ms": 1000 * cpu / len(times), "server_cpu_ms": 1000 * served / len(times), "window_ns": window,
+            **({"tokens": step.tokens()} if name == "gpt2_generate" else {})}  # type: ignore[attr-defined]
 
 
 def time_steps(step: Callable[[], Any], sync: Callable[[], Any], steps: int, warmup: int,
@@ -348,10 +359,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for each workload, both runs: their steps stop in time (at least one each)")
     parser.add_argument("--run", help=argparse.SUPPRESS)  # one workload in this process
     parser.add_argument("--stop-at", type=float, help=argparse.SUPPRESS)  # --run's steps end there (time.time())
+    parser.add_argument("--gate", action="store_true", help=argparse.SUPPRESS)  # --run: steps timed on a stdin line
+    parser.add_argument("--new-tokens", type=int, help="gpt2_generate's new tokens a step (default: its size's)")
     args = parser.parse_args(argv)
     if args.run:  # one or more workloads, one after the other in this process: a JSON line each
         for name in args.run.split(","):
-            print(json.dumps(run_one(name, args.steps, args.size, args.warmup, args.stop_at)), flush=True)
+            print(json.dumps(run_one(name, args.steps, args.size, args.warmup, args.stop_at, args.gate,
+                                     args.new_tokens)), flush=True)
+        if args.gate:  # the session stays up, idle, until the other runs are timed
+            sys.stdin.read()
         return 0
     if args.out is None:
         parser.error("--out DIR is required")

@@ -21,22 +21,27 @@ that placement alone moved identical runs by ±15%.
 from __future__ import annotations
 
 import collections
+import contextlib
+import json
 import os
+import queue
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from xpuremote.protocol import trace as fmt
 from xpuremote.protocol.local_server import on_cpus, start_local_server
 
-from .model import Model, Network
+from .model import Model, Network, replay
 
 T = TypeVar("T")
 
@@ -201,4 +206,263 @@ def table(v: Validation) -> str:
         lines.append(f"{p.network.rtt_us:>8g} {bw:>9} {p.predicted_s * 1e3:>13.1f} {p.measured_s * 1e3:>12.1f} "
                      f"{p.error:>+7.1%} {plain:>17}")
     lines.append(f"median |error| {v.median_error:.1%}, worst {v.worst_error:.1%}")
+    return "\n".join(lines)
+
+
+# ---- PyTorch workloads: a step's time over each link ---------------------------------------------------
+TORCH_RTTS_US = (25.0, 100.0, 500.0, 2000.0)
+TORCH_GBPS = (10.0, 100.0)
+STEP_AIMS = (0.05, 0.10)  # the step time's error: median, worst
+ADDS_ENOUGH = 0.05  # where the link adds at least this share of the step, its added time is held to ADDED_AIM
+ADDED_AIM = 0.20
+
+
+def time_at(model: Model, net: Network, t: float) -> float:
+    """When the predicted run on `net` reaches the recorded run's instant `t` (ns after the trace's epoch): `t`,
+    and the delay the messages sent before it accumulated."""
+    before = [m for m in model.msgs if m.sent < t]
+    return replay(before, t, model.transport, net, model.machines).predicted_s * 1e9
+
+
+def window_s(model: Model, net: Network, start: float, end: float) -> float:
+    """The predicted duration on `net` of the recorded run's window [start, end) (ns after the epoch), made exact
+    at the recorded network as the whole run's prediction is (the replay's fit error over the window taken off)."""
+    def span(n: Network) -> float:
+        return time_at(model, n, end) - time_at(model, n, start)
+    return (span(net) - span(model.recorded) + (end - start)) / 1e9
+
+
+@dataclass
+class StepPoint:
+    """One link: a step's time recorded (at loopback), predicted from that recording, and measured over the link."""
+
+    network: Network
+    recorded_s: float
+    predicted_s: float
+    without_gpu_s: float  # the prediction without the GPU's queues
+    measured_s: float | None = None  # None: the run failed (`failure` says why)
+    failure: str = ""
+
+    @property
+    def error(self) -> float | None:
+        return None if self.measured_s is None else self.predicted_s / self.measured_s - 1.0
+
+    @property
+    def added_predicted_s(self) -> float:
+        return self.predicted_s - self.recorded_s
+
+    @property
+    def added_measured_s(self) -> float | None:
+        return None if self.measured_s is None else self.measured_s - self.recorded_s
+
+    @property
+    def link_adds(self) -> float | None:
+        """The share of the recorded step the link added, measured."""
+        added = self.added_measured_s
+        return None if added is None else added / self.recorded_s
+
+    @property
+    def added_error(self) -> float | None:
+        added = self.added_measured_s
+        return None if not added else self.added_predicted_s / added - 1.0
+
+    @property
+    def held(self) -> bool:
+        """Whether the link adds enough to the step for its added time to be held to ADDED_AIM."""
+        return self.link_adds is not None and self.link_adds >= ADDS_ENOUGH
+
+
+@dataclass
+class TorchValidation:
+    workload: str
+    command: list[str]
+    steps: int
+    points: list[StepPoint]
+    tokens: int | None = None  # gpt2_generate's new tokens a step: its rate is tokens / step
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TorchValidation:
+        """As to_json wrote it (the figures that follow from the others are computed again)."""
+        return cls(data["workload"], data["command"], data["steps"], [StepPoint(
+            Network(p["rtt_us"], p["gbps"] or 0.0), p["recorded_step_s"], p["predicted_step_s"],
+            p["predicted_without_gpu_step_s"], p["measured_step_s"], p.get("failure", "")) for p in data["points"]],
+            data.get("tokens"))
+
+    def to_json(self) -> dict[str, object]:
+        return {"workload": self.workload, "command": self.command, "steps": self.steps, "tokens": self.tokens,
+                "points": [{"rtt_us": p.network.rtt_us, "gbps": p.network.gbps or None,
+                            "recorded_step_s": p.recorded_s, "predicted_step_s": p.predicted_s,
+                            "measured_step_s": p.measured_s, "error": p.error,
+                            "predicted_without_gpu_step_s": p.without_gpu_s,
+                            "added_predicted_s": p.added_predicted_s, "added_measured_s": p.added_measured_s,
+                            "added_error": p.added_error, "link_adds": p.link_adds, "held": p.held,
+                            **({"tokens_per_s": {k: self.tokens / v if v else None for k, v in (
+                                ("recorded", p.recorded_s), ("predicted", p.predicted_s),
+                                ("measured", p.measured_s))}} if self.tokens else {}),
+                            **({"failure": p.failure} if p.failure else {})} for p in self.points]}
+
+
+class GatedRun:
+    """A workload's process (bench/torch_e2e.py --run ... --gate) under xpu-run over an emulated link, traced: it
+    warms up, says it is ready, times its steps when told, and stays up, idle, until its stdin closes."""
+
+    def __init__(self, command: list[str], server: str, path: Path, net: Network,
+                 cpus: Collection[int] | None) -> None:
+        env = dict(os.environ, XPU_TRACE=str(path), XPU_LINK_RTT_US=str(net.rtt_us), XPU_LINK_GBPS=str(net.gbps))
+        self.path, self.net = path, net
+        self.proc = subprocess.Popen([sys.executable, "-m", "xpuremote.interpose.run", "--server", server, "--",
+                                      *command, "--gate"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, preexec_fn=on_cpus(cpus))
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.said: collections.deque[str] = collections.deque(maxlen=40)
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=lambda: self.said.extend(self.proc.stderr), daemon=True).start()  # type: ignore
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            if line.startswith("{"):
+                self.lines.put(line)
+        self.lines.put(None)
+
+    def next(self, key: str, deadline: float) -> dict[str, Any]:
+        """The process's next JSON line, which must hold `key`."""
+        try:
+            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            line = None
+        if line is None:
+            raise RuntimeError(f"the run over {self.net} said no {key!r} (exit {self.proc.poll()}):\n"
+                               + "".join(self.said)[-2000:])
+        found = json.loads(line)
+        if key not in found:
+            raise RuntimeError(f"the run over {self.net} said {line[:200]!r}, not {key!r}")
+        return found
+
+    def go(self, deadline: float) -> dict[str, Any]:
+        """Its timed steps: its result line."""
+        self.proc.stdin.write("go\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        return self.next("steps_s", deadline)
+
+    def finish(self, timeout: float = 60.0) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def validate_torch(workload: str, command: list[str], rtts: Sequence[float] = TORCH_RTTS_US,
+                   gbps: Sequence[float] = TORCH_GBPS, server: str | None = None, backend: str = "auto",
+                   timeout_s: float = 1800.0, seed: int = 0, keep: Path | None = None) -> TorchValidation:
+    """A PyTorch workload (`command`: bench/torch_e2e.py --run WORKLOAD ...) recorded once at loopback and run
+    once over each emulated link, all traced; a step's time recorded, predicted from the recording, measured.
+
+    A PyTorch process takes seconds to start (importing PyTorch, the CUDA context, the libraries, the warm-up)
+    and its timed steps a fraction of one: the recording and the runs start together, wait warmed up, and time
+    their steps one at a time in a shuffled order, each alone on the machine (the others idle, blocked on a
+    read). The runs are traced as the recording is: the model replays the recorded server's times, which a trace
+    makes dearer (on a GPU the timer moves the lane's records into the worker's Python), so an untraced run is
+    another session than the one predicted. Each run's step is its timed window over its steps: the same
+    window as the prediction's, from the recording's marks on the trace's clock. `keep`: a folder to leave the
+    traces in (WORKLOAD-0.trace the recording's, then one a link in order)."""
+    nets = [Network(rtt, bw) for rtt in rtts for bw in gbps]
+    deadline = time.monotonic() + timeout_s
+    cpus = None if server else split_cpus()
+    with serving(server, backend, cpus and cpus[1]) as address, \
+            tempfile.TemporaryDirectory(prefix="xpu-perf-") as tmp:
+        runs = [GatedRun(command, address, Path(keep or tmp, f"{workload}-{i}.trace"), net, cpus and cpus[0])
+                for i, net in enumerate([Network(), *nets])]
+        results: dict[int, dict[str, Any] | str] = {}
+        try:
+            for i, run in enumerate(runs):
+                try:
+                    run.next("ready", deadline)
+                except RuntimeError as exc:
+                    results[i] = str(exc)
+            order = [i for i in range(len(runs)) if i not in results]
+            random.Random(seed).shuffle(order)
+            for i in order:
+                try:
+                    results[i] = runs[i].go(deadline)
+                except RuntimeError as exc:
+                    results[i] = str(exc)
+        finally:
+            for run in runs:
+                run.finish()
+        recording = results[0]
+        if isinstance(recording, str):
+            raise RuntimeError(f"{workload}: the recording failed: {recording}")
+        return _compare(workload, command, fmt.read(runs[0].path), recording, nets,
+                        [results[i + 1] for i in range(len(nets))])
+
+
+def _compare(workload: str, command: list[str], trace: fmt.Trace, recording: dict[str, Any], nets: list[Network],
+             runs: list[dict[str, Any] | str]) -> TorchValidation:
+    """Each link's step: predicted from the recording's window, measured as its run's window."""
+    steps = len(recording["steps_s"])
+    epoch = trace.header["epoch_ns"]
+    start, end = (t - epoch for t in recording["window_ns"])
+    model, plain = Model(trace), Model(trace, gpu=False)
+    recorded = (end - start) / 1e9 / steps
+    points = []
+    for net, run in zip(nets, runs):
+        point = StepPoint(net, recorded, window_s(model, net, start, end) / steps,
+                          window_s(plain, net, start, end) / steps)
+        if isinstance(run, str):
+            point.failure = run
+        else:
+            point.measured_s = (run["window_ns"][1] - run["window_ns"][0]) / 1e9 / len(run["steps_s"])
+        points.append(point)
+    return TorchValidation(workload, command, steps, points, recording.get("tokens"))
+
+
+def torch_summary(results: Sequence[TorchValidation]) -> dict[str, Any]:
+    """The points against the aims: the step time's error (median, worst), and the added time's where the link
+    adds at least ADDS_ENOUGH of the step."""
+    points = [p for r in results for p in r.points if p.error is not None]
+    errors = [abs(p.error) for p in points]  # type: ignore[arg-type]
+    held = [abs(p.added_error) for p in points if p.held and p.added_error is not None]
+    return {"points": len(points), "failed": sum(p.error is None for r in results for p in r.points),
+            "median_abs_error": statistics.median(errors) if errors else None,
+            "worst_abs_error": max(errors) if errors else None,
+            "held_points": len(held), "held_within_aim": sum(e <= ADDED_AIM for e in held),
+            "worst_held_added_error": max(held) if held else None,
+            "aims": {"median": STEP_AIMS[0], "worst": STEP_AIMS[1], "adds_enough": ADDS_ENOUGH, "added": ADDED_AIM}}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1%}"
+
+
+def torch_table(results: Sequence[TorchValidation]) -> str:
+    """A markdown table of every point, and a line against the aims. A step's times in ms; gpt2_generate's tokens/s
+    beside them; last, the model's prediction without the GPU's queues (the server's times as recorded: the same on
+    the sim). `*`: the link adds at least ADDS_ENOUGH of the step, so its added time is held to ADDED_AIM; an added
+    time's error not held to it is in brackets."""
+    lines = ["| workload | RTT µs | Gbit/s | recorded ms | predicted ms | measured ms | error | link adds | "
+             "added: predicted ms | measured ms | error | tokens/s: recorded / predicted / measured | "
+             "predicted without GPU queues ms |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for r in results:
+        for p in r.points:
+            rate = (" / ".join(f"{r.tokens / s:.0f}" if s else "-" for s in (p.recorded_s, p.predicted_s,
+                                                                               p.measured_s)) if r.tokens else "")
+            measured = "failed" if p.measured_s is None else f"{p.measured_s * 1e3:.2f}"
+            added = p.added_measured_s
+            added_error = _pct(p.added_error) if p.held else f"({_pct(p.added_error)})"  # not held: in brackets
+            lines.append(
+                f"| {r.workload} | {p.network.rtt_us:g} | {p.network.gbps:g} | {p.recorded_s * 1e3:.2f} | "
+                f"{p.predicted_s * 1e3:.2f} | {measured} | {_pct(p.error)} | "
+                f"{_pct(p.link_adds)}{'*' if p.held else ''} | {p.added_predicted_s * 1e3:.2f} | "
+                f"{'-' if added is None else f'{added * 1e3:.2f}'} | {added_error} | {rate} | {p.without_gpu_s * 1e3:.2f} |")
+    s = torch_summary(results)
+    if s["points"]:
+        lines += ["", f"Step time over {s['points']} points: median |error| {s['median_abs_error']:.1%} (aim "
+                      f"≤ {STEP_AIMS[0]:.0%}), worst {s['worst_abs_error']:.1%} (aim ≤ {STEP_AIMS[1]:.0%}). Added time "
+                      f"where the link adds ≥ {ADDS_ENOUGH:.0%} of the step (*): {s['held_within_aim']} of "
+                      f"{s['held_points']} points within {ADDED_AIM:.0%}"
+                      + (f", worst {s['worst_held_added_error']:.1%}." if s["held_points"] else ".")
+                      + (f" {s['failed']} runs failed." if s["failed"] else "")]
     return "\n".join(lines)
