@@ -456,7 +456,8 @@ def torch_table(results: Sequence[TorchValidation]) -> str:
                 f"| {r.workload} | {p.network.rtt_us:g} | {p.network.gbps:g} | {p.recorded_s * 1e3:.2f} | "
                 f"{p.predicted_s * 1e3:.2f} | {measured} | {_pct(p.error)} | "
                 f"{_pct(p.link_adds)}{'*' if p.held else ''} | {p.added_predicted_s * 1e3:.2f} | "
-                f"{'-' if added is None else f'{added * 1e3:.2f}'} | {added_error} | {rate} | {p.without_gpu_s * 1e3:.2f} |")
+                f"{'-' if added is None else f'{added * 1e3:.2f}'} | {added_error} | {rate} | "
+                f"{p.without_gpu_s * 1e3:.2f} |")
     s = torch_summary(results)
     if s["points"]:
         lines += ["", f"Step time over {s['points']} points: median |error| {s['median_abs_error']:.1%} (aim "
