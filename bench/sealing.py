@@ -6,14 +6,17 @@ Four parts, each beside a baseline from the same run:
 
 1. Warm AEAD steps on a small message (96 B, about a synchronous call's message), µs of CPU each:
    AES-256-GCM and ChaCha20-Poly1305 (cryptography, OpenSSL), allocating and `_into`, a cipher object made
-   per message, the nonce.
+   per message, the nonce; AES-256-GCM through gcm.c (protocol/gcm.py), a record sealed and opened as the
+   stream does it.
 2. The same steps after some other work (Python, a system call) and a 20 µs sleep, as each end of a round
    trip takes them after waiting for the other, beside other small steps taken the same way: whatever runs
    first after a wake-up runs several times slower, and an AEAD call has a large footprint.
 3. A message sent and received over a socket pair in one process, µs of CPU per message: plain sockets,
-   Sealed streams, and Sealed streams whose cipher is an identity (`--` what the stream's own code costs).
+   Sealed streams (small records through gcm.c, or all through OpenSSL), and Sealed streams whose cipher is
+   an identity (what the stream's own code costs).
 4. Two processes over loopback TCP, as the data connection: a small message echoed, µs per round trip, and
-   --bulk-mib moved one way (1 MiB reads, as the worker reads a copy), GB/s; plain against Sealed.
+   --bulk-mib moved one way (1 MiB reads, as the worker reads a copy), GB/s; plain against Sealed (gcm.c for
+   the small records, and OpenSSL only).
 
 Medians over --repeats, the variants of each part interleaved so that load drift hits them alike.
 """
@@ -36,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305  # noqa: E402
 
-from xpuremote.protocol import stream  # noqa: E402
+from xpuremote.protocol import gcm, stream  # noqa: E402
 
 SMALL = 96
 MIB = 1 << 20
@@ -86,6 +89,21 @@ def aead_steps() -> dict[str, Callable[[], Any]]:
         steps[f"{name}: encrypt_into"] = lambda c=cipher, o=into: c.encrypt_into(nonce, msg, AAD, o)
         steps[f"{name}: decrypt"] = lambda c=cipher, s=sealed: c.decrypt(nonce, s, AAD)
         steps[f"{name}: decrypt_into"] = lambda c=cipher, s=sealed, p=plain: c.decrypt_into(nonce, s, AAD, p)
+    native = gcm.library()
+    if native is not None:
+        ffi, lib = native
+        context = ffi.gc(lib.xpu_gcm_new(key), lib.xpu_gcm_free)
+        record = bytearray(4 + SMALL + 16)
+        address = ffi.from_buffer(record)
+        lib.xpu_gcm_seal(context, 12345, msg, SMALL, address)
+        sealed_record, opened = bytes(record), bytearray(4 + SMALL + 16)
+        opened_address = ffi.from_buffer(opened)
+
+        def open_record() -> None:
+            opened[:] = sealed_record
+            lib.xpu_gcm_open(context, 12345, opened_address, SMALL)
+        steps["AES-256-GCM, gcm.c: seal a record"] = lambda: lib.xpu_gcm_seal(context, 12345, msg, SMALL, address)
+        steps["AES-256-GCM, gcm.c: open a record (and a 116 B copy first)"] = open_record
     count = 12345
     steps["nonce: int.to_bytes(12)"] = lambda: count.to_bytes(12, "little")
     steps["other: b''.join of two buffers"] = lambda: b"".join([msg, msg])
@@ -114,27 +132,29 @@ class Identity:
 
 
 def pair_step(kind: str) -> tuple[Callable[[], Any], Any]:
-    """One small message sent and received over a socket pair: plain, sealed, or sealed with Identity."""
+    """One small message sent and received over a socket pair: plain, sealed (gcm.c), sealed through OpenSSL
+    only ("openssl"), or sealed with Identity."""
     a, b = socket.socketpair()
     buffers, view = [bytes(12), os.urandom(SMALL - 12)], memoryview(bytearray(64 << 10))
     if kind == "plain":
         return (lambda: (a.sendmsg(buffers), b.recv_into(view, len(view)))), (a, b)
     keys = stream.new_keys()
-    writer, reader = stream.Sealed(a, keys[0], keys[1]), stream.Sealed(b, keys[1], keys[0])
+    native = kind == "sealed"
+    writer, reader = stream.Sealed(a, keys[0], keys[1], native), stream.Sealed(b, keys[1], keys[0], native)
     if kind == "identity":
         writer._encrypt = Identity().encrypt
         reader._open = Identity().decrypt_into
     return (lambda: (writer.sendmsg(buffers), reader.recv_into(view, len(view)))), (a, b)
 
 
-def _connect(port: int, keys: list[bytes] | None) -> Any:
+def _connect(port: int, keys: list[bytes] | None, native: bool = True) -> Any:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return stream.Sealed(sock, keys[1], keys[0]) if keys else sock
+    return stream.Sealed(sock, keys[1], keys[0], native) if keys else sock
 
 
-def _echo_end(port: int, keys: list[bytes] | None, n: int) -> None:
-    conn, view = _connect(port, keys), memoryview(bytearray(64 << 10))
+def _echo_end(port: int, keys: list[bytes] | None, n: int, native: bool) -> None:
+    conn, view = _connect(port, keys, native), memoryview(bytearray(64 << 10))
     for _ in range(n):
         got = 0
         while got < SMALL:
@@ -158,10 +178,10 @@ def _accepted(target: Any, *args: Any) -> tuple[socket.socket, multiprocessing.P
     return sock, proc
 
 
-def echo_us(n: int, sealed: bool) -> float:
+def echo_us(n: int, sealed: bool, native: bool = True) -> float:
     keys = stream.new_keys() if sealed else None
-    sock, proc = _accepted(_echo_end, keys, n)
-    conn: Any = stream.Sealed(sock, keys[0], keys[1]) if keys else sock
+    sock, proc = _accepted(_echo_end, keys, n, native)
+    conn: Any = stream.Sealed(sock, keys[0], keys[1], native) if keys else sock
     buffers, view = [bytes(12), os.urandom(SMALL - 12)], memoryview(bytearray(64 << 10))
     start = time.perf_counter()
     for _ in range(n):
@@ -219,7 +239,8 @@ def main() -> None:
 
     pairs: dict[str, list[float]] = {}
     for r in range(repeats):
-        for kind in ("plain", "sealed", "identity") if r % 2 == 0 else ("identity", "sealed", "plain"):
+        kinds = ("plain", "sealed", "openssl", "identity")
+        for kind in kinds if r % 2 == 0 else kinds[::-1]:
             step, socks = pair_step(kind)
             pairs.setdefault(kind, []).append(cpu_us(step, n))
             for s in socks:
@@ -227,21 +248,24 @@ def main() -> None:
     p = medians(pairs)
     print("\n| a message over a socket pair, one process | µs of CPU | over plain |\n|---|---:|---:|")
     for kind, label in (("plain", "plain sockets"), ("identity", "Sealed, identity cipher (the stream's own code)"),
-                        ("sealed", "Sealed (AES-256-GCM)")):
+                        ("openssl", "Sealed (AES-256-GCM), all records through OpenSSL"),
+                        ("sealed", "Sealed (AES-256-GCM), small records through gcm.c")):
         print(f"| {label} | {p[kind]:.2f} | +{p[kind] - p['plain']:.2f} |")
 
-    trips: dict[bool, list[float]] = {False: [], True: []}
+    trips: dict[str, list[float]] = {"plain": [], "openssl": [], "gcm.c": []}
     moves: dict[bool, list[float]] = {False: [], True: []}
     for r in range(repeats):
+        for kind in trips if r % 2 == 0 else list(trips)[::-1]:
+            trips[kind].append(echo_us(max(1000, n // 10), kind != "plain", kind == "gcm.c"))
         for sealed in (False, True) if r % 2 == 0 else (True, False):
-            trips[sealed].append(echo_us(max(1000, n // 10), sealed))
             moves[sealed].append(bulk_gbs(args.bulk_mib * MIB, sealed))
-    t, m = medians({str(k): v for k, v in trips.items()}), medians({str(k): v for k, v in moves.items()})
-    print("\n| two processes, loopback TCP | plain | sealed | sealed / plain |\n|---|---:|---:|---:|")
-    print(f"| round trip of a {SMALL} B message, µs | {t['False']:.1f} | {t['True']:.1f} | "
-          f"{t['True'] / t['False']:.2f}x |")
-    print(f"| {args.bulk_mib} MiB one way, GB/s | {m['False']:.2f} | {m['True']:.2f} | "
-          f"{m['True'] / m['False']:.2f}x |")
+    t, m = medians(trips), medians({str(k): v for k, v in moves.items()})
+    print("\n| two processes, loopback TCP | plain | sealed, OpenSSL only | sealed, gcm.c for small records |"
+          "\n|---|---:|---:|---:|")
+    print(f"| round trip of a {SMALL} B message, µs | {t['plain']:.1f} | {t['openssl']:.1f} "
+          f"({t['openssl'] / t['plain']:.2f}x) | {t['gcm.c']:.1f} ({t['gcm.c'] / t['plain']:.2f}x) |")
+    print(f"| {args.bulk_mib} MiB one way, GB/s | {m['False']:.2f} | {m['True']:.2f} ({m['True'] / m['False']:.2f}x) "
+          "| (the same: large records) |")
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end")
 
 

@@ -11,6 +11,12 @@ wants its bytes is opened straight there (a copy fewer); if its check fails, wha
 before the failure is raised, so no altered byte stays anywhere. Records carry at most RECORD_MAX bytes, so a
 large copy streams through buffers of that size at each end.
 
+A record of up to NATIVE_MAX bytes (a synchronous call's message or answer) is sealed and opened by gcm.c, a
+small AES-NI implementation of the same AES-256-GCM, whose record is byte for byte cryptography's: right after an
+end has waited for the other, OpenSSL's path costs several times its warm cost (protocol/gcm.py). It checks the
+tag before it decrypts anything, in place in the read buffer, so a record that fails leaves nothing opened.
+Larger records, and every record where gcm.c cannot be built, go through cryptography (OpenSSL).
+
 Python's ssl has no pre-shared keys before 3.13, and a TLS handshake with a throwaway certificate whose
 fingerprint travels over CURVE measured slower here for the same guarantees (docs/security.md).
 """
@@ -24,6 +30,8 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+from . import gcm
+
 KEY_BYTES = 32  # AES-256
 TAG = 16
 RECORD_HEAD = struct.Struct("<I")  # a record's plaintext length
@@ -33,6 +41,7 @@ RECORD_MAX = 1 << 20  # plaintext bytes a record carries at most (256 KiB record
 _WHOLE = _HEAD + RECORD_MAX + TAG
 COALESCE = 64 << 10  # a message's buffers under this size are sealed together: a small message is one record
 EAGER = 1 << 20  # a buffer up to this size is allocated whole at once; a larger one commits pages as they fill
+NATIVE_MAX = 2048  # records up to this size go through gcm.c: above it OpenSSL's wide code is quicker
 MESSAGE_MAX = 4 << 30  # the most a message on the data connection may declare where no request limit is set
 
 
@@ -70,6 +79,9 @@ def _pages(size: int) -> memoryview:
 _NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux's value; Python names it from 3.12 on
 
 
+_FAILED = "a record on the data connection failed its check (altered, replayed or out of order)"
+
+
 def _nonce(count: int) -> bytes:
     return count.to_bytes(12, "little")
 
@@ -79,7 +91,8 @@ class Sealed:
     (sendall, sendmsg, recv_into, fileno, shutdown, close). Its reads read ahead: `pending()` says whether
     bytes wait here that the socket's poll will not announce."""
 
-    def __init__(self, sock: socket.socket, send_key: bytes, receive_key: bytes) -> None:
+    def __init__(self, sock: socket.socket, send_key: bytes, receive_key: bytes, native: bool = True) -> None:
+        """`native`: small records through gcm.c where it is built (False: all through cryptography)."""
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # only keyed sessions need it
 
         self.sock = sock
@@ -94,6 +107,19 @@ class Sealed:
         self.plain = _pages(RECORD_MAX)  # opened, not yet taken: plain[plain_at:plain_end]
         self.plain_at = self.plain_end = 0
         self.fileno = sock.fileno  # the socket's own: a poller asks for it at every poll
+        self._native_seal = self._native_open = None
+        built = gcm.library() if native else None
+        if built is not None:
+            self._use_native(*built, send_key, receive_key)
+
+    def _use_native(self, ffi: Any, lib: Any, send_key: bytes, receive_key: bytes) -> None:
+        """gcm.c's contexts for the two keys (zeroed when freed), and the buffers it writes and reads by address."""
+        contexts = [lib.xpu_gcm_new(key) for key in (send_key, receive_key)]
+        if ffi.NULL in contexts:
+            raise MemoryError("no memory for the data connection's keys")
+        self._sealer, self._opener = (ffi.gc(context, lib.xpu_gcm_free) for context in contexts)
+        self._out_address, self._raw_address = ffi.from_buffer(self.out), ffi.from_buffer(self.raw)
+        self._native_seal, self._native_open = lib.xpu_gcm_seal, lib.xpu_gcm_open
 
     # ---- writing ---------------------------------------------------------------------------
     def sendall(self, data: Any) -> None:
@@ -105,6 +131,12 @@ class Sealed:
         """All of `buffers` (bytes-like, their len() in bytes, as wire.stream_buffers makes them), neighbours
         under COALESCE sealed together: a small message is one record, one system call."""
         total = sum(map(len, buffers))
+        if total <= NATIVE_MAX and self._native_seal is not None:  # a synchronous call's message or answer
+            count = self.sent
+            self.sent = count + 1
+            self._native_seal(self._sealer, count, b"".join(buffers), total, self._out_address)
+            self.sock.sendall(self.out[: _HEAD + total + TAG])
+            return total
         if total <= COALESCE:  # the common case, kept short: a synchronous call's message or answer
             head, count = _pack(total), self.sent
             self.sent = count + 1
@@ -128,6 +160,11 @@ class Sealed:
         n, out = len(piece), self.out
         if not n:
             return
+        if n <= NATIVE_MAX and self._native_seal is not None:
+            self._native_seal(self._sealer, self.sent, bytes(piece), n, self._out_address)
+            self.sent += 1
+            self.sock.sendall(out[: _HEAD + n + TAG])
+            return
         RECORD_HEAD.pack_into(out, 0, n)
         head = RECORD_HEAD.size
         self._seal(_nonce(self.sent), piece, out[:head], out[head : head + n + TAG])
@@ -147,7 +184,7 @@ class Sealed:
                     length = _unpack_from(raw)[0]
                     whole = _HEAD + length + TAG
                     if n >= whole and 0 < length <= nbytes and length <= RECORD_MAX:
-                        self._open_into(view, length, raw[_HEAD:whole], raw[:_HEAD])
+                        self._open_at(view, length, 0)
                         self.raw_at, self.raw_end = whole, n
                         return length
                 if not n:
@@ -163,8 +200,7 @@ class Sealed:
             if self.raw_end - at < whole:
                 self._fill(whole)
                 at = self.raw_at
-            self._open_into(view if length <= nbytes else self.plain, length, raw[at + _HEAD : at + whole],
-                            raw[at : at + _HEAD])
+            self._open_at(view if length <= nbytes else self.plain, length, at)
             self.raw_at = at + whole
             if length <= nbytes:
                 return length
@@ -174,16 +210,22 @@ class Sealed:
         self.plain_at += n
         return n
 
-    def _open_into(self, into: memoryview, length: int, sealed: memoryview, head: memoryview) -> None:
-        """The next record (`sealed`: ciphertext and tag; `head`: its length, the associated data), opened into
-        into[:length]; if its check fails, what was opened there is zeroed and SealBroken raised."""
-        count = self.received
-        try:
-            self._open(count.to_bytes(12, "little"), sealed, head, into[:length])
-        except Exception as exc:  # cryptography's InvalidTag: what it opened there is not kept
-            into[:length] = bytes(length)
-            raise SealBroken("a record on the data connection failed its check (altered, replayed or out of "
-                             "order)") from exc
+    def _open_at(self, into: memoryview, length: int, at: int) -> None:
+        """The next record, whole in raw[at:] (its length, the associated data; ciphertext; tag), opened into
+        into[:length]; if its check fails, nothing opened stays there and SealBroken is raised."""
+        count, raw = self.received, self.raw
+        if length <= NATIVE_MAX and self._native_open is not None:  # checked, then opened in place in `raw`
+            if self._native_open(self._opener, count, self._raw_address + at, length):
+                into[:length] = bytes(length)  # as after OpenSSL's failure: the reader finds zeros there
+                raise SealBroken(_FAILED)
+            into[:length] = raw[at + _HEAD : at + _HEAD + length]
+        else:
+            try:
+                sealed = raw[at + _HEAD : at + _HEAD + length + TAG]
+                self._open(count.to_bytes(12, "little"), sealed, raw[at : at + _HEAD], into[:length])
+            except Exception as exc:  # cryptography's InvalidTag: what it opened there is not kept
+                into[:length] = bytes(length)
+                raise SealBroken(_FAILED) from exc
         self.received = count + 1
 
     def pending(self) -> bool:

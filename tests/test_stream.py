@@ -10,9 +10,10 @@ import sys
 import threading
 
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from xpuremote.protocol import stream
-from xpuremote.protocol.stream import RECORD_MAX, SealBroken, Sealed
+from xpuremote.protocol import gcm, stream
+from xpuremote.protocol.stream import NATIVE_MAX, RECORD_MAX, SealBroken, Sealed
 
 MIB = 1 << 20
 
@@ -34,7 +35,7 @@ def _records(*pieces: bytes) -> list[bytes]:
     return out
 
 
-def _reader_of(wire_bytes: bytes, keys: list[bytes]) -> Sealed:
+def _reader_of(wire_bytes: bytes, keys: list[bytes], native: bool = True) -> Sealed:
     """A reader of `wire_bytes`, then the end of the stream (fed by a thread: they may not fit the socket)."""
     a, b = socket.socketpair()
 
@@ -43,7 +44,7 @@ def _reader_of(wire_bytes: bytes, keys: list[bytes]) -> Sealed:
         a.close()
 
     threading.Thread(target=feed, daemon=True).start()
-    return Sealed(b, keys[1], keys[0])
+    return Sealed(b, keys[1], keys[0], native)
 
 
 def _read_all(reader: Sealed, size: int, step: int) -> bytes:
@@ -96,14 +97,16 @@ def test_replayed_reordered_foreign_and_cut_records_are_refused() -> None:
         _read_all(_reader_of(too_long, keys), 8, 8)
 
 
-@pytest.mark.parametrize("size", [MIB, 100], ids=["a record read in pieces", "a record read whole at once"])
-def test_an_altered_record_leaves_nothing_where_it_was_opened(size: int) -> None:
+@pytest.mark.parametrize(("size", "native"), [(MIB, True), (100, True), (100, False)],
+                         ids=["a record read in pieces", "a record read whole at once", "the same through OpenSSL"])
+def test_an_altered_record_leaves_nothing_where_it_was_opened(size: int, native: bool) -> None:
     """A record opened straight into the reader's buffer, one bit of it flipped: its check fails, and the
     buffer holds zeros where the record would have gone, not the altered plaintext. A small record (a call's
-    message) comes in one read and takes the short path; a large one is read in pieces."""
+    message) comes in one read and takes the short path, opened by gcm.c or by cryptography; a large one is
+    read in pieces."""
     keys = stream.new_keys()
     a, b = socket.socketpair()
-    writer = Sealed(a, keys[0], keys[1])
+    writer = Sealed(a, keys[0], keys[1], native)
     piece = os.urandom(size)
     thread = threading.Thread(target=writer.sendall, args=(piece,))
     thread.start()
@@ -112,11 +115,34 @@ def test_an_altered_record_leaves_nothing_where_it_was_opened(size: int) -> None
         wire_bytes += b.recv(1 << 20)
     thread.join()
     wire_bytes[min(1000, size // 2)] ^= 1
-    reader = _reader_of(bytes(wire_bytes), keys)
+    reader = _reader_of(bytes(wire_bytes), keys, native)
     into = memoryview(bytearray(b"\xaa" * len(piece)))
     with pytest.raises(SealBroken):
         reader.recv_into(into)
     assert into == bytes(len(piece))
+
+
+def test_gcm_c_seals_and_opens_as_cryptography_does() -> None:
+    """gcm.c, which seals and opens the small records, against cryptography's AESGCM (OpenSSL): the same bytes on
+    the wire for lengths on each side of AES's 16-byte blocks and of gcm.c's four-block steps, up to NATIVE_MAX
+    (messages and plain writes), and each end opens what the other sealed, in order."""
+    assert gcm.library() is not None, "gcm.c did not build or load here"
+    sizes = [1, 15, 16, 17, 63, 64, 65, 100, 257, 1000, NATIVE_MAX - 1, NATIVE_MAX]
+    for native in (True, False):
+        keys, (a, b) = stream.new_keys(), socket.socketpair()
+        writer, aead = Sealed(a, keys[0], keys[1], native), AESGCM(keys[0])
+        pieces, records = [os.urandom(size) for size in sizes], []
+        for count, piece in enumerate(pieces):
+            writer.sendmsg([piece[:3], piece[3:]]) if count % 2 else writer.sendall(piece)
+            head = stream.RECORD_HEAD.pack(len(piece))
+            record = head + aead.encrypt(count.to_bytes(12, "little"), piece, head)
+            got = b""
+            while len(got) < len(record):
+                got += b.recv(len(record) - len(got))
+            assert got == record, f"a {len(piece)}-byte record ({'gcm.c' if native else 'OpenSSL'})"
+            records.append(got)
+        sent = b"".join(pieces)
+        assert _read_all(_reader_of(b"".join(records), keys, not native), len(sent), 64 << 10) == sent
 
 
 MEASURE = """

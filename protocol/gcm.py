@@ -1,0 +1,90 @@
+"""AES-256-GCM in C for the data connection's small records (protocol/gcm.c, protocol/stream.py).
+
+A synchronous call's round trip seals and opens four small records, each right after its process has waited
+for the other end. cryptography's AESGCM (OpenSSL) costs 0.6 µs there warm but 2-3.5 µs cold, through its
+bindings and OpenSSL's EVP and provider layers; gcm.c is a few hundred bytes of AES-NI and PCLMULQDQ code
+called through cffi's compiled interface, and writes the same records byte for byte. Large records stay with
+OpenSSL, whose wide, interleaved code is several times faster in bulk.
+
+Built once per cache (protocol/cbuild.py) with this Python's compiler; where it cannot be built or loaded, or
+the CPU lacks AES-NI or PCLMULQDQ, `library()` is None (said once) and every record goes through cryptography;
+so too with XPU_SEAL_NATIVE=0 (to compare the two: bench/sealing.py, bench/foundation.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import sys
+import sysconfig
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+from .cbuild import built_once, cache_root, cc
+
+log = logging.getLogger("xpuremote.stream")
+
+SOURCE = Path(__file__).with_name("gcm.c")
+MODULE = "_xpuremote_gcm"
+CDEF = """
+struct xpu_gcm;
+int xpu_gcm_usable(void);
+struct xpu_gcm *xpu_gcm_new(const uint8_t *key);
+void xpu_gcm_free(struct xpu_gcm *g);
+void xpu_gcm_seal(const struct xpu_gcm *g, uint64_t count, const uint8_t *in, size_t n, uint8_t *out);
+int xpu_gcm_open(const struct xpu_gcm *g, uint64_t count, uint8_t *record, size_t n);
+"""
+_loaded: tuple[Any, Any] | None = None
+_tried = False
+
+
+def library() -> tuple[Any, Any] | None:
+    """(ffi, lib), built on first use; None where it cannot be."""
+    global _loaded, _tried
+    if not _tried:
+        _tried = True
+        if os.environ.get("XPU_SEAL_NATIVE", "1") == "0":
+            return None
+        try:
+            module = _load(_build())
+            if module.lib.xpu_gcm_usable():
+                _loaded = module.ffi, module.lib
+            else:
+                log.info("this CPU has no AES-NI or PCLMULQDQ: the data connection's records are all sealed "
+                         "through cryptography")
+        except Exception as exc:  # a missing compiler, headers or setuptools: the records go through cryptography
+            log.warning("the data connection's small records are sealed through cryptography: gcm.c did not "
+                        "build or load (%s)", exc)
+    return _loaded
+
+
+def _build() -> Path:
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    digest = hashlib.sha256(SOURCE.read_bytes() + CDEF.encode() + repr(cc()).encode()
+                            + sys.version.encode()).hexdigest()[:16]
+    target = cache_root() / f"gcm-{digest}{suffix}"
+
+    def make() -> None:
+        import cffi
+
+        ffi = cffi.FFI()
+        ffi.cdef(CDEF)
+        ffi.set_source(MODULE, SOURCE.read_text(), extra_compile_args=["-O2"])
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # setuptools' own, which would reach the application's stderr
+            os.replace(ffi.compile(tmpdir=tmp, verbose=False), target)
+
+    return built_once(target, make)
+
+
+def _load(path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(MODULE, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no module at {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
