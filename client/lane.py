@@ -5,8 +5,9 @@ The hot asynchronous calls (protocol.calls.LANE) are appended in C to one buffer
 before it queues anything of its own, so that everything reaches the server in the order the
 application made it, and sends them as one `xpuLane` call of its batch.
 
-The lane is open only where a record needs nothing the client would do: a session without an emulated
-link or per-call logging, no stream capture under way, and contexts the server already has. In a traced
+The lane is open only where a record needs nothing the client would do: a session without per-call logging
+or CUDA_LAUNCH_BLOCKING, no stream capture under way, and contexts the server already has (an emulated link
+keeps it: the link delays the lane's batches as it does every message). In a traced
 session each record also gets a stamp in C (protocol/records.py's lane_stamp: when it was queued, the
 lane's time on it, its call and stream), taken with the records for the trace (client/trace.py).
 A launch takes the lane once the client has learnt the kernel's argument layout (its first launch

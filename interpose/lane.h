@@ -5,7 +5,7 @@
  * anything), and the server runs each record as the call it names (docs/design.md, "The fast lane").
  *
  * The core decides everything here: which ops may take the lane and how (xpu_lane_allow, from the
- * call table), when the lane is open (no capture under way, no emulated link; a trace stamps each record),
+ * call table), when the lane is open (no capture under way, no blocking launches; a trace stamps each record),
  * which contexts exist on the server, which kernels' layouts are known, and which handles may take it
  * (graph instantiations without host copies, whose launches need nothing of the core). A call the lane declines
  * (return -1) takes the usual path through the core, which sends the records first.
