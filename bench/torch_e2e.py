@@ -193,7 +193,7 @@ def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP,
     time.time()), the steps stop there, after at least one: fewer steps, not none. With `gate`, once warmed up
     it says so on stdout and times its steps when a line comes on stdin (xpu-perf's validation starts a
     workload's runs together and times them one at a time). `window_ns`: the timed steps' start and end on
-    CLOCK_MONOTONIC, the clock a trace's times are on."""
+    CLOCK_MONOTONIC, the clock a trace's times are on; `step_ends_ns`: each step's end there."""
     import torch
 
     step, checksum = build(name, torch, size, new_tokens)
@@ -205,15 +205,22 @@ def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP,
             sys.stdin.readline()
         at.update(cpu=time.process_time(), workers=workers_cpu_s(), start=time.monotonic_ns())
 
-    times = time_steps(step, torch.cuda.synchronize, steps, warmup, stop_at, begin)
-    window = [at["start"], time.monotonic_ns()]
+    ends: list[int] = []  # each timed step's end on CLOCK_MONOTONIC
+
+    def sync() -> None:
+        torch.cuda.synchronize()
+        if "start" in at:
+            ends.append(time.monotonic_ns())
+
+    times = time_steps(step, sync, steps, warmup, stop_at, begin)
+    window = [at["start"], ends[-1]]
     cpu = time.process_time() - at["cpu"]
     served = sum(now - at["workers"].get(pid, 0.0) for pid, now in workers_cpu_s().items())
     return {"workload": name, "steps_s": times, "median_ms": 1000 * statistics.median(times), "checksum": checksum(),
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "max_allocated": torch.cuda.max_memory_allocated(), "steps": len(times), "steps_asked": steps,
             "cpu_ms": 1000 * cpu / len(times), "server_cpu_ms": 1000 * served / len(times), "window_ns": window,
-            **({"tokens": step.tokens()} if name == "gpt2_generate" else {})}  # type: ignore[attr-defined]
+            "step_ends_ns": ends, **({"tokens": step.tokens()} if name == "gpt2_generate" else {})}  # type: ignore[attr-defined]
 
 
 def time_steps(step: Callable[[], Any], sync: Callable[[], Any], steps: int, warmup: int,

@@ -232,6 +232,14 @@ def window_s(model: Model, net: Network, start: float, end: float) -> float:
     return (span(net) - span(model.recorded) + (end - start)) / 1e9
 
 
+def step_times(model: Model, net: Network, marks: Sequence[float], at_recorded: Sequence[float]) -> list[float]:
+    """Each step's predicted time (s) on `net` between consecutive `marks` (ns after the epoch), made exact at the
+    recorded network as window_s is (`at_recorded`: time_at of each mark there)."""
+    at = [time_at(model, net, t) for t in marks]
+    return [((b - a) - (rb - ra) + (m1 - m0)) / 1e9
+            for a, b, ra, rb, m0, m1 in zip(at, at[1:], at_recorded, at_recorded[1:], marks, marks[1:])]
+
+
 @dataclass
 class StepPoint:
     """One link: a step's time recorded (at loopback), predicted from that recording, and measured over the link."""
@@ -314,9 +322,16 @@ class GatedRun:
                                       *command, "--gate"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, preexec_fn=on_cpus(cpus))
         self.lines: queue.Queue[str | None] = queue.Queue()
-        self.said: collections.deque[str] = collections.deque(maxlen=40)
+        self.said: collections.deque[str] = collections.deque(maxlen=20)  # its stderr's tail
+        self.told: list[str] = []  # and what xpuremote said there (a traceback's tail does not say why CUDA failed)
         threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=lambda: self.said.extend(self.proc.stderr), daemon=True).start()  # type: ignore
+        threading.Thread(target=self._errors, daemon=True).start()
+
+    def _errors(self) -> None:
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            self.said.append(line)
+            if line.startswith(("xpuremote", "xpu-server")) and len(self.told) < 20:
+                self.told.append(line)
 
     def _read(self) -> None:
         for line in self.proc.stdout:  # type: ignore[union-attr]
@@ -332,7 +347,7 @@ class GatedRun:
             line = None
         if line is None:
             raise RuntimeError(f"the run over {self.net} said no {key!r} (exit {self.proc.poll()}):\n"
-                               + "".join(self.said)[-2000:])
+                               + "".join(self.told) + "".join(self.said)[-1500:])
         found = json.loads(line)
         if key not in found:
             raise RuntimeError(f"the run over {self.net} said {line[:200]!r}, not {key!r}")
@@ -361,27 +376,34 @@ def validate_torch(workload: str, command: list[str], rtts: Sequence[float] = TO
     once over each emulated link, all traced; a step's time recorded, predicted from the recording, measured.
 
     A PyTorch process takes seconds to start (importing PyTorch, the CUDA context, the libraries, the warm-up)
-    and its timed steps a fraction of one: the recording and the runs start together, wait warmed up, and time
-    their steps one at a time in a shuffled order, each alone on the machine (the others idle, blocked on a
-    read). The runs are traced as the recording is: the model replays the recorded server's times, which a trace
-    makes dearer (on a GPU the timer moves the lane's records into the worker's Python), so an untraced run is
-    another session than the one predicted. Each run's step is its timed window over its steps: the same
-    window as the prediction's, from the recording's marks on the trace's clock. `keep`: a folder to leave the
+    and its timed steps a fraction of one: the recording and the runs start together (as many at once as the runs
+    have CPUs), wait warmed up, and time their steps one at a time in a shuffled order, each alone on the machine
+    (the others idle, blocked on a read). The runs are traced as the recording is: the model replays the
+    recorded server's times, which a trace makes dearer (on a GPU the timer moves the lane's records into the
+    worker's Python), so an untraced run is another session than the one predicted. Each run's step is its
+    timed window over its steps: the same window as the prediction's, from the recording's marks on the trace's
+    clock. `keep`: a folder to leave the
     traces in (WORKLOAD-0.trace the recording's, then one a link in order)."""
     nets = [Network(rtt, bw) for rtt in rtts for bw in gbps]
     deadline = time.monotonic() + timeout_s
     cpus = None if server else split_cpus()
+    # as many starting at once as the runs have CPUs: more only queue for them, and a session whose process is
+    # starved that long misses the server's connection timeout
+    starting = len(cpus[0]) if cpus else max(1, (os.cpu_count() or 2) // 2)
     with serving(server, backend, cpus and cpus[1]) as address, \
             tempfile.TemporaryDirectory(prefix="xpu-perf-") as tmp:
-        runs = [GatedRun(command, address, Path(keep or tmp, f"{workload}-{i}.trace"), net, cpus and cpus[0])
-                for i, net in enumerate([Network(), *nets])]
+        runs: list[GatedRun] = []
         results: dict[int, dict[str, Any] | str] = {}
         try:
-            for i, run in enumerate(runs):
-                try:
-                    run.next("ready", deadline)
-                except RuntimeError as exc:
-                    results[i] = str(exc)
+            links = [Network(), *nets]
+            for first in range(0, len(links), starting):
+                runs += [GatedRun(command, address, Path(keep or tmp, f"{workload}-{i}.trace"), links[i],
+                                  cpus and cpus[0]) for i in range(first, min(first + starting, len(links)))]
+                for i in range(first, len(runs)):
+                    try:
+                        runs[i].next("ready", deadline)
+                    except RuntimeError as exc:
+                        results[i] = str(exc)
             order = [i for i in range(len(runs)) if i not in results]
             random.Random(seed).shuffle(order)
             for i in order:
@@ -401,22 +423,31 @@ def validate_torch(workload: str, command: list[str], rtts: Sequence[float] = TO
 
 def _compare(workload: str, command: list[str], trace: fmt.Trace, recording: dict[str, Any], nets: list[Network],
              runs: list[dict[str, Any] | str]) -> TorchValidation:
-    """Each link's step: predicted from the recording's window, measured as its run's window."""
-    steps = len(recording["steps_s"])
+    """Each link's step: the median of the recording's steps, each predicted from its window of the trace, and
+    the median of the run's steps. Medians: a step that a busy machine slowed (the recording's too) moves them
+    little, where it would move a mean of a few steps by its whole delay."""
     epoch = trace.header["epoch_ns"]
-    start, end = (t - epoch for t in recording["window_ns"])
+    marks = [t - epoch for t in _marks(recording)]
     model, plain = Model(trace), Model(trace, gpu=False)
-    recorded = (end - start) / 1e9 / steps
+    at_recorded = [time_at(model, model.recorded, t) for t in marks]
+    plain_recorded = [time_at(plain, plain.recorded, t) for t in marks]
+    recorded = statistics.median((b - a) / 1e9 for a, b in zip(marks, marks[1:]))
     points = []
     for net, run in zip(nets, runs):
-        point = StepPoint(net, recorded, window_s(model, net, start, end) / steps,
-                          window_s(plain, net, start, end) / steps)
+        point = StepPoint(net, recorded, statistics.median(step_times(model, net, marks, at_recorded)),
+                          statistics.median(step_times(plain, net, marks, plain_recorded)))
         if isinstance(run, str):
             point.failure = run
         else:
-            point.measured_s = (run["window_ns"][1] - run["window_ns"][0]) / 1e9 / len(run["steps_s"])
+            ends = _marks(run)
+            point.measured_s = statistics.median((b - a) / 1e9 for a, b in zip(ends, ends[1:]))
         points.append(point)
-    return TorchValidation(workload, command, steps, points, recording.get("tokens"))
+    return TorchValidation(workload, command, len(marks) - 1, points, recording.get("tokens"))
+
+
+def _marks(result: dict[str, Any]) -> list[int]:
+    """A run's step boundaries on CLOCK_MONOTONIC: its window's start and each step's end (or the window's)."""
+    return [result["window_ns"][0], *result.get("step_ends_ns", result["window_ns"][1:])]
 
 
 def torch_summary(results: Sequence[TorchValidation]) -> dict[str, Any]:

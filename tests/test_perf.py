@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import BACKEND, ROOT, SIM_KERNELS, Build
 from pyclient import PyClient
+from test_torch import torch_python
 from toolchain import nvcc_lib_dir
 
 from xpuremote.client import call_cpu, wake
@@ -566,3 +567,66 @@ def test_validate_predicts_emulated_links(shim: Path, workloads: Path, monkeypat
     errors = [abs(p.error) for r in results for p in r.points]
     assert statistics.median(errors) <= 0.05, report
     assert max(errors) <= 0.10, report
+
+
+# ---- PyTorch workloads: a step's time --------------------------------------------------------------------
+def test_window_prediction_adds_the_rtts_of_the_windows_own_round_trips() -> None:
+    """A step window's predicted time: the recorded window and one RTT for each round trip sent inside it; the
+    round trips before it (a slow start-up) move it later but add nothing to its length. The comparison of a
+    torch run's step (validate._compare) takes the recording's step marks onto the trace's clock and compares
+    medians of steps, and its added time, predicted against measured, is held to the aim only where the link
+    adds 5%."""
+    t = synthetic([sync_msg(i * 1_000_000) for i in range(10)], 10_000_000)
+    m = model.Model(t)
+    net = model.Network(rtt_us=500)
+    assert validate.window_s(m, net, 4_000_000, 10_000_000) == pytest.approx(0.006 + 6 * 500e-6)
+    assert validate.window_s(m, model.Network(), 4_000_000, 10_000_000) == pytest.approx(0.006)
+    t.header["epoch_ns"] = 10**9
+    recording = {"steps_s": [0.002] * 3, "window_ns": [10**9 + 4_000_000, 10**9 + 10_000_000],
+                 "step_ends_ns": [10**9 + 6_000_000, 10**9 + 8_000_000, 10**9 + 10_000_000]}
+    runs = [{"steps_s": [0.0] * 3, "window_ns": [0, 12_000_000], "step_ends_ns": [3_500_000, 7_000_000, 12_000_000]},
+            {"steps_s": [0.0], "window_ns": [0, 2_010_000]}, "the run over RTT 2 µs died"]
+    v = validate._compare("w", ["w"], t, recording, [net, model.Network(rtt_us=1), model.Network(rtt_us=2)], runs)
+    first, second, third = v.points
+    assert v.steps == 3 and first.recorded_s == pytest.approx(0.002)
+    # two round trips a step; the run's median step, its slow last one (5 ms) aside
+    assert first.predicted_s == pytest.approx(0.003) and first.measured_s == pytest.approx(0.0035)
+    assert first.error == pytest.approx(0.003 / 0.0035 - 1)
+    assert first.added_error == pytest.approx(0.001 / 0.0015 - 1) and first.held
+    assert second.link_adds == pytest.approx(0.005) and not second.held, "the link adds under 5% of the step"
+    assert third.measured_s is None and third.error is None and "died" in third.failure
+    summary = validate.torch_summary([v])
+    assert (summary["points"], summary["failed"], summary["held_points"], summary["held_within_aim"]) == (2, 1, 1, 0)
+    assert "failed" in validate.torch_table([v]) and json.dumps(v.to_json())
+
+
+@pytest.mark.sim_only(reason="PyTorch at toy sizes with the sim's kernels skipped; a GPU's figures are the GPU "
+                             "check's perf stage")
+def test_validate_torch_workloads_on_emulated_links(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """bench/perf_validate.py --torch on two of the issue's workloads (a training step and gpt2_generate, whose
+    tokens each wait for the GPU) at four links: each recorded at loopback, then run over RTT 500 and 2,000 µs at
+    10 and 100 Gbit/s, started together and timed one at a time. Exact: every point is there, with its steps and
+    the tokens a step. A step over a link takes an RTT at least, measured and predicted. One run of each on a
+    shared 2-core machine, whose load can slow a run (the recording's too) 3x: the prediction is bounded loosely
+    (the model's figures against the aims are bench/results/perf-validate-torch-sim.md's, the full grid)."""
+    monkeypatch.setenv("XPU_SIM_SKIP_KERNELS", "1")
+    monkeypatch.setenv("XPU_SIM_KERNELS", f"{SIM_KERNELS},{ROOT / 'tests' / 'torch_sim_kernels.py'}")
+    monkeypatch.setenv("XPU_LOG", "WARNING")
+    out = tmp_path / "v.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench/perf_validate.py"), "--torch", "--size", "small",
+                           "--workloads", "mlp_train,gpt2_generate", "--rtt-us", "500,2000", "--gbps", "10,100",
+                           "--steps", "4", "--warmup", "1", "--torch-python", str(torch_python()), "--out", str(out)],
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    print(out.with_suffix(".md").read_text())
+    assert [w["workload"] for w in data["workloads"]] == ["mlp_train", "gpt2_generate"] and not data["failures"]
+    for w in data["workloads"]:
+        assert w["steps"] == 4 and [(p["rtt_us"], p["gbps"]) for p in w["points"]] == [
+            (r, g) for r in (500, 2000) for g in (10, 100)]
+        for p in w["points"]:
+            # a step over the link waits for its results at least once: an RTT at least, measured and predicted
+            assert p["measured_step_s"] > p["rtt_us"] * 1e-6 and p["predicted_step_s"] > p["rtt_us"] * 1e-6, p
+            # a wrong window (the start-up's seconds, a unit) is off by 100x; a busy machine's steps by up to 3x
+            assert 0.25 < p["predicted_step_s"] / p["measured_step_s"] < 4, p
+    assert data["workloads"][1]["tokens"] == 4, "gpt2_generate makes its 4 tokens (its end token is never picked)"
