@@ -67,7 +67,8 @@ def receive_message(sock: Stream, scratch: memoryview | None = None) -> list[mem
         return wire.stream_frames(count, body)
     got = 0
     while got < wire.STREAM_HEAD.size:
-        got += _received(sock.recv_into(scratch[got:], len(scratch) - got))
+        # the whole scratch, not a slice of it, at first: a sealed stream keeps the address of the buffer it reads into
+        got += _received(sock.recv_into(scratch[got:] if got else scratch, len(scratch) - got))
     count, size = wire.STREAM_HEAD.unpack_from(scratch)
     end = wire.STREAM_HEAD.size + size
     if got > end:

@@ -180,13 +180,31 @@ TARGET void xpu_gcm_seal(const struct xpu_gcm *g, uint64_t count, const uint8_t 
     _mm_storeu_si128((__m128i *)(out + HEAD + n), tag_of(g, count, out, out + HEAD, n));
 }
 
-/* The record at `record` (head, n bytes of ciphertext, tag) checked and, only if its tag is right, opened in
- * place (record + 4 then holds the plaintext): 0; -1 if its tag is wrong (nothing was decrypted). */
-TARGET int xpu_gcm_open(const struct xpu_gcm *g, uint64_t count, uint8_t *record, size_t n) {
+/* The record at `record` (head, n bytes of ciphertext, tag) checked and, only if its tag is right, opened into
+ * `out` (NULL: in place, record + 4): 0; -1 if its tag is wrong (nothing was decrypted). */
+TARGET int xpu_gcm_open(const struct xpu_gcm *g, uint64_t count, uint8_t *record, size_t n, uint8_t *out) {
     __m128i want = tag_of(g, count, record, record + HEAD, n);
     __m128i diff = _mm_xor_si128(want, _mm_loadu_si128((const __m128i *)(record + HEAD + n)));
     if (!_mm_testz_si128(diff, diff))
         return -1;
-    ctr(g, count, record + HEAD, record + HEAD, n);
+    ctr(g, count, record + HEAD, out ? out : record + HEAD, n);
     return 0;
+}
+
+/* A synchronous call's message or answer, as one read brought it: the record at the start of `raw` (`got` bytes
+ * read), if it is there whole and holds 1 to `most` bytes, checked and opened into `out`. Its plaintext length;
+ * 0 if it is not whole there or its length is out of that range (the caller reads it the long way); -1 if its
+ * check fails (out's first `length` bytes zeroed, as the caller zeroes after OpenSSL's failure). */
+TARGET int64_t xpu_gcm_open_first(const struct xpu_gcm *g, uint64_t count, uint8_t *raw, size_t got, size_t most,
+                                  uint8_t *out) {
+    if (got < HEAD)
+        return 0;
+    size_t n = (size_t)raw[0] | (size_t)raw[1] << 8 | (size_t)raw[2] << 16 | (size_t)raw[3] << 24;
+    if (n == 0 || n > most || got < HEAD + n + TAG)
+        return 0;
+    if (xpu_gcm_open(g, count, raw, n, out)) {
+        memset(out, 0, n);
+        return -1;
+    }
+    return (int64_t)n;
 }

@@ -36,7 +36,9 @@ int xpu_gcm_usable(void);
 struct xpu_gcm *xpu_gcm_new(const uint8_t *key);
 void xpu_gcm_free(struct xpu_gcm *g);
 void xpu_gcm_seal(const struct xpu_gcm *g, uint64_t count, const uint8_t *in, size_t n, uint8_t *out);
-int xpu_gcm_open(const struct xpu_gcm *g, uint64_t count, uint8_t *record, size_t n);
+int xpu_gcm_open(const struct xpu_gcm *g, uint64_t count, uint8_t *record, size_t n, uint8_t *out);
+int64_t xpu_gcm_open_first(const struct xpu_gcm *g, uint64_t count, uint8_t *raw, size_t got, size_t most,
+                           uint8_t *out);
 """
 _loaded: tuple[Any, Any] | None = None
 _tried = False

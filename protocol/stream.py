@@ -107,7 +107,7 @@ class Sealed:
         self.plain = _pages(RECORD_MAX)  # opened, not yet taken: plain[plain_at:plain_end]
         self.plain_at = self.plain_end = 0
         self.fileno = sock.fileno  # the socket's own: a poller asks for it at every poll
-        self._native_seal = self._native_open = None
+        self._native_seal = self._native_open = self._native_first = None
         built = gcm.library() if native else None
         if built is not None:
             self._use_native(*built, send_key, receive_key)
@@ -120,6 +120,9 @@ class Sealed:
         self._sealer, self._opener = (ffi.gc(context, lib.xpu_gcm_free) for context in contexts)
         self._out_address, self._raw_address = ffi.from_buffer(self.out), ffi.from_buffer(self.raw)
         self._native_seal, self._native_open = lib.xpu_gcm_seal, lib.xpu_gcm_open
+        self._native_first, self._address_of, self._null = lib.xpu_gcm_open_first, ffi.from_buffer, ffi.NULL
+        self._into: Any = None  # the reader's buffer of the last short read, and its address
+        self._into_address: Any = None
 
     # ---- writing ---------------------------------------------------------------------------
     def sendall(self, data: Any) -> None:
@@ -180,7 +183,11 @@ class Sealed:
             raw = self.raw
             if self.raw_at == self.raw_end:  # nothing read ahead: one read takes what has come (a whole message)
                 n = self.sock.recv_into(raw)
-                if n > _HEAD:  # a synchronous call's message or answer: a whole record, opened straight into view
+                if n > _HEAD and self._native_first is not None:
+                    length = self._open_first(view, n, nbytes)
+                    if length:
+                        return length
+                elif n > _HEAD:  # a synchronous call's message or answer: a whole record, opened straight into view
                     length = _unpack_from(raw)[0]
                     whole = _HEAD + length + TAG
                     if n >= whole and 0 < length <= nbytes and length <= RECORD_MAX:
@@ -210,12 +217,28 @@ class Sealed:
         self.plain_at += n
         return n
 
+    def _open_first(self, view: memoryview, n: int, nbytes: int) -> int:
+        """gcm.c's short path: the first record of the `n` bytes just read, if it is whole and fits view[:nbytes],
+        opened straight into `view` (a reader passes the same buffer each time: its address is kept); its length,
+        or 0 if the long way must take it."""
+        if view is not self._into:
+            self._into, self._into_address = view, self._address_of(view)
+        count = self.received
+        most = min(nbytes, len(view), NATIVE_MAX)  # gcm.c writes no further than this into view
+        length = self._native_first(self._opener, count, self._raw_address, n, most, self._into_address)
+        if length < 0:
+            raise SealBroken(_FAILED)
+        if length:
+            self.received = count + 1
+            self.raw_at, self.raw_end = _HEAD + length + TAG, n
+        return length
+
     def _open_at(self, into: memoryview, length: int, at: int) -> None:
         """The next record, whole in raw[at:] (its length, the associated data; ciphertext; tag), opened into
         into[:length]; if its check fails, nothing opened stays there and SealBroken is raised."""
         count, raw = self.received, self.raw
         if length <= NATIVE_MAX and self._native_open is not None:  # checked, then opened in place in `raw`
-            if self._native_open(self._opener, count, self._raw_address + at, length):
+            if self._native_open(self._opener, count, self._raw_address + at, length, self._null):
                 into[:length] = bytes(length)  # as after OpenSSL's failure: the reader finds zeros there
                 raise SealBroken(_FAILED)
             into[:length] = raw[at + _HEAD : at + _HEAD + length]
