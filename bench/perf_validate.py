@@ -62,7 +62,9 @@ def resampling(results: list[validate.Validation], repeat: int) -> list[str]:
 
 def torch_workloads(args: argparse.Namespace) -> int:
     """--torch: each workload validated over the links, the report rewritten after each."""
-    command = "python bench/perf_validate.py " + " ".join(sys.argv[1:])
+    told = " ".join(f"{k}={os.environ[k]}" for k in ("XPU_SIM_SKIP_KERNELS", "XPU_SIM_KERNELS", "XPU_TORCH_PYTHON")
+                    if k in os.environ)
+    command = f"{told + ' ' if told else ''}python bench/perf_validate.py " + " ".join(sys.argv[1:])
     machine = f"{platform.machine()}, {os.cpu_count()} cores"
     results: list[validate.TorchValidation] = []
     failures: list[dict[str, str]] = []
