@@ -44,7 +44,7 @@ from urllib.parse import urlparse
 import zmq
 import zmq.utils.monitor
 
-from xpuremote.protocol import errors, logs, spin, wire
+from xpuremote.protocol import errors, gcm, logs, spin, wire
 from xpuremote.protocol import pool as protocol_pool
 
 from . import auth, metrics, pool
@@ -272,6 +272,8 @@ class Daemon:
                 monitor.close(0)
                 self.shutdown()
                 raise
+        if self.options.keys is not None:  # built now (once per cache), not while a keyed session's client waits
+            gcm.library()
         print(f"xpu-server ready on {self.listen} (backend {self.backend}, CURVE "
               f"{'on' if self.options.keys else 'off'})", file=sys.stderr, flush=True)
         poller = zmq.Poller()
