@@ -96,14 +96,11 @@ def aead_steps() -> dict[str, Callable[[], Any]]:
         record = bytearray(4 + SMALL + 16)
         address = ffi.from_buffer(record)
         lib.xpu_gcm_seal(context, 12345, msg, SMALL, address)
-        sealed_record, opened = bytes(record), bytearray(4 + SMALL + 16)
+        opened = bytearray(SMALL)
         opened_address = ffi.from_buffer(opened)
-
-        def open_record() -> None:
-            opened[:] = sealed_record
-            lib.xpu_gcm_open(context, 12345, opened_address, SMALL)
         steps["AES-256-GCM, gcm.c: seal a record"] = lambda: lib.xpu_gcm_seal(context, 12345, msg, SMALL, address)
-        steps["AES-256-GCM, gcm.c: open a record (and a 116 B copy first)"] = open_record
+        steps["AES-256-GCM, gcm.c: open a record read whole (open_first)"] = lambda: lib.xpu_gcm_open_first(
+            context, 12345, address, len(record), SMALL, opened_address)
     count = 12345
     steps["nonce: int.to_bytes(12)"] = lambda: count.to_bytes(12, "little")
     steps["other: b''.join of two buffers"] = lambda: b"".join([msg, msg])
