@@ -14,7 +14,8 @@ large copy streams through buffers of that size at each end.
 A record of up to NATIVE_MAX bytes (a synchronous call's message or answer) is sealed and opened by gcm.c, a
 small AES-NI implementation of the same AES-256-GCM, whose record is byte for byte cryptography's: right after an
 end has waited for the other, OpenSSL's path costs several times its warm cost (protocol/gcm.py). It checks the
-tag before it decrypts anything, in place in the read buffer, so a record that fails leaves nothing opened.
+tag before it decrypts anything (straight into the reader's buffer, or in place in the read buffer), so a record
+that fails leaves nothing opened.
 Larger records, and every record where gcm.c cannot be built, go through cryptography (OpenSSL).
 
 Python's ssl has no pre-shared keys before 3.13, and a TLS handshake with a throwaway certificate whose
@@ -23,6 +24,7 @@ fingerprint travels over CURVE measured slower here for the same guarantees (doc
 
 from __future__ import annotations
 
+import functools
 import mmap
 import secrets
 import socket
@@ -120,7 +122,9 @@ class Sealed:
         self._sealer, self._opener = (ffi.gc(context, lib.xpu_gcm_free) for context in contexts)
         self._out_address, self._raw_address = ffi.from_buffer(self.out), ffi.from_buffer(self.raw)
         self._native_seal, self._native_open = lib.xpu_gcm_seal, lib.xpu_gcm_open
-        self._native_first, self._address_of, self._null = lib.xpu_gcm_open_first, ffi.from_buffer, ffi.NULL
+        self._native_first, self._null = lib.xpu_gcm_open_first, ffi.NULL
+        # a reader's buffer that cannot be written is refused, as a socket's recv_into refuses it
+        self._address_of = functools.partial(ffi.from_buffer, require_writable=True)
         self._into: Any = None  # the reader's buffer of the last short read, and its address
         self._into_address: Any = None
 
