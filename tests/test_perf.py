@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import json
 import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +28,6 @@ from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.wire import PROBE_BUSY_MAX_NS
 
 WORKLOADS = ROOT / "examples" / "workloads.cu"
-MIXES = (["sync", "400"], ["async", "300"], ["bytes", "8"])
 CHUNK = 16 << 20  # bytes per copy in the bytes mix
 
 
@@ -538,35 +536,6 @@ def test_validate_command_line(shim: Path, workloads: Path, tmp_path: Path, monk
     # emulation spins out the last 300 µs of each hold): more than half of it at least
     assert slow["measured_s"] > result["trace_s"] + 40 * 250e-6
     assert abs(slow["error"]) < 0.5 and (tmp_path / "v.png").stat().st_size > 0
-
-
-# ---- accuracy --------------------------------------------------------------------------------------
-# Minutes of runs, and its bar is calibrated on the sim (bench/results/perf-validate.md): what a GPU's
-# kernel times do to the model's accuracy is a measurement to make on its own, not this test.
-@pytest.mark.sim_only(reason="slow, and its error bar is calibrated on runs against the sim")
-def test_validate_predicts_emulated_links(shim: Path, workloads: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Over the three programs and RTT {0, 200, 1000} µs x {10 Gbit/s, unlimited}, the issue's
-    bar: the median error of the predicted run time is at most 5%, and no point is off by more than
-    10%. The full grid (RTT 50 µs and 1 Gbit/s too) is bench/perf_validate.py's; here the links
-    that cost minutes (the bytes program at 1 Gbit/s) are left out, and every part of the model
-    (RTT, wake-up cost, bandwidth, batching, queueing) is still on the line.
-
-    validate starts its own sim server on a CPU apart from the runs', records through a link
-    emulation that delays nothing, and makes rounds of three recordings and one run per link; see
-    perfmodel/validate.py for why. On a 2-core virtual machine runs of one program vary by ±10%,
-    so the worst point is noise as much as model: bench/results/perf-validate.md, drawing its 24
-    rounds again, puts the worst of 36 points past 10% in 15% of 12-round validations and 3% of
-    24-round ones. Hence 32 rounds here, for half as many points. A model that got RTT, bandwidth,
-    batching or queueing wrong would miss by far more."""
-    monkeypatch.setenv("XPU_SIM_KERNELS", SIM_KERNELS)
-    monkeypatch.setenv("XPU_LOG", "WARNING")
-    results = [validate.validate([str(workloads), *mix], rtts=(0.0, 200.0, 1000.0), gbps=(10.0, 0.0), repeat=32,
-                                 backend="sim") for mix in MIXES]
-    report = "\n".join(map(validate.table, results))
-    print(report)
-    errors = [abs(p.error) for r in results for p in r.points]
-    assert statistics.median(errors) <= 0.05, report
-    assert max(errors) <= 0.10, report
 
 
 # ---- PyTorch workloads: a step's time --------------------------------------------------------------------
