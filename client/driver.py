@@ -121,7 +121,6 @@ class Failure:
     code: int  # a status of `library`, the failed call's
     library: str
     detail: str
-    kept: bool = False  # a context synchronize returned it: the next call returns it again
 
 
 @dataclass
@@ -301,17 +300,13 @@ class Driver:
                 self.failures.append(Failure(symbol, code, library, detail))
 
     def report(self, call: Call) -> None:
-        """Return the earliest failure not yet returned, as a status of `call`'s library (errors.deferred_status).
-        None is sticky (the server's driver keeps a kernel's fault sticky itself), but none goes unseen: a context
-        synchronize that returns them keeps them for the next call that waits for the server, once, since it is
-        the wait programs leave unchecked (PyTorch's cudaDeviceSynchronize after its sparse kernels);
-        docs/client-core.md, "Failures of asynchronous calls"."""
+        """Return the earliest failure not yet returned, as a status of `call`'s library (errors.deferred_status),
+        and forget them all. None is sticky: the server's driver keeps a kernel's fault sticky itself, and a
+        program that leaves a synchronize unchecked still meets it there, as with NVIDIA's driver: libcudart keeps
+        it as the thread's last error for the next launch check (docs/client-core.md, "Failures of asynchronous
+        calls")."""
         with self.lock:
-            first = self.failures[0]
-            keep = call.family == "cuCtxSynchronize"
-            self.failures = [f for f in self.failures if keep and not f.kept]
-            for failure in self.failures:
-                failure.kept = True
+            first, self.failures = self.failures[0], []
         code = errors.deferred_status(first.code, first.library, call.library)
         raise CudaError(code, f"earlier {first.symbol}: {first.detail}", call.library)
 

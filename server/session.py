@@ -477,7 +477,7 @@ class Session:
                 self.library_calls[library] += 1
             if len(args) != count:
                 raise CudaError(errors.INVALID_VALUE, f"{call.symbol} takes {count} arguments, got {len(args)}")
-            if call.destroys and self.stillborn.pop(args[0], None) is not None:
+            if call.destroys and type(args[0]) is int and self.stillborn.pop(args[0], None) is not None:
                 return []  # its making failed and was said: nothing to destroy
             for i, low, high in ints:
                 if type(args[i]) is not int or not low <= args[i] < high:

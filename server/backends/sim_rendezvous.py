@@ -137,13 +137,19 @@ class Rendezvous:
     # ---- joining ----------------------------------------------------------------------------------------
     def _join(self) -> None:
         mine = self.directory / f"rank-{self.rank}"
+        # written whole under a name of its own, then linked into place: a peer never reads it half-written, and
+        # the link fails where the rank has joined already
+        draft = self.directory / f".rank-{self.rank}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()} {self.nranks}\n")
         try:
-            fd = os.open(mine, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            os.link(draft, mine)
         except FileExistsError:
             raise nccl_error("invalid_value", f"rank {self.rank} has joined this communicator already "
                             "(each rank must call ncclCommInitRank with its own rank)") from None
-        with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()} {self.nranks}\n")
+        finally:
+            os.unlink(draft)
         try:
             self._wait_for([self.directory / f"rank-{r}" for r in range(self.nranks)], "to join")
             for r in range(self.nranks):
