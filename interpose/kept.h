@@ -274,6 +274,12 @@ static int xpu_kept_is_pointer(uint32_t name) {
     return 0;
 }
 
+/* What names a device address in a setting: its alignment, up to 256 (0 for NULL). */
+static uint64_t xpu_kept_alignment(uint64_t address) {
+    uint64_t lowest = address & -address;
+    return lowest && lowest < 256 ? lowest : 256 * !!address;
+}
+
 /* A cuBLASLt descriptor's setting into `key`: its kind, how it was made, its attributes by name. Of a device
  * pointer (a bias, a scale) only its alignment: PyTorch casts the bias anew at every step under autocast. */
 static size_t xpu_kept_setting_key(const struct xpu_kept_record *r, unsigned char *key) {
@@ -294,8 +300,7 @@ static size_t xpu_kept_setting_key(const struct xpu_kept_record *r, unsigned cha
         uint64_t v[2] = {0, 0};
         memcpy(v, at->value, at->size);
         if (r->kind == XPU_KEPT_KIND_LT_MATMUL && at->size == 8 && xpu_kept_is_pointer(at->name)) {
-            uint64_t lowest = v[0] & -v[0];
-            v[0] = lowest && lowest < 256 ? lowest : 256 * !!v[0];
+            v[0] = xpu_kept_alignment(v[0]);
         }
         memcpy(key + n, v, sizeof v), n += sizeof v;
     }
@@ -526,8 +531,7 @@ static void xpu_kept_served_setting(const struct xpu_kept_record *r, struct xpu_
     out->generation = 0;
     for (int a = 0; a < r->attributes; a++)
         if (xpu_kept_is_address(r, a)) {
-            uint64_t v = xpu_kept_address_of(r, a), lowest = v & -v;
-            v = lowest && lowest < 256 ? lowest : 256 * !!v;
+            uint64_t v = xpu_kept_alignment(xpu_kept_address_of(r, a));
             memcpy(out->attribute[a].value, &v, 8);
         }
 }
