@@ -34,15 +34,25 @@ class ClientKeys:
     server: bytes
 
 
-def client_keys() -> ClientKeys | None:
-    """The keys named by the environment, or None for plain TCP."""
+def client_keys(position: int = 0) -> ClientKeys | None:
+    """The keys named by the environment, or None for plain TCP; for the server at `position` of those XPU_SERVER
+    names, whose public key is XPU_SERVER_KEY's entry there where it names one per server (separated by commas)."""
     own, server = os.environ.get("XPU_CLIENT_KEY"), os.environ.get("XPU_SERVER_KEY")
     if not own and not server:
         return None
     try:
-        return _load(own, server)
+        return _load(own, _server_key(server, position))
     except (OSError, ValueError) as exc:
         raise CudaError(errors.INVALID_VALUE, f"cannot use the CURVE keys: {exc}") from None
+
+
+def _server_key(keys: str | None, position: int) -> str | None:
+    named = [k.strip() for k in (keys or "").split(",")]
+    if len(named) == 1:
+        return keys  # one key for every server
+    if position >= len(named):
+        raise ValueError(f"XPU_SERVER_KEY names {len(named)} keys, none for server {position + 1} of XPU_SERVER")
+    return named[position]
 
 
 def _load(own: str | None, server: str | None) -> ClientKeys:

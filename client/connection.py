@@ -92,8 +92,10 @@ class NoAnswer(ServerGone):
 
 class Connection:
     def __init__(self, address: str, connect_timeout_s: float = 10.0, batch_window_us: float = 50.0,
-                 link: LinkSpec = NO_LINK, measure: bool = False, measure_gpu: bool = False, spin_us: int = 0) -> None:
+                 link: LinkSpec = NO_LINK, measure: bool = False, measure_gpu: bool = False, spin_us: int = 0,
+                 position: int = 0) -> None:
         self.address = address
+        self.position = position  # which of the servers XPU_SERVER names: the one whose XPU_SERVER_KEY it takes
         self.ctx = zmq.Context()
         self.lock = threading.RLock()
         # held by the flusher while its batch goes out, after it let go of `lock`: the application's threads
@@ -147,7 +149,7 @@ class Connection:
     # ---- set-up -------------------------------------------------------------------------
     def _start(self, timeout_s: float, measure: bool, measure_gpu: bool) -> None:
         """The session: the daemon's hello, then its worker's inventory, and the data connection if wanted."""
-        self.keys = auth.client_keys()  # CURVE keys from the environment, or None for plain TCP
+        self.keys = auth.client_keys(self.position)  # CURVE keys from the environment, or None for plain TCP
         self.endpoint, self.session, self.key = self._hello(timeout_s)
         self.sock = self._socket(self.endpoint, wire.routing_id(self.key))
         self.sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)

@@ -211,7 +211,38 @@ def cu_device_get_properties(d: Driver, call: Call, args: list[Any]) -> None:
 def cu_device_can_access_peer(d: Driver, call: Call, args: list[Any]) -> None:
     address, dev, peer = args
     d.device(dev), d.device(peer)
-    out(call, "canAccessPeer", address, 0)  # peer access is not forwarded yet
+    out(call, "canAccessPeer", address, 0)  # peer access is not forwarded (cuCtxEnablePeerAccess says why)
+
+
+@implements("cuDeviceGetP2PAttribute")
+def cu_device_get_p2p_attribute(d: Driver, call: Call, args: list[Any]) -> None:
+    """No attribute holds between two devices without peer access: 0, as NVIDIA's driver answers for them."""
+    address, _attribute, src, dst = args
+    d.device(src), d.device(dst)
+    if src == dst:
+        raise CudaError(errors.INVALID_DEVICE, "cuDeviceGetP2PAttribute of a device with itself")
+    out(call, "value", address, 0)
+
+
+@implements("cuCtxEnablePeerAccess")
+def cu_ctx_enable_peer_access(d: Driver, call: Call, args: list[Any]) -> None:
+    """Refused with the reason: between two servers' devices there is no peer access to give (copies between
+    them are staged through the client); within one server it is not forwarded yet."""
+    mine, peer = d.context(0).device, d.context(args[0]).device
+    if d.devices[mine].server != d.devices[peer].server:
+        why = (f"devices {mine} and {peer} are on different servers ({d.sessions[d.devices[mine].server].address}, "
+               f"{d.sessions[d.devices[peer].server].address}): a kernel on one cannot reach the other's memory; "
+               "copies between them work, staged through the client")
+    else:
+        why = f"peer access between devices {mine} and {peer} of one server is not forwarded yet"
+    d.say_once(f"peer {mine} {peer}", "cuCtxEnablePeerAccess refused: %s", why)
+    raise CudaError(errors.PEER_ACCESS_UNSUPPORTED, why)
+
+
+@implements("cuCtxDisablePeerAccess")
+def cu_ctx_disable_peer_access(d: Driver, call: Call, args: list[Any]) -> None:
+    d.context(args[0])
+    raise CudaError(ENUMS["CUDA_ERROR_PEER_ACCESS_NOT_ENABLED"], "peer access was never enabled")
 
 
 @implements("cuDeviceGetExecAffinitySupport")

@@ -17,7 +17,8 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +95,7 @@ class Device:
     pci: tuple[int, int, int]
     sm: int
     refused: frozenset[int] = frozenset()  # attributes the server's driver does not know
+    server: int = 0  # which of the servers XPU_SERVER names has it (Driver.sessions)
 
 
 @dataclass
@@ -126,8 +128,11 @@ class Failure:
 @dataclass
 class Driver:
     contexts: ContextStack = field(default_factory=ContextStack)
-    conn: Connection | None = None
+    conn: Connection | None = None  # the session with the first server XPU_SERVER names
+    sessions: list[Connection] = field(default_factory=list)  # one per server it names, conn first
     lane: Lane | None = None  # the shim's C lane (client/lane.py); None without the shim
+    lane_session: Connection | None = None  # the session the lane's records go to, once bound (bind_lane)
+    lane_wanted: bool = False  # the session's settings allow the lane
     devices: list[Device] = field(default_factory=list)
     driver_version: int = 0
     ctxs: dict[int, Context] = field(default_factory=dict)
@@ -138,10 +143,19 @@ class Driver:
     _said: set[str] = field(default_factory=set)
     unreachable: str | None = None  # why the last try to start the session failed (said once)
     failures: list[Failure] = field(default_factory=list)  # earlier asynchronous failures not yet returned
+    _acting: threading.local = field(default_factory=threading.local)  # per thread: acting_in's contexts
 
     # ---- connection -----------------------------------------------------------------------
     def server(self) -> str:
         return os.environ.get("XPU_SERVER", DEFAULT_SERVER)
+
+    def servers(self) -> list[str]:
+        """The servers XPU_SERVER names: one, or several separated by commas, whose devices the application sees
+        as one list in that order (docs/distributed.md, "Several servers, one client")."""
+        named = [s.strip() for s in self.server().split(",") if s.strip()] or [DEFAULT_SERVER]
+        if len(set(named)) < len(named):
+            raise CudaError(errors.INVALID_VALUE, f"XPU_SERVER names a server twice: {self.server()!r}")
+        return named
 
     def connect(self) -> Connection:
         """The session with the server, made on first need (cuInit, cuDriverGetVersion)."""
@@ -152,18 +166,30 @@ class Driver:
                                 "a child process cannot use its parent's GPU session")
             if self.conn is None:
                 try:
-                    conn = self._open()
+                    conns = self._open_all()
                 except CudaError as exc:  # said here, once per process, whichever call asked first: the runtime
                     # asks cuDriverGetVersion and gives up before cuInit; PyTorch then says only "no NVIDIA driver"
                     self.unreachable = exc.detail
                     self.say_once(f"unreachable {exc.detail}", "%s", exc.detail, level=logging.ERROR)
                     raise
                 self.unreachable = None
-                self._adopt(conn)
+                self._adopt(conns)
             return self.conn
 
-    def _open(self) -> Connection:
-        """A new session with the server the environment names, with its settings."""
+    def _open_all(self) -> list[Connection]:
+        """A session with each server XPU_SERVER names; none if one of them cannot be reached."""
+        conns: list[Connection] = []
+        try:
+            for position, address in enumerate(self.servers()):
+                conns.append(self._open(address, position))
+        except CudaError:
+            for conn in conns:
+                conn.close()
+            raise
+        return conns
+
+    def _open(self, address: str, position: int) -> Connection:
+        """A new session with the server at `address`, with the environment's settings."""
         try:  # the user's settings: a bad one is said as such, not as an internal error
             timeout = float(os.environ.get("XPU_CONNECT_TIMEOUT_S", "10"))
             batch_us = float(os.environ.get("XPU_BATCH_US", "50"))
@@ -172,54 +198,91 @@ class Driver:
         except ValueError as exc:
             raise CudaError(errors.INVALID_VALUE, f"a setting in the environment: {exc}") from None
         tracing = trace.requested()
-        return Connection(self.server(), timeout, batch_us, link, measure=tracing,
-                          measure_gpu=tracing and os.environ.get("XPU_TRACE_GPU") != "0", spin_us=spin_us)
+        return Connection(address, timeout, batch_us, link, measure=tracing,
+                          measure_gpu=tracing and os.environ.get("XPU_TRACE_GPU") != "0", spin_us=spin_us,
+                          position=position)
 
-    def _adopt(self, conn: Connection) -> None:
+    def _adopt(self, conns: list[Connection]) -> None:
         try:  # nothing of an inventory is believed before it is checked: the session ends on a bad one
-            inv = inventory.check(conn.inventory, conn.address)
+            invs = [inventory.check(conn.inventory, conn.address) for conn in conns]
         except CudaError as exc:
             self.say_once(f"inventory {exc.detail}", "%s", exc.detail, level=logging.ERROR)
-            conn.close()
+            for conn in conns:
+                conn.close()
             raise
         servers = [Device(i, d["name"], bytes(d["uuid"]), d["total_mem"], dict(d["attributes"]),
-                          tuple(d["pci"]), d["sm"], frozenset(d.get("refused", ())))
-                   for i, d in enumerate(inv["devices"])]
+                          tuple(d["pci"]), d["sm"], frozenset(d.get("refused", ())), k)
+                   for k, inv in enumerate(invs) for i, d in enumerate(inv["devices"])]
         self.devices = visible_devices(servers, os.environ.get("CUDA_VISIBLE_DEVICES"))
-        self.driver_version = inv["driver_version"]
+        self.driver_version = min(inv["driver_version"] for inv in invs)  # what every server's driver runs
         self.primaries = [Primary(self.new_handle()) for _ in self.devices]
         for i, p in enumerate(self.primaries):
             self.ctxs[p.handle] = Context(i, primary=True, ident=i + 1)
-        self.conn = conn
-        conn.blocking = launch_blocking()
+        self.sessions, self.conn = conns, conns[0]
+        conn = conns[0]
+        for each in conns:
+            each.blocking = launch_blocking()
+        self.lane_wanted = (self.lane is not None and not conn.blocking and not log.isEnabledFor(EVERY_CALL)
+                            and os.environ.get("XPU_LANE", "1") != "0")
         if conn.blocking:
             log.info("CUDA_LAUNCH_BLOCKING=1: every asynchronous call (launches, copies, memsets, library calls) is "
                      "sent and waited for, so a failing one returns its own error; the fast lane is off")
-        elif self.lane is not None and not log.isEnabledFor(EVERY_CALL) and os.environ.get("XPU_LANE", "1") != "0":
-            conn.lane = self.lane
-            self.lane_gate()
+        elif self.lane_wanted and len(conns) == 1:
+            self.bind_lane(conn)
+        elif self.lane_wanted:  # bound to the server of the first context used (wire_ctx)
+            self.lane.decline(CROSSING)
         if trace.wanted():
             # the wake-up probe measures this machine and the server's, not an emulated link's delays
             wake = None if conn.link.delays else probe_wake(conn)
-            trace.start({"server": conn.address, "backend": inv.get("backend"), "link": conn.link.to_wire(),
+            trace.start({"server": conn.address, "backend": invs[0].get("backend"), "link": conn.link.to_wire(),
                          "devices": [d.name for d in self.devices], "wake": wake, "data": conn.data is not None,
-                         "lane": conn.lane is not None})
-        log.info("connected to %s (%s backend, driver %d, %d devices)", conn.address, inv.get("backend"),
-                 self.driver_version, len(self.devices))
+                         "lane": conn.lane is not None, "spin_us": conn.spin_ns // 1000})
+        for each, inv in zip(conns, invs):
+            log.info("connected to %s (%s backend, driver %d, %d devices)", each.address, inv.get("backend"),
+                     inv["driver_version"], len(inv["devices"]))
 
     def session(self) -> Connection:
-        """The connection, for calls that need an initialised driver."""
+        """The session a call goes to, for calls that need an initialised driver: of the server whose device has
+        the context the call acts in (`acting`), or the first."""
         if self.conn is None:
             raise CudaError(errors.NOT_INITIALIZED, f"no session: {self.unreachable}" if self.unreachable
                             else "cuInit has not been called")
         if self.conn.pid != os.getpid():
             return self.connect()  # raises the fork error
-        return self.conn
+        if len(self.sessions) == 1:
+            return self.conn
+        info = self.ctxs.get(self.acting())
+        return self.sessions[self.devices[info.device].server] if info is not None else self.conn
+
+    def session_of_device(self, dev: int) -> Connection:
+        return self.sessions[self.devices[dev].server] if len(self.sessions) > 1 else self.session()
+
+    def acting(self) -> int:
+        """The context the calling thread's calls act in: its current one, or where a call names an object of
+        another context (a stream, an event, memory: client/servers.py), that object's, as `acting_in` says."""
+        stack = getattr(self._acting, "stack", None)
+        return stack[-1] if stack else self.contexts.current()
+
+    @contextmanager
+    def acting_in(self, ctx: int) -> Iterator[None]:
+        """The calls of this thread inside act in `ctx`, and go to its server."""
+        stack = self._acting.__dict__.setdefault("stack", [])
+        stack.append(ctx)
+        try:
+            yield
+        finally:
+            stack.pop()
+
+    def bind_lane(self, conn: Connection) -> None:
+        """The lane's records go to `conn`: with several servers, the server of the first context used, whose
+        contexts alone may then take the lane (the others' calls go through the client, to their servers)."""
+        conn.lane, self.lane_session = self.lane, conn
+        self.lane_gate()
 
     def lane_gate(self) -> None:
         """Open the lane where nothing the client does for a call is needed: no capture under way (the client
         refuses and tracks work in a capture) and no event recorded in one."""
-        conn = self.conn
+        conn = self.lane_session
         if conn is None or conn.lane is None:
             return
         if conn.dead or self.state.get("captures") or self.state.get("capture_events"):
@@ -260,20 +323,23 @@ class Driver:
             with self.lock:
                 if not p.on_server:
                     retain = CALLS["cuDevicePrimaryCtxRetain"]
-                    self.session().post(retain, [p.handle, self.devices[dev].server_index], None)
+                    self.session_of_device(dev).post(retain, [p.handle, self.devices[dev].server_index], None)
                     p.on_server = True
         return p
 
     def wire_ctx(self) -> int | None:
-        """The calling thread's context, as the server must see it before this thread's calls."""
-        ctx = self.contexts.current()
+        """The context the calling thread's calls act in, as the server must see it before them."""
+        ctx = self.acting()
         if not ctx:
             return None
         info = self.ctxs.get(ctx)
         if info is not None and info.primary:
             self.ensure_primary(info.device)
         if info is not None and self.lane is not None:
-            self.lane.context(ctx)  # on the server (or queued to be) before any record names it
+            if self.lane_session is None and self.lane_wanted:
+                self.bind_lane(self.session())
+            if self.lane_session is self.session():
+                self.lane.context(ctx)  # on the server (or queued to be) before any record names it
         return ctx
 
     # ---- talking to the server ----------------------------------------------------------------
@@ -310,10 +376,11 @@ class Driver:
         code = errors.deferred_status(first.code, first.library, call.library)
         raise CudaError(code, f"earlier {first.symbol}: {first.detail}", call.library)
 
-    def query(self, call: Call, wire_args: list[Any]) -> list[Any]:
-        """A synchronous call made for a tool API (NVML), not for the application's CUDA work:
-        failures of earlier asynchronous calls are left for the application's next call."""
-        status, outs, deferred = self.session().call(call, wire_args, self.wire_ctx())
+    def query(self, call: Call, wire_args: list[Any], conn: Connection | None = None) -> list[Any]:
+        """A synchronous call made for a tool API (NVML), not for the application's CUDA work, to `conn` (else the
+        acting context's server): failures of earlier asynchronous calls are left for the application's next
+        call."""
+        status, outs, deferred = (conn or self.session()).call(call, wire_args, self.wire_ctx())
         if deferred:
             self.defer(deferred)
         if status:
@@ -325,6 +392,12 @@ class Driver:
 
     def forward(self, call: Call, args: list[Any]) -> None:
         """The generic path: pack by the table, send, write outputs back."""
+        if len(self.sessions) > 1:
+            _forward_routed(self, call, args)
+        else:
+            self._forward(call, args)
+
+    def _forward(self, call: Call, args: list[Any]) -> None:
         if self.state.get("captures"):  # a capture is on: the call's work may be refused
             CAPTURE_CHECK[0](self, call, args)
         wire_args, size = marshal.pack(call, self.translate(call, args), self.new_handle, call.cls != "sync")
@@ -347,6 +420,22 @@ class Driver:
             log.log(level, message, *args)
 
 
+def routed(impl: Impl) -> Impl:
+    """`impl`, which with several servers acts in the context of the objects the call names (ROUTE), and so goes
+    to their server."""
+    def run(d: Driver, call: Call, args: list[Any]) -> int | None:
+        if len(d.sessions) > 1:
+            owner = ROUTE[0](d, call, args)
+            if owner and owner != d.acting():
+                with d.acting_in(owner):
+                    return impl(d, call, args)
+        return impl(d, call, args)
+    return run
+
+
+_forward_routed = routed(Driver._forward)
+
+
 def launch_blocking() -> bool:
     """CUDA_LAUNCH_BLOCKING=1 in the application's environment: as the driver does, every launch (and here every
     other asynchronous call) returns only once it ran, with its own status."""
@@ -360,6 +449,10 @@ def _library_of(symbol: str) -> str:
 
 # Set by client/streams.py: while a capture is on, refuses work it forbids before it is sent.
 CAPTURE_CHECK: list[Callable[[Driver, Call, list[Any]], None]] = []
+# Set by client/servers.py: with several servers, the context whose server a call goes to (0: the acting one).
+ROUTE: list[Callable[[Driver, Call, list[Any]], int]] = []
+# The lane's calls (families) that may name another server's objects: with several servers they go through the client.
+CROSSING = ("cuStreamWaitEvent", "cuMemcpyDtoDAsync")
 # Hooks that make a lazily created object exist on the server before a call uses it.
 ENSURE: dict[str, Callable[[Driver, int], None]] = {}
 # Handles the client keeps that stand for a server object of its choosing: the handle that object has there.
@@ -496,6 +589,7 @@ def handlers() -> list[Callable[[Any], int]]:
         memory,
         modules,
         pools,
+        servers,
         streams,
         vmm,
     )

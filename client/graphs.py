@@ -26,7 +26,7 @@ from xpuremote.protocol.cuda_api import ENUMS
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.layouts import INSTANTIATE_PARAMS
 
-from . import graph_state, marshal
+from . import graph_state, marshal, servers
 from .driver import Driver, implements
 from .streams import LEGACY, Capture, capture_events, capture_of, captures, invalidate, stream, stream_of
 
@@ -179,7 +179,8 @@ def cu_stream_wait_event(d: Driver, call: Call, args: list[Any]) -> None:
         if handle in DEFAULT_STREAMS:
             raise CudaError(errors.CAPTURE_IMPLICIT, "a default stream cannot join a capture")
         captures(d)[handle] = joined
-    d.forward(call, args)
+    if not servers.waited_here(d, call, args):
+        d.forward(call, args)
 
 
 @implements("cuStreamSynchronize", "cuStreamQuery")

@@ -45,6 +45,13 @@ class Lane:
                 opcode = CALLS[LANE_LAUNCH].opcode if call.lane == "launch" else call.opcode
                 lib.xpu_lane_allow(op, opcode, KINDS[call.lane], nargs, stream_arg(stream, call.per_thread))
 
+    def decline(self, families: tuple[str, ...]) -> None:
+        """These calls (every variant) go through the client from now on."""
+        for op, symbol in enumerate(SYMBOLS):
+            call = CALLS[symbol]
+            if call.lane and call.family in families:
+                self.lib.xpu_lane_allow(op, call.opcode, abi.LANE_OFF, 0, -1)
+
     def open(self, alarm_fd: int, window_s: float, traced: bool = False) -> None:
         """Records may be queued; the first of a batch sets the flusher's alarm to the batch window. `traced`:
         each record is stamped, and `take` gives the stamps."""

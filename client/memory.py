@@ -24,7 +24,7 @@ from xpuremote.protocol.layouts import MEMCPY2D, MEMCPY3D
 
 from . import arrays, data, marshal
 from .arrays import ArraySide
-from .driver import Driver, implements
+from .driver import IMPLEMENTATIONS, Driver, implements, routed
 from .streams import HOST_COPY, check_work, refuse_in_capture, stream_of
 
 _libc_ffi = cffi.FFI()
@@ -98,8 +98,23 @@ def record_device(d: Driver, base: int, size: int, device: int | None = None, **
     handle...)."""
     ctx = d.current_ctx()
     r = Range(base, size, ctx, d.ctxs[ctx].device if device is None else device, ident=d.new_handle(), **kind)
+    if len(d.sessions) > 1:
+        refuse_overlap(d, r)
     maps(d)[0].add(r)
     return r
+
+
+def refuse_overlap(d: Driver, r: Range) -> None:
+    """Two servers' drivers choose their addresses apart: a range one gave that overlaps another's would make an
+    address name two places, so it is refused (it stays allocated on its server until the session ends)."""
+    devices = maps(d)[0]
+    i = bisect.bisect_left(devices.bases, r.base + max(r.size, 1))  # the ranges that begin before its end
+    other = devices.ranges[devices.bases[i - 1]] if i else None
+    if other is not None and other.base + max(other.size, 1) > r.base:
+        servers = d.sessions[d.devices[r.device].server].address, d.sessions[d.devices[other.device].server].address
+        raise CudaError(errors.OUT_OF_MEMORY, f"the server at {servers[0]} gave device memory at {r.base:#x} "
+                        f"({r.size} bytes), which overlaps memory of device {other.device} ({servers[1]}) at "
+                        f"{other.base:#x}: one address cannot name both")
 
 
 def forward_with(d: Driver, call: Call, args: list[Any], index: int, data: bytes) -> None:
@@ -325,6 +340,7 @@ def cu_pointer_get_attributes(d: Driver, call: Call, args: list[Any]) -> None:
 
 
 @implements("cuMemcpyDtoHAsync")
+@routed
 def cu_memcpy_dtoh_async(d: Driver, call: Call, args: list[Any]) -> None:
     """Into page-locked memory: sent at once, not waited for; the bytes land in the application's
     buffer when the answer is read, which happens before any later synchronisation can report
@@ -339,6 +355,7 @@ def cu_memcpy_dtoh_async(d: Driver, call: Call, args: list[Any]) -> None:
 
 
 @implements("cuMemcpyDtoH")
+@routed
 def cu_memcpy_dtoh(d: Driver, call: Call, args: list[Any]) -> None:
     if by_data_connection(d, call, args, args[2]):
         to_host(d, call, args, marshal.pack(call, args, d.new_handle, snapshot=False)[0], by_data=True)
@@ -372,6 +389,7 @@ def is_pinned(d: Driver, host: int, size: int) -> bool:
 
 # ---- host-to-device copies: on the data connection, or in pieces that the server takes -----------------
 @implements("cuMemcpyHtoD", "cuMemcpyHtoDAsync")
+@routed
 def cu_memcpy_htod(d: Driver, call: Call, args: list[Any]) -> None:
     """A large copy the application waits for (a sync one, or from pageable memory, which the driver has
     read by the time it returns) goes on the data connection; otherwise as the table says, in pieces of
@@ -424,8 +442,9 @@ def copy(d: Driver, dst: int, src: int, size: int, stream: int | None) -> None:
         refuse_in_capture(d, stream, HOST_COPY)
     suffix = "" if stream is None else "Async"
     tail = [] if stream is None else [stream]
-    if dst_dev and src_dev:
-        d.forward(CALLS[f"cuMemcpyDtoD{suffix}_v2"], [dst, src, size, *tail])
+    if dst_dev and src_dev:  # as cuMemcpyDtoD: between two servers' devices, staged (client/servers.py)
+        dtod = CALLS[f"cuMemcpyDtoD{suffix}_v2"]
+        IMPLEMENTATIONS[dtod.family](d, dtod, [dst, src, size, *tail])
     elif dst_dev:
         cu_memcpy_htod(d, CALLS[f"cuMemcpyHtoD{suffix}_v2"], [dst, src, size, *tail])
     elif src_dev and stream is None:

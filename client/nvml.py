@@ -55,7 +55,12 @@ class Nvml:
     def devices(self) -> list[dict[str, Any]]:
         if self.inits == 0:
             raise NvmlError(nvml.UNINITIALIZED, "nvmlInit has not been called")
-        return self.driver.conn.inventory["devices"]
+        return [device for _, _, device in self.placed()]
+
+    def placed(self) -> list[tuple[Any, int, dict[str, Any]]]:
+        """Every device of every server (NVML ignores CUDA_VISIBLE_DEVICES), with its session and its index there."""
+        return [(conn, i, device) for conn in self.driver.sessions
+                for i, device in enumerate(conn.inventory["devices"])]
 
     def handle(self, index: int) -> int:
         while len(self.buffers) <= index:
@@ -70,7 +75,9 @@ class Nvml:
         raise NvmlError(nvml.INVALID_ARGUMENT, f"{handle:#x} is not a device handle")
 
     def status(self, handle: int) -> dict[str, Any]:
-        (answer,) = self.driver.query(CALLS["xpuDeviceStatus"], [self.index(handle), 1])
+        conn, index, _ = self.placed()[self.index(handle)]
+        with self.driver.acting_in(0):  # a tool's question: asked of that device's server, in no context
+            (answer,) = self.driver.query(CALLS["xpuDeviceStatus"], [index, 1], conn)
         return answer
 
 

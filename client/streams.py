@@ -208,17 +208,21 @@ def cu_stream_add_callback(d: Driver, call: Call, args: list[Any]) -> None:
 
 
 # ---- events -----------------------------------------------------------------------------------------
+def events(d: Driver) -> dict[int, int]:
+    """Each event's context."""
+    return d.state.setdefault("events", {})
+
+
 @implements("cuEventCreate")
 def cu_event_create(d: Driver, call: Call, args: list[Any]) -> None:
-    d.current_ctx()
+    ctx = d.current_ctx()
     d.forward(call, args)
-    d.state.setdefault("events", set()).add(marshal.get(call.params[0], args[0]))
+    events(d)[marshal.get(call.params[0], args[0])] = ctx
 
 
 @implements("cuEventDestroy")
 def cu_event_destroy(d: Driver, call: Call, args: list[Any]) -> None:
-    events = d.state.setdefault("events", set())
-    if args[0] not in events:
+    if args[0] not in events(d):
         raise CudaError(errors.INVALID_HANDLE, f"{args[0]:#x} is not an event")
-    events.discard(args[0])
     d.forward(call, args)
+    del events(d)[args[0]]

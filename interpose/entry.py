@@ -180,8 +180,8 @@ def install(ffi: Any, lib: Any) -> None:
     def exiting(ffi: Any, slots: Any) -> int:  # C's exit(): the core's interpreter never finalizes
         publish_contexts(ffi, lib, d)  # what the C side answers a teardown's cuCtxGetDevice with
         lib.xpu_set_finalized()
-        if d.conn is not None:
-            d.conn.close()
+        for conn in d.sessions:
+            conn.close()
         trace.stop()
         call_cpu.write()
         return 0

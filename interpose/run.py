@@ -47,7 +47,8 @@ def child_env(shim_dir: str, server: str, key: str | None = None, server_key: st
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="xpu-run", description="Run CMD on a remote (or local sim) GPU.")
-    parser.add_argument("--server", help="tcp://host:port of an xpu-server (or XPU_SERVER)")
+    parser.add_argument("--server", help="tcp://host:port of an xpu-server, or several separated by commas, whose "
+                        "devices the program sees as one list (or XPU_SERVER)")
     parser.add_argument("--pool",
                         help="lease GPUs from a Ray pool instead: ray://HEAD:PORT (Ray Client), HEAD:PORT or auto")
     parser.add_argument("--gpus", type=int, default=int(os.environ.get("XPU_POOL_GPUS", "1")),

@@ -62,6 +62,9 @@ cuDeviceGetByPCIBusId       local   pciBusId=str
 cuDeviceComputeCapability   local
 cuDeviceGetProperties       local
 cuDeviceCanAccessPeer       local
+cuDeviceGetP2PAttribute     local
+cuCtxEnablePeerAccess       local
+cuCtxDisablePeerAccess      local
 cuDeviceGetDefaultMemPool   sync
 cuDeviceGetTexture1DLinearMaxWidth sync
 cuDeviceGetExecAffinitySupport local

@@ -361,7 +361,9 @@ class SimBackend(SimGraphs, SimArrays):
         for i in range(self.device_count):
             attrs = dict(attributes)
             attrs[ENUMS["CU_DEVICE_ATTRIBUTE_PCI_BUS_ID"]] = 0x10 + i
-            uuid = bytes.fromhex("5349d0d0") + i.to_bytes(4, "little") + b"xpuremot"
+            # the sim stands for one machine per daemon (a worker's parent): two daemons' devices differ, as two
+            # machines' GPUs do, for a client that sees several servers' devices as one list
+            uuid = bytes.fromhex("5349d0d0") + i.to_bytes(4, "little") + b"xpu\0" + os.getppid().to_bytes(4, "little")
             devices.append(DeviceInfo(f"xpuremote sim device {i} (sm_{SIM_SM})", uuid, self.memory_bytes,
                                       attrs, (0, 0x10 + i, 0), SIM_SM, _refused_attributes()))
         return Inventory(SIM_DRIVER_VERSION, devices, self.name)

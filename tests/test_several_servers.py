@@ -1,0 +1,108 @@
+"""Several servers, one client (docs/distributed.md, "Several servers, one client"): XPU_SERVER names two sim
+servers of two devices each, and a program sees four. Calls go to the server of the context, stream, event or
+memory they name; copies between the two servers' devices are staged through the client; a stream of one waits
+for the other's event; peer access between them is refused with the reason. Shown with the driver API (ctypes),
+NVML, stock PyTorch, and torch.distributed's NCCL backend with two ranks on each server under one torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, SIM_KERNELS, Server, free_port, shim_env, start_server
+from test_nccl import check_ranks, nccl_calls, nccl_in
+from test_torch import torch_python
+
+pytestmark = pytest.mark.sim_only(reason="two sim servers of two devices each (XPU_SIM_DEVICES), the sim's collectives")
+PROGRAMS = ROOT / "tests" / "programs"
+
+
+@pytest.fixture(scope="module")
+def two_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server]]:
+    tmp = tmp_path_factory.mktemp("several")
+    kernels = f"{SIM_KERNELS},{ROOT / 'tests' / 'torch_sim_kernels.py'}"
+    first, second = (start_server(tmp, env={"XPU_SIM_DEVICES": "2", "XPU_SIM_KERNELS": kernels}) for _ in range(2))
+    yield first, second
+    first.stop()
+    second.stop()
+
+
+def run(shim: Path, servers: str, program: list[str], **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(program, env=shim_env(shim, servers, **env), capture_output=True, text=True, timeout=120)
+
+
+def listed(*servers: Server) -> str:
+    return ",".join(s.address for s in servers)
+
+
+def test_driver_api_across_two_servers(two_servers: tuple[Server, Server], shim: Path) -> None:
+    first, second = two_servers
+    result = run(shim, listed(first, second), [sys.executable, str(PROGRAMS / "several_servers_check.py")])
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["count"] == 4 and seen["nvml_count"] == 4 and seen["nvml_memory"]
+    assert len(set(seen["uuids"])) == 4, "two servers' sim devices are two machines' devices: their UUIDs differ"
+    assert seen["dtod"] and seen["by_address"] and seen["on_streams"]
+    assert seen["can_access_peer"] == 0
+    assert seen["enable_peer_access"] == 217  # CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, and why:
+    assert "devices 0 and 3 are on different servers" in result.stderr
+    assert second.address in result.stderr
+
+
+def test_cuda_visible_devices_select_from_both(two_servers: tuple[Server, Server], shim: Path) -> None:
+    script = ("import ctypes; cu = ctypes.CDLL('libcuda.so.1'); assert cu.cuInit(0) == 0\n"
+              "n = ctypes.c_int(); cu.cuDeviceGetCount(ctypes.byref(n)); u = ctypes.create_string_buffer(16)\n"
+              "import json; print(json.dumps([cu.cuDeviceGetUuid(u, i) or u.raw.hex() for i in range(n.value)]))")
+    every = run(shim, listed(*two_servers), [sys.executable, "-c", script])
+    assert every.returncode == 0, every.stderr[-3000:]
+    uuids = json.loads(every.stdout)
+    chosen = run(shim, listed(*two_servers), [sys.executable, "-c", script], CUDA_VISIBLE_DEVICES="3,0")
+    assert chosen.returncode == 0, chosen.stderr[-3000:]
+    assert json.loads(chosen.stdout) == [uuids[3], uuids[0]]
+    by_uuid = run(shim, listed(*two_servers), [sys.executable, "-c", script], CUDA_VISIBLE_DEVICES=f"GPU-{uuids[2]}")
+    assert json.loads(by_uuid.stdout) == [uuids[2]]
+
+
+def test_a_server_that_does_not_answer_is_named(two_servers: tuple[Server, Server], shim: Path) -> None:
+    absent = f"tcp://127.0.0.1:{free_port()}"
+    script = "import ctypes; print(ctypes.CDLL('libcuda.so.1').cuInit(0))"
+    result = run(shim, f"{two_servers[0].address},{absent}", [sys.executable, "-c", script],
+                 XPU_CONNECT_TIMEOUT_S="1")
+    assert result.stdout.strip() != "0"
+    assert f"no xpuremote server answered at {absent}" in result.stderr
+    twice = run(shim, listed(two_servers[0], two_servers[0]), [sys.executable, "-c", script])
+    assert twice.stdout.strip() != "0" and "XPU_SERVER names a server twice" in twice.stderr
+
+
+def test_torch_across_two_servers(two_servers: tuple[Server, Server]) -> None:
+    python = torch_python()
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    result = subprocess.run([str(python), "-m", "xpuremote.interpose.run", "--server", listed(*two_servers), "--",
+                             str(python), str(PROGRAMS / "torch_several_servers.py")],
+                            env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-4000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen == {"count": 4, "peer": False, "moved": True, "matmul": True, "waited": 3072.0}
+
+
+def test_nccl_two_ranks_on_each_server(two_servers: tuple[Server, Server], tmp_path: Path) -> None:
+    """torchrun --nproc-per-node 4 under one xpu-run naming both servers: ranks 0 and 1 on the first server's
+    devices, 2 and 3 on the second's (LOCAL_RANK indexes the one list); every collective and the DDP step agree
+    across the ranks and with one process, and each server ran its two ranks' NCCL calls."""
+    python = torch_python()
+    nccl_in(python)
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    torchrun = [str(python), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4"]
+    result = subprocess.run([str(python), "-m", "xpuremote.interpose.run", "--server", listed(*two_servers), "--",
+                             *torchrun, str(PROGRAMS / "nccl_ranks.py"), "env", str(tmp_path)],
+                            env=env, capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    check_ranks([json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)])
+    for server in two_servers:  # two sessions of each server made NCCL calls, at least 17 a rank
+        counts = [n for n in nccl_calls(server, 2) if n]
+        assert len(counts) >= 2 and all(n >= 17 for n in counts[-2:]), counts
