@@ -33,14 +33,15 @@ def device_status(conn: Connection, index: int) -> dict[str, Any]:
     return outs[0]
 
 
-def snapshot(address: str, timeout_s: float = 10.0) -> dict[str, Any]:
-    """Everything xpu-smi shows, as plain data."""
+def snapshot(address: str, timeout_s: float = 10.0, first: int = 0) -> dict[str, Any]:
+    """Everything xpu-smi shows of one server, as plain data; its devices numbered from `first` (where an
+    XPU_SERVER list puts them in the program's one list)."""
     conn = Connection(address, timeout_s)
     try:
         inv = conn.inventory
         devices = []
         for i, d in enumerate(inv["devices"]):
-            devices.append({"index": i, "name": d["name"], "uuid": uuid_text(bytes(d["uuid"])),
+            devices.append({"index": first + i, "name": d["name"], "uuid": uuid_text(bytes(d["uuid"])),
                             "compute_capability": f"{d['sm'] // 10}.{d['sm'] % 10}",
                             "pci": "{:08X}:{:02X}:{:02X}.0".format(*d["pci"]), **device_status(conn, i)})
         return {"server": address, "backend": inv.get("backend"), "driver_version": inv["driver_version"],
@@ -101,7 +102,8 @@ def pool_snapshot(address: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="xpu-smi", description="List an xpu-server's devices.")
     parser.add_argument("--server", default=os.environ.get("XPU_SERVER", DEFAULT_SERVER),
-                        help="tcp://host:port of the xpu-server (default: $XPU_SERVER, else %(default)s)")
+                        help="tcp://host:port of the xpu-server, or several separated by commas, their devices "
+                        "numbered as one list (default: $XPU_SERVER, else %(default)s)")
     parser.add_argument("--pool", default=os.environ.get("XPU_POOL"),
                         help="list a Ray pool instead: ray://HEAD:PORT, HEAD:PORT or auto (default: $XPU_POOL)")
     parser.add_argument("--json", action="store_true", help="print the listing as JSON")
@@ -118,12 +120,17 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(json.dumps(snap, indent=1) if args.json else render_pool(snap))
         return 0
+    snaps: list[dict[str, Any]] = []
     try:
-        snap = snapshot(args.server, args.timeout)
+        for address in filter(None, (a.strip() for a in args.server.split(","))):
+            snaps.append(snapshot(address, args.timeout, sum(len(s["devices"]) for s in snaps)))
     except CudaError as exc:
         print(f"xpu-smi: {exc.detail}", file=sys.stderr)
         return 1
-    print(json.dumps(snap, indent=1) if args.json else render(snap))
+    if args.json:
+        print(json.dumps(snaps[0] if len(snaps) == 1 else {"servers": snaps}, indent=1))
+    else:
+        print("\n\n".join(render(snap) for snap in snaps))
     return 0
 
 

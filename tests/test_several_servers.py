@@ -106,3 +106,13 @@ def test_nccl_two_ranks_on_each_server(two_servers: tuple[Server, Server], tmp_p
     for server in two_servers:  # two sessions of each server made NCCL calls, at least 17 a rank
         counts = [n for n in nccl_calls(server, 2) if n]
         assert len(counts) >= 2 and all(n >= 17 for n in counts[-2:]), counts
+
+
+def test_xpu_smi_numbers_both_servers_devices_as_one_list(two_servers: tuple[Server, Server]) -> None:
+    smi = Path(sys.executable).parent / "xpu-smi"
+    result = subprocess.run([str(smi), "--server", listed(*two_servers), "--json"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    snaps = json.loads(result.stdout)["servers"]
+    assert [s["server"] for s in snaps] == [s.address for s in two_servers]
+    assert [d["index"] for s in snaps for d in s["devices"]] == [0, 1, 2, 3]

@@ -1,6 +1,6 @@
-"""PyTorch on the devices of two servers named by one XPU_SERVER list: cuda:0 and cuda:1 on the first, cuda:2 (and
-cuda:3) on the second. Tensors move between them (staged through the client), each computes its own, a stream of one waits
-for an event of the other; results against the CPU's. Prints one JSON line."""
+"""PyTorch on the devices of two servers named by one XPU_SERVER list: cuda:0 and cuda:1 on the first, cuda:2
+(and cuda:3) on the second. Tensors move between them (staged through the client), each computes its own, a
+stream of one waits for an event of the other; results against the CPU's. Prints one JSON line."""
 
 from __future__ import annotations
 
