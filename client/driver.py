@@ -252,7 +252,7 @@ class Driver:
         if len(self.sessions) == 1:
             return self.conn
         info = self.ctxs.get(self.acting())
-        return self.sessions[self.devices[info.device].server] if info is not None else self.conn
+        return self.sessions[self.server_of(info)] if info is not None else self.conn
 
     def session_of_device(self, dev: int) -> Connection:
         return self.sessions[self.devices[dev].server] if len(self.sessions) > 1 else self.session()
@@ -346,6 +346,9 @@ class Driver:
     def call(self, call: Call, wire_args: list[Any], by_data: bool = False) -> list[Any]:
         """A synchronous call: its outputs, each what `wire_args` asked for (marshal.checked), or CudaError (its
         own, or a deferred async one). `by_data`: see Connection.call."""
+        if owner := self.owner(call, wire_args):
+            with self.acting_in(owner):
+                return self.call(call, wire_args, by_data)
         ctx = self.wire_ctx()
         info = self.ctxs.get(ctx) if ctx else None
         status, outs, deferred = self.session().call(call, wire_args, ctx, by_data, self.flags(info) if info else 0)
@@ -388,16 +391,32 @@ class Driver:
         return marshal.checked(call, wire_args, outs)
 
     def post(self, call: Call, wire_args: list[Any], size: int = 0) -> None:
+        if owner := self.owner(call, wire_args):
+            with self.acting_in(owner):
+                return self.post(call, wire_args, size)
         self.session().post(call, wire_args, self.wire_ctx(), size)
 
-    def forward(self, call: Call, args: list[Any]) -> None:
-        """The generic path: pack by the table, send, write outputs back."""
-        if len(self.sessions) > 1:
-            _forward_routed(self, call, args)
-        else:
-            self._forward(call, args)
+    def owner(self, call: Call, args: list[Any]) -> int:
+        """With several servers, the context of the objects `call` names (ROUTE), where it is another server's
+        than the context the calling thread acts in; else 0. The call then acts in that context, and goes to its
+        server (within one server, a call acts where it would with one server)."""
+        if len(self.sessions) < 2:
+            return 0
+        owner = ROUTE[0](self, call, args)
+        theirs, mine = self.ctxs.get(owner), self.ctxs.get(self.acting())
+        if theirs is None or (mine is not None and self.server_of(theirs) == self.server_of(mine)):
+            return 0
+        return owner
 
-    def _forward(self, call: Call, args: list[Any]) -> None:
+    def server_of(self, ctx: Context) -> int:
+        return self.devices[ctx.device].server
+
+    def forward(self, call: Call, args: list[Any]) -> None:
+        """The generic path: pack by the table, send, write outputs back (acting where call() and post() will,
+        so that what translate() makes exist on a server is made on theirs)."""
+        if owner := self.owner(call, args):
+            with self.acting_in(owner):
+                return self.forward(call, args)
         if self.state.get("captures"):  # a capture is on: the call's work may be refused
             CAPTURE_CHECK[0](self, call, args)
         wire_args, size = marshal.pack(call, self.translate(call, args), self.new_handle, call.cls != "sync")
@@ -421,19 +440,14 @@ class Driver:
 
 
 def routed(impl: Impl) -> Impl:
-    """`impl`, which with several servers acts in the context of the objects the call names (ROUTE), and so goes
-    to their server."""
+    """`impl`, acting as Driver.forward does: with several servers, in the context of the objects the call names,
+    whose server then takes what it sends."""
     def run(d: Driver, call: Call, args: list[Any]) -> int | None:
-        if len(d.sessions) > 1:
-            owner = ROUTE[0](d, call, args)
-            if owner and owner != d.acting():
-                with d.acting_in(owner):
-                    return impl(d, call, args)
+        if owner := d.owner(call, args):
+            with d.acting_in(owner):
+                return impl(d, call, args)
         return impl(d, call, args)
     return run
-
-
-_forward_routed = routed(Driver._forward)
 
 
 def launch_blocking() -> bool:

@@ -173,6 +173,7 @@ def cu_mem_alloc_pitch(d: Driver, call: Call, args: list[Any]) -> None:
 
 
 @implements("cuMemFree")
+@routed  # before its range leaves the map: the server to tell is the memory's
 def cu_mem_free(d: Driver, call: Call, args: list[Any]) -> None:
     (base,) = args
     if base == 0:

@@ -3,12 +3,14 @@
 A lease is a placement group {GPU: n, xpuremote: 1} owned by this process's Ray connection,
 and an actor in it that holds the GPUs (protocol/pool.py). Ray queues the group while no server
 has n free devices, and removes it when this process releases it, ends, or dies (after Ray
-Client's reconnect grace, XPU_POOL_GRACE_S, which this process sets).
+Client's reconnect grace, XPU_POOL_GRACE_S, which this process sets). A spread lease (--spread)
+is n bundles of one GPU each, packed by Ray onto as few servers as it can, and an actor in each.
 """
 
 from __future__ import annotations
 
 import getpass
+import itertools
 import logging
 import os
 import random
@@ -31,18 +33,41 @@ class PoolError(RuntimeError):
 
 
 @dataclass
-class Grant:
-    """A lease: the server to talk to and which of its devices are ours."""
+class Held:
+    """Devices of one server that a lease holds."""
 
     endpoint: str
-    devices: list[int]
+    devices: list[int]  # the server's ordinals
     public_key: str
+    count: int  # the devices the server has: where the next server's begin in the program's one list
+
+
+@dataclass
+class Grant:
+    """A lease: the servers to talk to (one, unless spread) and which of their devices are ours."""
+
+    held: list[Held]
     group: Any = field(repr=False)
-    holder: Any = field(repr=False)  # the actor holding the GPUs
+    holders: list[Any] = field(repr=False)  # the actors holding the GPUs
     released: bool = False
 
+    @property
+    def endpoint(self) -> str:
+        """XPU_SERVER for the program: the servers, in the order of its device list."""
+        return ",".join(h.endpoint for h in self.held)
+
     def visible_devices(self) -> str:
-        return ",".join(map(str, self.devices))
+        """CUDA_VISIBLE_DEVICES over the one list of every named server's devices."""
+        offsets = itertools.accumulate((h.count for h in self.held), initial=0)
+        return ",".join(str(first + d) for h, first in zip(self.held, offsets) for d in h.devices)
+
+    def server_keys(self) -> list[str]:
+        """The servers' public keys, in order: none if they have none; refused if only some have."""
+        keys = [h.public_key for h in self.held]
+        if any(keys) and not all(keys):
+            raise PoolError("the lease's servers mix CURVE keys and plain TCP, which one program cannot use; "
+                            "ask for fewer GPUs, or key every server")
+        return keys if any(keys) else []
 
 
 def connect(address: str, busy_retries: int = BUSY_RETRIES) -> None:
@@ -98,39 +123,71 @@ def holder() -> dict[str, Any]:
     return {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid()}
 
 
-def lease(gpus: int, timeout_s: float, say: Callable[[str], None]) -> Grant:
-    """Wait (at most `timeout_s`) for `gpus` devices of one server and hold them."""
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+def lease(gpus: int, timeout_s: float, say: Callable[[str], None], spread: bool = False) -> Grant:
+    """Wait (at most `timeout_s`) for `gpus` devices of one server, or with `spread` of as few servers as hold
+    them, and hold them."""
+    from ray.util.placement_group import placement_group
 
     known = servers()
     largest = max((len(r["devices"]) for r in known.values()), default=0)
-    if largest < gpus:
-        raise PoolError(f"no server in the pool has {gpus} devices ({len(known)} servers, the largest has {largest})")
-    group = placement_group([{"GPU": gpus, pool.RESOURCE: 1}], name=pool.lease_group_name(gpus, holder()))
+    total = sum(len(r["devices"]) for r in known.values())
+    if spread and total < gpus:
+        raise PoolError(f"the pool has {total} devices in all ({len(known)} servers), not {gpus}")
+    if not spread and largest < gpus:
+        raise PoolError(f"no server in the pool has {gpus} devices ({len(known)} servers, the largest has {largest}); "
+                        "--spread takes them from several servers")
+    name = pool.lease_group_name(gpus, holder())
+    if spread:  # a share of the server's marker keeps each bundle on a server, as many bundles a server as it holds
+        group = placement_group([{"GPU": 1, pool.RESOURCE: 0.001}] * gpus, strategy="PACK", name=name)
+    else:
+        group = placement_group([{"GPU": gpus, pool.RESOURCE: 1}], name=name)
+    granted(group, gpus, known, timeout_s, say)
+    return hold(group, gpus if not spread else 1, gpus if spread else 1)
+
+
+def granted(group: Any, gpus: int, known: dict[str, dict[str, Any]], timeout_s: float,
+            say: Callable[[str], None]) -> None:
+    """Wait for Ray to place the group, saying so if it queues; removed if it is not placed in time."""
+    from ray.util.placement_group import remove_placement_group
+
     if not group.wait(1):
         say(f"waiting for {gpus} free GPU(s) in the pool ({queued() - 1} requests ahead; at most {timeout_s:g} s)")
         if not group.wait(max(0.0, timeout_s - 1)):
             remove_placement_group(group)
-            raise PoolError(f"no server had {gpus} free GPU(s) within {timeout_s:g} s ({len(known)} servers, "
+            raise PoolError(f"{gpus} GPU(s) were not free within {timeout_s:g} s ({len(known)} servers, "
                             f"{sum(len(r['devices']) for r in known.values())} GPUs); xpu-smi --pool shows who holds "
                             "them, --lease-timeout waits longer")
-    holder_actor = ray.remote(pool.Lease).options(
-        name=pool.LEASE_ACTOR + group.id.hex(), num_cpus=0, num_gpus=gpus, max_restarts=0,
-        scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0)).remote(holder())
+
+
+def hold(group: Any, per_bundle: int, bundles: int) -> Grant:
+    """An actor in each bundle of a placed group, holding its GPUs; the grant, by server in the order the bundles
+    came (removed, with its group, if a holder does not start or its server has left)."""
+    import ray
+    from ray.util.placement_group import remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    actors = [ray.remote(pool.Lease).options(
+        name=pool.LEASE_ACTOR + group.id.hex() + (f".{i}" if i else ""), num_cpus=0, num_gpus=per_bundle,
+        max_restarts=0, scheduling_strategy=PlacementGroupSchedulingStrategy(group, i)).remote(holder())
+        for i in range(bundles)]
     try:
-        where = ray.get(holder_actor.describe.remote(), timeout=CALL_TIMEOUT_S)
-        record = server(where["node_id"])
-        if record is None:
-            raise PoolError(f"the server of node {where['node_id']} left the pool as it was leased; try again")
+        held: dict[str, Held] = {}
+        for where in ray.get([a.describe.remote() for a in actors], timeout=CALL_TIMEOUT_S):
+            if where["node_id"] not in held:
+                record = server(where["node_id"])
+                if record is None:
+                    raise PoolError(f"the server of node {where['node_id']} left the pool as it was leased; try again")
+                held[where["node_id"]] = Held(record["endpoint"], [], record["public_key"], len(record["devices"]))
+            held[where["node_id"]].devices += where["devices"]
     except ray.exceptions.RayError as exc:
         remove_placement_group(group)
         raise PoolError(f"the lease was granted but its holder did not start: {exc}") from None
     except BaseException:
         remove_placement_group(group)
         raise
-    return Grant(record["endpoint"], where["devices"], record["public_key"], group, holder_actor)
+    for h in held.values():
+        h.devices.sort()
+    return Grant(list(held.values()), group, actors)
 
 
 def release(grant: Grant) -> None:
@@ -152,7 +209,7 @@ def watch(grant: Grant, on_lost: Callable[[], None], period_s: float = 1.0) -> t
     def run() -> None:
         while not done.wait(period_s):
             try:
-                ray.get(grant.holder.describe.remote(), timeout=CALL_TIMEOUT_S)
+                ray.get([h.describe.remote() for h in grant.holders], timeout=CALL_TIMEOUT_S)
             except ray.exceptions.RayActorError:
                 if not done.is_set():
                     on_lost()
@@ -188,18 +245,20 @@ def snapshot() -> dict[str, Any]:
     holders: dict[tuple[str, int], dict[str, Any]] = {}
     queue = []
     now = time.time()
+    actors = ray.util.list_named_actors()
     for g in lease_groups():
         if g["state"] != "CREATED":
             queue.append({**g, "waiting_s": round(now - g["asked"], 1)})
             continue
-        try:
-            lease_actor = ray.get_actor(pool.LEASE_ACTOR + g["group"])
-            held = ray.get(lease_actor.describe.remote(), timeout=CALL_TIMEOUT_S)
-        except (ray.exceptions.RayError, ValueError):  # granted, its holder actor not placed yet (or gone)
-            continue
-        for device in held["devices"]:
-            holders[(held["node_id"], device)] = {k: held[k] for k in ("user", "host", "pid")} | {
-                "held_s": round(now - held["since"], 1)}
+        mine = pool.LEASE_ACTOR + g["group"]  # and, for a spread lease, mine.1, mine.2...
+        for name in (a for a in actors if a == mine or a.startswith(mine + ".")):
+            try:
+                held = ray.get(ray.get_actor(name).describe.remote(), timeout=CALL_TIMEOUT_S)
+            except (ray.exceptions.RayError, ValueError):  # granted, its holder actor not placed yet (or gone)
+                continue
+            for device in held["devices"]:
+                holders[(held["node_id"], device)] = {k: held[k] for k in ("user", "host", "pid")} | {
+                    "held_s": round(now - held["since"], 1)}
     listing = []
     for node_id, record in sorted(known.items(), key=lambda kv: kv[1]["endpoint"]):
         devices = [{**d, "holder": holders.get((node_id, d["index"]))} for d in record["devices"]]

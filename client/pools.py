@@ -29,7 +29,7 @@ from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
 
 from . import graph_state, marshal
-from .driver import Driver, implements
+from .driver import Driver, implements, routed
 from .memory import client_device, forget_device, forward_with, maps, record_device, release_placed, to_server
 from .streams import capture_of, stream, stream_of
 from .vmm import sendable
@@ -319,6 +319,7 @@ def place(d: Driver, pool: int, device: int, size: int) -> tuple[int, Arena]:
 
 
 @implements("cuMemFreeAsync")
+@routed  # before its range leaves the map: the server to tell is the memory's (or the stream's)
 def cu_mem_free_async(d: Driver, call: Call, args: list[Any]) -> None:
     """In a capture, a free node of the capture's graph: nothing is freed now."""
     dptr, handle = args

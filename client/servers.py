@@ -35,6 +35,8 @@ def route(d: Driver, call: Call, args: list[Any]) -> int:
         found = _OWNERS[call.symbol] = sorted(
             ((i, p.ctype) for i, p in enumerate(call.params) if p.ctype in _KINDS), key=lambda f: _KINDS[f[1]])
     for i, ctype in found:
+        if type(args[i]) is not int:  # a packed argument (bytes the call carries) names no object
+            continue
         ctx = owner(d, ctype, stream_of(call, args[i]) if ctype == "CUstream" else args[i])
         if ctx:
             return ctx
@@ -55,7 +57,7 @@ def owner(d: Driver, ctype: str, value: int) -> int:
 
 
 def server_of(d: Driver, ctx: int) -> int:
-    return d.devices[d.context(ctx).device].server
+    return d.server_of(d.context(ctx))
 
 
 ROUTE.append(route)

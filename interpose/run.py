@@ -31,8 +31,8 @@ from .build import LIBRARY_NAMES, NVML_NAME, ensure_shim
 def child_env(shim_dir: str, server: str, key: str | None = None, server_key: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     for name, path in (("XPU_CLIENT_KEY", key), ("XPU_SERVER_KEY", server_key)):
-        if path:
-            env[name] = os.path.abspath(path)
+        if path:  # a file, or one per server separated by commas
+            env[name] = ",".join(os.path.abspath(p.strip()) for p in path.split(","))
     # preloaded, not only first on the path: PyTorch finds NVIDIA's math libraries through its
     # DT_RPATH, which wins over LD_LIBRARY_PATH, but never over an already loaded SONAME
     preload = [os.path.join(shim_dir, name) for name in ("libcuda.so.1", NVML_NAME, *LIBRARY_NAMES)]
@@ -52,7 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool",
                         help="lease GPUs from a Ray pool instead: ray://HEAD:PORT (Ray Client), HEAD:PORT or auto")
     parser.add_argument("--gpus", type=int, default=int(os.environ.get("XPU_POOL_GPUS", "1")),
-                        help="GPUs to lease from the pool, all of one server (default 1)")
+                        help="GPUs to lease from the pool, all of one server unless --spread (default 1)")
+    parser.add_argument("--spread", action="store_true", default=os.environ.get("XPU_POOL_SPREAD") == "1",
+                        help="lease the GPUs from as few servers as hold them free, when no one server has them "
+                        "(the program sees them as one list: docs/distributed.md)")
     parser.add_argument("--lease-timeout", type=float, default=float(os.environ.get("XPU_POOL_TIMEOUT_S", "600")),
                         help="seconds to wait for free GPUs in the pool (default 600)")
     parser.add_argument("--backend", default="auto", choices=["auto", "cuda", "sim"],
@@ -108,6 +111,13 @@ def run_child(command: list[str], env: dict[str, str], trace: str | None) -> int
     return code if code >= 0 else 128 - code
 
 
+def public_key_file(folder: str, i: int, key: str) -> str:
+    path = os.path.join(folder, f"server{i}.key")
+    with open(path, "w") as f:
+        f.write(f'curve\n    public-key = "{key}"\n')
+    return path
+
+
 def run_leased(args: argparse.Namespace, command: list[str], shim_dir: str) -> int:
     """CMD against GPUs leased from the pool; the lease ends when CMD does (or its server dies)."""
     import tempfile
@@ -119,7 +129,7 @@ def run_leased(args: argparse.Namespace, command: list[str], shim_dir: str) -> i
 
     try:
         pool.connect(args.pool)
-        grant = pool.lease(args.gpus, args.lease_timeout, say)
+        grant = pool.lease(args.gpus, args.lease_timeout, say, args.spread)
     except pool.PoolError as exc:
         say(str(exc))
         return 1
@@ -130,12 +140,15 @@ def run_leased(args: argparse.Namespace, command: list[str], shim_dir: str) -> i
 
     watching = pool.watch(grant, lost)
     try:
-        with tempfile.TemporaryDirectory(prefix="xpu-run-") as keys:
+        try:
+            keys = grant.server_keys()
+        except pool.PoolError as exc:
+            say(str(exc))
+            return 1
+        with tempfile.TemporaryDirectory(prefix="xpu-run-") as folder:
             server_key = args.server_key
-            if grant.public_key and not server_key:  # the pool hands out public keys, never secrets
-                server_key = os.path.join(keys, "server.key")
-                with open(server_key, "w") as f:
-                    f.write(f'curve\n    public-key = "{grant.public_key}"\n')
+            if keys and not server_key:  # the pool hands out public keys, never secrets
+                server_key = ",".join(public_key_file(folder, i, key) for i, key in enumerate(keys))
             env = child_env(shim_dir, grant.endpoint, args.key, server_key)
             env["CUDA_VISIBLE_DEVICES"] = grant.visible_devices()
             env.pop("XPU_POOL", None)  # an xpu-run inside CMD uses the leased server

@@ -172,10 +172,27 @@ def test_requests_the_pool_cannot_meet_fail_before_the_program_starts(cluster: C
         assert wait_for("a two-device lease", h.leased)[1:3] == ("0,1", 2)
     late = client(cluster, "late", "--lease-timeout", "3")
     assert late.process.wait(60) == 1
-    assert "no server had 1 free GPU(s) within 3 s (3 servers, 6 GPUs)" in late.err.read_text()
+    assert "1 GPU(s) were not free within 3 s (3 servers, 6 GPUs)" in late.err.read_text()
     assert late.out.read_text() == "", "the program never ran"
     for h in holding:
         assert h.release() == 0
+
+
+def test_a_spread_lease_takes_devices_of_several_servers(cluster: Cluster) -> None:
+    """--gpus 3 --spread, when no server has 3 devices: Ray packs them on two servers, and the program gets both
+    (XPU_SERVER lists them) and sees the three devices as one list, the ones xpu-smi --pool shows it holding;
+    more devices than the pool has fail at once."""
+    too_many = client(cluster, "spread-too-many", "--gpus", str(SERVERS * DEVICES + 1), "--spread")
+    assert too_many.process.wait(60) == 1
+    assert f"the pool has {SERVERS * DEVICES} devices in all" in too_many.err.read_text()
+    spread = client(cluster, "spread", "--gpus", "3", "--spread")
+    servers, visible, count, _bus = wait_for("the spread lease", spread.leased)
+    named = servers.split(",")
+    assert count == 3 and len(named) == 2, (servers, visible, count)
+    shown = {(named[int(i) // DEVICES], str(int(i) % DEVICES)) for i in visible.split(",")}  # DEVICES each
+    held = {where for where, pid in holders(pool_state(cluster)).items() if pid == spread.process.pid}
+    assert shown == held and len(held) == 3
+    assert spread.release() == 0
 
 
 def test_a_server_with_keys_hands_out_its_public_key_and_its_keys_still_apply(cluster: Cluster,

@@ -40,9 +40,12 @@ def listed(*servers: Server) -> str:
     return ",".join(s.address for s in servers)
 
 
-def test_driver_api_across_two_servers(two_servers: tuple[Server, Server], shim: Path) -> None:
+@pytest.mark.parametrize("blocking", ["0", "1"])
+def test_driver_api_across_two_servers(two_servers: tuple[Server, Server], shim: Path, blocking: str) -> None:
+    """Also with CUDA_LAUNCH_BLOCKING=1, where an asynchronous call sent to the wrong server fails at once."""
     first, second = two_servers
-    result = run(shim, listed(first, second), [sys.executable, str(PROGRAMS / "several_servers_check.py")])
+    result = run(shim, listed(first, second), [sys.executable, str(PROGRAMS / "several_servers_check.py")],
+                 CUDA_LAUNCH_BLOCKING=blocking)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["count"] == 4 and seen["nvml_count"] == 4 and seen["nvml_memory"]

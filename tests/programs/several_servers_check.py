@@ -67,6 +67,7 @@ def main() -> None:
 
     stream0 = ctypes.c_void_p()
     ck(cu.cuStreamCreate(ctypes.byref(stream0), 1), "cuStreamCreate")
+    ck(cu.cuMemsetD8Async(ptr(a + SIZE - 16), 9, 16, stream0), "cuMemsetD8Async")  # the lane's, where it is open
     on(last)
     stream1, event = ctypes.c_void_p(), ctypes.c_void_p()
     ck(cu.cuStreamCreate(ctypes.byref(stream1), 1), "cuStreamCreate")
@@ -80,7 +81,8 @@ def main() -> None:
     ck(cu.cuStreamSynchronize(stream0), "cuStreamSynchronize")
     ck(cu.cuMemcpyDtoH_v2(out, ptr(a), SIZE), "cuMemcpyDtoH")
     seen["on_streams"] = (out.raw[:4096] == b"\7" * 4096 and out.raw[4096:8192] == PATTERN[4096:8192]
-                          and out.raw[8192:8208] == b"\7" * 16 and out.raw[8208:] == PATTERN[8208:])
+                          and out.raw[8192:8208] == b"\7" * 16 and out.raw[8208:-16] == PATTERN[8208:-16]
+                          and out.raw[-16:] == b"\11" * 16)
     ck(cu.cuStreamSynchronize(stream1), "cuStreamSynchronize of the other server's stream")
     ck(cu.cuEventSynchronize(event), "cuEventSynchronize of the other server's event")
 
