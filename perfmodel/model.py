@@ -282,9 +282,13 @@ class Model:
         self.transport = fit_transport(recorded, self.recorded)
         self.machines = Machines.from_header(trace.header.get("wake"))
         self.span = float(trace.span_ns)
+        from . import fast  # replay() compiled, over arrays made once here (fast.py)
+
+        self.replayer = fast.Replayer(self.msgs)
+        of_recorded = self.replayer if msgs is None else fast.Replayer(recorded)
         # replaying the recorded network reproduces the recorded run up to the fit's error: that
         # error, taken off every prediction, makes the model exact at the point it was measured
-        self.bias = replay(recorded, self.span, self.transport, self.recorded, self.machines).predicted_s \
+        self.bias = of_recorded(self.span, self.transport, self.recorded, self.machines).predicted_s \
             - self.span / 1e9
 
     def without_gpu(self) -> Model:
@@ -293,7 +297,7 @@ class Model:
         return Model(self.trace, gpu=False)
 
     def predict(self, net: Network) -> Prediction:
-        pred = replay(self.msgs, self.span, self.transport, net, self.machines)
+        pred = self.replayer(self.span, self.transport, net, self.machines)
         pred.predicted_s -= self.bias
         pred.breakdown.client -= self.bias
         return pred

@@ -1,0 +1,197 @@
+"""The replay compiled: model.replay's loop in C (perfmodel/replay.c) over arrays made once per list of messages.
+
+A sweep replays the same messages hundreds of times over different networks; in Python each replay of a trace of
+10^6 calls takes about a second. Here the messages become numpy arrays once (Replayer), the GPU's streams and
+events numbered densely, and each replay is one call into C. model.replay stays the reference: both do the same
+arithmetic in the same order, so they give the same Prediction (tests/test_perf_speed.py).
+
+Built once per cache (protocol/cbuild.py) with this Python's compiler, as protocol/gcm.py is; where it cannot be
+built or loaded, `library()` is None (said once) and the Python replay runs. XPU_PERF_NATIVE=0 makes it run too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import logging
+import os
+import sys
+import sysconfig
+import tempfile
+import warnings
+from collections.abc import Iterator, Sequence
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+try:
+    import numpy as np
+except ImportError:  # numpy comes with the plot extra; without it the Python replay runs
+    np = None
+
+from xpuremote.protocol import trace as fmt
+from xpuremote.protocol.cbuild import built_once, cache_root, cc
+
+from .model import Breakdown, Machines, Msg, Network, Prediction, Transport, Wake, replay
+
+log = logging.getLogger("xpuremote.perfmodel")
+
+SOURCE = Path(__file__).with_name("replay.c")
+MODULE = "_xpuremote_replay"
+CDEF = """
+struct xpu_replay_out {
+    double shift, waited, latency, transport, server;
+    int64_t round_trips, bytes_up, bytes_down;
+};
+void xpu_replay(size_t n, const double *sent, const int8_t *kind, const int64_t *up, const int64_t *down,
+                const double *server, const double *wait, const double *blocked, const int64_t *gpu_start,
+                const double *offset, const int8_t *op, const int32_t *a, const int32_t *ev, const double *b,
+                double *free, double *events, double base_ns, double per_byte_ns, double rtt_us, double gbps,
+                const double *cx, const double *cy, size_t cn, const double *sx, const double *sy, size_t sn,
+                struct xpu_replay_out *out);
+"""
+COLUMNS = ("sent", "kind", "up", "down", "server", "wait", "blocked", "gpu_start", "offset", "op", "a", "ev", "b")
+C_TYPES = {"float64": "double[]", "int8": "int8_t[]", "int32": "int32_t[]", "int64": "int64_t[]"}
+KINDS = {"async": 0, "sync": 1}  # any other kind (later) is 2: answered, its answer read by whoever comes next
+_loaded: tuple[Any, Any] | None = None
+_tried = False
+_python = False  # python_replay() in force
+
+
+def library() -> tuple[Any, Any] | None:
+    """(ffi, lib), built on first use; None where it cannot be."""
+    global _loaded, _tried
+    if not _tried:
+        _tried = True
+        if os.environ.get("XPU_PERF_NATIVE", "1") == "0":
+            return None
+        if np is None:
+            log.warning("xpu-perf replays in Python, slower: numpy is not installed (pip install numpy)")
+            return None
+        try:
+            module = _load(_build())
+            _loaded = module.ffi, module.lib
+        except Exception as exc:  # a missing compiler, headers or setuptools: the Python replay runs
+            log.warning("xpu-perf replays in Python, slower: perfmodel/replay.c did not build or load (%s)", exc)
+    return _loaded
+
+
+@contextlib.contextmanager
+def python_replay() -> Iterator[None]:
+    """Replay in Python within this block, for Replayers made in it (to compare the two)."""
+    global _python
+    before, _python = _python, True
+    try:
+        yield
+    finally:
+        _python = before
+
+
+class Replayer:
+    """model.replay of `msgs`, compiled where it can be; msgs are taken as they are now (they are frozen)."""
+
+    def __init__(self, msgs: Sequence[Msg]) -> None:
+        self.msgs = msgs
+        self.lib = None if _python else library()
+        if self.lib is not None:
+            self.arrays = _arrays(msgs)
+            self.pointers = [_ptr(self.lib[0], self.arrays[name]) for name in COLUMNS]
+
+    def __call__(self, span: float, transport: Transport, net: Network, machines: Machines) -> Prediction:
+        if self.lib is None:
+            return replay(self.msgs, span, transport, net, machines)
+        ffi, lib = self.lib
+        arr = self.arrays
+        free, events = np.zeros(arr["n_streams"]), np.zeros(arr["n_events"])
+        cx, cy = _curve(machines.client)
+        sx, sy = _curve(machines.server)
+        out = ffi.new("struct xpu_replay_out *")
+        p = self.pointers
+        lib.xpu_replay(len(self.msgs), *p, _ptr(ffi, free), _ptr(ffi, events), transport.base_ns,
+                       transport.per_byte_ns, net.rtt_us, net.gbps, _ptr(ffi, cx), _ptr(ffi, cy), len(cx),
+                       _ptr(ffi, sx), _ptr(ffi, sy), len(sx), out)
+        return _prediction(out, span, net)
+
+
+def _prediction(out: Any, span: float, net: Network) -> Prediction:
+    """model.replay's ending, from the loop's sums."""
+    b = Breakdown(round_trips=int(out.round_trips), bytes_up=int(out.bytes_up), bytes_down=int(out.bytes_down))
+    predicted = span + out.shift
+    b.latency, b.transport, b.server = out.latency, out.transport, out.server
+    b.bytes = max(0.0, out.waited - b.latency - b.transport - b.server)
+    b.client = predicted - out.waited
+    for name in ("client", "latency", "bytes", "transport", "server"):
+        setattr(b, name, getattr(b, name) / 1e9)
+    return Prediction(net, span / 1e9, predicted / 1e9, b)
+
+
+def _ptr(ffi: Any, array: np.ndarray) -> Any:
+    return ffi.from_buffer(C_TYPES[array.dtype.name], array)
+
+
+def _curve(wake: Wake) -> tuple[np.ndarray, np.ndarray]:
+    points = np.array(wake.points, dtype=np.float64).reshape(-1, 2)
+    return np.ascontiguousarray(points[:, 0]), np.ascontiguousarray(points[:, 1])
+
+
+def _arrays(msgs: Sequence[Msg]) -> dict[str, Any]:
+    """The messages as columns, and their GPU steps as columns of one flat list with each message's start in it."""
+    n = len(msgs)
+    col = {name: np.fromiter((getattr(m, name) for m in msgs), np.float64, n)
+           for name in ("sent", "server", "wait", "blocked")}
+    col["up"] = np.fromiter((m.up for m in msgs), np.int64, n)
+    col["down"] = np.fromiter((m.down for m in msgs), np.int64, n)
+    col["kind"] = np.fromiter((KINDS.get(m.kind, 2) for m in msgs), np.int8, n)
+    counts = np.fromiter((len(m.gpu) for m in msgs), np.int64, n)
+    col["gpu_start"] = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    steps = np.array(list(chain.from_iterable(m.gpu for m in msgs)), dtype=np.float64).reshape(-1, 4)
+    col.update(_dense(steps))
+    return col
+
+
+def _dense(steps: np.ndarray) -> dict[str, Any]:
+    """Steps (offset, op, a, b) as columns; streams and events renumbered 0.. (the legacy stream 0 stays 0)."""
+    op = steps[:, 1].astype(np.int8)
+    a, b = steps[:, 2].astype(np.int64), steps[:, 3]
+    on_stream = np.isin(op, (fmt.WORK, fmt.RECORD, fmt.WAIT, fmt.SYNC_STREAM))
+    by_event = np.isin(op, (fmt.RECORD, fmt.WAIT))
+    streams = np.unique(np.concatenate(([0], a[on_stream])))
+    events_a = a[op == fmt.SYNC_EVENT]
+    events = np.unique(np.concatenate((events_a, b[by_event].astype(np.int64))))
+    dense_a = np.zeros(len(op), np.int32)
+    dense_a[on_stream] = np.searchsorted(streams, a[on_stream])
+    ev = np.zeros(len(op), np.int32)
+    ev[by_event] = np.searchsorted(events, b[by_event].astype(np.int64))
+    ev[op == fmt.SYNC_EVENT] = np.searchsorted(events, events_a)
+    return {"offset": np.ascontiguousarray(steps[:, 0]), "op": op, "a": dense_a, "ev": ev,
+            "b": np.ascontiguousarray(b), "n_streams": len(streams), "n_events": max(len(events), 1)}
+
+
+def _build() -> Path:
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    digest = hashlib.sha256(SOURCE.read_bytes() + CDEF.encode() + repr(cc()).encode()
+                            + sys.version.encode()).hexdigest()[:16]
+    target = cache_root() / f"replay-{digest}{suffix}"
+
+    def make() -> None:
+        import cffi
+
+        ffi = cffi.FFI()
+        ffi.cdef(CDEF)
+        # no fused multiply-adds: the same roundings as the Python replay
+        ffi.set_source(MODULE, SOURCE.read_text(), extra_compile_args=["-O2", "-ffp-contract=off"])
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # setuptools' own
+            os.replace(ffi.compile(tmpdir=tmp, verbose=False), target)
+
+    return built_once(target, make)
+
+
+def _load(path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(MODULE, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no module at {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
