@@ -1,0 +1,133 @@
+"""xpu-perf's compiled replay (perfmodel/fast.py, perfmodel/replay.c) against the Python one (model.replay), its
+reference: the same Prediction, breakdown included, on traces recorded by real programs on a real server, on the
+bench's synthetic training loop, on GPU traces made by hand, and on what-if models; and the Python replay where
+the C cannot be built."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from test_perf import gpu_loop, record, workloads  # noqa: F401  (workloads: a fixture)
+
+from xpuremote.perfmodel import fast, model, whatif
+from xpuremote.protocol import trace
+
+NETWORKS = [model.Network(rtt, gbps) for rtt in (0.0, 1.0, 37.5, 500.0, 10_000.0) for gbps in (0.0, 1.0, 25.0, 400.0)]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("perf_speed", ROOT / "bench" / "perf_speed.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def assert_same(compiled: model.Prediction, python: model.Prediction) -> None:
+    """Equal to within rounding: both replays do the same arithmetic in the same order."""
+    close = pytest.approx(python.predicted_s, rel=1e-12, abs=1e-15)
+    assert compiled.predicted_s == close and compiled.trace_s == python.trace_s
+    got, want = vars(compiled.breakdown), vars(python.breakdown)
+    assert got == {k: pytest.approx(v, rel=1e-9, abs=1e-12) for k, v in want.items()}
+
+
+def same_everywhere(make: callable) -> int:
+    """The compiled and the Python replay of the Model `make()` makes, over NETWORKS; how many messages it has."""
+    assert fast.library() is not None, "replay.c builds here"
+    compiled = make()
+    with fast.python_replay():
+        python = make()
+    assert compiled.replayer.lib is not None and python.replayer.lib is None
+    assert compiled.bias == pytest.approx(python.bias, rel=1e-9, abs=1e-15)
+    for net in NETWORKS:
+        assert_same(compiled.predict(net), python.predict(net))
+    return len(compiled.msgs)
+
+
+def test_same_prediction_on_recorded_traces(run_on, workloads: Path, tmp_path: Path) -> None:  # noqa: F811
+    """The three mixes of examples/workloads.cu recorded on the server, and each with its optimisations turned off
+    (whatif: messages the replay was not built from)."""
+    for mix, n in (("sync", 30), ("async", 20), ("bytes", 2)):
+        t = record(run_on, tmp_path / f"{mix}.trace", workloads, mix, n)
+        assert same_everywhere(lambda: model.Model(t)) == len(t.messages)  # noqa: B023
+        for off in whatif.OFF.values():
+            same_everywhere(lambda: whatif.without(model.Model(t), off))  # noqa: B023
+
+
+def test_same_prediction_on_a_gpu_bound_loop() -> None:
+    """test_perf's GPU-bound loops (a cuda trace made by hand): the GPU's queues, events and event syncs."""
+    for lag in (0, 1):
+        recorded, _ = gpu_loop(200_000, lag)
+        same_everywhere(lambda: model.Model(recorded))  # noqa: B023
+        same_everywhere(lambda: model.Model(recorded).without_gpu())  # noqa: B023
+
+
+def test_same_prediction_on_a_training_loops_trace(tmp_path: Path) -> None:
+    """bench/perf_speed.py's trace, small: lane batches on three streams, events, stream waits, later copies and
+    stream and context syncs, written by TraceWriter and read back, with a wake-up probe."""
+    path = tmp_path / "loop.trace"
+    _bench().write_trace(path, 20_000)
+    t = trace.read(path)
+    assert same_everywhere(lambda: model.Model(t)) == len(t.messages) > 3_000
+    assert any(m.gpu for m in model.Model(t).msgs) and model.Model(t).machines.client.points
+
+
+def random_msgs(rng: random.Random, n: int) -> list[model.Msg]:
+    """Messages of every kind with GPU steps of every op on streams 0-4 (0: the legacy stream) and 6 events, some of
+    them synced before they were recorded; sizes around the 64 KiB that separates small from large."""
+    msgs, t = [], 0.0
+    for _ in range(n):
+        t += rng.uniform(0, 200_000)
+        steps = []
+        for _ in range(rng.choice((0, 0, 1, 3, 6))):
+            op = rng.randrange(6)
+            a = rng.randrange(6) if op == trace.SYNC_EVENT else rng.randrange(5)
+            b = rng.randrange(6) if op in (trace.RECORD, trace.WAIT) else rng.uniform(0, 300_000)
+            steps.append((rng.uniform(0, 20_000), op, a, float(b)))
+        server = rng.uniform(1_000, 50_000)
+        blocked = min(server, sum(s[3] for s in steps if s[1] in model.SYNCS))
+        kind = rng.choice(("async", "async", "sync", "later"))
+        up, down = rng.choice((100, 5_000, 70_000, 2_000_000)), rng.choice((0, 64, 100_000))
+        msgs.append(model.Msg(t, kind, up, down, server, rng.uniform(10_000, 400_000) if kind == "sync" else 0.0,
+                              tuple(steps), blocked))
+    return msgs
+
+
+def test_same_prediction_on_random_gpu_messages() -> None:
+    """Random messages (random_msgs, seeded) replayed by both, with and without wake-up curves, through fast.Replayer
+    and model.replay directly."""
+    rng = random.Random(43)
+    curves = (model.Machines(),
+              model.Machines(model.Wake(((50_000.0, 2_000.0), (1e6, 20_000.0), (1e6, 25_000.0))),
+                             model.Wake(((0.0, 500.0), (300_000.0, 9_000.0)))))
+    for _ in range(20):
+        msgs = random_msgs(rng, rng.randrange(1, 400))
+        compiled = fast.Replayer(msgs)
+        transport = model.Transport(rng.uniform(0, 40_000), rng.uniform(0, 0.5))
+        span = msgs[-1].sent + 1e6
+        for machines in curves:
+            for net in NETWORKS[::3]:
+                assert_same(compiled(span, transport, net, machines), model.replay(msgs, span, transport, net,
+                                                                                   machines))
+
+
+def test_without_a_compiler_the_python_replay_runs_and_says_so(tmp_path: Path) -> None:
+    """With no compiler on the PATH and an empty cache, `xpu-perf predict` says once that it replays in Python and
+    prints what the compiled replay prints."""
+    path = tmp_path / "loop.trace"
+    _bench().write_trace(path, 2_000)
+    cmd = [sys.executable, "-m", "xpuremote.perfmodel.cli", "predict", str(path), "--rtt-us", "200", "--gbps", "10"]
+    compiled = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    env = dict(os.environ, PATH=str(tmp_path / "nothing"), XPU_SHIM_DIR=str(tmp_path / "cache"))
+    python = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert compiled.returncode == python.returncode == 0, python.stderr
+    assert "replays in Python" not in compiled.stderr
+    assert python.stderr.count("replays in Python") == 1 and "replay.c did not build" in python.stderr
+    assert python.stdout == compiled.stdout and "predicted" in compiled.stdout
