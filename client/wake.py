@@ -1,25 +1,33 @@
 """The wake-up probe, run when a trace starts: how much later a message reaches an end of the
-connection that has been idle for a while.
+connection that waited for it blocked rather than spinning, after idling for a while.
 
 A thread blocked in a receive is woken by the message. The longer its CPU idled, the longer
 that takes: deeper sleep states, a virtual CPU the host has descheduled, cold caches. A slower
 network makes both ends idle longer per round trip, so the performance model needs this cost
-as a function of the idle time, for the client and for the server (perfmodel/model.py). The
-probe measures it with round trips of three kinds, SAMPLES each (medians):
+as a function of the idle time, for the client and for the server (perfmodel/model.py). An end
+that spins (protocol/spin.py) pays none of it while its wait lasts less than its spin window, and
+pays it once the wait outlasts the window and it blocks. The probe measures, SAMPLES round trips
+each (medians), for each idle time:
 
-  base     ping, answered at once
-  client   the server answers `idle` later, on time to the µs: the client idles `idle` longer
-  server   the client sends `idle` after the last answer, on time: the server idles `idle` longer
+  client   the server answers `idle` later (its `probe` op): the round trip with the client blocked
+           in its receive, less the same with the client spinning. The server's own lateness (its
+           wait sleeps before it spins) is in both and cancels; what is left is the client's wake-up.
+  server   with the client spinning, a round trip sent `idle` after the last answer, on time, less one
+           sent at once: the server's wake-up. Where the session has a data connection this goes there,
+           as the synchronous calls do, and a worker that spins longer than `idle` shows none.
 
-and records extra = time − `idle` − base, per idle time, in the trace's header as `wake`.
+It records [idle, extra ns] per idle time in the trace's header as `wake`.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from xpuremote.protocol import wire
+from xpuremote.protocol.calls import CALLS
 from xpuremote.protocol.link import wait_until
 
 if TYPE_CHECKING:
@@ -27,24 +35,78 @@ if TYPE_CHECKING:
 
 IDLE_NS = (100_000, 300_000, 1_000_000, 3_000_000)
 SAMPLES = 11
+SPIN_NS = 10_000_000  # the client's spin while the probe wants it spinning: longer than any round trip it makes
+# A synchronous call on the data connection that changes nothing: a round trip. Before the application has made
+# a context a GPU may answer it with an error, which is as quick; the answer is not looked at.
+PING = CALLS["cuCtxSynchronize"]
 
 
-def _ping(conn: Connection, busy_ns: int) -> int:
+def _ping(conn: Connection, busy_ns: int, spinning: bool = False) -> int:
+    """A probe round trip on ZeroMQ that the server answers `busy_ns` late; `spinning`: the client looks for the
+    answer without sleeping (ZeroMQ's own receive blocks)."""
     began = time.monotonic_ns()
-    conn.request({"op": "probe", "busy_ns": busy_ns})
+    if not spinning:
+        conn.request({"op": "probe", "busy_ns": busy_ns})
+        return time.monotonic_ns() - began
+    with conn.lock:
+        conn._sent()
+        conn.sock.send_multipart(wire.encode(conn._stamped({"op": "probe", "busy_ns": busy_ns})))
+        while not conn.sock.poll(0):
+            pass
+        conn._recv()
     return time.monotonic_ns() - began
 
 
-def probe(conn: Connection) -> dict[str, list[list[int]]]:
-    """{"client": [[idle_ns, extra_ns], ...], "server": [...]} for each of IDLE_NS."""
-    base = statistics.median([_ping(conn, 0) for _ in range(SAMPLES)])
-    client, server = [], []
-    for idle in IDLE_NS:
-        late = statistics.median([_ping(conn, idle) for _ in range(SAMPLES)]) - idle - base
-        client.append([idle, round(max(0.0, late))])
-        rounds = []
-        for _ in range(SAMPLES):
-            wait_until(time.monotonic_ns() + idle)  # on time (protocol/link.py): only the server is late
-            rounds.append(_ping(conn, 0))
-        server.append([idle, round(max(0.0, statistics.median(rounds) - base))])
-    return {"client": client, "server": server}
+def _data_ping(conn: Connection, spin_ns: int) -> int:
+    """A synchronous call's round trip on the data connection, the client spinning for up to `spin_ns` of it."""
+    conn.spin_ns = spin_ns
+    began = time.monotonic_ns()
+    conn.call(PING, [], None)
+    return time.monotonic_ns() - began
+
+
+def probe(conn: Connection) -> dict[str, object]:
+    """{"client": [[idle_ns, extra_ns], ...], "server": [...], "blocked": ns or None} for each of IDLE_NS."""
+    client = [[idle, _client_extra(conn, idle)] for idle in IDLE_NS]
+    spin_ns, blocked = conn.spin_ns, None
+    try:
+        if conn.data is not None:
+            blocked = _data_blocked(conn)
+            ping: Callable[[], int] = lambda: _data_ping(conn, SPIN_NS)  # noqa: E731
+        else:
+            ping = lambda: _ping(conn, 0, spinning=True)  # noqa: E731
+        base = statistics.median(ping() for _ in range(SAMPLES))
+        server = [[idle, _server_extra(idle, ping, base)] for idle in IDLE_NS]
+    finally:
+        conn.spin_ns = spin_ns
+    return {"client": client, "server": server, "blocked": blocked}
+
+
+def _data_blocked(conn: Connection) -> int:
+    """What blocking costs the client's wait on the data connection, over spinning, in a round trip answered at
+    once. ZeroMQ's spinning receive above does not show it: ZeroMQ's I/O thread blocks either way."""
+    blocked, spinning = [], []
+    for _ in range(SAMPLES):
+        blocked.append(_data_ping(conn, 0))
+        spinning.append(_data_ping(conn, SPIN_NS))
+    return round(max(0.0, statistics.median(blocked) - statistics.median(spinning)))
+
+
+def _client_extra(conn: Connection, idle_ns: int) -> int:
+    """What blocking costs the client in a wait of `idle_ns`: blocked and spinning round trips taken in turn, so
+    that the machine's drift hits both alike."""
+    blocked, spinning = [], []
+    for _ in range(SAMPLES):
+        blocked.append(_ping(conn, idle_ns))
+        spinning.append(_ping(conn, idle_ns, spinning=True))
+    return round(max(0.0, statistics.median(blocked) - statistics.median(spinning)))
+
+
+def _server_extra(idle_ns: int, ping: Callable[[], int], base: float) -> int:
+    """How much later than `base` a `ping()` made `idle_ns` after the last answer, on time (protocol/link.py),
+    comes back: only the server idled."""
+    rounds = []
+    for _ in range(SAMPLES):
+        wait_until(time.monotonic_ns() + idle_ns)
+        rounds.append(ping())
+    return round(max(0.0, statistics.median(rounds) - base))

@@ -48,8 +48,8 @@ void xpu_replay(size_t n, const double *sent, const int8_t *kind, const int64_t 
                 const double *server, const double *wait, const double *blocked, const int64_t *gpu_start,
                 const double *offset, const int8_t *op, const int32_t *a, const int32_t *ev, const double *b,
                 double *free, double *events, double base_ns, double per_byte_ns, double rtt_us, double gbps,
-                const double *cx, const double *cy, size_t cn, const double *sx, const double *sy, size_t sn,
-                struct xpu_replay_out *out);
+                const double *cx, const double *cy, size_t cn, double spin_ns, double wake_blocked_ns,
+                const double *sx, const double *sy, size_t sn, struct xpu_replay_out *out);
 """
 COLUMNS = ("sent", "kind", "up", "down", "server", "wait", "blocked", "gpu_start", "offset", "op", "a", "ev", "b")
 C_TYPES = {"float64": "double[]", "int8": "int8_t[]", "int32": "int32_t[]", "int64": "int64_t[]"}
@@ -110,7 +110,7 @@ class Replayer:
         p = self.pointers
         lib.xpu_replay(len(self.msgs), *p, _ptr(ffi, free), _ptr(ffi, events), transport.base_ns,
                        transport.per_byte_ns, net.rtt_us, net.gbps, _ptr(ffi, cx), _ptr(ffi, cy), len(cx),
-                       _ptr(ffi, sx), _ptr(ffi, sy), len(sx), out)
+                       machines.spin, machines.blocked, _ptr(ffi, sx), _ptr(ffi, sy), len(sx), out)
         return _prediction(out, span, net)
 
 

@@ -13,7 +13,9 @@ through queues that the recorded run measured or that the network adds:
 
 An end that idled waits a little longer still: its CPU wakes up late, the later the longer it
 idled. The trace's wake-up probe (client/wake.py) measured that, for the client and for the
-server, and the replay adds it to each wait and to each message reaching an idle server.
+server. An end spins before it blocks (protocol/spin.py), so the replay adds it to each wait of the
+client that outlasts the client's spin window (in the trace's header) and to each message reaching an
+idle server (whose spin the probe's server points were measured against).
 
 The bandwidth is a queue shared by consecutive messages in each direction, and batched async
 calls travel as the one message they were. The server is a queue too: a sync call waits for the
@@ -105,16 +107,33 @@ class Wake:
 
 @dataclass(frozen=True)
 class Machines:
-    """The wake-up costs of the recorded run's two ends (none if the trace did not probe)."""
+    """The wake-up costs of the recorded run's two ends (none if the trace did not probe), and how long the client
+    spins before it blocks (protocol/spin.py). The server's spin needs no figure of its own: the probe's server
+    points were measured against it, so an idle shorter than its window shows no extra there."""
 
     client: Wake = Wake()
     server: Wake = Wake()
+    blocked: float = 0.0  # ns a wait on the data connection pays for blocking rather than spinning
+    spin: float = 0.0  # ns the client's waits spin before they block
 
     @classmethod
-    def from_header(cls, value: object) -> Machines:
+    def from_header(cls, value: object, spin_us: object = None) -> Machines:
         if not isinstance(value, dict):
             return cls()
-        return cls(Wake.from_header(value.get("client")), Wake.from_header(value.get("server")))
+        blocked = value.get("blocked")
+        blocked = float(blocked) if isinstance(blocked, (int, float)) and blocked > 0 else 0.0
+        spin = spin_us * 1e3 if isinstance(spin_us, (int, float)) and spin_us > 0 else 0.0
+        return cls(Wake.from_header(value.get("client")), Wake.from_header(value.get("server")), blocked, spin)
+
+    def client_wake(self, wait: float) -> float:
+        """How much later than its answer the client goes on after a wait of `wait` ns. A client that spins pays
+        nothing within its window, as in the recorded waits it spun through; a wait that outlasts the window
+        blocks for the rest, and pays the wake-up of having idled that long (the data connection's, or more where
+        ZeroMQ's probe found more after a longer idle). A client that never spins blocked in every recorded wait
+        too: the replay of the recorded network takes that part off again (Model.bias)."""
+        if wait <= self.spin:
+            return 0.0
+        return max(self.blocked, self.client.extra(wait - self.spin))
 
 
 @dataclass
@@ -252,7 +271,7 @@ def replay(msgs: Sequence[Msg], span: float, transport: Transport, net: Network,
         if m.kind != "sync":
             continue
         wait = down_free + half_rtt - t
-        client_wake = machines.client.extra(wait)
+        client_wake = machines.client_wake(wait)
         wait += client_wake
         shift += wait - m.wait
         waited += wait
@@ -280,7 +299,7 @@ class Model:
         link = trace.link
         self.recorded = Network(link.get("rtt_us", 0.0), link.get("gbps", 0.0))
         self.transport = fit_transport(recorded, self.recorded)
-        self.machines = Machines.from_header(trace.header.get("wake"))
+        self.machines = Machines.from_header(trace.header.get("wake"), trace.header.get("spin_us"))
         self.span = float(trace.span_ns)
         from . import fast  # replay() compiled, over arrays made once here (fast.py)
 

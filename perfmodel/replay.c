@@ -76,8 +76,8 @@ void xpu_replay(size_t n, const double *sent, const int8_t *kind, const int64_t 
                 const double *server, const double *wait, const double *blocked, const int64_t *gpu_start,
                 const double *offset, const int8_t *op, const int32_t *a, const int32_t *ev, const double *b,
                 double *free, double *events, double base_ns, double per_byte_ns, double rtt_us, double gbps,
-                const double *cx, const double *cy, size_t cn, const double *sx, const double *sy, size_t sn,
-                struct xpu_replay_out *out) {
+                const double *cx, const double *cy, size_t cn, double spin_ns, double wake_blocked_ns,
+                const double *sx, const double *sy, size_t sn, struct xpu_replay_out *out) {
     double half_rtt = rtt_us * 500.0;
     double up_free = 0.0, down_free = 0.0, server_free = 0.0, all_free = 0.0, shift = 0.0, waited = 0.0;
     double latency = 0.0, transport = 0.0, server_sum = 0.0;
@@ -106,7 +106,8 @@ void xpu_replay(size_t n, const double *sent, const int8_t *kind, const int64_t 
         if (kind[i] != SYNC)
             continue;
         double w = down_free + half_rtt - t;
-        double client_wake = wake_extra(cx, cy, cn, w);
+        /* Machines.client_wake: nothing within the client's spin window, a blocked wait's wake-up past it */
+        double client_wake = w > spin_ns ? max2(wake_blocked_ns, wake_extra(cx, cy, cn, w - spin_ns)) : 0.0;
         w += client_wake;
         shift += w - wait[i];
         waited += w;

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,9 +132,11 @@ class Validation:
 
 
 def run_traced(command: list[str], server: str, path: Path, net: Network,
-               cpus: Collection[int] | None = None) -> fmt.Trace:
-    """Run `command` under xpu-run (on `cpus`) over the emulated `net`, tracing it; its trace."""
-    env = dict(os.environ, XPU_TRACE=str(path), XPU_LINK_RTT_US=str(net.rtt_us), XPU_LINK_GBPS=str(net.gbps))
+               cpus: Collection[int] | None = None, env: Mapping[str, str] | None = None) -> fmt.Trace:
+    """Run `command` under xpu-run (on `cpus`, with `env` added to the environment) over the emulated `net`,
+    tracing it; its trace."""
+    env = dict(os.environ, **(env or {}), XPU_TRACE=str(path), XPU_LINK_RTT_US=str(net.rtt_us),
+               XPU_LINK_GBPS=str(net.gbps))
     proc = subprocess.run([sys.executable, "-m", "xpuremote.interpose.run", "--server", server, "--", *command],
                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                           preexec_fn=on_cpus(cpus))
@@ -158,10 +160,12 @@ def serving(server: str | None, backend: str, cpus: Collection[int] | None) -> I
 
 
 def validate(command: list[str], server: str | None = None, rtts: tuple[float, ...] = RTTS_US,
-             gbps: tuple[float, ...] = GBPS, repeat: int = 1, backend: str = "auto") -> Validation:
+             gbps: tuple[float, ...] = GBPS, repeat: int = 1, backend: str = "auto",
+             env: Mapping[str, str] | None = None) -> Validation:
     """Predictions from a loopback recording against runs over each emulated link.
 
-    Without `server`, a local one of `backend` is started on CPUs apart from the runs'.
+    Without `server`, a local one of `backend` is started on CPUs apart from the runs'. `env`: settings for the
+    recordings and runs only (the client's XPU_SPIN_US, say), not for that server.
     With `repeat`, every link's run is made that many times, in rounds of RECORDINGS recordings
     and one run per link, in a different order each round: drift in the machine's speed, and
     whatever one run leaves behind for the next, hit the recordings and the runs alike."""
@@ -176,7 +180,7 @@ def validate(command: list[str], server: str | None = None, rtts: tuple[float, .
             order.shuffle(runs)
             for i in runs:
                 trace = run_traced(command, address, path, Network() if i is None else rounds.nets[i],
-                                   cpus and cpus[0])
+                                   cpus and cpus[0], env)
                 if i is None:
                     model = Model(trace)
                     rounds.recorded.append((r, model.span / 1e9, [model.predict(n).predicted_s for n in rounds.nets]))

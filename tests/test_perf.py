@@ -168,11 +168,16 @@ def test_a_trace_records_each_enqueued_calls_gpu_time(run_on, workloads: Path, t
 
 
 def test_trace_starts_with_the_wake_up_probe(run_on, workloads: Path, tmp_path: Path) -> None:
-    t = record(run_on, tmp_path / "sync.trace", workloads, "sync", 5)
+    """The probe's points for each end, what blocking costs a wait on the data connection, and the client's spin
+    window (the model needs to know which waits blocked)."""
+    t = record(run_on, tmp_path / "sync.trace", workloads, "sync", 5, XPU_SPIN_US="150")
     for end in ("client", "server"):
         points = t.header["wake"][end]
         assert [idle for idle, _ in points] == list(wake.IDLE_NS)
         assert all(0 <= extra < 50_000_000 for _, extra in points)
+    assert t.header["data"] and 0 <= t.header["wake"]["blocked"] < 50_000_000
+    assert t.header["spin_us"] == 150
+    assert model.Model(t).machines.spin == 150_000
     linked = record(run_on, tmp_path / "linked.trace", workloads, "sync", 5, XPU_LINK_RTT_US="100")
     assert linked.header["wake"] is None, "an emulated link's holds would be measured, not the machines"
     zero = record(run_on, tmp_path / "zero.trace", workloads, "sync", 5, XPU_LINK_RTT_US="0")
@@ -437,6 +442,31 @@ def test_model_adds_the_wake_up_cost_of_longer_waits() -> None:
     # each wait grows from 100 µs to 1 ms (client: 0 -> 20 µs late); the server idled about 1 ms
     # between requests either way, so its wake-up cost is the same as recorded
     assert extra == pytest.approx(10 * 20e-6, rel=0.05)
+
+
+def test_model_wakes_a_spinning_client_only_past_its_spin_window() -> None:
+    """A client that spins 300 µs before it blocks (the window its trace's header gives) pays no wake-up in a wait
+    within the window, as in the recorded waits of 100 µs it spun through, and the probe's wake-up of a blocked
+    receive in a wait past it. A client that never spins blocked in every wait, recorded and predicted, so a flat
+    wake-up cost changes nothing."""
+    msgs = [sync_msg(i * 1_000_000) for i in range(10)]
+    plain = model.Model(synthetic(msgs, 10_000_000))
+    wake_up = {"client": [[100_000, 30_000], [1_000_000, 30_000]], "server": [], "blocked": 20_000}
+
+    def extra(spin_us: int, net: model.Network) -> float:
+        t = synthetic(msgs, 10_000_000)
+        t.header.update(wake=wake_up, spin_us=spin_us)
+        pred = model.Model(t).predict(net)
+        b = pred.breakdown
+        assert b.client + b.latency + b.bytes + b.transport + b.server == pytest.approx(pred.predicted_s)
+        return pred.predicted_s - plain.predict(net).predicted_s
+
+    within, past = model.Network(rtt_us=150), model.Network(rtt_us=900)  # waits of 250 µs and 1 ms
+    assert extra(300, within) == pytest.approx(0, abs=1e-9)
+    assert extra(300, past) == pytest.approx(10 * 30e-6), "each wait blocked for 700 µs: 30 µs to wake up"
+    assert extra(0, past) == pytest.approx(0, abs=1e-9)
+    wake_up["client"] = [[100_000, 0], [1_000_000, 0]]  # ZeroMQ's probe found nothing: the data connection's cost
+    assert extra(300, past) == pytest.approx(10 * 20e-6)
 
 
 # ---- the command line -----------------------------------------------------------------------------
