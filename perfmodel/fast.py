@@ -21,7 +21,8 @@ import sysconfig
 import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
-from itertools import chain
+from itertools import chain, repeat
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ except ImportError:  # numpy comes with the plot extra; without it the Python re
 from xpuremote.protocol import trace as fmt
 from xpuremote.protocol.cbuild import built_once, cache_root, cc
 
-from .model import Breakdown, Machines, Msg, Network, Prediction, Transport, Wake, replay
+from .model import SYNCS, Breakdown, Machines, Msg, Network, Prediction, Transport, Wake, replay
 
 log = logging.getLogger("xpuremote.perfmodel")
 
@@ -91,11 +92,12 @@ def python_replay() -> Iterator[None]:
 class Replayer:
     """model.replay of `msgs`, compiled where it can be; msgs are taken as they are now (they are frozen)."""
 
-    def __init__(self, msgs: Sequence[Msg]) -> None:
+    def __init__(self, msgs: Sequence[Msg], arrays: dict[str, Any] | None = None) -> None:
+        """`arrays`: msgs' columns (_arrays), made already."""
         self.msgs = msgs
         self.lib = None if _python else library()
         if self.lib is not None:
-            self.arrays = _arrays(msgs)
+            self.arrays = arrays if arrays is not None else _arrays(msgs)
             self.pointers = [_ptr(self.lib[0], self.arrays[name]) for name in COLUMNS]
 
     def __call__(self, span: float, transport: Transport, net: Network, machines: Machines) -> Prediction:
@@ -108,10 +110,19 @@ class Replayer:
         sx, sy = _curve(machines.server)
         out = ffi.new("struct xpu_replay_out *")
         p = self.pointers
-        lib.xpu_replay(len(self.msgs), *p, _ptr(ffi, free), _ptr(ffi, events), transport.base_ns,
+        lib.xpu_replay(len(arr["sent"]), *p, _ptr(ffi, free), _ptr(ffi, events), transport.base_ns,
                        transport.per_byte_ns, net.rtt_us, net.gbps, _ptr(ffi, cx), _ptr(ffi, cy), len(cx),
                        machines.spin, machines.blocked, _ptr(ffi, sx), _ptr(ffi, sy), len(sx), out)
         return _prediction(out, span, net)
+
+
+def of_trace(trace: fmt.Trace, overlap: bool, msgs: Sequence[Msg]) -> Replayer:
+    """The Replayer of `msgs`, which are model.messages(trace) (with the GPU's operations where `overlap`), its
+    arrays made from the trace's messages directly, in numpy's loops rather than Python's: `msgs` are made only
+    where the Python replay runs."""
+    if _python or library() is None:
+        return Replayer(msgs)
+    return Replayer(msgs, _trace_arrays(trace.messages, overlap))
 
 
 def _prediction(out: Any, span: float, net: Network) -> Prediction:
@@ -147,6 +158,40 @@ def _arrays(msgs: Sequence[Msg]) -> dict[str, Any]:
     col["gpu_start"] = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     steps = np.array(list(chain.from_iterable(m.gpu for m in msgs)), dtype=np.float64).reshape(-1, 4)
     col.update(_dense(steps))
+    return col
+
+
+def _trace_arrays(messages: Sequence[fmt.Message], overlap: bool) -> dict[str, Any]:
+    """_arrays(model.messages(...)) made from the trace's messages: model.msg's arithmetic over columns."""
+    n = len(messages)
+    col = {name: np.fromiter(map(attrgetter(name), messages), np.float64, n) for name in ("sent", "wait")}
+    col["server"] = np.nan_to_num(np.array(list(map(attrgetter("server"), messages)), np.float64), nan=0.0)
+    col["up"] = np.fromiter(map(attrgetter("up"), messages), np.int64, n)
+    col["down"] = np.fromiter(map(attrgetter("down"), messages), np.int64, n)
+    col["kind"] = np.fromiter(map(KINDS.get, map(attrgetter("kind"), messages), repeat(2)), np.int8, n)
+    flats = [ops.flat if type(ops) is fmt.GpuOps else tuple(chain.from_iterable(ops))
+             for ops in map(attrgetter("gpu_ops"), messages)] if overlap else [()] * n
+    counts = np.fromiter(map(len, flats), np.int64, n) // 4
+    col["gpu_start"] = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    flat = np.array(list(chain.from_iterable(flats)), np.int64).reshape(-1, 4).astype(np.float64)
+    owner = np.repeat(np.arange(n), counts)  # each step's message
+    # where each item began in the server's time on its message: the items' times summed, per message
+    items = [m.per_call or () if c else () for m, c in zip(messages, counts.tolist(), strict=True)]
+    sizes = np.fromiter(map(len, items), np.int64, n)
+    times = np.nan_to_num(np.array(list(chain.from_iterable(items)), np.float64), nan=0.0)
+    summed = np.concatenate(([0.0], np.cumsum(times)))
+    base = np.concatenate(([0], np.cumsum(sizes)))[:-1]
+    pos = flat[:, 0].astype(np.int64)
+    index = np.where(pos < 0, pos + sizes[owner], pos)
+    known = (pos < sizes[owner]) & (index >= 0)
+    first = base[owner]
+    offset = np.zeros(len(pos))
+    offset[known] = summed[first[known] + index[known]] - summed[first[known]]
+    flat[:, 0] = offset
+    syncs = np.isin(flat[:, 1], SYNCS)
+    waited = np.bincount(owner[syncs], weights=flat[syncs, 3], minlength=n)
+    col["blocked"] = np.where(counts > 0, np.minimum(waited, col["server"]), 0.0)
+    col.update(_dense(flat))
     return col
 
 

@@ -294,17 +294,19 @@ class Model:
         """`msgs`: the trace's messages changed (what-if); the transport is fitted from the originals. `gpu`: keep
         the GPU's queues where the trace has them."""
         self.trace = trace
-        recorded = messages(trace, gpu)
+        # made on first use: predicting replays arrays made from the trace (fast.py)
+        overlap = gpu and gpu_overlaps(trace)
+        recorded = fmt.Lazy(len(trace.messages), (msg(m, overlap) for m in trace.messages))
         self.msgs = recorded if msgs is None else msgs
         link = trace.link
         self.recorded = Network(link.get("rtt_us", 0.0), link.get("gbps", 0.0))
-        self.transport = fit_transport(recorded, self.recorded)
+        self.transport = fit_transport((msg(m, False) for m in trace.messages if m.kind == "sync"), self.recorded)
         self.machines = Machines.from_header(trace.header.get("wake"), trace.header.get("spin_us"))
         self.span = float(trace.span_ns)
         from . import fast  # replay() compiled, over arrays made once here (fast.py)
 
-        self.replayer = fast.Replayer(self.msgs)
-        of_recorded = self.replayer if msgs is None else fast.Replayer(recorded)
+        of_recorded = fast.of_trace(trace, overlap, recorded)
+        self.replayer = of_recorded if msgs is None else fast.Replayer(msgs)
         # replaying the recorded network reproduces the recorded run up to the fit's error: that
         # error, taken off every prediction, makes the model exact at the point it was measured
         self.bias = of_recorded(self.span, self.transport, self.recorded, self.machines).predicted_s \

@@ -55,12 +55,16 @@ A trace cut short (the process killed) reads up to its last complete block.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from itertools import accumulate, chain, compress
+from operator import add, attrgetter, itemgetter, mul, not_, sub
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import msgpack
 import zstandard
@@ -210,9 +214,9 @@ class Call:
     lane: bool = False  # queued in C as a lane record: its times are the lane's own
 
 
-@dataclass(frozen=True)
-class GpuOp:
-    """One thing a message's call did to the GPU's queues (GPU_OPS in the module's docstring)."""
+class GpuOp(NamedTuple):
+    """One thing a message's call did to the GPU's queues (GPU_OPS in the module's docstring). A tuple: a trace
+    holds millions, made at a third of a frozen dataclass's cost."""
 
     pos: int  # the item of its message
     op: int  # WORK, RECORD, ...
@@ -220,7 +224,7 @@ class GpuOp:
     b: int  # ns (WORK, the syncs), or an event (RECORD, WAIT)
 
 
-@dataclass
+@dataclass(slots=True)  # a trace holds many: made faster, and with no __dict__ each
 class Message:
     seq: int
     kind: str
@@ -245,7 +249,8 @@ class Trace:
     @property
     def span_ns(self) -> int:
         """The recorded run: from the session being up to the last call's return."""
-        last = max((c.ret for c in self.calls), default=0)
+        calls = self.calls
+        last = calls.last_return() if isinstance(calls, Calls) else max((c.ret for c in calls), default=0)
         return max(last, max((m.sent + m.wait for m in self.messages), default=0))
 
     @property
@@ -257,62 +262,188 @@ def read(path: str | Path) -> Trace:
     with open(path, "rb") as f:
         if f.read(len(MAGIC)) != MAGIC:
             raise TraceError(f"{path} is not an xpuremote trace")
-        values = _values(f)
-        header = next(values, None)
+        batches = _batches(f)
+        first = next(batches, [])
+        header = _lists(first[0]) if first else None
         if not isinstance(header, dict) or header.get("version") not in READS:
             version = header.get("version") if isinstance(header, dict) else None
             raise TraceError(f"{path}: trace format version {version!r}, this reader knows "
                              f"{', '.join(map(str, READS))}")
         trace = Trace(header)
-        _fill(trace, values)
-    trace.messages.sort(key=lambda m: m.sent)
+        collecting = gc.isenabled()
+        gc.disable()  # millions of new objects, none of them garbage: collecting them would double the read
+        try:
+            _fill(trace, chain([first[1:]], batches))
+        finally:
+            if collecting:
+                gc.enable()
+    trace.messages.sort(key=attrgetter("sent"))
     return trace
+
+
+class Lazy(list):  # noqa: FURB189  (a list, for all who take it as one)
+    """A list whose items are made on first use, but for their number, known before: a trace of 10^6 calls is
+    predicted without making its calls. Iterating makes them as it goes (any() stops early); anything else
+    makes them all."""
+
+    def __init__(self, n: int, items: Iterable[Any]) -> None:
+        super().__init__()
+        self._n = n
+        self._items: Iterator[Any] | None = iter(items)
+
+    def _make(self) -> None:
+        if self._items is not None:
+            items, self._items = self._items, None
+            super().extend(items)
+
+    def __len__(self) -> int:
+        return self._n if self._items is not None else super().__len__()
+
+    def __iter__(self) -> Iterator[Any]:
+        return super().__iter__() if self._items is None else self._iterate()
+
+    def _iterate(self) -> Iterator[Any]:
+        i = 0
+        while True:
+            if i < list.__len__(self):
+                yield list.__getitem__(self, i)
+            elif self._items is None:
+                return
+            else:
+                item = next(self._items, _END)
+                if item is _END:
+                    self._items = None
+                    return
+                list.append(self, item)
+                yield item
+            i += 1
+
+
+_END = object()
+
+
+def _made_first(name: str) -> Any:
+    method = getattr(list, name)
+
+    def made(self: Lazy, *args: Any, **kwargs: Any) -> Any:
+        self._make()
+        return method(self, *args, **kwargs)
+
+    made.__name__ = name
+    return made
+
+
+for _name in ("__getitem__", "__setitem__", "__delitem__", "__contains__", "__reversed__", "__eq__", "__ne__",
+              "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__iadd__", "__mul__", "__imul__", "__rmul__",
+              "__repr__", "__reduce_ex__", "append", "extend", "insert", "pop", "remove", "index", "count", "sort",
+              "reverse", "copy", "clear"):
+    setattr(Lazy, _name, _made_first(_name))
+
+
+class Calls(Lazy):
+    """A trace's calls as read, made from their records on first use; the last one's return known before."""
+
+    def __init__(self, records: list[list[Any]], names: dict[int, str]) -> None:
+        super().__init__(len(records), _calls(records, names))
+        self._last = max(map(add, accumulate(map(itemgetter(3), records)), map(itemgetter(4), records)), default=0)
+
+    def last_return(self) -> int:
+        return self._last * TICK_NS if self._items is not None else max((c.ret for c in self), default=0)
+
+
+def _calls(records: list[list[Any]], names: dict[int, str]) -> Iterator[Call]:
+    last = 0
+    for rec in records:
+        last += rec[3]
+        entry = last * TICK_NS
+        yield Call(names[rec[1]], CLASSES[rec[2]], entry, entry + rec[4] * TICK_NS, rec[5], rec[6], rec[7],
+                   len(rec) > 8 and bool(rec[8]))
 
 
 def _ns(ticks: int | None) -> int | None:
     return None if ticks is None else ticks * TICK_NS
 
 
-def _values(f: BinaryIO) -> Iterator[Any]:
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False)
+def _batches(f: BinaryIO) -> Iterator[list[Any]]:
+    """The values, as many as each piece of the file completes (a list each; the first one holds at least one)."""
+    # tuples, not lists: records of numbers only, which the garbage collector stops following once it has seen them
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, use_list=False)
     decompressor = zstandard.ZstdDecompressor().decompressobj()
-    while chunk := f.read(1 << 16):
+    while chunk := f.read(1 << 20):
         try:
             unpacker.feed(decompressor.decompress(chunk))
         except zstandard.ZstdError:
             return  # damaged: keep what came before
-        yield from unpacker
+        if batch := list(unpacker):
+            yield batch
 
 
-def _fill(trace: Trace, values: Iterator[Any]) -> None:
+def _lists(value: Any) -> Any:
+    """The header as written: its arrays as lists."""
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    return [_lists(v) for v in value] if isinstance(value, tuple) else value
+
+
+_new_op = partial(tuple.__new__, GpuOp)  # a GpuOp without a Python frame
+
+
+class GpuOps(Lazy):
+    """A message's GPU operations as read: `flat`, the records' numbers (pos, op, a, b, pos, ...), made into GpuOps
+    on first use."""
+
+    def __init__(self, flat: Sequence[int]) -> None:  # one a message: Lazy.__init__'s work without its calls
+        four = iter(flat)
+        self._n, self._items, self.flat = len(flat) // 4, map(_new_op, zip(four, four, four, four)), flat
+
+
+def _fill(trace: Trace, batches: Iterator[list[Any]]) -> None:
     names: dict[int, str] = {}
     gpu: dict[int, int] = {}
-    ops: dict[int, list[GpuOp]] = {}
-    last_call = last_message = 0
-    for rec in values:
+    ops: dict[int, list[int]] = {}  # seq -> its GPU_OPS records' numbers, four an operation
+    calls: list[list[Any]] = []
+    for batch in batches:
+        # the calls, most records, are kept as they are (Calls makes them); the others taken one by one
+        is_call = list(map(CALL.__eq__, map(itemgetter(0), batch)))
+        calls += compress(batch, is_call)
+        _others(trace, compress(batch, map(not_, is_call)), names, gpu, ops)
+    trace.calls = Calls(calls, names)
+    work = dict(zip(ops, _work(list(ops.values())), strict=True))
+    for m in trace.messages:
+        flat = ops.get(m.seq)
+        m.gpu_ops = GpuOps(flat) if flat else []
+        m.gpu = work[m.seq] if flat else gpu.get(m.seq)
+
+
+def _work(flats: list[list[int]]) -> list[int]:
+    """The GPU time of each list's work operations (their b), in C's loops rather than Python's."""
+    every = list(chain.from_iterable(flats))
+    cumulative = list(accumulate(map(mul, every[3::4], map(WORK.__eq__, every[1::4])), initial=0))
+    ends = list(accumulate(len(flat) // 4 for flat in flats))
+    return list(map(sub, map(cumulative.__getitem__, ends), map(cumulative.__getitem__, [0, *ends[:-1]])))
+
+
+def _others(trace: Trace, records: Iterator[list[Any]], names: dict[int, str], gpu: dict[int, int],
+            ops: dict[int, list[int]]) -> None:
+    last_message = trace.messages[-1].sent // TICK_NS if trace.messages else 0
+    for rec in records:
         kind = rec[0]
         if kind == NAME:
             names[rec[1]] = rec[2]
-        elif kind == CALL:
-            _, ident, cls, d_entry, dur, stream, seq, pos, *lane = rec
-            last_call += d_entry
-            entry = last_call * TICK_NS
-            trace.calls.append(Call(names[ident], CLASSES[cls], entry, entry + dur * TICK_NS, stream, seq, pos,
-                                    bool(lane and lane[0])))
         elif kind == MESSAGE:
             _, seq, mkind, d_sent, up, n, wait, down, server, per_call = rec
             last_message += d_sent
+            if per_call is not None:
+                per_call = list(map(TICK_NS.__mul__, per_call)) if None not in per_call else list(map(_ns, per_call))
             trace.messages.append(Message(seq, KINDS[mkind], last_message * TICK_NS, up, n, wait * TICK_NS, down,
-                                          _ns(server), per_call and [_ns(t) for t in per_call]))
+                                          _ns(server), per_call))
         elif kind == GPU:
             gpu[rec[1]] = rec[2] * TICK_NS
         elif kind == GPU_OPS:
-            flat = rec[2]
-            ops.setdefault(rec[1], []).extend(GpuOp(*flat[i : i + 4]) for i in range(0, len(flat) - 3, 4))
+            flat, seq = rec[2], rec[1]
+            flat = flat[: len(flat) // 4 * 4]
+            ops[seq] = ops[seq] + flat if seq in ops else flat
         elif kind == END:
             trace.end = rec[1] * TICK_NS
         else:
             raise TraceError(f"unknown record kind {kind}")
-    for m in trace.messages:
-        m.gpu_ops = ops.get(m.seq, [])
-        m.gpu = sum(o.b for o in m.gpu_ops if o.op == WORK) if m.gpu_ops else gpu.get(m.seq)

@@ -101,12 +101,13 @@ def random_msgs(rng: random.Random, n: int) -> list[model.Msg]:
 
 
 def test_same_prediction_on_random_gpu_messages() -> None:
-    """Random messages (random_msgs, seeded) replayed by both, with and without wake-up curves, through fast.Replayer
-    and model.replay directly."""
+    """Random messages (random_msgs, seeded) replayed by both, with and without wake-up curves and a spin before
+    blocking, through fast.Replayer and model.replay directly."""
     rng = random.Random(43)
-    curves = (model.Machines(),
-              model.Machines(model.Wake(((50_000.0, 2_000.0), (1e6, 20_000.0), (1e6, 25_000.0))),
-                             model.Wake(((0.0, 500.0), (300_000.0, 9_000.0)))))
+    client = model.Wake(((50_000.0, 2_000.0), (1e6, 20_000.0), (1e6, 25_000.0)))
+    server = model.Wake(((0.0, 500.0), (300_000.0, 9_000.0)))
+    curves = (model.Machines(), model.Machines(client, server),
+              model.Machines(client, server, blocked=4_000.0, spin=150_000.0))  # spin, then block
     for _ in range(20):
         msgs = random_msgs(rng, rng.randrange(1, 400))
         compiled = fast.Replayer(msgs)
