@@ -19,9 +19,12 @@ run) number of predictions; its reading and model are the same code as the fast 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import os
 import platform
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +35,9 @@ from xpuremote.perfmodel import cli, fast
 from xpuremote.perfmodel.model import Model, Network
 from xpuremote.protocol import trace as fmt
 
+ROOT = Path(__file__).resolve().parent.parent
+BEFORE = "f470153"  # the commit before the compiled replay and the faster reader
+NET = Network(100.0, 25.0)
 CALLS_PER_STEP = 4 * 7 + 1 + 1 + 2  # 4 batches of 7 lane records, the later copy, the sync, 2 local answers
 STREAMS = (0x5100, 0x5200, 0x5300)
 WAKE = {"client": [[100_000, 4_000], [300_000, 7_000], [1_000_000, 18_000], [3_000_000, 25_000]],
@@ -113,52 +119,87 @@ class Counted(Model):
         return super().predict(net)
 
 
-def measure(path: Path, baseline_points: int) -> dict[str, object]:
-    figures: dict[str, object] = {}
-    figures["read_s"], trace = timed(lambda: fmt.read(path))
-    figures["calls"], figures["messages"] = len(trace.calls), len(trace.messages)
-    figures["model_s"], model = timed(lambda: Counted(trace))
-    net = Network(100.0, 25.0)
-    figures["predict_s"], fast_pred = timed(lambda: model.predict(net))
-    figures["sweep_s"], _ = timed(lambda: grid(model))
+def after(path: Path) -> dict[str, float]:
+    """This code: the trace read, the Model with the compiled replay, a prediction, sweep's grid, requirements."""
+    f: dict[str, float] = {}
+    f["read_s"], trace = timed(lambda: fmt.read(path))
+    f["calls"], f["messages"] = len(trace.calls), len(trace.messages)
+    f["model_s"], model = timed(lambda: Counted(trace))
+    f["predict_s"], pred = timed(lambda: model.predict(NET))
+    f["predicted_s"] = pred.predicted_s
+    f["sweep_s"], _ = timed(lambda: grid(model))
     Counted.count = 0
-    figures["requirements_s"], _ = timed(lambda: frontier(model))
-    figures["requirements_predictions"] = Counted.count
-    # the same with the Python replay: its Model and one prediction in full, the grid from a few points
+    f["requirements_s"], _ = timed(lambda: frontier(model))
+    f["requirements_predictions"] = Counted.count
+    f["compiled"] = fast.library() is not None
+    return f
+
+
+def before(path: Path, rev: str, points: int) -> dict[str, float]:
+    """The code before: protocol/trace.py of `rev` reads the trace, the Python replay predicts (model.replay, made
+    from Msg objects as before); sweep and requirements from the time of `points` predictions."""
+    source = subprocess.run(["git", "show", f"{rev}:protocol/trace.py"], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout
+    old = tempfile.NamedTemporaryFile("w", suffix=".py", delete=False)  # noqa: SIM115
+    old.write(source)
+    old.close()
+    spec = importlib.util.spec_from_file_location("trace_before", old.name)
+    assert spec is not None and spec.loader is not None
+    reader = importlib.util.module_from_spec(spec)
+    sys.modules["trace_before"] = reader  # its dataclasses look their module up
+    spec.loader.exec_module(reader)
+    os.unlink(old.name)
+    f: dict[str, float] = {}
+    f["read_s"], trace = timed(lambda: reader.read(path))
     with fast.python_replay():
-        figures["py_model_s"], py = timed(lambda: Model(trace))
-        figures["py_predict_s"], py_pred = timed(lambda: py.predict(net))
-        points = [Network(r, g) for r, g in zip((1.0, 100.0, 10_000.0), (400.0, 10.0, 1.0))][:baseline_points]
-        each, _ = timed(lambda: [py.predict(p) for p in points])
-    each /= len(points)
-    figures["py_sweep_s"] = each * len(cli.SWEEP_RTTS_US) * len(cli.SWEEP_GBPS)
-    figures["py_requirements_s"] = each * Counted.count
-    figures["same_prediction"] = abs(fast_pred.predicted_s - py_pred.predicted_s) <= 1e-9 * py_pred.predicted_s
-    figures["compiled"] = fast.library() is not None
-    return figures
+        f["model_s"], model = timed(lambda: Model(trace))
+        f["predict_s"], pred = timed(lambda: model.predict(NET))
+        nets = [Network(r, g) for r, g in zip((1.0, 100.0, 10_000.0), (400.0, 10.0, 1.0), strict=True)][:points]
+        each, _ = timed(lambda: [model.predict(n) for n in nets])
+    f["predicted_s"] = pred.predicted_s
+    f["per_prediction_s"] = each / len(nets)
+    return f
 
 
-def table(f: dict[str, object], command: str) -> str:
-    rows = [("read the trace", f["read_s"], f["read_s"], ""),
-            ("build the model", f["py_model_s"], f["model_s"], ""),
-            ("predict (one network)", f["py_predict_s"], f["predict_s"], ""),
-            ("predict, whole command", f["read_s"] + f["py_model_s"] + f["py_predict_s"],  # type: ignore[operator]
-             f["read_s"] + f["model_s"] + f["predict_s"], "<= 1 s"),  # type: ignore[operator]
-            (f"sweep's grid ({len(cli.SWEEP_RTTS_US) * len(cli.SWEEP_GBPS)} predictions)", f["py_sweep_s"],
-             f["sweep_s"], ""),
-            ("sweep, whole command", f["read_s"] + f["py_model_s"] + f["py_sweep_s"],  # type: ignore[operator]
-             f["read_s"] + f["model_s"] + f["sweep_s"], "<= 10 s"),  # type: ignore[operator]
-            (f"requirements at 5% ({f['requirements_predictions']} predictions)", f["py_requirements_s"],
-             f["requirements_s"], "")]
+def command_s(*args: str) -> float:
+    """Wall time of an xpu-perf command, from starting Python to its exit."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "xpuremote.perfmodel.cli", *args], check=True, capture_output=True)
+    return time.perf_counter() - start
+
+
+def child(kind: str, *args: str) -> dict[str, float]:
+    """A phase's figures from a Python of its own, as a command would run it (no other trace in its memory)."""
+    out = subprocess.run([sys.executable, __file__, "--child", kind, *args], check=True, capture_output=True,
+                         text=True).stdout
+    return json.loads(out)
+
+
+def table(new: dict[str, float], old: dict[str, float], whole: dict[str, float], command: str) -> str:
+    grid_n = len(cli.SWEEP_RTTS_US) * len(cli.SWEEP_GBPS)
+    old_sweep, old_req = old["per_prediction_s"] * grid_n, old["per_prediction_s"] * new["requirements_predictions"]
+    rows = [("read the trace", old["read_s"], new["read_s"], ""),
+            ("build the model", old["model_s"], new["model_s"], ""),
+            ("predict (one network)", old["predict_s"], new["predict_s"], ""),
+            ("read + model + predict", old["read_s"] + old["model_s"] + old["predict_s"],
+             new["read_s"] + new["model_s"] + new["predict_s"], "predict <= 1 s"),
+            (f"sweep's grid ({grid_n} predictions)", old_sweep, new["sweep_s"], ""),
+            ("read + model + grid", old["read_s"] + old["model_s"] + old_sweep,
+             new["read_s"] + new["model_s"] + new["sweep_s"], "sweep <= 10 s"),
+            (f"requirements at 5% ({new['requirements_predictions']:.0f} predictions)", old_req,
+             new["requirements_s"], "")]
+    same = abs(new["predicted_s"] - old["predicted_s"]) <= 1e-9 * old["predicted_s"]
     lines = [f"`{command}`", "",
-             f"{f['calls']} calls, {f['messages']} messages; {platform.processor() or platform.machine()}, "
-             f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; compiled replay: {f['compiled']}; "
-             f"same prediction from both: {f['same_prediction']}", "",
-             "| step | Python replay s | compiled replay s | aim |", "|---|---:|---:|---|"]
-    lines += [f"| {name} | {py:.3f} | {c:.3f} | {aim} |" for name, py, c, aim in rows]  # type: ignore[str-format]
-    lines.append("")
-    lines.append("The Python replay's sweep and requirements are its measured time a prediction times their number "
-                 "of predictions.")
+             f"{new['calls']:.0f} calls, {new['messages']:.0f} messages; {platform.machine()}, {os.cpu_count()} CPUs, "
+             f"load average {os.getloadavg()[0]:.1f} at the end; Python {platform.python_version()}; compiled "
+             f"replay: {bool(new['compiled'])}; the same prediction from both: {same}", "",
+             "| step, seconds | before | after | aim |", "|---|---:|---:|---|"]
+    lines += [f"| {name} | {b:.3f} | {a:.3f} | {aim} |" for name, b, a, aim in rows]
+    lines += ["", "| whole command (starting Python, reading, printing), seconds | after |", "|---|---:|"]
+    lines += [f"| `xpu-perf {name}` | {s:.2f} |" for name, s in whole.items()]
+    lines += ["", "Before: the reader of the commit before (protocol/trace.py), the Python replay; its sweep and "
+              "requirements are its time a prediction (the mean of a few) times their number of predictions. "
+              "Each side runs in a Python of its own."]
     return "\n".join(lines)
 
 
@@ -166,15 +207,24 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--calls", type=int, default=1_000_000)
     p.add_argument("--baseline-points", type=int, default=3, choices=(1, 2, 3))
+    p.add_argument("--before", default=BEFORE, help="the commit whose trace reader is the baseline's")
     p.add_argument("--out", help="write the table (markdown) here too")
+    p.add_argument("--child", nargs=2, metavar=("KIND", "TRACE"), help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.child:
+        kind, path = args.child
+        f = after(Path(path)) if kind == "after" else before(Path(path), args.before, args.baseline_points)
+        print(json.dumps(f))
+        return 0
     command = "python bench/perf_speed.py " + " ".join(sys.argv[1:])
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "loop.trace"
         write_s, _ = timed(lambda: write_trace(path, args.calls))
         print(f"wrote {path.stat().st_size / 1e6:.1f} MB in {write_s:.1f} s", file=sys.stderr)
-        figures = measure(path, args.baseline_points)
-    out = table(figures, command.strip())
+        new = child("after", str(path))
+        old = child("before", str(path), "--before", args.before, "--baseline-points", str(args.baseline_points))
+        whole = {f"{verb} loop.trace": command_s(verb, str(path)) for verb in ("predict", "sweep", "requirements")}
+    out = table(new, old, whole, command.strip())
     print(out)
     if args.out:
         Path(args.out).write_text(out + "\n")

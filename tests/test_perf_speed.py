@@ -132,3 +132,54 @@ def test_without_a_compiler_the_python_replay_runs_and_says_so(tmp_path: Path) -
     assert "replays in Python" not in compiled.stderr
     assert python.stderr.count("replays in Python") == 1 and "replay.c did not build" in python.stderr
     assert python.stdout == compiled.stdout and "predicted" in compiled.stdout
+
+
+def reference_read(path: Path) -> tuple[dict, list[trace.Call], list[trace.Message]]:
+    """The format decoded record by record, as protocol/trace.py's docstring describes it (and as its reader did before
+    it read in batches and made its calls on first use)."""
+    import msgpack
+    import zstandard
+
+    data = zstandard.ZstdDecompressor().decompressobj().decompress(path.read_bytes()[len(trace.MAGIC):])
+    values = msgpack.Unpacker(raw=False, strict_map_key=False)
+    values.feed(data)
+    header, names, calls, msgs, ops = next(values), {}, [], [], {}
+    last_call = last_message = 0
+    tick = trace.TICK_NS
+    for rec in values:
+        if rec[0] == trace.NAME:
+            names[rec[1]] = rec[2]
+        elif rec[0] == trace.CALL:
+            last_call += rec[3]
+            calls.append(trace.Call(names[rec[1]], trace.CLASSES[rec[2]], last_call * tick, (last_call + rec[4]) * tick,
+                                    rec[5], rec[6], rec[7], len(rec) > 8 and bool(rec[8])))
+        elif rec[0] == trace.MESSAGE:
+            last_message += rec[3]
+            per_call = None if rec[9] is None else [None if t is None else t * tick for t in rec[9]]
+            msgs.append(trace.Message(rec[1], trace.KINDS[rec[2]], last_message * tick, rec[4], rec[5], rec[6] * tick,
+                                      rec[7], None if rec[8] is None else rec[8] * tick, per_call))
+        elif rec[0] == trace.GPU_OPS:
+            ops.setdefault(rec[1], []).extend(trace.GpuOp(*rec[2][i:i + 4]) for i in range(0, len(rec[2]) - 3, 4))
+    for m in msgs:
+        m.gpu_ops = ops.get(m.seq, [])
+        m.gpu = sum(o.b for o in m.gpu_ops if o.op == trace.WORK) if m.gpu_ops else None
+    return header, calls, sorted(msgs, key=lambda m: m.sent)
+
+
+def test_a_large_trace_reads_as_record_by_record(tmp_path: Path) -> None:
+    """The reader takes a trace in batches and makes its calls and each message's GPU operations on first use
+    (trace.Lazy): what it gives is what decoding record by record gives, before and after they are made, and its
+    lists act as lists (appended to, compared, sliced)."""
+    path = tmp_path / "loop.trace"
+    _bench().write_trace(path, 5_000)
+    header, calls, msgs = reference_read(path)
+    t = trace.read(path)
+    assert isinstance(t.calls, trace.Lazy) and list.__len__(t.calls) == 0, "not made yet"
+    last = max(max(c.ret for c in calls), max(m.sent + m.wait for m in msgs))
+    assert len(t.calls) == len(calls) and t.span_ns == last
+    assert any(c.lane for c in t.calls) and list.__len__(t.calls) < len(calls), "any() stops where it can"
+    assert t.header == header and t.header["wake"]["client"][0] == [100_000, 4_000], "the header's arrays are lists"
+    assert t.messages == msgs and t.calls == calls and t.calls[-1] == calls[-1] and t.calls[:3] == calls[:3]
+    assert t.span_ns == trace.Trace(header, calls, msgs).span_ns
+    t.calls.append(calls[0])
+    assert len(t.calls) == len(calls) + 1 and t.calls[-1] is calls[0]
