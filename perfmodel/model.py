@@ -290,6 +290,7 @@ def replay(msgs: Sequence[Msg], span: float, transport: Transport, net: Network,
 class Model:
     """A trace, ready to be replayed over any network."""
 
+    @fmt.without_gc  # its arrays are made from a million objects or more
     def __init__(self, trace: fmt.Trace, msgs: list[Msg] | None = None, gpu: bool = True) -> None:
         """`msgs`: the trace's messages changed (what-if); the transport is fitted from the originals. `gpu`: keep
         the GPU's queues where the trace has them."""
