@@ -1,19 +1,21 @@
 """How fast xpu-perf answers on a large trace: reading it, building the model, one `predict`, `sweep`'s grid and
-`requirements`' frontier, with the compiled replay (perfmodel/fast.py) and with the pure-Python one, same run.
+`requirements`' frontier, after (this code: the faster reader, the compiled replay of perfmodel/fast.py) and before
+(the reader of commit --before, the pure-Python replay), each in a Python of its own; then the whole commands.
 
-    python bench/perf_speed.py [--calls 1000000] [--baseline-points 3] [--out bench/results/perf-speed.md]
+    python bench/perf_speed.py [--calls 1000000] [--baseline-points 3] [--before COMMIT] [--out FILE.md]
 
 The trace is synthetic but real: written by protocol/trace.py's TraceWriter as a client writes it, with the
-messages a PyTorch training loop makes (perfmodel's docs: a step is a few batches of lane records, a later
-copy and a synchronising call): each step sends four async batches of six lane records (launches and memsets
-on three streams, an event recorded after each batch, a stream waiting for another's event now and then), a
-`later` message (an async copy to the host, read at the next sync) and a sync message (cuStreamSynchronize on
-a stream or the context's), with a few calls answered locally; the server's GPU operations for each (backend
-"cuda": the model keeps the GPU's queues) and a wake-up probe in its header.
+messages a PyTorch training loop makes (docs/xpu-perf.md: a step is a few batches of lane records, a later copy
+and a synchronising call): each step sends four async batches of seven lane records (launches and a memset on
+three streams, an event recorded after them, a stream waiting for another's event once a step), a `later`
+message (an async copy to the host, read at the next sync) and a sync message (cuStreamSynchronize on a stream,
+or cuCtxSynchronize), with two calls answered locally; the server's GPU operations for each (backend "cuda":
+the model keeps the GPU's queues) and a wake-up probe in its header.
 
-The Python replay takes minutes for the whole grid on such a trace, so its `sweep` and `requirements` are
-timed on --baseline-points predictions and scaled to the grid's (and the frontier's, counted in the fast
-run) number of predictions; its reading and model are the same code as the fast run's but for the arrays.
+The Python replay takes minutes for the whole grid on such a trace, so its `sweep` and `requirements` are its
+mean time over --baseline-points predictions times the number of predictions they make (the frontier's counted
+in the compiled run). Before's Model is this code's under fast.python_replay(), which makes its Msg list and
+replays it in Python as the code before did. Figures are wall-clock seconds on whatever else the machine runs.
 """
 
 from __future__ import annotations
