@@ -3,7 +3,7 @@
     python bench/perf_validate.py [--out bench/results/perf-validate.json] [--plot docs/images/validate.png]
                                   [--backend sim|cuda]
 
-The same check as tests/test_perf.py's, written down: examples/workloads.cu in its three mixes
+The fuller form of tests/test_perf.py's accuracy check: examples/workloads.cu in its three mixes
 (round-trip bound, launch bound, bandwidth bound), each recorded once at loopback speed and then
 run over RTT {0, 50, 200, 1000} µs x {1, 10 Gbit/s, unlimited}, in --repeat shuffled rounds of
 three recordings and one run per link; the faster two thirds of each side are compared
@@ -13,7 +13,7 @@ Each table has, beside the prediction, the model's without the GPU's queues (eac
 recorded): the same on the sim, whose GPU times are part of the server's; on a GPU, what they change.
 
 It also draws the rounds again, with replacement, to show how far the worst point may land in a
-validation of as many rounds (the CI test's), and of half as many.
+validation of as many rounds, and of half as many.
 
     python bench/perf_validate.py --torch [--workloads mlp_train,...] [--rtt-us 25,100,500,2000] [--gbps 10,100]
                                   [--size small] [--steps N] [--warmup N] [--new-tokens N] [--out X.json]
