@@ -13,8 +13,9 @@ each (medians), for each idle time:
            in its receive, less the same with the client spinning. The server's own lateness (its
            wait sleeps before it spins) is in both and cancels; what is left is the client's wake-up.
   server   with the client spinning, a round trip sent `idle` after the last answer, on time, less one
-           sent at once: the server's wake-up. Where the session has a data connection this goes there,
-           as the synchronous calls do, and a worker that spins longer than `idle` shows none.
+           sent at once: the server's wake-up. Where the session has a data connection and the server
+           answers a synchronous call there (PING), this goes there, as the synchronous calls do, and a
+           worker that spins longer than `idle` shows none.
 
 It records [idle, extra ns] per idle time in the trace's header as `wake`.
 """
@@ -36,8 +37,9 @@ if TYPE_CHECKING:
 IDLE_NS = (100_000, 300_000, 1_000_000, 3_000_000)
 SAMPLES = 11
 SPIN_NS = 10_000_000  # the client's spin while the probe wants it spinning: longer than any round trip it makes
-# A synchronous call on the data connection that changes nothing: a round trip. Before the application has made
-# a context a GPU may answer it with an error, which is as quick; the answer is not looked at.
+# A synchronous call on the data connection that changes nothing: a round trip. A server whose worker has no
+# current context yet (a GPU's, before the application made one) refuses it, and logs that: the probe then asks
+# it once and stays on ZeroMQ.
 PING = CALLS["cuCtxSynchronize"]
 
 
@@ -70,7 +72,7 @@ def probe(conn: Connection) -> dict[str, object]:
     client = [[idle, _client_extra(conn, idle)] for idle in IDLE_NS]
     spin_ns, blocked = conn.spin_ns, None
     try:
-        if conn.data is not None:
+        if conn.data is not None and conn.call(PING, [], None)[0] == 0:
             blocked = _data_blocked(conn)
             ping: Callable[[], int] = lambda: _data_ping(conn, SPIN_NS)  # noqa: E731
         else:

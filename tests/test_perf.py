@@ -196,6 +196,22 @@ def test_probe_asks_for_a_bounded_wait(server) -> None:
         client.conn.close()
 
 
+def test_probe_stays_on_zeromq_where_the_data_connection_refuses_its_call(server, monkeypatch) -> None:
+    """The probe's round trips on the data connection are a call the server may refuse (a GPU's worker before the
+    application made a context): then it asks once, and measures the server on ZeroMQ, without `blocked`."""
+    client = PyClient(server.address)
+    try:
+        conn = client.conn
+        spin_ns = conn.spin_ns
+        answered = wake.probe(conn)
+        assert isinstance(answered["blocked"], int) and conn.spin_ns == spin_ns, "the client's spin as it was"
+        monkeypatch.setattr(wake, "PING", CALLS["cuDeviceGetCount"])  # a call the client never sends: refused
+        refused = wake.probe(conn)
+        assert refused["blocked"] is None and [i for i, _ in refused["server"]] == list(wake.IDLE_NS)
+    finally:
+        client.conn.close()
+
+
 @pytest.mark.parametrize("link", [{"rtt_us": -1, "gbps": 0}, {"rtt_us": 0, "gbps": "fast"},
                                   {"rtt_us": 0, "gbps": 0, "on": "yes"}])
 def test_init_refuses_a_malformed_link(server, link: dict) -> None:
