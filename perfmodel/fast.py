@@ -213,9 +213,16 @@ def _dense(steps: np.ndarray) -> dict[str, Any]:
             "b": np.ascontiguousarray(b), "n_streams": len(streams), "n_events": max(len(events), 1)}
 
 
+def _macros() -> list[tuple[str, str]]:
+    """The numbers replay.c shares with Python, from where they are defined: the trace's GPU operations and this
+    module's message kinds."""
+    ops = [(f"XPU_GPU_{name.upper()}", str(i)) for i, name in enumerate(fmt.GPU_OPS_NAMES)]
+    return ops + [(f"XPU_KIND_{kind.upper()}", str(n)) for kind, n in KINDS.items()]
+
+
 def _build() -> Path:
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    digest = hashlib.sha256(SOURCE.read_bytes() + CDEF.encode() + repr(cc()).encode()
+    digest = hashlib.sha256(SOURCE.read_bytes() + CDEF.encode() + repr(cc()).encode() + repr(_macros()).encode()
                             + sys.version.encode()).hexdigest()[:16]
     target = cache_root() / f"replay-{digest}{suffix}"
 
@@ -225,7 +232,8 @@ def _build() -> Path:
         ffi = cffi.FFI()
         ffi.cdef(CDEF)
         # no fused multiply-adds: the same roundings as the Python replay
-        ffi.set_source(MODULE, SOURCE.read_text(), extra_compile_args=["-O2", "-ffp-contract=off"])
+        ffi.set_source(MODULE, SOURCE.read_text(), define_macros=_macros(),
+                       extra_compile_args=["-O2", "-ffp-contract=off"])
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # setuptools' own
             os.replace(ffi.compile(tmpdir=tmp, verbose=False), target)

@@ -7,15 +7,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define WORK 0
-#define RECORD 1
-#define WAIT 2
-#define SYNC_ALL 3
-#define SYNC_STREAM 4
-#define SYNC_EVENT 5
-
-#define ASYNC 0
-#define SYNC 1
+/* The GPU operations' numbers (protocol/trace.py's GPU_OPS_NAMES) and the message kinds (fast.py's KINDS) come
+ * from the build (fast.py's _macros), not typed here again. */
+#define WORK XPU_GPU_WORK
+#define RECORD XPU_GPU_RECORD
+#define WAIT XPU_GPU_WAIT
+#define SYNC_ALL XPU_GPU_SYNC_ALL
+#define SYNC_STREAM XPU_GPU_SYNC_STREAM
+#define SYNC_EVENT XPU_GPU_SYNC_EVENT
+#define ASYNC XPU_KIND_ASYNC
+#define SYNC XPU_KIND_SYNC
 
 struct xpu_replay_out {
     double shift, waited, latency, transport, server;
