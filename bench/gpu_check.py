@@ -321,12 +321,13 @@ def _python_fallback(ctx: Context, facts: dict[str, Any]) -> str:
 
 # ---- stage 1: the test suite ----------------------------------------------------------------------
 # What a GPU shows that the sim cannot, first: NVIDIA's math libraries under PyTorch and the runtimes on real
-# kernels. The suite is cut at its limit on a lent machine; the thread races (test_client_core) come later.
+# kernels, and one client over two servers' real driver addresses. The suite is cut at its limit on a lent
+# machine; the thread races (test_client_core) come later.
 # test_torch_math.py comes last of them: its end-to-end tests take minutes, and this call's programs and bench
 # stage run PyTorch's math on the GPU already.
 SUITE_FIRST = ("test_mathlibs.py", "test_torch.py", "test_cudart.py", "test_graphs.py", "test_memory_pools.py",
                "test_sparse.py", "test_sparselt.py", "test_fft.py", "test_linalg.py", "test_nvrtc.py", "test_curand.py",
-               "test_torch_math.py")
+               "test_several_servers.py", "test_torch_math.py")
 
 
 def stage_suite(ctx: Context) -> dict[str, Any]:

@@ -2,7 +2,10 @@
 servers of two devices each, and a program sees four. Calls go to the server of the context, stream, event or
 memory they name; copies between the two servers' devices are staged through the client; a stream of one waits
 for the other's event; peer access between them is refused with the reason. Shown with the driver API (ctypes),
-NVML, stock PyTorch, and torch.distributed's NCCL backend with two ranks on each server under one torchrun."""
+NVML, stock PyTorch, and torch.distributed's NCCL backend with two ranks on each server under one torchrun.
+
+Under XPU_TEST_BACKEND=cuda (the GPU check) the driver API test runs on two cuda servers of one machine, each
+with its GPUs: what the drivers' addresses do in two worker processes is what it shows there."""
 
 from __future__ import annotations
 
@@ -14,11 +17,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SIM_KERNELS, Server, free_port, shim_env, start_server
+from conftest import BACKEND, ROOT, SIM_KERNELS, Server, free_port, shim_env, start_server
 from test_nccl import check_ranks, nccl_calls, nccl_in
 from test_torch import torch_python
 
-pytestmark = pytest.mark.sim_only(reason="two sim servers of two devices each (XPU_SIM_DEVICES), the sim's collectives")
+SIM_ONLY = pytest.mark.sim_only(reason="two sim servers of two devices each (XPU_SIM_DEVICES), the sim's collectives")
 PROGRAMS = ROOT / "tests" / "programs"
 
 
@@ -48,15 +51,18 @@ def test_driver_api_across_two_servers(two_servers: tuple[Server, Server], shim:
                  CUDA_LAUNCH_BLOCKING=blocking)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
-    assert seen["count"] == 4 and seen["nvml_count"] == 4 and seen["nvml_memory"]
-    assert len(set(seen["uuids"])) == 4, "two servers' sim devices are two machines' devices: their UUIDs differ"
+    last = seen["count"] - 1
+    assert seen["count"] == seen["nvml_count"] >= 2 and seen["nvml_memory"]
+    if BACKEND == "sim":  # (two cuda servers of one machine show its GPUs twice)
+        assert seen["count"] == 4 and len(set(seen["uuids"])) == 4, "two sim servers are two machines: UUIDs differ"
     assert seen["dtod"] and seen["by_address"] and seen["on_streams"]
     assert seen["can_access_peer"] == 0
     assert seen["enable_peer_access"] == 217  # CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, and why:
-    assert "devices 0 and 3 are on different servers" in result.stderr
+    assert f"devices 0 and {last} are on different servers" in result.stderr
     assert second.address in result.stderr
 
 
+@SIM_ONLY
 def test_cuda_visible_devices_select_from_both(two_servers: tuple[Server, Server], shim: Path) -> None:
     script = ("import ctypes; cu = ctypes.CDLL('libcuda.so.1'); assert cu.cuInit(0) == 0\n"
               "n = ctypes.c_int(); cu.cuDeviceGetCount(ctypes.byref(n)); u = ctypes.create_string_buffer(16)\n"
@@ -71,6 +77,7 @@ def test_cuda_visible_devices_select_from_both(two_servers: tuple[Server, Server
     assert json.loads(by_uuid.stdout) == [uuids[2]]
 
 
+@SIM_ONLY
 def test_a_server_that_does_not_answer_is_named(two_servers: tuple[Server, Server], shim: Path) -> None:
     absent = f"tcp://127.0.0.1:{free_port()}"
     script = "import ctypes; print(ctypes.CDLL('libcuda.so.1').cuInit(0))"
@@ -82,6 +89,7 @@ def test_a_server_that_does_not_answer_is_named(two_servers: tuple[Server, Serve
     assert twice.stdout.strip() != "0" and "XPU_SERVER names a server twice" in twice.stderr
 
 
+@SIM_ONLY
 def test_torch_across_two_servers(two_servers: tuple[Server, Server]) -> None:
     python = torch_python()
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
@@ -93,6 +101,7 @@ def test_torch_across_two_servers(two_servers: tuple[Server, Server]) -> None:
     assert seen == {"count": 4, "peer": False, "moved": True, "matmul": True, "waited": 3072.0}
 
 
+@SIM_ONLY
 def test_nccl_two_ranks_on_each_server(two_servers: tuple[Server, Server], tmp_path: Path) -> None:
     """torchrun --nproc-per-node 4 under one xpu-run naming both servers: ranks 0 and 1 on the first server's
     devices, 2 and 3 on the second's (LOCAL_RANK indexes the one list); every collective and the DDP step agree
@@ -111,6 +120,7 @@ def test_nccl_two_ranks_on_each_server(two_servers: tuple[Server, Server], tmp_p
         assert len(counts) >= 2 and all(n >= 17 for n in counts[-2:]), counts
 
 
+@SIM_ONLY
 def test_xpu_smi_numbers_both_servers_devices_as_one_list(two_servers: tuple[Server, Server]) -> None:
     smi = Path(sys.executable).parent / "xpu-smi"
     result = subprocess.run([str(smi), "--server", listed(*two_servers), "--json"], capture_output=True, text=True,
