@@ -195,6 +195,21 @@ def test_a_spread_lease_takes_devices_of_several_servers(cluster: Cluster) -> No
     assert spread.release() == 0
 
 
+def test_a_spread_grant_names_its_devices_in_the_programs_one_list() -> None:
+    """What xpu-run hands a program from a spread lease, without a cluster: CUDA_VISIBLE_DEVICES indexes the one
+    list of every named server's devices (the first server's all come first), keys go one per server, and a
+    lease mixing keyed and plain servers is refused."""
+    from xpuremote.client.pool import Grant, Held, PoolError
+
+    grant = Grant([Held("tcp://a:1", [1, 3], "", 4), Held("tcp://b:1", [0], "", 2)], None, [])
+    assert grant.endpoint == "tcp://a:1,tcp://b:1" and grant.visible_devices() == "1,3,4"
+    assert grant.server_keys() == []
+    keyed = Grant([Held("tcp://a:1", [0], "KA", 1), Held("tcp://b:1", [1], "KB", 2)], None, [])
+    assert keyed.server_keys() == ["KA", "KB"] and keyed.visible_devices() == "0,2"
+    with pytest.raises(PoolError, match="mix CURVE keys and plain TCP"):
+        Grant([Held("tcp://a:1", [0], "KA", 1), Held("tcp://b:1", [0], "", 1)], None, []).server_keys()
+
+
 def test_a_server_with_keys_hands_out_its_public_key_and_its_keys_still_apply(cluster: Cluster,
                                                                              tmp_path: Path) -> None:
     keys = make_keys(tmp_path, "server", "alice")
