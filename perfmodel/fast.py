@@ -12,14 +12,8 @@ built or loaded, `library()` is None (said once) and the Python replay runs. XPU
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import importlib.util
 import logging
 import os
-import sys
-import sysconfig
-import tempfile
-import warnings
 from collections.abc import Iterator, Sequence
 from itertools import chain, repeat
 from operator import attrgetter
@@ -32,7 +26,7 @@ except ImportError:  # numpy comes with the plot extra; without it the Python re
     np = None
 
 from xpuremote.protocol import trace as fmt
-from xpuremote.protocol.cbuild import built_once, cache_root, cc
+from xpuremote.protocol.cbuild import cffi_module
 
 from .model import SYNCS, Breakdown, Machines, Msg, Network, Prediction, Transport, Wake, replay
 
@@ -71,7 +65,8 @@ def library() -> tuple[Any, Any] | None:
             log.warning("xpu-perf replays in Python, slower: numpy is not installed (pip install numpy)")
             return None
         try:
-            module = _load(_build())
+            # no fused multiply-adds: the same roundings as the Python replay
+            module = cffi_module(MODULE, SOURCE, CDEF, _macros(), ("-O2", "-ffp-contract=off"))
             _loaded = module.ffi, module.lib
         except Exception as exc:  # a missing compiler, headers or setuptools: the Python replay runs
             log.warning("xpu-perf replays in Python, slower: perfmodel/replay.c did not build or load (%s)", exc)
@@ -218,33 +213,3 @@ def _macros() -> list[tuple[str, str]]:
     module's message kinds."""
     ops = [(f"XPU_GPU_{name.upper()}", str(i)) for i, name in enumerate(fmt.GPU_OPS_NAMES)]
     return ops + [(f"XPU_KIND_{kind.upper()}", str(n)) for kind, n in KINDS.items()]
-
-
-def _build() -> Path:
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    digest = hashlib.sha256(SOURCE.read_bytes() + CDEF.encode() + repr(cc()).encode() + repr(_macros()).encode()
-                            + sys.version.encode()).hexdigest()[:16]
-    target = cache_root() / f"replay-{digest}{suffix}"
-
-    def make() -> None:
-        import cffi
-
-        ffi = cffi.FFI()
-        ffi.cdef(CDEF)
-        # no fused multiply-adds: the same roundings as the Python replay
-        ffi.set_source(MODULE, SOURCE.read_text(), define_macros=_macros(),
-                       extra_compile_args=["-O2", "-ffp-contract=off"])
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # setuptools' own
-            os.replace(ffi.compile(tmpdir=tmp, verbose=False), target)
-
-    return built_once(target, make)
-
-
-def _load(path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(MODULE, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"no module at {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

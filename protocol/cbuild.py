@@ -4,11 +4,17 @@
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import importlib.util
 import os
 import shlex
+import sys
 import sysconfig
+import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def cc() -> list[str]:
@@ -31,3 +37,30 @@ def built_once(target: Path, make: Callable[[], object]) -> Path:
         if not target.exists():
             make()
     return target
+
+
+def cffi_module(name: str, source: Path, cdef: str, macros: list[tuple[str, str]] | None = None,
+                flags: tuple[str, ...] = ("-O2",)) -> Any:
+    """The compiled (API-mode) cffi module `name` of a C file, built once per cache under a name that changes with
+    its source, declarations, macros, compiler and Python, and loaded; any failure to build or load raises."""
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    digest = hashlib.sha256(source.read_bytes() + cdef.encode() + repr((macros, flags, cc())).encode()
+                            + sys.version.encode()).hexdigest()[:16]
+    target = cache_root() / f"{name}-{digest}{suffix}"
+
+    def make() -> None:
+        import cffi
+
+        ffi = cffi.FFI()
+        ffi.cdef(cdef)
+        ffi.set_source(name, source.read_text(), define_macros=macros or [], extra_compile_args=list(flags))
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # setuptools' own, which would reach the application's stderr
+            os.replace(ffi.compile(tmpdir=tmp, verbose=False), target)
+
+    spec = importlib.util.spec_from_file_location(name, built_once(target, make))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no module at {target}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

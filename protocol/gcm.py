@@ -13,18 +13,12 @@ so too with XPU_SEAL_NATIVE=0 (to compare the two: bench/sealing.py, bench/found
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import logging
 import os
-import sys
-import sysconfig
-import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
-from .cbuild import built_once, cache_root, cc
+from .cbuild import cffi_module
 
 log = logging.getLogger("xpuremote.stream")
 
@@ -52,7 +46,7 @@ def library() -> tuple[Any, Any] | None:
         if os.environ.get("XPU_SEAL_NATIVE", "1") == "0":
             return None
         try:
-            module = _load(_build())
+            module = cffi_module(MODULE, SOURCE, CDEF)
             if module.lib.xpu_gcm_usable():
                 _loaded = module.ffi, module.lib
             else:
@@ -62,31 +56,3 @@ def library() -> tuple[Any, Any] | None:
             log.warning("the data connection's small records are sealed through cryptography: gcm.c did not "
                         "build or load (%s)", exc)
     return _loaded
-
-
-def _build() -> Path:
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    digest = hashlib.sha256(SOURCE.read_bytes() + CDEF.encode() + repr(cc()).encode()
-                            + sys.version.encode()).hexdigest()[:16]
-    target = cache_root() / f"gcm-{digest}{suffix}"
-
-    def make() -> None:
-        import cffi
-
-        ffi = cffi.FFI()
-        ffi.cdef(CDEF)
-        ffi.set_source(MODULE, SOURCE.read_text(), extra_compile_args=["-O2"])
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # setuptools' own, which would reach the application's stderr
-            os.replace(ffi.compile(tmpdir=tmp, verbose=False), target)
-
-    return built_once(target, make)
-
-
-def _load(path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(MODULE, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"no module at {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
