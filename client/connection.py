@@ -66,7 +66,9 @@ MAX_BATCH_BYTES = 1 << 20
 MAX_BATCH_DELAY_S = 1e-3  # the flusher sends a batch still growing once it has waited this long
 HEARTBEAT_MS = 1000
 RECEIVE_SLICE_MS = 100  # a wait for an answer looks at the monitor (and its deadline) this often
+RIDE_BYTES = 64 << 10  # an answer the application reads later that is at most this large rides with a batch's
 SET_CONTEXT = CALLS["cuCtxSetCurrent"]
+Rider = tuple[int, Call, list[Any], Callable[[int, list[Any]], None]]  # (index in its batch, call, args, on_answer)
 
 
 
@@ -113,8 +115,10 @@ class Connection:
         self.seq = 0
         self.zmq_seq = 0  # the last batch sent on ZeroMQ: one sent on the data connection is served after it
         self.last_ctx: int | None = None
-        self.later: dict[int, tuple[Call, list[Any], Callable[[int, list[Any]], None]]] = {}  # seq -> its call, args
-        # and the writer of its late answer
+        self.later: dict[int, tuple[Call, list[Any], Callable[[int, list[Any]], None]] | None] = {}  # seq -> its
+        # call, args and the writer of its late answer (None: a batch sent only for the answers riding in it)
+        self.boarding: list[Rider] = []  # calls of the pending batch whose answers ride with its answer
+        self.riders: dict[int, list[Rider]] = {}  # seq -> the riders of that message
         self.early: dict[str, Any] | None = None  # an answer read on ZeroMQ before its call looked there
         self.late_errors: list[list[Any]] = []
         self.blocking = False  # CUDA_LAUNCH_BLOCKING=1: an asynchronous call is sent and waited for (Driver sets it)
@@ -271,6 +275,8 @@ class Connection:
                 self._read_later()
             if values and answer.get("outs"):
                 self._receive_data(answer["outs"], values)
+            if self.riders:
+                self._answer_riders(answer)
             if trace.RECORDER:  # with the bytes that went beside the message on the data connection
                 up, down = _beside(values) if stream else (0, 0)
                 trace.RECORDER.answered(seq, time.monotonic_ns() - self.sent_ns, self.down_bytes + down, up)
@@ -278,17 +284,27 @@ class Connection:
             self.late_errors = []
         return answer.get("status", errors.UNKNOWN), answer.get("outs") or [], deferred
 
-    def call_later(self, call: Call, args: list[Any], ctx: int | None,
-                   on_answer: Callable[[int, list[Any]], None]) -> None:
-        """Send this call now but do not wait: `on_answer(status, outputs)` runs when its answer is
-        read, which is before the answer to any later sync call (the server answers in order). Outputs that are
-        not what `args` asked for (marshal.checked) are not given to it: they fail the next sync call."""
+    def call_later(self, call: Call, args: list[Any], ctx: int | None, on_answer: Callable[[int, list[Any]], None],
+                   answer_bytes: int | None = None) -> None:
+        """Send this call but do not wait: `on_answer(status, outputs)` runs when its answer is read, which is
+        before the answer to any later sync call (the server answers in order). Outputs that are not what `args`
+        asked for (marshal.checked) are not given to it: they fail the next sync call.
+
+        An answer of at most RIDE_BYTES (`answer_bytes`, where the caller knows it) rides with the batch's: the
+        call is queued, and a sync call within the batch window takes it along, its answer coming back with the
+        sync call's on the same channel, in one round trip (a copy to pinned memory and the synchronize after it,
+        as each token of a generation loop makes them); else the flusher sends the batch for its answer."""
         if self.blocking:
             on_answer(errors.SUCCESS, self._blocking(call, args, ctx))
             return
         with self.lock:
             self._check()
             self._queue(call, args, ctx, 0)
+            if answer_bytes is not None and answer_bytes <= RIDE_BYTES:
+                self.boarding.append((len(self.pending) - 1, call, args, on_answer))
+                if not self.batch_open:
+                    self._start_batch()
+                return
             self.later[self._send(reply=True, kind="later")] = (call, args, on_answer)
             self.alarm.arm(self.batch_window_s)  # the flusher reads the answer if no sync call does first
 
@@ -493,6 +509,13 @@ class Connection:
                 self.alarm.arm(self.batch_window_s)
         self.seq += 1
         header = {"op": "calls", "seq": self.seq, "calls": self.pending, "reply": reply}
+        if self.boarding:  # their answers come with this message's: a batch sent only for them is answered too
+            header["answers"] = [rider[0] for rider in self.boarding]
+            self.riders[self.seq], self.boarding = self.boarding, []
+            if not reply:
+                header["reply"] = reply = True
+                kind, self.later[self.seq] = "later", None
+                self.alarm.arm(self.batch_window_s)  # the flusher reads the answer if no sync call does first
         if stream:
             header["after"] = self.zmq_seq
         calls, self.pending, self.pending_bytes = self.pending_calls, [], 0
@@ -691,10 +714,14 @@ class Connection:
             time.sleep(0.0005)
 
     def _answer_later(self, answer: dict[str, Any]) -> None:
-        call, args, on_answer = self.later.pop(answer["seq"])
+        waiting = self.later.pop(answer["seq"])
         if trace.RECORDER:
             trace.RECORDER.answered(answer["seq"], 0, self.down_bytes)
         self.late_errors += answer.get("deferred") or []
+        self._answer_riders(answer)
+        if waiting is None:  # sent only for its riders
+            return
+        call, args, on_answer = waiting
         status = answer.get("status", errors.UNKNOWN)
         if status:
             self.late_errors.append(["a call answered late", status, answer.get("error", "")])
@@ -703,6 +730,26 @@ class Connection:
             on_answer(status, marshal.checked(call, args, answer.get("outs") or []))
         except CudaError as exc:
             self.late_errors.append([call.symbol, exc.code, exc.detail])
+
+    def _answer_riders(self, answer: dict[str, Any]) -> None:
+        """The answers that rode with `answer` (its `answers`: [index, status, outputs] each) to their calls. A
+        failed one was deferred by the server too, and is reported as any asynchronous failure; one missing is
+        said at the next sync call."""
+        riders = self.riders.pop(answer.get("seq"), None)
+        if not riders:
+            return
+        rode = {a[0]: a for a in answer.get("answers") or () if type(a) is list and len(a) == 3}
+        for index, call, args, on_answer in riders:
+            _, status, outs = rode.get(index, (index, None, None))
+            if status is None:
+                self.late_errors.append([call.symbol, errors.UNKNOWN, "the server's answer did not carry its outputs"])
+                continue
+            if status:
+                continue
+            try:
+                on_answer(status, marshal.checked(call, args, outs if type(outs) is list else []))
+            except CudaError as exc:
+                self.late_errors.append([call.symbol, exc.code, exc.detail])
 
     def _check(self) -> None:
         if self.dead:

@@ -352,7 +352,8 @@ def cu_memcpy_dtoh_async(d: Driver, call: Call, args: list[Any]) -> None:
     if not is_pinned(d, dst, size):
         to_host(d, call, args, wire_args, by_data_connection(d, call, args, size))
         return
-    d.session().call_later(call, wire_args, d.wire_ctx(), lambda status, outs: marshal.unpack(call, args, outs))
+    d.session().call_later(call, wire_args, d.wire_ctx(), lambda status, outs: marshal.unpack(call, args, outs),
+                           answer_bytes=size)
 
 
 @implements("cuMemcpyDtoH")

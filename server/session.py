@@ -247,9 +247,15 @@ class Session:
         return answer
 
     # ---- calls ----------------------------------------------------------------------------
-    def run_batch(self, batch: Any, reply: bool) -> dict[str, Any]:
+    def run_batch(self, batch: Any, reply: bool, wanted: Any = None) -> dict[str, Any]:
+        """Run a batch's calls in order; the answer carries the last one's status and outputs where `reply`, and
+        those of the calls at `wanted` (indices: calls whose answers ride with the batch's, client/connection.py)."""
         if not isinstance(batch, list) or not batch:
             raise wire.WireError("calls must be a non-empty list")
+        if wanted is not None and (type(wanted) is not list or not all(type(i) is int for i in wanted)):
+            raise wire.WireError("answers must be a list of call indices")
+        riding: set[int] = set(wanted or ())
+        rode: list[list[Any]] = []
         outs: list[Any] = []
         status = errors.SUCCESS
         timer = self.gpu_timer
@@ -281,15 +287,19 @@ class Session:
                 name = _name_of(item)
                 status = errors.status_for(exc, CALLS[name].library if name in CALLS else "cuda")
                 self.errors += 1
-                if not (last and reply):
+                if not (last and reply) or i in riding:  # a rider's failure is said as an asynchronous call's
                     self.deferred.append((name, status, exc.detail))
                 log.info("%s failed: %s", name, exc)
                 outs = []
+            if i in riding:
+                rode.append([i, status, outs])
         if timer is not None:
             timer.end_message(self.seq)
         if reply and status == errors.SUCCESS and call.symbol == "xpuHostFunc":
             self.awaiting = args[1]  # stop here until the client says the function has run
         answer: dict[str, Any] = {"op": "reply", "status": status, "outs": outs}
+        if riding:
+            answer["answers"] = rode
         if reply and self.deferred:
             answer["deferred"] = [list(d) for d in self.deferred]
             self.deferred.clear()

@@ -368,7 +368,7 @@ def _serve(sock: zmq.Socket, session: Session, message: Message) -> bool:
         elif op == "calls":
             session.per_call = [] if session.measure else None
             session.seq = header.get("seq")
-            answer = session.run_batch(header.get("calls"), bool(header.get("reply")))
+            answer = session.run_batch(header.get("calls"), bool(header.get("reply")), header.get("answers"))
             answer["seq"] = header.get("seq")
             if session.measure:
                 server_ns = time.monotonic_ns() - began + message.decode_ns

@@ -150,3 +150,45 @@ def test_threads_queue_calls_while_the_flusher_sends(server: Server, monkeypatch
         assert client.status_of("cuCtxSynchronize") == errors.SUCCESS
     finally:
         client.close()
+
+
+def test_a_small_answer_read_later_rides_with_the_next_message(server: Server) -> None:
+    """A copy into pinned memory (a call answered later) whose answer is small rides with the batch: the
+    synchronize after it carries it, and both answers come back in one message, the copy's written before the
+    synchronize returns. With no call after it, the flusher sends the batch for its answer; in a batch that
+    fills up, the answer rides with that batch's."""
+    from pyclient import CTX
+
+    from xpuremote.client.connection import MAX_BATCH_CALLS
+    from xpuremote.protocol.calls import CALLS
+
+    client = PyClient(server.address)
+    conn, got = client.conn, []
+    try:
+        ptr = client.alloc(4096)
+        dtoh = CALLS["cuMemcpyDtoHAsync_v2"]
+        for value in (7, 9):
+            client.post("cuMemsetD8Async", ptr, value, 4096, 0)
+            sent = conn.seq
+            conn.call_later(dtoh, [8, ptr, 8, 0], CTX, lambda status, outs: got.append(bytes(outs[0])), answer_bytes=8)
+            client.call("cuStreamSynchronize", 0)
+            assert got[-1] == bytes([value]) * 8, "written before the synchronize returned"
+            assert conn.seq - sent == 1, "the copy and the synchronize went as one message"
+        client.post("cuMemsetD8Async", ptr, 3, 4096, 0)
+        conn.call_later(dtoh, [8, ptr, 8, 0], CTX, lambda status, outs: got.append(bytes(outs[0])), answer_bytes=8)
+        assert wait_for(lambda: got[-1] == bytes([3]) * 8, 5), "the flusher sent it and read the answer"
+        conn.call_later(dtoh, [8, ptr, 8, 0], CTX, lambda status, outs: got.append(bytes(outs[0])), answer_bytes=8)
+        for _ in range(MAX_BATCH_CALLS):  # the batch fills up and goes out with the copy in it
+            client.post("cuMemsetD8Async", ptr + 8, 1, 8, 0)
+        client.call("cuStreamSynchronize", 0)
+        assert len(got) == 4 and got[-1] == bytes([3]) * 8
+        for rode in ("with a sync call", "in the flusher's batch"):  # a failing rider fails the next wait
+            conn.call_later(dtoh, [8, ptr + (1 << 40), 8, 0], CTX, lambda status, outs: got.append(outs),
+                            answer_bytes=8)
+            if rode != "with a sync call":
+                assert wait_for(lambda: not conn.later and not conn.riders and not conn.boarding, 5)
+            assert client.status_of("cuStreamSynchronize", 0) == errors.INVALID_VALUE, rode
+            assert client.status_of("cuStreamSynchronize", 0) == 0 and len(got) == 4
+        assert not conn.later and not conn.riders and not conn.boarding
+    finally:
+        client.close()

@@ -58,6 +58,7 @@ class FakeServer:
         self.inventory = inventory or honest_inventory()
         self.tamper: dict[str, Tamper] = {}
         self.errors: list[str] = []
+        self.rides = True  # answers a batch's `answers` (client/connection.py's riders); False: a server before them
         self.address_seed = 0x7F00_0000_0000
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.ROUTER)
@@ -95,11 +96,16 @@ class FakeServer:
             return reply  # bye
         if not message.get("reply"):
             return None
-        opcode, args = message["calls"][-1]  # a batch is answered by its last call
+        answer = {**reply, "seq": message["seq"], "outs": self._outs(*message["calls"][-1])}  # its last call's
+        if "answers" in message and self.rides:  # and those of the calls whose answers ride with it
+            answer["answers"] = [[i, 0, self._outs(*message["calls"][i])] for i in message["answers"]]
+        return answer
+
+    def _outs(self, opcode: int, args: list[Any]) -> list[Any]:
         call = BY_OPCODE[opcode]
         outs = self.honest(call, args)
         tamper = self.tamper.get(call.symbol)
-        return {**reply, "seq": message["seq"], "outs": tamper(outs) if tamper else outs}
+        return tamper(outs) if tamper else outs
 
     def honest(self, call: Call, args: list[Any]) -> list[Any]:
         """Each output as a server answers it: an address or a handle for a pointer, else HONEST bytes, as many
@@ -297,6 +303,23 @@ def test_a_deferred_copy_into_pinned_memory_takes_only_its_bytes(app: App, serve
     assert app("cuMemcpyDtoHAsync_v2", pinned.address, src, 4096, 0) == 0
     assert app("cuStreamSynchronize", 0) == 0
     assert pinned.value() == bytes([HONEST]) * 4096
+
+
+def test_a_copy_whose_answer_should_ride_but_does_not_fails_the_next_wait(app: App, server: FakeServer,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A server that answers a batch without the answers riding with it (one before them, or a broken one): the
+    copy into pinned memory writes nothing and the synchronisation after it fails, naming the copy."""
+    app.start()
+    src, pinned = app.alloc(64), Pinned(app, 64)
+    server.rides = False
+    assert app("cuMemcpyDtoHAsync_v2", pinned.address, src, 64, 0) == 0
+    assert app("cuStreamSynchronize", 0) == UNKNOWN
+    assert pinned.untouched()
+    assert "cuMemcpyDtoHAsync_v2" in caplog.text and "did not carry its outputs" in caplog.text
+    server.rides = True
+    assert app("cuMemcpyDtoHAsync_v2", pinned.address, src, 64, 0) == 0
+    assert app("cuStreamSynchronize", 0) == 0
+    assert pinned.value() == bytes([HONEST]) * 64
 
 
 @pytest.mark.parametrize("case", ["0: oversized", "0: undersized", "0: an integer"])
