@@ -41,6 +41,15 @@ CLIENT_HANDLE_BASE = 0x7C00_0000_0000
 DEFAULT_SERVER = "tcp://127.0.0.1:17000"
 
 
+def named_servers(text: str) -> list[str]:
+    """The servers XPU_SERVER (or --server) names: one, or several separated by commas, whose devices the
+    application sees as one list in that order (docs/distributed.md, "Several servers, one client")."""
+    named = [s.strip() for s in text.split(",") if s.strip()] or [DEFAULT_SERVER]
+    if len(set(named)) < len(named):
+        raise CudaError(errors.INVALID_VALUE, f"XPU_SERVER names a server twice: {text!r}")
+    return named
+
+
 def implements(*families: str) -> Callable[[Impl], Impl]:
     def register(fn: Impl) -> Impl:
         for family in families:
@@ -150,12 +159,7 @@ class Driver:
         return os.environ.get("XPU_SERVER", DEFAULT_SERVER)
 
     def servers(self) -> list[str]:
-        """The servers XPU_SERVER names: one, or several separated by commas, whose devices the application sees
-        as one list in that order (docs/distributed.md, "Several servers, one client")."""
-        named = [s.strip() for s in self.server().split(",") if s.strip()] or [DEFAULT_SERVER]
-        if len(set(named)) < len(named):
-            raise CudaError(errors.INVALID_VALUE, f"XPU_SERVER names a server twice: {self.server()!r}")
-        return named
+        return named_servers(self.server())
 
     def connect(self) -> Connection:
         """The session with the server, made on first need (cuInit, cuDriverGetVersion)."""

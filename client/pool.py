@@ -136,13 +136,12 @@ def lease(gpus: int, timeout_s: float, say: Callable[[str], None], spread: bool 
     if not spread and largest < gpus:
         raise PoolError(f"no server in the pool has {gpus} devices ({len(known)} servers, the largest has {largest}); "
                         "--spread takes them from several servers")
-    name = pool.lease_group_name(gpus, holder())
-    if spread:  # a share of the server's marker keeps each bundle on a server, as many bundles a server as it holds
-        group = placement_group([{"GPU": 1, pool.RESOURCE: 0.001}] * gpus, strategy="PACK", name=name)
-    else:
-        group = placement_group([{"GPU": gpus, pool.RESOURCE: 1}], name=name)
+    # spread: a GPU a bundle, each with a share of a server's marker (as many bundles a server as it holds GPUs)
+    per_bundle, bundles, marker = (1, gpus, 0.001) if spread else (gpus, 1, 1)
+    group = placement_group([{"GPU": per_bundle, pool.RESOURCE: marker}] * bundles, strategy="PACK",
+                            name=pool.lease_group_name(gpus, holder()))
     granted(group, gpus, known, timeout_s, say)
-    return hold(group, gpus if not spread else 1, gpus if spread else 1)
+    return hold(group, per_bundle, bundles)
 
 
 def granted(group: Any, gpus: int, known: dict[str, dict[str, Any]], timeout_s: float,

@@ -21,7 +21,7 @@ from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.nvml import uuid_text
 
 from .connection import Connection
-from .driver import DEFAULT_SERVER
+from .driver import DEFAULT_SERVER, named_servers
 
 MIB = 1 << 20
 
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     snaps: list[dict[str, Any]] = []
     try:
-        for address in filter(None, (a.strip() for a in args.server.split(","))):
+        for address in named_servers(args.server):
             snaps.append(snapshot(address, args.timeout, sum(len(s["devices"]) for s in snaps)))
     except CudaError as exc:
         print(f"xpu-smi: {exc.detail}", file=sys.stderr)
