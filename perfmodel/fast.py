@@ -12,6 +12,7 @@ built or loaded, `library()` is None (said once) and the Python replay runs. XPU
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -49,28 +50,24 @@ void xpu_replay(size_t n, const double *sent, const int8_t *kind, const int64_t 
 COLUMNS = ("sent", "kind", "up", "down", "server", "wait", "blocked", "gpu_start", "offset", "op", "a", "ev", "b")
 C_TYPES = {"float64": "double[]", "int8": "int8_t[]", "int32": "int32_t[]", "int64": "int64_t[]"}
 KINDS = {"async": 0, "sync": 1}  # any other kind (later) is 2: answered, its answer read by whoever comes next
-_loaded: tuple[Any, Any] | None = None
-_tried = False
 _python = False  # python_replay() in force
 
 
+@functools.cache
 def library() -> tuple[Any, Any] | None:
     """(ffi, lib), built on first use; None where it cannot be."""
-    global _loaded, _tried
-    if not _tried:
-        _tried = True
-        if os.environ.get("XPU_PERF_NATIVE", "1") == "0":
-            return None
-        if np is None:
-            log.warning("xpu-perf replays in Python, slower: numpy is not installed (pip install numpy)")
-            return None
-        try:
-            # no fused multiply-adds: the same roundings as the Python replay
-            module = cffi_module(MODULE, SOURCE, CDEF, _macros(), ("-O2", "-ffp-contract=off"))
-            _loaded = module.ffi, module.lib
-        except Exception as exc:  # a missing compiler, headers or setuptools: the Python replay runs
-            log.warning("xpu-perf replays in Python, slower: perfmodel/replay.c did not build or load (%s)", exc)
-    return _loaded
+    if os.environ.get("XPU_PERF_NATIVE", "1") == "0":
+        return None
+    if np is None:
+        log.warning("xpu-perf replays in Python, slower: numpy is not installed (pip install numpy)")
+        return None
+    try:
+        # no fused multiply-adds: the same roundings as the Python replay
+        module = cffi_module(MODULE, SOURCE, CDEF, _macros(), ("-O2", "-ffp-contract=off"))
+    except Exception as exc:  # a missing compiler, headers or setuptools: the Python replay runs
+        log.warning("xpu-perf replays in Python, slower: perfmodel/replay.c did not build or load (%s)", exc)
+        return None
+    return module.ffi, module.lib
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ so too with XPU_SEAL_NATIVE=0 (to compare the two: bench/sealing.py, bench/found
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -34,25 +35,19 @@ int xpu_gcm_open(const struct xpu_gcm *g, uint64_t count, uint8_t *record, size_
 int64_t xpu_gcm_open_first(const struct xpu_gcm *g, uint64_t count, uint8_t *raw, size_t got, size_t most,
                            uint8_t *out);
 """
-_loaded: tuple[Any, Any] | None = None
-_tried = False
-
-
+@functools.cache
 def library() -> tuple[Any, Any] | None:
     """(ffi, lib), built on first use; None where it cannot be."""
-    global _loaded, _tried
-    if not _tried:
-        _tried = True
-        if os.environ.get("XPU_SEAL_NATIVE", "1") == "0":
-            return None
-        try:
-            module = cffi_module(MODULE, SOURCE, CDEF)
-            if module.lib.xpu_gcm_usable():
-                _loaded = module.ffi, module.lib
-            else:
-                log.info("this CPU has no AES-NI or PCLMULQDQ: the data connection's records are all sealed "
-                         "through cryptography")
-        except Exception as exc:  # a missing compiler, headers or setuptools: the records go through cryptography
-            log.warning("the data connection's small records are sealed through cryptography: gcm.c did not "
-                        "build or load (%s)", exc)
-    return _loaded
+    if os.environ.get("XPU_SEAL_NATIVE", "1") == "0":
+        return None
+    try:
+        module = cffi_module(MODULE, SOURCE, CDEF)
+    except Exception as exc:  # a missing compiler, headers or setuptools: the records go through cryptography
+        log.warning("the data connection's small records are sealed through cryptography: gcm.c did not "
+                    "build or load (%s)", exc)
+        return None
+    if not module.lib.xpu_gcm_usable():
+        log.info("this CPU has no AES-NI or PCLMULQDQ: the data connection's records are all sealed through "
+                 "cryptography")
+        return None
+    return module.ffi, module.lib
