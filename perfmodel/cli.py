@@ -52,11 +52,21 @@ def describe(pred: Prediction, model: Model) -> str:
              "where the predicted time goes:"]
     lines += [f"  {name:<40} {seconds * 1e3:10.2f} ms  {seconds / pred.predicted_s:6.1%}"
               for name, seconds in parts if pred.predicted_s]
-    gpu = [m.gpu for m in model.trace.messages if m.gpu is not None]
-    if gpu:
-        how = "the model queues it per stream" if any(m.gpu for m in model.msgs) else "part of the server's time"
-        lines.append(f"GPU work measured in the recorded run: {sum(gpu) / 1e6:.2f} ms ({how})")
+    gpu = _gpu_ns(model.trace)
+    if gpu is not None:
+        how = "the model queues it per stream" if model.queues_gpu() else "part of the server's time"
+        lines.append(f"GPU work measured in the recorded run: {gpu / 1e6:.2f} ms ({how})")
     return "\n".join(lines)
+
+
+def _gpu_ns(trace: fmt.Trace) -> int | None:
+    """The GPU time the trace's messages measured (None: none did), from its columns where it has them."""
+    columns = trace.columns
+    if columns is not None:
+        measured = ~columns.gpu_nil
+        return int(columns.gpu[measured].sum()) if measured.any() else None
+    gpu = [m.gpu for m in trace.messages if m.gpu is not None]
+    return sum(gpu) if gpu else None
 
 
 def _size(n: float) -> str:

@@ -110,11 +110,13 @@ class Replayer:
 
 def of_trace(trace: fmt.Trace, overlap: bool, msgs: Sequence[Msg]) -> Replayer:
     """The Replayer of `msgs`, which are model.messages(trace) (with the GPU's operations where `overlap`), its
-    arrays made from the trace's messages directly, in numpy's loops rather than Python's: `msgs` are made only
-    where the Python replay runs."""
+    arrays made from the trace's columns (trace.columns) where the C reader read it, else from its messages, in
+    numpy's loops rather than Python's: `msgs` are made only where the Python replay runs."""
     if _python or library() is None:
         return Replayer(msgs)
-    return Replayer(msgs, _trace_arrays(trace.messages, overlap))
+    columns = trace.columns
+    source = _columns_source(columns, overlap) if columns is not None else _messages_source(trace.messages, overlap)
+    return Replayer(msgs, _trace_arrays(source))
 
 
 def _prediction(out: Any, span: float, net: Network) -> Prediction:
@@ -153,8 +155,10 @@ def _arrays(msgs: Sequence[Msg]) -> dict[str, Any]:
     return col
 
 
-def _trace_arrays(messages: Sequence[fmt.Message], overlap: bool) -> dict[str, Any]:
-    """_arrays(model.messages(...)) made from the trace's messages: model.msg's arithmetic over columns."""
+def _messages_source(messages: Sequence[fmt.Message], overlap: bool) -> dict[str, Any]:
+    """What _trace_arrays takes, from the trace's Message objects: the messages' numbers, each one's GPU operations
+    where `overlap` (`counts`, and their rows in `flat`), and the server's time on each item of those that have any
+    (`sizes`, and their `times`; nil 0)."""
     n = len(messages)
     col = {name: np.fromiter(map(attrgetter(name), messages), np.float64, n) for name in ("sent", "wait")}
     col["server"] = np.nan_to_num(np.array(list(map(attrgetter("server"), messages)), np.float64), nan=0.0)
@@ -163,15 +167,40 @@ def _trace_arrays(messages: Sequence[fmt.Message], overlap: bool) -> dict[str, A
     col["kind"] = np.fromiter(map(KINDS.get, map(attrgetter("kind"), messages), repeat(2)), np.int8, n)
     flats = [ops.flat if type(ops) is fmt.GpuOps else tuple(chain.from_iterable(ops))
              for ops in map(attrgetter("gpu_ops"), messages)] if overlap else [()] * n
-    counts = np.fromiter(map(len, flats), np.int64, n) // 4
+    col["counts"] = np.fromiter(map(len, flats), np.int64, n) // 4
+    col["flat"] = np.array(list(chain.from_iterable(flats)), np.int64).reshape(-1, 4)
+    items = [m.per_call or () if c else () for m, c in zip(messages, col["counts"].tolist(), strict=True)]
+    col["sizes"] = np.fromiter(map(len, items), np.int64, n)
+    col["times"] = np.nan_to_num(np.array(list(chain.from_iterable(items)), np.float64), nan=0.0)
+    return col
+
+
+def _columns_source(c: fmt.Columns, overlap: bool) -> dict[str, Any]:
+    """_messages_source of the messages the columns `c` are, made from them."""
+    n = len(c)
+    kinds = np.array([KINDS.get(kind, 2) for kind in fmt.KINDS], np.int8)
+    col = {"sent": c.sent.astype(np.float64), "wait": c.wait.astype(np.float64),
+           "server": np.where(c.server_nil, 0, c.server).astype(np.float64), "up": c.up, "down": c.down,
+           "kind": kinds[c.kind]}
+    col["counts"] = np.diff(c.ops_start) if overlap else np.zeros(n, np.int64)
+    col["flat"] = c.ops if overlap else np.zeros((0, 4), np.int64)
+    timed = (col["counts"] > 0) & ~c.per_call_nil
+    col["sizes"] = np.where(timed, np.diff(c.items_start), 0)
+    kept = np.repeat(timed, np.diff(c.items_start))
+    col["times"] = np.where(c.item_nil, 0, c.item)[kept].astype(np.float64)
+    return col
+
+
+def _trace_arrays(src: dict[str, Any]) -> dict[str, Any]:
+    """_arrays(model.messages(...)) made from a source of them (_messages_source, _columns_source): model.msg's
+    arithmetic over columns."""
+    n, counts, sizes = len(src["sent"]), src["counts"], src["sizes"]
+    col = {name: src[name] for name in ("sent", "wait", "server", "up", "down", "kind")}
     col["gpu_start"] = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-    flat = np.array(list(chain.from_iterable(flats)), np.int64).reshape(-1, 4).astype(np.float64)
+    flat = src["flat"].astype(np.float64)
     owner = np.repeat(np.arange(n), counts)  # each step's message
     # where each item began in the server's time on its message: the items' times summed, per message
-    items = [m.per_call or () if c else () for m, c in zip(messages, counts.tolist(), strict=True)]
-    sizes = np.fromiter(map(len, items), np.int64, n)
-    times = np.nan_to_num(np.array(list(chain.from_iterable(items)), np.float64), nan=0.0)
-    summed = np.concatenate(([0.0], np.cumsum(times)))
+    summed = np.concatenate(([0.0], np.cumsum(src["times"])))
     base = np.concatenate(([0], np.cumsum(sizes)))[:-1]
     pos = flat[:, 0].astype(np.int64)
     index = np.where(pos < 0, pos + sizes[owner], pos)

@@ -230,12 +230,26 @@ def fit_transport(msgs: Iterable[Msg], recorded: Network) -> Transport:
     """The recorded run's transport, from its round trips: wait = base + bytes * per_byte + server,
     plus the network the trace was recorded on. Medians: a round trip that queued behind
     earlier work on the server is an outlier here, not a sample."""
-    small, large = [], []
-    for m in msgs:
-        if m.kind != "sync":
-            continue
-        rest = m.wait - m.server - recorded.rtt_us * 1e3 - recorded.serialise_ns(m.up + m.down)
-        (small if m.up + m.down < SMALL_BYTES else large).append((rest, m.up + m.down))
+    return _fit([(m.wait - m.server - recorded.rtt_us * 1e3 - recorded.serialise_ns(m.up + m.down), m.up + m.down)
+                 for m in msgs if m.kind == "sync"])
+
+
+def fit_transport_columns(c: fmt.Columns, recorded: Network) -> Transport:
+    """fit_transport of the messages the columns `c` are (trace.columns): the same arithmetic, over arrays."""
+    import numpy as np
+
+    sync = c.kind == fmt.KINDS.index("sync")
+    nbytes = c.up[sync] + c.down[sync]
+    server = np.where(c.server_nil[sync], 0, c.server[sync]).astype(np.float64)
+    serialise = nbytes * 8 / recorded.gbps if recorded.gbps > 0 else 0.0
+    rest = c.wait[sync].astype(np.float64) - server - recorded.rtt_us * 1e3 - serialise
+    return _fit(list(zip(rest.tolist(), nbytes.tolist(), strict=True)))
+
+
+def _fit(trips: list[tuple[float, int]]) -> Transport:
+    """The transport of the round trips (what their waits leave beyond the server and the recorded network, bytes)."""
+    small = [(r, n) for r, n in trips if n < SMALL_BYTES]
+    large = [(r, n) for r, n in trips if n >= SMALL_BYTES]
     base = statistics.median(r for r, _ in small) if small else 0.0
     per_byte = statistics.median(max(0.0, r - base) / n for r, n in large) if large else 0.0
     return Transport(max(0.0, base), per_byte)
@@ -299,9 +313,12 @@ class Model:
         overlap = gpu and gpu_overlaps(trace)
         recorded = fmt.Lazy(len(trace.messages), (msg(m, overlap) for m in trace.messages))
         self.msgs = recorded if msgs is None else msgs
+        self.overlap, self.changed = overlap, msgs is not None
         link = trace.link
         self.recorded = Network(link.get("rtt_us", 0.0), link.get("gbps", 0.0))
-        self.transport = fit_transport((msg(m, False) for m in trace.messages if m.kind == "sync"), self.recorded)
+        columns = trace.columns  # the messages as numpy arrays, where the C reader read the trace
+        self.transport = fit_transport_columns(columns, self.recorded) if columns is not None else \
+            fit_transport((msg(m, False) for m in trace.messages if m.kind == "sync"), self.recorded)
         self.machines = Machines.from_header(trace.header.get("wake"), trace.header.get("spin_us"))
         self.span = float(trace.span_ns)
         from . import fast  # replay() compiled, over arrays made once here (fast.py)
@@ -317,6 +334,13 @@ class Model:
         """The same trace with its GPU operations left out: each message's server time as recorded, waits for the
         GPU included (the model before it kept the GPU's queues)."""
         return Model(self.trace, gpu=False)
+
+    def queues_gpu(self) -> bool:
+        """Whether the replay keeps the GPU's queues for any message (any Msg has GPU steps)."""
+        columns = self.trace.columns
+        if columns is None or self.changed:
+            return any(m.gpu for m in self.msgs)
+        return self.overlap and len(columns.ops) > 0
 
     def predict(self, net: Network) -> Prediction:
         pred = self.replayer(self.span, self.transport, net, self.machines)

@@ -55,7 +55,10 @@ A trace cut short (the process killed) reads up to its last complete block.
 
 from __future__ import annotations
 
+import functools
 import gc
+import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -69,6 +72,8 @@ from typing import Any, BinaryIO, NamedTuple, TypeVar
 import msgpack
 import zstandard
 
+from .cbuild import cffi_module
+
 MAGIC = b"XPUTRACE"
 VERSION = 3
 READS = (1, 2, 3)  # version 1 has no lane records; 1-2 a GPU time per message, not its GPU operations
@@ -79,6 +84,9 @@ CLASSES = ("local", "async", "shadow", "sync", "internal")
 KINDS = ("async", "sync", "later")  # later: sent at once, its answer read by whoever comes next
 FLUSH_RECORDS = 4096
 TICK_NS = 100  # finer than any call's own cost; the noise below it would not compress
+CHUNK = 1 << 20  # bytes read, decompressed or unpacked at a time
+
+log = logging.getLogger("xpuremote.trace")
 
 
 T = TypeVar("T")
@@ -252,13 +260,50 @@ class Trace:
     @property
     def span_ns(self) -> int:
         """The recorded run: from the session being up to the last call's return."""
-        calls = self.calls
+        calls, messages = self.calls, self.messages
         last = calls.last_return() if isinstance(calls, Calls) else max((c.ret for c in calls), default=0)
-        return max(last, max((m.sent + m.wait for m in self.messages), default=0))
+        answered = messages.last_answer() if isinstance(messages, Messages) else \
+            max((m.sent + m.wait for m in messages), default=0)
+        return max(last, answered)
 
     @property
     def link(self) -> dict[str, float]:
         return self.header.get("link") or {"rtt_us": 0.0, "gbps": 0.0}
+
+    @property
+    def columns(self) -> Columns | None:
+        """The messages as the C reader read them, as numpy arrays (None where the Python reader read the trace, or
+        `messages` is no longer the list the reader gave). They follow no change made to a Message in place."""
+        messages = self.messages
+        return messages.columns if isinstance(messages, Messages) else None
+
+
+@dataclass
+class Columns:
+    """A trace's messages as columns, in send order as Trace.messages: numpy arrays, times in ns. Where the format
+    allows nil, a mask says which are (their value 0). Message i's items of per_call are item[items_start[i]:
+    items_start[i + 1]], its GPU operations the rows ops_start[i]:ops_start[i + 1] of `ops` (pos, op, a, b)."""
+
+    seq: Any
+    kind: Any  # an index into KINDS (int8)
+    sent: Any
+    up: Any
+    n: Any
+    wait: Any
+    down: Any
+    server: Any
+    server_nil: Any
+    per_call_nil: Any
+    items_start: Any
+    item: Any
+    item_nil: Any
+    ops_start: Any
+    ops: Any  # (operations, 4) int64
+    gpu: Any  # Message.gpu: the work's time where it has operations, else the GPU record's (versions 1-2)
+    gpu_nil: Any
+
+    def __len__(self) -> int:
+        return len(self.seq)
 
 
 def without_gc(fn: Callable[..., T]) -> Callable[..., T]:
@@ -279,21 +324,67 @@ def without_gc(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 @without_gc
-def read(path: str | Path) -> Trace:
+def read(path: str | Path, native: bool = True) -> Trace:
+    """The trace at `path`: read into columns in C (trace_reader.c) where it builds and `native`, else in Python;
+    the two give equal Traces. Anything malformed is a TraceError."""
     with open(path, "rb") as f:
         if f.read(len(MAGIC)) != MAGIC:
             raise TraceError(f"{path} is not an xpuremote trace")
-        batches = _batches(f)
-        first = next(batches, [])
-        header = _lists(first[0]) if first else None
+        data = _decompressed(f)
+    try:
+        header, offset = _header(data)
         if not isinstance(header, dict) or header.get("version") not in READS:
             version = header.get("version") if isinstance(header, dict) else None
             raise TraceError(f"{path}: trace format version {version!r}, this reader knows "
                              f"{', '.join(map(str, READS))}")
+        lib = library() if native else None
+        if lib is not None:
+            return _read_columns(lib, header, data, offset, str(path))
         trace = Trace(header)
-        _fill(trace, chain([first[1:]], batches))
+        _fill(trace, _batches(data, offset))
+    except TraceError:
+        raise
+    except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException) as exc:
+        raise TraceError(f"{path}: a malformed record ({type(exc).__name__}: {exc})") from None
     trace.messages.sort(key=attrgetter("sent"))
     return trace
+
+
+def _decompressed(f: BinaryIO) -> bytes:
+    """The records' stream, as far as it can be decompressed (damaged: what came before)."""
+    decompressor = zstandard.ZstdDecompressor().decompressobj()
+    out = []
+    while chunk := f.read(CHUNK):
+        try:
+            out.append(decompressor.decompress(chunk))
+        except zstandard.ZstdError:
+            break
+    return b"".join(out)
+
+
+def _unpacker() -> msgpack.Unpacker:
+    # tuples, not lists: records of numbers only, which the garbage collector stops following once it has seen them
+    return msgpack.Unpacker(raw=False, strict_map_key=False, use_list=False)
+
+
+def _header(data: bytes) -> tuple[Any, int]:
+    """The stream's first value (None if it has none), its arrays as lists; and where the records begin."""
+    unpacker, view = _unpacker(), memoryview(data)
+    for at in range(0, len(data), CHUNK):
+        unpacker.feed(view[at:at + CHUNK])
+        try:
+            return _lists(unpacker.unpack()), unpacker.tell()
+        except msgpack.OutOfData:
+            continue
+    return None, len(data)
+
+
+def _batches(data: bytes, offset: int) -> Iterator[list[Any]]:
+    """The records after `offset`, as many as each piece of the stream completes (a list each)."""
+    unpacker, view = _unpacker(), memoryview(data)
+    for at in range(offset, len(data), CHUNK):
+        unpacker.feed(view[at:at + CHUNK])
+        yield list(unpacker)
 
 
 class Lazy(list):  # noqa: FURB189  (a list, for all who take it as one)
@@ -342,6 +433,9 @@ def _made_first(name: str) -> Any:
 
     def made(self: Lazy, *args: Any, **kwargs: Any) -> Any:
         self._make()
+        for other in args:  # list's own methods read another Lazy's items as they are: made or not
+            if isinstance(other, Lazy):
+                other._make()
         return method(self, *args, **kwargs)
 
     made.__name__ = name
@@ -356,14 +450,27 @@ for _name in ("__getitem__", "__setitem__", "__delitem__", "__contains__", "__re
 
 
 class Calls(Lazy):
-    """A trace's calls as read, made from their records on first use; the last one's return known before."""
+    """A trace's calls as read, made on first use; the last one's return known before."""
 
-    def __init__(self, records: list[list[Any]], names: dict[int, str]) -> None:
-        super().__init__(len(records), _calls(records, names))
-        self._last = max(map(add, accumulate(map(itemgetter(3), records)), map(itemgetter(4), records)), default=0)
+    def __init__(self, n: int, items: Iterable[Call], last_return: int) -> None:
+        super().__init__(n, items)
+        self._last = last_return
 
     def last_return(self) -> int:
-        return self._last * TICK_NS if self._items is not None else max((c.ret for c in self), default=0)
+        return self._last if self._items is not None else max((c.ret for c in self), default=0)
+
+
+class Messages(Lazy):
+    """A trace's messages as the C reader read them (`columns`), made into Message objects on first use; when the
+    last answer came (max of sent + wait) known before."""
+
+    def __init__(self, columns: Columns, items: Iterable[Message], last_answer: int) -> None:
+        super().__init__(len(columns), items)
+        self.columns = columns
+        self._last = last_answer
+
+    def last_answer(self) -> int:
+        return self._last if self._items is not None else max((m.sent + m.wait for m in self), default=0)
 
 
 def _calls(records: list[list[Any]], names: dict[int, str]) -> Iterator[Call]:
@@ -377,20 +484,6 @@ def _calls(records: list[list[Any]], names: dict[int, str]) -> Iterator[Call]:
 
 def _ns(ticks: int | None) -> int | None:
     return None if ticks is None else ticks * TICK_NS
-
-
-def _batches(f: BinaryIO) -> Iterator[list[Any]]:
-    """The values, as many as each piece of the file completes (a list each; the first one holds at least one)."""
-    # tuples, not lists: records of numbers only, which the garbage collector stops following once it has seen them
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, use_list=False)
-    decompressor = zstandard.ZstdDecompressor().decompressobj()
-    while chunk := f.read(1 << 20):
-        try:
-            unpacker.feed(decompressor.decompress(chunk))
-        except zstandard.ZstdError:
-            return  # damaged: keep what came before
-        if batch := list(unpacker):
-            yield batch
 
 
 def _lists(value: Any) -> Any:
@@ -422,7 +515,10 @@ def _fill(trace: Trace, batches: Iterator[list[Any]]) -> None:
         is_call = list(map(CALL.__eq__, map(itemgetter(0), batch)))
         calls += compress(batch, is_call)
         _others(trace, compress(batch, map(not_, is_call)), names, gpu, ops)
-    trace.calls = Calls(calls, names)
+    if unknown := set(map(itemgetter(1), calls)) - names.keys():
+        raise TraceError(f"calls named by number {min(unknown)}, which no NAME record defines")
+    last = max(map(add, accumulate(map(itemgetter(3), calls)), map(itemgetter(4), calls)), default=0)
+    trace.calls = Calls(len(calls), _calls(calls, names), last * TICK_NS)
     work = dict(zip(ops, _work(list(ops.values())), strict=True))
     for m in trace.messages:
         flat = ops.get(m.seq)
@@ -462,3 +558,201 @@ def _others(trace: Trace, records: Iterator[list[Any]], names: dict[int, str], g
             trace.end = rec[1] * TICK_NS
         else:
             raise TraceError(f"unknown record kind {kind}")
+
+
+# ---- reading into columns, in C (trace_reader.c) --------------------------------------------------------------
+SOURCE = Path(__file__).with_name("trace_reader.c")
+MODULE = "_xpuremote_trace_reader"
+CDEF = """
+struct xpu_trace_counts {
+    int64_t names, calls, messages, items, gpus, op_records, ops;
+    int64_t end;
+    int32_t has_end;
+    size_t used;
+    int64_t record;
+    size_t error_at;
+    char error[160];
+};
+struct xpu_trace_columns {
+    int64_t *name_id, *name_at, *name_len;
+    int64_t *call_name, *call_entry, *call_ret, *call_stream, *call_seq, *call_pos;
+    int8_t *call_cls, *call_lane;
+    int64_t *msg_seq, *msg_sent, *msg_up, *msg_n, *msg_wait, *msg_down, *msg_server, *msg_items;
+    int8_t *msg_kind, *msg_server_nil, *msg_items_nil;
+    int64_t *item;
+    int8_t *item_nil;
+    int64_t *gpu_seq, *gpu_ns;
+    int64_t *ops_seq, *ops_n, *ops;
+};
+int xpu_trace_read(const uint8_t *data, size_t n, struct xpu_trace_counts *c, struct xpu_trace_columns *out);
+"""
+# each column of struct xpu_trace_columns: its numpy type and the count that sizes it
+C_COLUMNS = {
+    **dict.fromkeys(("name_id", "name_at", "name_len"), ("int64", "names")),
+    **dict.fromkeys(("call_name", "call_entry", "call_ret", "call_stream", "call_seq", "call_pos"), ("int64", "calls")),
+    **dict.fromkeys(("call_cls", "call_lane"), ("int8", "calls")),
+    **dict.fromkeys(("msg_seq", "msg_sent", "msg_up", "msg_n", "msg_wait", "msg_down", "msg_server", "msg_items"),
+                    ("int64", "messages")),
+    **dict.fromkeys(("msg_kind", "msg_server_nil", "msg_items_nil"), ("int8", "messages")),
+    "item": ("int64", "items"), "item_nil": ("int8", "items"),
+    **dict.fromkeys(("gpu_seq", "gpu_ns"), ("int64", "gpus")),
+    **dict.fromkeys(("ops_seq", "ops_n"), ("int64", "op_records")),
+    "ops": ("int64", "ops"),
+}
+C_TYPES = {"int64": "int64_t *", "int8": "int8_t *"}
+
+
+@functools.cache
+def library() -> tuple[Any, Any] | None:
+    """(ffi, lib), built on first use; None where it cannot be (said once): the Python reader runs."""
+    if os.environ.get("XPU_TRACE_NATIVE", "1") == "0":
+        return None
+    try:
+        import numpy  # noqa: F401  (the columns are numpy's)
+
+        module = cffi_module(MODULE, SOURCE, CDEF, _macros())
+    except Exception as exc:  # no numpy, or a missing compiler, headers or setuptools
+        log.warning("traces are read in Python, slower: protocol/trace_reader.c did not build or load (%s)", exc)
+        return None
+    return module.ffi, module.lib
+
+
+def _macros() -> list[tuple[str, str]]:
+    """The numbers trace_reader.c shares with Python, from where they are defined here."""
+    kinds = ("NAME", "CALL", "MESSAGE", "END", "GPU", "GPU_OPS")
+    return [*((f"XPU_REC_{k}", str(globals()[k])) for k in kinds), ("XPU_TICK_NS", str(TICK_NS)),
+            ("XPU_N_CLASSES", str(len(CLASSES))), ("XPU_N_KINDS", str(len(KINDS)))]
+
+
+def _read_columns(lib: tuple[Any, Any], header: dict[str, Any], data: bytes, offset: int, path: str) -> Trace:
+    """The trace whose records are data[offset:], read by trace_reader.c into columns: a count, then a fill."""
+    import numpy as np
+
+    ffi, c = lib
+    buffer = ffi.from_buffer(data)
+    start = ffi.cast("const uint8_t *", buffer) + offset
+    counts = ffi.new("struct xpu_trace_counts *")
+    _check(c.xpu_trace_read(start, len(data) - offset, counts, ffi.NULL), counts, ffi, offset, path)
+    col = {name: np.empty(getattr(counts, n) * (4 if name == "ops" else 1), dtype)
+           for name, (dtype, n) in C_COLUMNS.items()}
+    out = ffi.new("struct xpu_trace_columns *")
+    buffers = [ffi.from_buffer(array) for array in col.values()]  # alive until the fill returns
+    for name, b in zip(col, buffers, strict=True):
+        setattr(out, name, ffi.cast(C_TYPES[col[name].dtype.name], b))
+    _check(c.xpu_trace_read(start, counts.used, counts, out), counts, ffi, offset, path)  # its whole records
+    names = {ident: bytes(data[offset + at:offset + at + n]).decode()
+             for ident, at, n in zip(col["name_id"].tolist(), col["name_at"].tolist(), col["name_len"].tolist(),
+                                     strict=True)}
+    _named(col["call_name"], names)
+    columns = _message_columns(col)
+    answered = int((columns.sent + columns.wait).max()) if len(columns) else 0
+    last = int(col["call_ret"].max()) if len(col["call_ret"]) else 0
+    return Trace(header, Calls(int(counts.calls), _calls_of(col, names), last),
+                 Messages(columns, _messages_of(columns), answered), int(counts.end) if counts.has_end else None)
+
+
+def _check(rc: int, counts: Any, ffi: Any, offset: int, path: str) -> None:
+    if rc != 0:
+        raise TraceError(f"{path}: record {counts.record} of the trace (byte {offset + counts.error_at} of its "
+                         f"stream): {ffi.string(counts.error).decode()}")
+
+
+def _named(idents: Any, names: dict[int, str]) -> None:
+    """Refuses calls whose name no NAME record defines."""
+    import numpy as np
+
+    defined = np.fromiter(names, np.int64, len(names))
+    if len(idents) and not np.isin(idents, defined).all():
+        missing = np.setdiff1d(idents, defined)
+        raise TraceError(f"calls named by number {missing[0]}, which no NAME record defines")
+
+
+def _ranges(starts: Any, counts: Any) -> Any:
+    """The indices starts[0]..+counts[0], starts[1]..+counts[1], ... as one array."""
+    import numpy as np
+
+    ends = np.cumsum(counts)
+    return np.repeat(starts - (ends - counts), counts) + np.arange(ends[-1] if len(ends) else 0)
+
+
+def _message_columns(col: dict[str, Any]) -> Columns:
+    """The messages in send order (a stable sort, as list.sort), each with its per_call items and its GPU operations
+    (its GPU_OPS records' in the order read) next to one another."""
+    import numpy as np
+
+    order = np.argsort(col["msg_sent"], kind="stable")
+    seq = col["msg_seq"][order]
+    n_items = col["msg_items"]
+    item_index = _ranges((np.cumsum(n_items) - n_items)[order], n_items[order])
+    rows, op_count = _op_rows(seq, col["ops_seq"], col["ops_n"])
+    ops = col["ops"].reshape(-1, 4)[rows]
+    ops_start = np.concatenate(([0], np.cumsum(op_count)))
+    gpu, gpu_nil = _gpu(seq, ops, ops_start, op_count, col["gpu_seq"], col["gpu_ns"])
+    return Columns(seq=seq, kind=col["msg_kind"][order], sent=col["msg_sent"][order], up=col["msg_up"][order],
+                   n=col["msg_n"][order], wait=col["msg_wait"][order], down=col["msg_down"][order],
+                   server=col["msg_server"][order], server_nil=col["msg_server_nil"][order].astype(bool),
+                   per_call_nil=col["msg_items_nil"][order].astype(bool),
+                   items_start=np.concatenate(([0], np.cumsum(n_items[order]))), item=col["item"][item_index],
+                   item_nil=col["item_nil"][item_index].astype(bool), ops_start=ops_start, ops=ops, gpu=gpu,
+                   gpu_nil=gpu_nil)
+
+
+def _op_rows(seq: Any, record_seq: Any, record_n: Any) -> tuple[Any, Any]:
+    """Each message's GPU operations, its GPU_OPS records' taken together in the order read: the rows of them
+    among all records' (in file order), message after message; and how many each message has."""
+    import numpy as np
+
+    by_seq = np.argsort(record_seq, kind="stable")  # the records sorted by message, each's in the order read
+    uniq, first = np.unique(record_seq[by_seq], return_index=True)
+    if not len(uniq):
+        return np.zeros(0, np.int64), np.zeros(len(seq), np.int64)
+    counted = np.concatenate(([0], np.cumsum(record_n[by_seq])))  # rows before each sorted record
+    k = np.minimum(np.searchsorted(uniq, seq), len(uniq) - 1)
+    found = uniq[k] == seq
+    first_row = counted[first[k]]
+    count = np.where(found, counted[np.append(first[1:], len(by_seq))[k]] - first_row, 0)
+    file_start = np.cumsum(record_n) - record_n  # each record's first row in file order
+    rows_by_seq = _ranges(file_start[by_seq], record_n[by_seq])
+    return rows_by_seq[_ranges(first_row, count)], count
+
+
+def _gpu(seq: Any, ops: Any, ops_start: Any, op_count: Any, gpu_seq: Any, gpu_ns: Any) -> tuple[Any, Any]:
+    """Message.gpu of each message, and where it is None: its work's GPU time where it has operations, else its
+    last GPU record's (versions 1-2)."""
+    import numpy as np
+
+    work = np.concatenate(([0], np.cumsum(np.where(ops[:, 1] == WORK, ops[:, 3], 0))))
+    gpu = work[ops_start[1:]] - work[ops_start[:-1]]
+    has = op_count > 0
+    if len(gpu_seq):
+        uniq, last = np.unique(gpu_seq[::-1], return_index=True)  # the last record of each message wins
+        k = np.minimum(np.searchsorted(uniq, seq), len(uniq) - 1)
+        recorded = ~has & (uniq[k] == seq)
+        gpu = np.where(recorded, gpu_ns[::-1][last[k]], gpu)
+        has |= recorded
+    return np.where(has, gpu, 0), ~has
+
+
+def _calls_of(col: dict[str, Any], names: dict[int, str]) -> Iterator[Call]:
+    """The calls from their columns, when first iterated."""
+    cols = [col[k].tolist() for k in ("call_entry", "call_ret", "call_stream", "call_seq", "call_pos")]
+    yield from map(Call, map(names.__getitem__, col["call_name"].tolist()), map(CLASSES.__getitem__,
+                   col["call_cls"].tolist()), *cols, map(bool, col["call_lane"].tolist()))
+
+
+def _messages_of(c: Columns) -> Iterator[Message]:
+    """The Message objects of the columns (as the Python reader makes them), when first iterated."""
+    items, starts = _nils(c.item, c.item_nil), c.items_start.tolist()
+    per_call = [None if nil else items[a:b] for nil, a, b in zip(c.per_call_nil.tolist(), starts, starts[1:])]
+    flat, rows = c.ops.ravel().tolist(), c.ops_start.tolist()
+    ops = [GpuOps(tuple(flat[4 * a:4 * b])) if b > a else [] for a, b in zip(rows, rows[1:])]
+    yield from map(Message, c.seq.tolist(), map(KINDS.__getitem__, c.kind.tolist()), c.sent.tolist(),
+                   c.up.tolist(), c.n.tolist(), c.wait.tolist(), c.down.tolist(), _nils(c.server, c.server_nil),
+                   per_call, _nils(c.gpu, c.gpu_nil), ops)
+
+
+def _nils(values: Any, nil: Any) -> list[int | None]:
+    out = values.tolist()
+    if nil.any():
+        out = [None if n else v for v, n in zip(out, nil.tolist())]
+    return out
