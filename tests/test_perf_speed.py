@@ -1,7 +1,8 @@
 """xpu-perf's compiled replay (perfmodel/fast.py, perfmodel/replay.c) against the Python one (model.replay), its
 reference: the same Prediction, breakdown included, on traces recorded by real programs on a real server, on the
 bench's synthetic training loop, on GPU traces made by hand, and on what-if models; and the Python replay where
-the C cannot be built."""
+the C cannot be built. The Model made from a trace's columns (protocol/trace_reader.c) against the one made from
+its Message objects: the same, bit for bit."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import ROOT
 from test_perf import gpu_loop, record, workloads  # noqa: F401  (workloads: a fixture)
 
-from xpuremote.perfmodel import fast, model, whatif
+from xpuremote.perfmodel import cli, fast, model, whatif
 from xpuremote.protocol import trace
 
 NETWORKS = [model.Network(rtt, gbps) for rtt in (0.0, 1.0, 37.5, 500.0, 10_000.0) for gbps in (0.0, 1.0, 25.0, 400.0)]
@@ -51,11 +53,36 @@ def same_everywhere(make: callable) -> int:
     return len(compiled.msgs)
 
 
+def same_from_columns(path: Path) -> model.Model:
+    """The Model of the trace at `path` read into columns (trace.columns: no Message object made) and of it read by
+    the Python reader (the Message objects): the same transport, span, arrays and predictions, bit for bit, and the
+    same `xpu-perf predict` text; with and without the GPU's queues. The columns' Model."""
+    assert trace.library() is not None and fast.library() is not None
+    columnar, objects = model.Model(trace.read(path)), model.Model(trace.read(path, native=False))
+    assert columnar.trace.columns is not None and objects.trace.columns is None
+    assert list.__len__(columnar.trace.messages) == 0, "predicted without making a Message"
+    for a, b in ((columnar, objects), (columnar.without_gpu(), objects.without_gpu())):
+        assert (a.transport, a.span, a.bias, a.queues_gpu()) == (b.transport, b.span, b.bias, b.queues_gpu())
+        arrays, reference = a.replayer.arrays, b.replayer.arrays
+        assert arrays.keys() == reference.keys()
+        for name, column in arrays.items():
+            same = column == reference[name] if isinstance(column, int) else \
+                column.dtype == reference[name].dtype and np.array_equal(column, reference[name])
+            assert same, name
+        for net in NETWORKS:
+            assert a.predict(net) == b.predict(net)
+        net = model.Network(50.0, 10.0)
+        assert cli.describe(a.predict(net), a) == cli.describe(b.predict(net), b)
+    assert list.__len__(columnar.trace.messages) == 0
+    return columnar
+
+
 def test_same_prediction_on_recorded_traces(run_on, workloads: Path, tmp_path: Path) -> None:  # noqa: F811
     """The three mixes of examples/workloads.cu recorded on the server, and each with its optimisations turned off
     (whatif: messages the replay was not built from)."""
     for mix, n in (("sync", 30), ("async", 20), ("bytes", 2)):
         t = record(run_on, tmp_path / f"{mix}.trace", workloads, mix, n)
+        same_from_columns(tmp_path / f"{mix}.trace")
         assert same_everywhere(lambda: model.Model(t)) == len(t.messages)  # noqa: B023
         for off in whatif.OFF.values():
             same_everywhere(lambda: whatif.without(model.Model(t), off))  # noqa: B023
@@ -74,9 +101,24 @@ def test_same_prediction_on_a_training_loops_trace(tmp_path: Path) -> None:
     stream and context syncs, written by TraceWriter and read back, with a wake-up probe."""
     path = tmp_path / "loop.trace"
     _bench().write_trace(path, 20_000)
+    assert same_from_columns(path).queues_gpu()
     t = trace.read(path)
     assert same_everywhere(lambda: model.Model(t)) == len(t.messages) > 3_000
     assert any(m.gpu for m in model.Model(t).msgs) and model.Model(t).machines.client.points
+
+
+def test_same_model_from_columns_on_traces_written_by_hand(tmp_path: Path) -> None:
+    """test_trace_reader's hand-written traces (nil server and per_call, untimed items, several GPU_OPS records for a
+    message, a later message, GPU records of versions 1-2) on a GPU, the sim and a recorded link: the Model of
+    the columns is the Model of the Message objects."""
+    from test_trace_reader import V3, written
+
+    for backend in ("cuda", "sim"):
+        header = {"version": 3, "backend": backend, "link": {"rtt_us": 20, "gbps": 10, "on": True}, "spin_us": 30,
+                  "wake": {"client": [[1000, 300], [100_000, 2000]], "server": [[1000, 100]]}}
+        assert same_from_columns(written(tmp_path / f"{backend}.trace", header, V3)).queues_gpu() == (backend == "cuda")
+    v2 = [r for r in V3 if r[0] != trace.GPU_OPS]
+    assert not same_from_columns(written(tmp_path / "v2.trace", {"version": 2, "backend": "cuda"}, v2)).queues_gpu()
 
 
 def random_msgs(rng: random.Random, n: int) -> list[model.Msg]:
@@ -131,6 +173,8 @@ def test_without_a_compiler_the_python_replay_runs_and_says_so(tmp_path: Path) -
     assert compiled.returncode == python.returncode == 0, python.stderr
     assert "replays in Python" not in compiled.stderr
     assert python.stderr.count("replays in Python") == 1 and "replay.c did not build" in python.stderr
+    assert python.stderr.count("traces are read in Python") == 1 and "trace_reader.c did not build" in python.stderr
+    assert "read in Python" not in compiled.stderr
     assert python.stdout == compiled.stdout and "predicted" in compiled.stdout
 
 
