@@ -1,6 +1,8 @@
 """How fast xpu-perf answers on a large trace: reading it, building the model, one `predict`, `sweep`'s grid and
-`requirements`' frontier, after (this code: the faster reader, the compiled replay of perfmodel/fast.py) and before
-(the reader of commit --before, the pure-Python replay), each in a Python of its own; then the whole commands.
+`requirements`' frontier, after (this code: the trace read into columns by protocol/trace_reader.c, the model made
+from them, the compiled replay of perfmodel/fast.py), with the Python reader (this code with XPU_TRACE_NATIVE=0: the
+model made from Message objects) and before (the reader of commit --before, the pure-Python replay), each in a
+Python of its own; then the whole commands, with either reader, and what starting Python and importing takes.
 
     python bench/perf_speed.py [--calls 1000000] [--baseline-points 3] [--before COMMIT] [--out FILE.md]
 
@@ -121,10 +123,12 @@ class Counted(Model):
         return super().predict(net)
 
 
-def after(path: Path) -> dict[str, float]:
-    """This code: the trace read, the Model with the compiled replay, a prediction, sweep's grid, requirements."""
+def after(path: Path, native: bool = True) -> dict[str, float]:
+    """This code: the trace read (into columns in C where `native`, else by the Python reader, whose Message objects
+    the Model's arrays are then made from), the Model with the compiled replay, a prediction, sweep's grid,
+    requirements."""
     f: dict[str, float] = {}
-    f["read_s"], trace = timed(lambda: fmt.read(path))
+    f["read_s"], trace = timed(lambda: fmt.read(path, native))
     f["calls"], f["messages"] = len(trace.calls), len(trace.messages)
     f["model_s"], model = timed(lambda: Counted(trace))
     f["predict_s"], pred = timed(lambda: model.predict(NET))
@@ -134,6 +138,7 @@ def after(path: Path) -> dict[str, float]:
     f["requirements_s"], _ = timed(lambda: frontier(model))
     f["requirements_predictions"] = Counted.count
     f["compiled"] = fast.library() is not None
+    f["columns"] = trace.columns is not None
     return f
 
 
@@ -150,6 +155,7 @@ def before(path: Path, rev: str, points: int) -> dict[str, float]:
     reader = importlib.util.module_from_spec(spec)
     sys.modules["trace_before"] = reader  # its dataclasses look their module up
     spec.loader.exec_module(reader)
+    reader.Trace.columns = None  # a Trace of then: the Model makes its arrays from its Message objects
     os.unlink(old.name)
     f: dict[str, float] = {}
     f["read_s"], trace = timed(lambda: reader.read(path))
@@ -163,11 +169,27 @@ def before(path: Path, rev: str, points: int) -> dict[str, float]:
     return f
 
 
-def command_s(*args: str) -> float:
-    """Wall time of an xpu-perf command, from starting Python to its exit."""
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "xpuremote.perfmodel.cli", *args], check=True, capture_output=True)
-    return time.perf_counter() - start
+def command_s(*args: str, native: bool = True, runs: int = 3) -> float:
+    """Wall time of an xpu-perf command, from starting Python to its exit (the median of `runs`)."""
+    env = dict(os.environ, XPU_TRACE_NATIVE="1" if native else "0")
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "xpuremote.perfmodel.cli", *args], check=True, capture_output=True,
+                       env=env)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def start_s(runs: int = 3) -> float:
+    """Wall time of starting Python and importing what `xpu-perf predict` imports, numpy included (median)."""
+    code = "import numpy, xpuremote.perfmodel.cli, xpuremote.perfmodel.fast"
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def child(kind: str, *args: str) -> dict[str, float]:
@@ -177,31 +199,38 @@ def child(kind: str, *args: str) -> dict[str, float]:
     return json.loads(out)
 
 
-def table(new: dict[str, float], old: dict[str, float], whole: dict[str, float], command: str) -> str:
+def table(new: dict[str, float], py: dict[str, float], old: dict[str, float], whole: dict[str, dict[str, float]],
+          command: str) -> str:
     grid_n = len(cli.SWEEP_RTTS_US) * len(cli.SWEEP_GBPS)
     old_sweep, old_req = old["per_prediction_s"] * grid_n, old["per_prediction_s"] * new["requirements_predictions"]
-    rows = [("read the trace", old["read_s"], new["read_s"], ""),
-            ("build the model", old["model_s"], new["model_s"], ""),
-            ("predict (one network)", old["predict_s"], new["predict_s"], ""),
-            ("read + model + predict", old["read_s"] + old["model_s"] + old["predict_s"],
-             new["read_s"] + new["model_s"] + new["predict_s"], "predict <= 1 s"),
-            (f"sweep's grid ({grid_n} predictions)", old_sweep, new["sweep_s"], ""),
+    sides = (old, py, new)
+    rows = [("read the trace", *(f["read_s"] for f in sides), ""),
+            ("build the model", *(f["model_s"] for f in sides), ""),
+            ("predict (one network)", *(f["predict_s"] for f in sides), ""),
+            ("read + model + predict", *(f["read_s"] + f["model_s"] + f["predict_s"] for f in sides),
+             "predict <= 1 s"),
+            (f"sweep's grid ({grid_n} predictions)", old_sweep, py["sweep_s"], new["sweep_s"], ""),
             ("read + model + grid", old["read_s"] + old["model_s"] + old_sweep,
-             new["read_s"] + new["model_s"] + new["sweep_s"], "sweep <= 10 s"),
+             *(f["read_s"] + f["model_s"] + f["sweep_s"] for f in (py, new)), "sweep <= 10 s"),
             (f"requirements at 5% ({new['requirements_predictions']:.0f} predictions)", old_req,
-             new["requirements_s"], "")]
-    same = abs(new["predicted_s"] - old["predicted_s"]) <= 1e-9 * old["predicted_s"]
+             py["requirements_s"], new["requirements_s"], "")]
+    same = all(abs(f["predicted_s"] - old["predicted_s"]) <= 1e-9 * old["predicted_s"] for f in (py, new))
     lines = [f"`{command}`", "",
              f"{new['calls']:.0f} calls, {new['messages']:.0f} messages; {platform.machine()}, {os.cpu_count()} CPUs, "
              f"load average {os.getloadavg()[0]:.1f} at the end; Python {platform.python_version()}; compiled "
-             f"replay: {bool(new['compiled'])}; the same prediction from both: {same}", "",
-             "| step, seconds | before | after | aim |", "|---|---:|---:|---|"]
-    lines += [f"| {name} | {b:.3f} | {a:.3f} | {aim} |" for name, b, a, aim in rows]
-    lines += ["", "| whole command (starting Python, reading, printing), seconds | after |", "|---|---:|"]
-    lines += [f"| `xpu-perf {name}` | {s:.2f} |" for name, s in whole.items()]
-    lines += ["", "Before: the reader of the commit before (protocol/trace.py), the Python replay; its sweep and "
-              "requirements are its time a prediction (the mean of a few) times their number of predictions. "
-              "Each side runs in a Python of its own."]
+             f"replay: {bool(new['compiled'])}; read into columns: {bool(new['columns'])}; the same prediction from "
+             f"all three: {same}", "",
+             "| step, seconds | before | Python reader | after | aim |", "|---|---:|---:|---:|---|"]
+    lines += [f"| {name} | {b:.3f} | {p:.3f} | {a:.3f} | {aim} |" for name, b, p, a, aim in rows]
+    lines += ["", "| whole command (starting Python, reading, printing), seconds | Python reader | after |",
+              "|---|---:|---:|"]
+    lines += [f"| {name} | {s['python']:.2f} | {s['after']:.2f} |" for name, s in whole.items()]
+    lines += ["", "Before: the reader of the commit before the compiled replay (protocol/trace.py), the Python replay; "
+              "its sweep and requirements are its time a prediction (the mean of a few) times their number of "
+              "predictions. Python reader: this code with XPU_TRACE_NATIVE=0 (where protocol/trace_reader.c cannot "
+              "be built, and the code before it: the model's arrays made from Message objects), the compiled "
+              "replay. After: the trace read into columns in C, the model made from them. Each side runs in a "
+              "Python of its own; each whole command is the median of three runs."]
     return "\n".join(lines)
 
 
@@ -215,7 +244,8 @@ def main() -> int:
     args = p.parse_args()
     if args.child:
         kind, path = args.child
-        f = after(Path(path)) if kind == "after" else before(Path(path), args.before, args.baseline_points)
+        f = after(Path(path), kind == "after") if kind != "before" else \
+            before(Path(path), args.before, args.baseline_points)
         print(json.dumps(f))
         return 0
     command = "python bench/perf_speed.py " + " ".join(sys.argv[1:])
@@ -224,9 +254,14 @@ def main() -> int:
         write_s, _ = timed(lambda: write_trace(path, args.calls))
         print(f"wrote {path.stat().st_size / 1e6:.1f} MB in {write_s:.1f} s", file=sys.stderr)
         new = child("after", str(path))
+        py = child("python", str(path))
         old = child("before", str(path), "--before", args.before, "--baseline-points", str(args.baseline_points))
-        whole = {f"{verb} loop.trace": command_s(verb, str(path)) for verb in ("predict", "sweep", "requirements")}
-    out = table(new, old, whole, command.strip())
+        whole = {f"`xpu-perf {verb} loop.trace`": {"python": command_s(verb, str(path), native=False),
+                                                 "after": command_s(verb, str(path))}
+                 for verb in ("predict", "sweep", "requirements")}
+        started = start_s()
+        whole["of which starting Python and importing (numpy included)"] = {"python": started, "after": started}
+    out = table(new, py, old, whole, command.strip())
     print(out)
     if args.out:
         Path(args.out).write_text(out + "\n")

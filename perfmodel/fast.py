@@ -151,7 +151,7 @@ def _arrays(msgs: Sequence[Msg]) -> dict[str, Any]:
     counts = np.fromiter((len(m.gpu) for m in msgs), np.int64, n)
     col["gpu_start"] = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     steps = np.array(list(chain.from_iterable(m.gpu for m in msgs)), dtype=np.float64).reshape(-1, 4)
-    col.update(_dense(steps))
+    col.update(_dense(steps[:, 0], steps[:, 1].astype(np.int8), steps[:, 2].astype(np.int64), steps[:, 3]))
     return col
 
 
@@ -197,41 +197,52 @@ def _trace_arrays(src: dict[str, Any]) -> dict[str, Any]:
     n, counts, sizes = len(src["sent"]), src["counts"], src["sizes"]
     col = {name: src[name] for name in ("sent", "wait", "server", "up", "down", "kind")}
     col["gpu_start"] = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-    flat = src["flat"].astype(np.float64)
+    steps = src["flat"]  # (pos, op, a, b), numbers as read
     owner = np.repeat(np.arange(n), counts)  # each step's message
     # where each item began in the server's time on its message: the items' times summed, per message
     summed = np.concatenate(([0.0], np.cumsum(src["times"])))
     base = np.concatenate(([0], np.cumsum(sizes)))[:-1]
-    pos = flat[:, 0].astype(np.int64)
+    pos = steps[:, 0]
     index = np.where(pos < 0, pos + sizes[owner], pos)
     known = (pos < sizes[owner]) & (index >= 0)
     first = base[owner]
     offset = np.zeros(len(pos))
     offset[known] = summed[first[known] + index[known]] - summed[first[known]]
-    flat[:, 0] = offset
-    syncs = np.isin(flat[:, 1], SYNCS)
-    waited = np.bincount(owner[syncs], weights=flat[syncs, 3], minlength=n)
+    op, b = steps[:, 1], steps[:, 3].astype(np.float64)
+    syncs = np.isin(op, SYNCS)
+    waited = np.bincount(owner[syncs], weights=b[syncs], minlength=n)
     col["blocked"] = np.where(counts > 0, np.minimum(waited, col["server"]), 0.0)
-    col.update(_dense(flat))
+    col.update(_dense(offset, op.astype(np.int8), steps[:, 2], b))
     return col
 
 
-def _dense(steps: np.ndarray) -> dict[str, Any]:
+def _dense(offset: np.ndarray, op: np.ndarray, a: np.ndarray, b: np.ndarray) -> dict[str, Any]:
     """Steps (offset, op, a, b) as columns; streams and events renumbered 0.. (the legacy stream 0 stays 0)."""
-    op = steps[:, 1].astype(np.int8)
-    a, b = steps[:, 2].astype(np.int64), steps[:, 3]
     on_stream = np.isin(op, (fmt.WORK, fmt.RECORD, fmt.WAIT, fmt.SYNC_STREAM))
     by_event = np.isin(op, (fmt.RECORD, fmt.WAIT))
-    streams = np.unique(np.concatenate(([0], a[on_stream])))
-    events_a = a[op == fmt.SYNC_EVENT]
-    events = np.unique(np.concatenate((events_a, b[by_event].astype(np.int64))))
+    synced = op == fmt.SYNC_EVENT
+    n_streams, streams = _numbered(np.concatenate(([0], a[on_stream])))
     dense_a = np.zeros(len(op), np.int32)
-    dense_a[on_stream] = np.searchsorted(streams, a[on_stream])
+    dense_a[on_stream] = streams[1:]
+    events_a = a[synced]
+    n_events, events = _numbered(np.concatenate((events_a, b[by_event].astype(np.int64))))
     ev = np.zeros(len(op), np.int32)
-    ev[by_event] = np.searchsorted(events, b[by_event].astype(np.int64))
-    ev[op == fmt.SYNC_EVENT] = np.searchsorted(events, events_a)
-    return {"offset": np.ascontiguousarray(steps[:, 0]), "op": op, "a": dense_a, "ev": ev,
-            "b": np.ascontiguousarray(b), "n_streams": len(streams), "n_events": max(len(events), 1)}
+    ev[by_event] = events[len(events_a):]
+    ev[synced] = events[:len(events_a)]
+    return {"offset": np.ascontiguousarray(offset), "op": np.ascontiguousarray(op), "a": dense_a, "ev": ev,
+            "b": np.ascontiguousarray(b), "n_streams": n_streams, "n_events": max(n_events, 1)}
+
+
+def _numbered(values: np.ndarray) -> tuple[int, np.ndarray]:
+    """How many different values, and each one's rank among them (np.searchsorted(np.unique(values), values)); by a
+    table where they are small numbers, as the writer numbers streams and events, rather than by sorting."""
+    if len(values) and values.min() >= 0 and values.max() < 1 << 20:
+        present = np.zeros(int(values.max()) + 1, bool)
+        present[values] = True
+        rank = np.cumsum(present) - 1
+        return int(rank[-1]) + 1, rank[values]
+    unique = np.unique(values)
+    return len(unique), np.searchsorted(unique, values)
 
 
 def _macros() -> list[tuple[str, str]]:

@@ -50,7 +50,7 @@ struct rd {
     const uint8_t *p, *end;
 };
 
-enum { OK = 0, SHORT = 1, BAD = -1 };
+enum { OK = 0, BAD = -1, SHORT = -2 }; /* a record's reader returns how many of its items it read, or these */
 
 static uint64_t be(const uint8_t *p, int n) {
     uint64_t v = 0;
@@ -127,52 +127,62 @@ static int skip(struct rd *r, uint64_t pending) {
     return OK;
 }
 
-/* The readers below run inside a record known complete, so they need not check for its end again but where a
- * value's type is not the expected one. */
+/* The readers of a value of the type the format says: OK, SHORT where the data ends inside it, BAD where it is of
+ * another type. */
 static int get_nil(struct rd *r) {
-    if (*r->p != 0xc0) return 0;
+    if (r->p >= r->end || *r->p != 0xc0) return 0;
     r->p++;
     return 1;
 }
 
 static int get_int(struct rd *r, int64_t *v) {
+    if (r->p >= r->end) return SHORT;
     uint8_t t = *r->p;
     const uint8_t *p = r->p + 1;
+    size_t left = (size_t)(r->end - p);
     if (t <= 0x7f) { *v = t; r->p = p; return OK; }
     if (t >= 0xe0) { *v = (int8_t)t; r->p = p; return OK; }
+    int n = t == 0xcc || t == 0xd0 ? 1 : t == 0xcd || t == 0xd1 ? 2 : t == 0xce || t == 0xd2 ? 4 :
+            t == 0xcf || t == 0xd3 ? 8 : 0;
+    if (n == 0) return BAD;
+    if (left < (size_t)n) return SHORT;
+    uint64_t u = be(p, n);
+    r->p = p + n;
     switch (t) {
-    case 0xcc: *v = p[0]; r->p = p + 1; return OK;
-    case 0xcd: *v = (int64_t)be(p, 2); r->p = p + 2; return OK;
-    case 0xce: *v = (int64_t)be(p, 4); r->p = p + 4; return OK;
-    case 0xcf: {
-        uint64_t u = be(p, 8);
+    case 0xcf:
         if (u > (uint64_t)INT64_MAX) return BAD;
         *v = (int64_t)u;
-        r->p = p + 8;
         return OK;
-    }
-    case 0xd0: *v = (int8_t)p[0]; r->p = p + 1; return OK;
-    case 0xd1: *v = (int16_t)be(p, 2); r->p = p + 2; return OK;
-    case 0xd2: *v = (int32_t)be(p, 4); r->p = p + 4; return OK;
-    case 0xd3: *v = (int64_t)be(p, 8); r->p = p + 8; return OK;
-    default: return BAD;
+    case 0xd0: *v = (int8_t)u; return OK;
+    case 0xd1: *v = (int16_t)u; return OK;
+    case 0xd2: *v = (int32_t)u; return OK;
+    case 0xd3: *v = (int64_t)u; return OK;
+    default: *v = (int64_t)u; return OK; /* 0xcc, 0xcd, 0xce */
     }
 }
 
 static int get_array(struct rd *r, uint64_t *n) {
+    if (r->p >= r->end) return SHORT;
     uint8_t t = *r->p;
+    size_t left = (size_t)(r->end - r->p);
     if (t >= 0x90 && t <= 0x9f) { *n = t & 0x0f; r->p++; return OK; }
-    if (t == 0xdc) { *n = be(r->p + 1, 2); r->p += 3; return OK; }
-    if (t == 0xdd) { *n = be(r->p + 1, 4); r->p += 5; return OK; }
-    return BAD;
+    int len = t == 0xdc ? 2 : t == 0xdd ? 4 : 0;
+    if (len == 0) return BAD;
+    if (left < 1 + (size_t)len) return SHORT;
+    *n = be(r->p + 1, len);
+    r->p += 1 + len;
+    return OK;
 }
 
 static int get_str(struct rd *r, const uint8_t **s, uint64_t *n) {
+    if (r->p >= r->end) return SHORT;
     uint8_t t = *r->p;
     size_t size;
     uint64_t values;
     if (!((t >= 0xa0 && t <= 0xbf) || t == 0xd9 || t == 0xda || t == 0xdb)) return BAD;
-    head(r->p, r->end, &size, &values, n);
+    int rc = head(r->p, r->end, &size, &values, n);
+    if (rc != OK) return rc;
+    if ((size_t)(r->end - r->p) < size || (uint64_t)(r->end - r->p - size) < *n) return SHORT;
     *s = r->p + size;
     r->p += size + *n;
     return OK;
@@ -194,7 +204,9 @@ static int ticks_ns(int64_t ticks, int64_t *ns) {
     return __builtin_mul_overflow(ticks, (int64_t)TICK_NS, ns) ? BAD : OK;
 }
 
-#define INT(var) do { if (get_int(r, &(var)) != OK) return fail(g, "a number expected"); } while (0)
+/* a value of its type, or the record's reader returns: SHORT as it is, anything else as the error `what` */
+#define GET(call, what) do { int rc_ = (call); if (rc_ != OK) return rc_ == SHORT ? SHORT : fail(g, what); } while (0)
+#define INT(var) GET(get_int(r, &(var)), "a number expected")
 #define NS(var, ticks) do { if (ticks_ns((ticks), &(var)) != OK) return fail(g, "a time out of range"); } while (0)
 
 static int name(struct reading *g, struct rd *r, uint64_t len) {
@@ -203,7 +215,7 @@ static int name(struct reading *g, struct rd *r, uint64_t len) {
     uint64_t n;
     if (len < 3) return fail(g, "a NAME record of fewer than 3 items");
     INT(id);
-    if (get_str(r, &s, &n) != OK) return fail(g, "a NAME record whose name is not a string");
+    GET(get_str(r, &s, &n), "a NAME record whose name is not a string");
     int64_t i = g->c->names++;
     if (g->out) {
         g->out->name_id[i] = id;
@@ -224,7 +236,7 @@ static int call(struct reading *g, struct rd *r, uint64_t len) {
     INT(seq);
     INT(pos);
     if (len > 8 && !get_nil(r)) {
-        if (*r->p == 0xc2 || *r->p == 0xc3) lane = *r->p++ == 0xc3;
+        if (r->p < r->end && (*r->p == 0xc2 || *r->p == 0xc3)) lane = *r->p++ == 0xc3;
         else INT(lane);
     }
     if (cls < 0 || cls >= N_CLASSES) return fail(g, "a CALL record of an unknown class");
@@ -265,14 +277,13 @@ static int message(struct reading *g, struct rd *r, uint64_t len) {
     NS(sent, g->last_message);
     NS(wait, wait);
     NS(server, server);
-    if (!(items_nil = get_nil(r)) && get_array(r, &count) != OK)
-        return fail(g, "a MESSAGE record whose per_call is not an array");
+    if (!(items_nil = get_nil(r))) GET(get_array(r, &count), "a MESSAGE record whose per_call is not an array");
     int64_t first = g->c->items;
     for (uint64_t k = 0; k < count; k++, items++) {
         int64_t t = 0;
         int nil = get_nil(r);
         if (!nil) {
-            if (get_int(r, &t) != OK) return fail(g, "a per_call item not a number");
+            GET(get_int(r, &t), "a per_call item not a number");
             NS(t, t);
         }
         if (g->out) {
@@ -318,11 +329,11 @@ static int gpu_ops(struct reading *g, struct rd *r, uint64_t len) {
     uint64_t count;
     if (len < 3) return fail(g, "a GPU_OPS record of fewer than 3 items");
     INT(seq);
-    if (get_array(r, &count) != OK) return fail(g, "a GPU_OPS record whose operations are not an array");
+    GET(get_array(r, &count), "a GPU_OPS record whose operations are not an array");
     int64_t first = g->c->ops * 4, whole = (int64_t)(count / 4) * 4; /* a partial last operation is left out */
     for (int64_t k = 0; k < (int64_t)count; k++) {
         int64_t v;
-        if (get_int(r, &v) != OK) return fail(g, "a GPU operation's number expected");
+        GET(get_int(r, &v), "a GPU operation's number expected");
         if (g->out && k < whole) g->out->ops[first + k] = v;
     }
     int64_t i = g->c->op_records++;
@@ -348,9 +359,9 @@ static int record(struct reading *g, struct rd *r) {
     uint64_t len;
     int64_t kind;
     int read;
-    if (get_array(r, &len) != OK) return fail(g, "a record that is not an array");
+    GET(get_array(r, &len), "a record that is not an array");
     if (len == 0) return fail(g, "an empty record");
-    if (get_int(r, &kind) != OK) return fail(g, "a record whose kind is not a number");
+    GET(get_int(r, &kind), "a record whose kind is not a number");
     switch (kind) {
     case NAME: read = name(g, r, len); break;
     case CALL: read = call(g, r, len); break;
@@ -362,31 +373,52 @@ static int record(struct reading *g, struct rd *r) {
         snprintf(g->c->error, sizeof g->c->error, "unknown record kind %lld", (long long)kind);
         return BAD;
     }
-    return read < 0 ? BAD : skip(r, len - (uint64_t)read);
+    return read < 0 ? read : skip(r, len - (uint64_t)read);
 }
 
-/* Reads the records of data[0, n) into `out`, or (out NULL) counts them, checking each is whole first; 0, or -1
- * with counts->error said. The fill is given n = counts->used of the count, records known whole. */
+/* What a record adds to the counts, taken back where it turns out cut short (its items past the format's last). */
+struct tally {
+    int64_t names, calls, messages, items, gpus, op_records, ops, end;
+    int32_t has_end;
+};
+
+static struct tally tally_of(const struct xpu_trace_counts *c) {
+    struct tally t = {c->names, c->calls, c->messages, c->items, c->gpus, c->op_records, c->ops, c->end, c->has_end};
+    return t;
+}
+
+static void untally(struct xpu_trace_counts *c, struct tally t) {
+    c->names = t.names, c->calls = t.calls, c->messages = t.messages, c->items = t.items, c->gpus = t.gpus;
+    c->op_records = t.op_records, c->ops = t.ops, c->end = t.end, c->has_end = t.has_end;
+}
+
+/* Reads the records of data[0, n) into `out`, or (out NULL) counts them; 0, or -1 with counts->error said. A record
+ * the data ends inside ends the reading (cut short); one that is whole and not as the format says is an error.
+ * The fill is given n = counts->used of the count: its records are known whole. */
 int xpu_trace_read(const uint8_t *data, size_t n, struct xpu_trace_counts *c, struct xpu_trace_columns *out) {
     struct reading g = {c, out, data, 0, 0};
-    struct rd all = {data, data + n};
+    const uint8_t *at = data, *end = data + n;
     memset(c, 0, sizeof *c);
-    while (all.p < all.end) {
-        const uint8_t *at = all.p;
+    while (at < end) {
+        struct rd r = {at, end};
+        struct tally before = tally_of(c);
         c->error_at = (size_t)(at - data);
-        if (!out) {
-            int rc = skip(&all, 1);
-            if (rc == SHORT) break; /* cut short: what came before stands */
-            if (rc == BAD) {
-                snprintf(c->error, sizeof c->error, "bytes that are not msgpack");
+        int rc = record(&g, &r);
+        if (rc == BAD) {
+            struct rd whole = {at, end}; /* a record cut short may look wrong before its end */
+            rc = skip(&whole, 1);
+            if (rc != SHORT) {
+                if (rc == BAD) snprintf(c->error, sizeof c->error, "bytes that are not msgpack");
                 return -1;
             }
         }
-        struct rd r = {at, out ? all.end : all.p};
-        if (record(&g, &r) != OK) return -1;
-        all.p = r.p;
+        if (rc == SHORT) { /* cut short: what came before stands, this record not counted */
+            untally(c, before);
+            break;
+        }
+        at = r.p;
         c->record++;
-        c->used = (size_t)(all.p - data);
+        c->used = (size_t)(at - data);
     }
     return 0;
 }
