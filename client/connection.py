@@ -24,7 +24,7 @@ batching and its spin before blocking.
 
 With a trace recorder (client/trace.py), each message is reported as it is sent and answered,
 with the server's times for it (on either connection) and the bytes its call's values took on
-the data connection.
+the data connection; a synchronous call has the recorder write what it noted while the answer is due.
 
 A peer that goes away
 (TCP disconnect, or ZeroMQ heartbeats unanswered) fails the call in flight and every later
@@ -270,6 +270,8 @@ class Connection:
             stream = stream and self.streamed  # not if it went on ZeroMQ (it failed there, or was too large)
             if values and stream:
                 self._send_data(values)
+            if trace.RECORDER:  # the trace is written while the server works on the call, not on the way to it
+                trace.RECORDER.catch_up()
             answer = self._receive_stream(seq, not values, ctx_flags) if stream else self._receive(seq)
             if stream and self.later:
                 self._read_later()

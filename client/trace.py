@@ -7,7 +7,10 @@ connection takes them into a batch, each with the stamp C gave it (protocol/reco
 lane_stamp): they are calls of that message, timed by the lane itself, so the lane stays open
 under a trace and the run recorded is the run that runs. The answers C gives itself (context
 questions, kept descriptors, cached answers) send nothing and are not recorded.
-The file format is protocol/trace.py's.
+Reporting an event only notes it: the writing (names, stream numbers, time stamps, the lane's stamps
+unpacked, msgpack and zstd) is done while a synchronous call waits for the server's answer, when the
+application's thread would idle anyway, so that the traced run's path is the untraced one's plus an append
+per event. The file format is protocol/trace.py's.
 """
 
 from __future__ import annotations
@@ -24,26 +27,32 @@ from xpuremote.protocol.calls import BY_OPCODE, CALLS, SYMBOLS, Call
 
 CLASS_INDEX = {name: i for i, name in enumerate(trace.CLASSES)}
 KIND_INDEX = {name: i for i, name in enumerate(trace.KINDS)}
+INTERNAL = CLASS_INDEX["internal"]
+BACKLOG = 8192  # events noted before a catch-up that no wait for an answer made
 
 
 class Recorder:
+    """The trace of this process's session. The calls and messages are noted as they happen, each a tuple
+    appended to `backlog`, and written (named, numbered, packed, compressed) in `catch_up`: while a synchronous
+    call waits for its answer, or once BACKLOG events wait. The application's path pays an append per event."""
+
     def __init__(self, path: str, header: dict[str, Any]) -> None:
         self.writer = trace.TraceWriter(path, {"argv": command_line(), "pid": os.getpid(), **header})
         self.local = threading.local()
+        self.backlog: list[tuple[Any, ...]] = []  # (method, *arguments), in the order they happened
         self.open: dict[int, _Open] = {}  # seq -> message record waiting for an answer or times
         self.lanes: dict[int, list[int]] = {}  # seq -> the positions of lane records in that message, until sent
         self.named: dict[tuple[int, int], tuple[str, int]] = {}  # a lane record's (op, opcode) -> (name, class)
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # one thread catches up at a time
 
-    # ---- calls -----------------------------------------------------------------------------
+    # ---- noted as they happen (the application's and the flusher's threads) -------------------------
     def begin(self) -> int:
         self.local.queued = (0, 0)
         return time.monotonic_ns()
 
     def end(self, call: Call, entry: int, stream: int) -> None:
         seq, pos = getattr(self.local, "queued", (0, 0))
-        cls = CLASS_INDEX.get(call.cls, CLASS_INDEX["internal"])
-        self.writer.call(call.symbol, cls, entry, time.monotonic_ns(), stream, seq, pos)
+        self._note(self._call, call, entry, time.monotonic_ns(), stream, seq, pos)
 
     def queued(self, seq: int, pos: int) -> None:
         """The calling thread's call queued a request at `pos` of message `seq`."""
@@ -51,58 +60,93 @@ class Recorder:
 
     def lane(self, seq: int, pos: int, records: bytes, stamps: bytes, count: int) -> None:
         """`count` lane records taken into message `seq` at `pos`, with their stamps (one each)."""
-        with self.lock:
-            self.lanes.setdefault(seq, []).append(pos)
+        stamped = len(stamps) == count * abi.LANE_STAMP_SIZE
+        self._note(self._lane, seq, pos, records, stamps if stamped else None, 0 if stamped else time.monotonic_ns())
+
+    def sent(self, seq: int, kind: str, sent: int, up: int, n: int, items: int) -> None:
+        """Message `seq` went out: `n` calls (lane records counted) in `items` items."""
+        self._note(self._sent, seq, kind, sent, up, n, items)
+
+    def answered(self, seq: int, wait: int, down: int, up: int = 0) -> None:
+        """Message `seq` was answered after `wait` ns with `down` bytes; `up`: bytes that went after it (a copy's
+        input on the data connection)."""
+        self._note(self._answered, seq, wait, down, up)
+
+    def timed(self, timings: list[list[Any]]) -> None:
+        """The server's [seq, server_ns, per_call_ns] for messages it has finished."""
+        self._note(self._timed, timings)
+
+    def gpu_timed(self, times: list[list[Any]]) -> None:
+        """The server's [seq, gpu operations] for messages whose GPU work has finished."""
+        self._note(self._gpu_timed, times)
+
+    def _note(self, *event: Any) -> None:
+        backlog = self.backlog
+        backlog.append(event)  # atomic: threads noting at once keep each event
+        if len(backlog) >= BACKLOG:  # nothing has waited for an answer for a while
+            self.catch_up()
+
+    # ---- written --------------------------------------------------------------------------------
+    def catch_up(self, wait: bool = False) -> None:
+        """Write what has been noted, in its order; a thread already at it goes on with what comes meanwhile
+        (`wait`: wait for it to finish, then look again)."""
+        if not self.lock.acquire(blocking=wait):
+            return
+        try:
+            backlog = self.backlog
+            while backlog:
+                batch = backlog[:len(backlog)]
+                del backlog[:len(batch)]  # what was appended meanwhile stays
+                for method, *args in batch:
+                    method(*args)
+        finally:
+            self.lock.release()
+
+    def _call(self, call: Call, entry: int, ret: int, stream: int, seq: int, pos: int) -> None:
+        self.writer.call(call.symbol, CLASS_INDEX.get(call.cls, INTERNAL), entry, ret, stream, seq, pos)
+
+    def _lane(self, seq: int, pos: int, records: bytes, stamps: bytes | None, taken: int) -> None:
+        self.lanes.setdefault(seq, []).append(pos)
         named = self.named
-        if len(stamps) == count * abi.LANE_STAMP_SIZE:
+        if stamps is not None:
             rows = [(*(named.get((op, opcode)) or self._name(op, opcode)), queued - took, queued, stream)
                     for queued, stream, opcode, took, op in abi.LANE_STAMP.iter_unpack(stamps)]
-        else:  # not stamped (cannot happen while the lane opens traced): named from the records, timed now
-            now = time.monotonic_ns()
-            rows = [(*self._name(-1, opcode), now, now, 0) for opcode in _opcodes(records)]
+        else:  # not stamped (cannot happen while the lane opens traced): named from the records, timed as taken
+            rows = [(*self._name(-1, opcode), taken, taken, 0) for opcode in _opcodes(records)]
         self.writer.lane_calls(rows, seq, pos)
 
     def _name(self, op: int, opcode: int) -> tuple[str, int]:
         """A lane record's call, (name, class): the application's where C knew its op, else the record's."""
         call = CALLS.get(SYMBOLS[op]) if 0 <= op < len(SYMBOLS) else BY_OPCODE.get(opcode)
         if call is None:
-            return "(an unknown lane record)", CLASS_INDEX["internal"]
-        self.named[op, opcode] = found = call.symbol, CLASS_INDEX.get(call.cls, CLASS_INDEX["internal"])
+            return "(an unknown lane record)", INTERNAL
+        self.named[op, opcode] = found = call.symbol, CLASS_INDEX.get(call.cls, INTERNAL)
         return found
 
-    # ---- messages ----------------------------------------------------------------------------
-    def sent(self, seq: int, kind: str, sent: int, up: int, n: int, items: int) -> None:
-        """Message `seq` went out: `n` calls (lane records counted) in `items` items."""
-        with self.lock:
-            self.open[seq] = _Open([seq, KIND_INDEX[kind], sent, up, n, 0, 0, None, None],
-                                   answered=kind == "async",  # nothing answers an async batch
-                                   items=items, lanes=self.lanes.pop(seq, []))
+    def _sent(self, seq: int, kind: str, sent: int, up: int, n: int, items: int) -> None:
+        self.open[seq] = _Open([seq, KIND_INDEX[kind], sent, up, n, 0, 0, None, None],
+                               answered=kind == "async",  # nothing answers an async batch
+                               items=items, lanes=self.lanes.pop(seq, []))
 
-    def answered(self, seq: int, wait: int, down: int, up: int = 0) -> None:
-        """Message `seq` was answered after `wait` ns with `down` bytes; `up`: bytes that went after it (a copy's
-        input on the data connection)."""
-        with self.lock:
+    def _answered(self, seq: int, wait: int, down: int, up: int) -> None:
+        msg = self.open.get(seq)
+        if msg is not None:
+            msg.fields[3] += up
+            msg.fields[5:7] = [wait, down]
+            msg.answered = True
+            self._write_if_done(msg)
+
+    def _timed(self, timings: list[list[Any]]) -> None:
+        for seq, server, per_call in timings:
             msg = self.open.get(seq)
             if msg is not None:
-                msg.fields[3] += up
-                msg.fields[5:7] = [wait, down]
-                msg.answered = True
+                msg.fields[7:9] = [server, msg.aligned(per_call)]
+                msg.timed = True
                 self._write_if_done(msg)
 
-    def timed(self, timings: list[list[Any]]) -> None:
-        """The server's [seq, server_ns, per_call_ns] for messages it has finished."""
-        with self.lock:
-            for seq, server, per_call in timings:
-                msg = self.open.get(seq)
-                if msg is not None:
-                    msg.fields[7:9] = [server, msg.aligned(per_call)]
-                    msg.timed = True
-                    self._write_if_done(msg)
-
-    def gpu_timed(self, times: list[list[int]]) -> None:
-        """The server's [seq, gpu_ns] for messages whose GPU work has finished."""
-        for seq, gpu_ns in times:
-            self.writer.gpu(seq, gpu_ns)
+    def _gpu_timed(self, times: list[list[Any]]) -> None:
+        for seq, gpu in times:
+            self.writer.gpu(seq, gpu)
 
     def _write_if_done(self, msg: _Open) -> None:
         if msg.answered and msg.timed:
@@ -110,9 +154,9 @@ class Recorder:
             self.writer.message(*msg.fields)
 
     def close(self) -> None:
-        with self.lock:
-            for seq in list(self.open):
-                self.writer.message(*self.open.pop(seq).fields)  # the server's times never came
+        self.catch_up(wait=True)
+        for seq in list(self.open):
+            self.writer.message(*self.open.pop(seq).fields)  # the server's times never came
         self.writer.close()
 
 

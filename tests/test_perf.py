@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import BACKEND, ROOT, SIM_KERNELS, Build
@@ -222,6 +223,56 @@ def test_init_refuses_a_malformed_link(server, link: dict) -> None:
         assert client.mem_info()[1] > 0, "the session goes on"
     finally:
         client.conn.close()
+
+
+def test_a_traced_call_goes_its_way_and_the_trace_is_written_while_a_sync_call_waits(server, tmp_path: Path,
+                                                                                    monkeypatch) -> None:
+    """What recording adds to a call's way to the server is an append: the recorder writes nothing (names,
+    numbers, packing, compression) of the asynchronous calls it is told of, nor of the message that carries
+    them, until a synchronous call waits for the server's answer, and writes them then; at the end the trace
+    holds every call and message, with the server's times."""
+    from pyclient import CTX
+
+    from xpuremote.client import trace as client_trace
+    from xpuremote.client.connection import Connection
+
+    path = tmp_path / "written.trace"
+    conn = Connection(server.address, measure=True)
+    recorder = client_trace.Recorder(str(path), {})
+    monkeypatch.setattr(client_trace, "RECORDER", recorder)
+    writes: list[str] = []
+    for name in ("call", "lane_calls", "message", "gpu"):
+        method = getattr(recorder.writer, name)
+        monkeypatch.setattr(recorder.writer, name, lambda *a, _m=method, _n=name: (writes.append(_n), _m(*a))[1])
+
+    def traced(symbol: str, *args: int) -> Any:  # as the driver's dispatcher reports a call
+        entry = recorder.begin()
+        try:
+            if CALLS[symbol].cls == "async":
+                return conn.post(CALLS[symbol], list(args), CTX)
+            return conn.call(CALLS[symbol], list(args), CTX)
+        finally:
+            recorder.end(CALLS[symbol], entry, 0)
+
+    try:
+        conn.post(CALLS["cuCtxCreate_v2"], [CTX, 0, 0], None)
+        ptr = int.from_bytes(traced("cuMemAlloc_v2", 8, 1 << 20)[1][0], "little")
+        written = len(writes)
+        for value in range(5):
+            traced("cuMemsetD8Async", ptr, value, 1 << 20, 0)
+        conn.flush()  # they go out as an asynchronous batch
+        assert writes[written:] == [], "nothing written on the way of the calls and their message"
+        traced("cuCtxSynchronize")
+        assert writes[written:].count("call") >= 6, writes[written:]  # the alloc's and the five memsets
+    finally:
+        conn.close()
+        client_trace.stop()
+    t = trace.read(path)
+    assert [(c.name, c.seq, c.pos) for c in t.calls] == [
+        ("cuMemAlloc_v2", 1, 2), *[("cuMemsetD8Async", 2, i) for i in range(5)], ("cuCtxSynchronize", 3, 0)]
+    assert [(m.seq, m.kind, m.n) for m in sorted(t.messages, key=lambda m: m.seq)][:3] == [
+        (1, "sync", 3), (2, "async", 5), (3, "sync", 1)]
+    assert all(m.server is not None for m in t.messages if m.seq <= 3)
 
 
 def test_trace_counts_bytes_each_way(run_on, workloads: Path, tmp_path: Path) -> None:
