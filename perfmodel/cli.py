@@ -20,9 +20,9 @@ from pathlib import Path
 
 from xpuremote.protocol import trace as fmt
 
-from . import by_call, whatif
-from . import validate as val
 from .model import Model, Network, Prediction
+
+# by_call, whatif and validate are imported by the commands that use them: `predict` starts sooner without them
 
 SWEEP_RTTS_US = [10 ** (k / 6) for k in range(0, 25)]  # 1 µs .. 10 ms
 SWEEP_GBPS = [10 ** (k * math.log10(400) / 18) for k in range(0, 19)]  # 1 .. 400 Gbit/s
@@ -143,6 +143,8 @@ def _percent(text: str) -> float:
 
 # ---- whatif --------------------------------------------------------------------------------------
 def cmd_whatif(args: argparse.Namespace) -> int:
+    from . import whatif
+
     model = _model(args.trace)
     net = Network(args.rtt_us, args.gbps)
     rows = [("as recorded (all optimisations)", model.predict(net))]
@@ -159,6 +161,8 @@ def cmd_whatif(args: argparse.Namespace) -> int:
 
 # ---- calls -----------------------------------------------------------------------------------------
 def cmd_calls(args: argparse.Namespace) -> int:
+    from . import by_call
+
     trace = _trace(args.trace)  # a table of what was recorded: no model to fit
     since = int(args.from_ms * 1e6)
     rows, gpu = by_call.by_call(trace, since), by_call.gpu_ns(trace, since)
@@ -172,11 +176,13 @@ def cmd_calls(args: argparse.Namespace) -> int:
 
 # ---- validate ------------------------------------------------------------------------------------
 def cmd_validate(args: argparse.Namespace) -> int:
+    from . import validate as val
+
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise SystemExit("xpu-perf validate: no command given (xpu-perf validate [options] -- CMD ...)")
-    rtts = tuple(float(x) for x in args.rtt_us.split(","))
-    gbps = tuple(float(x) for x in args.gbps.split(","))
+    rtts = tuple(float(x) for x in args.rtt_us.split(",")) if args.rtt_us is not None else val.RTTS_US
+    gbps = tuple(float(x) for x in args.gbps.split(",")) if args.gbps is not None else val.GBPS
     result = val.validate(command, args.server, rtts, gbps, args.repeat, args.backend)
     print(json.dumps(result.to_json()) if args.json else val.table(result))
     if args.plot:
@@ -238,8 +244,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--server", default=os.environ.get("XPU_SERVER"), help="an xpu-server on this machine "
                    "(default: start a local one, on CPUs apart from the runs')")
     s.add_argument("--backend", default="auto", choices=["auto", "cuda", "sim"])
-    s.add_argument("--rtt-us", default=",".join(f"{r:g}" for r in val.RTTS_US), help="comma-separated")
-    s.add_argument("--gbps", default=",".join(f"{g:g}" for g in val.GBPS), help="comma-separated; 0: unlimited")
+    s.add_argument("--rtt-us", help="comma-separated (default: RTTS_US of perfmodel/validate.py)")
+    s.add_argument("--gbps", help="comma-separated; 0: unlimited (default: GBPS of perfmodel/validate.py)")
     s.add_argument("--repeat", type=int, default=3,
                    help="rounds of three recordings and a run per link (the faster two thirds are compared)")
     s.add_argument("--plot", help="write predicted vs measured (PNG) here")

@@ -3,7 +3,9 @@
 A sweep replays the same messages hundreds of times over different networks; in Python each replay of a trace of
 10^6 calls takes about a second. Here the messages become numpy arrays once (Replayer), the GPU's streams and
 events numbered densely, and each replay is one call into C. model.replay stays the reference: both do the same
-arithmetic in the same order, so they give the same Prediction (tests/test_perf_speed.py).
+arithmetic in the same order, so they give the same Prediction (tests/test_perf_speed.py). The arrays are made
+from the trace's columns where its reader has them (trace.columns, protocol/trace_reader.c), else from its Message
+objects: the same arithmetic from either, the same arrays bit for bit.
 
 Built once per cache (protocol/cbuild.py) with this Python's compiler, as protocol/gcm.py is; where it cannot be
 built or loaded, `library()` is None (said once) and the Python replay runs. XPU_PERF_NATIVE=0 makes it run too.

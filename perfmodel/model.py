@@ -302,7 +302,8 @@ def replay(msgs: Sequence[Msg], span: float, transport: Transport, net: Network,
 
 
 class Model:
-    """A trace, ready to be replayed over any network."""
+    """A trace, ready to be replayed over any network: its transport, span and replay arrays made from the trace's
+    columns where its reader has them (trace.columns: no Message object made), else from its messages."""
 
     @fmt.without_gc  # its arrays are made from a million objects or more
     def __init__(self, trace: fmt.Trace, msgs: list[Msg] | None = None, gpu: bool = True) -> None:

@@ -50,7 +50,15 @@ had a data connection, and the fast lane).
   [END, span]                               the recording ended `span` after the epoch
 
 Messages are written when the server's times for them are known, so not in send order.
-A trace cut short (the process killed) reads up to its last complete block.
+A trace cut short (the process killed) reads up to its last complete record; a damaged zstd stream, up to the
+damage (as far as the piece of CHUNK bytes before it).
+
+Reading: protocol/trace_reader.c reads the records straight into columns (built once per cache by cbuild.py, its
+record kinds and tick from this module's constants), and read() returns a Trace whose calls and messages are made
+from them only when something walks them (Calls, Messages: lists made on first use), with the messages' columns
+as numpy arrays in Trace.columns for the performance model, which predicts from them without a Message object.
+Where the C cannot be built or numpy is missing (said once), or XPU_TRACE_NATIVE=0, the Python reader reads the
+same Trace (tests/test_trace_reader.py holds the two equal), without columns. Anything malformed is a TraceError.
 """
 
 from __future__ import annotations
@@ -71,8 +79,6 @@ from typing import Any, BinaryIO, NamedTuple, TypeVar
 
 import msgpack
 import zstandard
-
-from .cbuild import cffi_module
 
 MAGIC = b"XPUTRACE"
 VERSION = 3
@@ -351,7 +357,12 @@ def read(path: str | Path, native: bool = True) -> Trace:
 
 
 def _decompressed(f: BinaryIO) -> bytes:
-    """The records' stream, as far as it can be decompressed (damaged: what came before)."""
+    """The records' stream, as far as it can be decompressed (damaged: what came before, CHUNK by CHUNK)."""
+    start = f.tell()
+    try:
+        return zstandard.ZstdDecompressor().decompressobj().decompress(f.read())  # at once: one copy, not two
+    except zstandard.ZstdError:
+        f.seek(start)
     decompressor = zstandard.ZstdDecompressor().decompressobj()
     out = []
     while chunk := f.read(CHUNK):
@@ -617,6 +628,8 @@ def library() -> tuple[Any, Any] | None:
     try:
         import numpy  # noqa: F401  (the columns are numpy's)
 
+        from .cbuild import cffi_module  # here: the client, which writes traces, need not import it
+
         module = cffi_module(MODULE, SOURCE, CDEF, _macros())
     except Exception as exc:  # no numpy, or a missing compiler, headers or setuptools
         log.warning("traces are read in Python, slower: protocol/trace_reader.c did not build or load (%s)", exc)
@@ -696,15 +709,19 @@ def _message_columns(col: dict[str, Any]) -> Columns:
     (its GPU_OPS records' in the order read) next to one another."""
     import numpy as np
 
-    order = np.argsort(col["msg_sent"], kind="stable")
+    sent, n_items = col["msg_sent"], col["msg_items"]
+    if np.all(sent[1:] >= sent[:-1]):  # written in send order: as they are
+        order, item_index = slice(None), slice(None)
+    else:
+        order = np.argsort(sent, kind="stable")
+        item_index = _ranges((np.cumsum(n_items) - n_items)[order], n_items[order])
     seq = col["msg_seq"][order]
-    n_items = col["msg_items"]
-    item_index = _ranges((np.cumsum(n_items) - n_items)[order], n_items[order])
     rows, op_count = _op_rows(seq, col["ops_seq"], col["ops_n"])
-    ops = col["ops"].reshape(-1, 4)[rows]
+    ops = col["ops"].reshape(-1, 4)
+    ops = ops if rows is None else ops[rows]
     ops_start = np.concatenate(([0], np.cumsum(op_count)))
     gpu, gpu_nil = _gpu(seq, ops, ops_start, op_count, col["gpu_seq"], col["gpu_ns"])
-    return Columns(seq=seq, kind=col["msg_kind"][order], sent=col["msg_sent"][order], up=col["msg_up"][order],
+    return Columns(seq=seq, kind=col["msg_kind"][order], sent=sent[order], up=col["msg_up"][order],
                    n=col["msg_n"][order], wait=col["msg_wait"][order], down=col["msg_down"][order],
                    server=col["msg_server"][order], server_nil=col["msg_server_nil"][order].astype(bool),
                    per_call_nil=col["msg_items_nil"][order].astype(bool),
@@ -715,9 +732,16 @@ def _message_columns(col: dict[str, Any]) -> Columns:
 
 def _op_rows(seq: Any, record_seq: Any, record_n: Any) -> tuple[Any, Any]:
     """Each message's GPU operations, its GPU_OPS records' taken together in the order read: the rows of them
-    among all records' (in file order), message after message; and how many each message has."""
+    among all records' (in file order), message after message (None: all of them as they are); and how many each
+    message has."""
     import numpy as np
 
+    if len(record_seq) and np.all(record_seq[1:] > record_seq[:-1]):  # a record a message, in the order of seq
+        k = np.minimum(np.searchsorted(record_seq, seq), len(record_seq) - 1)
+        found = record_seq[k] == seq
+        mine = seq[found]
+        if len(mine) == len(record_seq) and np.all(mine[1:] > mine[:-1]):  # each a message's, in message order
+            return None, np.where(found, record_n[k], 0)
     by_seq = np.argsort(record_seq, kind="stable")  # the records sorted by message, each's in the order read
     uniq, first = np.unique(record_seq[by_seq], return_index=True)
     if not len(uniq):
