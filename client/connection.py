@@ -48,14 +48,14 @@ from urllib.parse import urlparse
 import zmq
 import zmq.utils.monitor
 
-from xpuremote.protocol import errors, spin, wire
+from xpuremote.protocol import curve, errors, spin, wire
 from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
 from xpuremote.protocol.link import DATA, NO_LINK, LinkSpec, Wire, wait_until
 from xpuremote.protocol.stream import KEY_BYTES as SEAL_KEY_BYTES
 from xpuremote.protocol.stream import SealBroken, message_bound, valid_keys
 
-from . import auth, data, marshal, trace
+from . import data, marshal, trace
 from .alarm import Alarm
 from .lane import LANE_CALL, Lane
 
@@ -153,7 +153,7 @@ class Connection:
     # ---- set-up -------------------------------------------------------------------------
     def _start(self, timeout_s: float, measure: bool, measure_gpu: bool) -> None:
         """The session: the daemon's hello, then its worker's inventory, and the data connection if wanted."""
-        self.keys = auth.client_keys(self.position)  # CURVE keys from the environment, or None for plain TCP
+        self.keys = curve.client_keys(self.position)  # CURVE keys from the environment, or None for plain TCP
         self.endpoint, self.session, self.key = self._hello(timeout_s)
         self.sock = self._socket(self.endpoint, wire.routing_id(self.key))
         self.sock.setsockopt(zmq.RCVTIMEO, RECEIVE_SLICE_MS)
@@ -179,7 +179,7 @@ class Connection:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
         sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5 * HEARTBEAT_MS)
-        auth.secure(sock, self.keys)
+        curve.secure(sock, self.keys)
         sock.connect(endpoint)
         return sock
 
@@ -189,11 +189,11 @@ class Connection:
         except zmq.ZMQError as exc:
             raise CudaError(errors.INVALID_VALUE, f"cannot connect to the server at {self.address!r} ({exc}); "
                             "fix: name it as tcp://HOST:PORT with --server / XPU_SERVER") from None
-        monitor = sock.get_monitor_socket(auth.WATCHED)  # a refused handshake fails now, not at the timeout
+        monitor = sock.get_monitor_socket(curve.WATCHED)  # a refused handshake fails now, not at the timeout
         try:
             client = {"pid": os.getpid(), "host": socket.gethostname(), "user": getpass.getuser()}
             sock.send_multipart(wire.encode({"op": "hello", "client": client}))
-            why = auth.wait_for_answer(sock, monitor, timeout_s, self.keys is not None)
+            why = curve.wait_for_answer(sock, monitor, timeout_s, self.keys is not None)
             if why == "timeout":
                 raise ServerGone(errors.NO_DEVICE, f"no xpuremote server answered at {self.address} within "
                                  f"{timeout_s:g} s; fix: start xpu-server there, or name another with --server / "

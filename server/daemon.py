@@ -44,7 +44,7 @@ from urllib.parse import urlparse
 import zmq
 import zmq.utils.monitor
 
-from xpuremote.protocol import errors, gcm, logs, spin, wire
+from xpuremote.protocol import curve, errors, gcm, logs, spin, wire
 from xpuremote.protocol import pool as protocol_pool
 
 from . import auth, metrics, pool
@@ -547,18 +547,16 @@ def status_main(argv: list[str]) -> int:
 
 def ask_status(address: str, timeout_s: float) -> dict[str, Any]:
     """The `status` answer of the daemon at `address` (CURVE keys from XPU_CLIENT_KEY/XPU_SERVER_KEY)."""
-    from xpuremote.client import auth as client_auth
-
     ctx = zmq.Context()
     try:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        keys = client_auth.client_keys()
-        client_auth.secure(sock, keys)
-        monitor = sock.get_monitor_socket(client_auth.WATCHED)
+        keys = curve.client_keys()
+        curve.secure(sock, keys)
+        monitor = sock.get_monitor_socket(curve.WATCHED)
         sock.connect(address)
         sock.send_multipart(wire.encode({"op": "status"}))
-        why = client_auth.wait_for_answer(sock, monitor, timeout_s, keys is not None)
+        why = curve.wait_for_answer(sock, monitor, timeout_s, keys is not None)
         if why:
             raise RuntimeError(f"no status from {address}: {why}")
         answer = wire.decode(sock.recv_multipart())

@@ -14,10 +14,6 @@ MAY_IMPORT = {
     "server": {"protocol", "server"},
     "perfmodel": {"protocol", "perfmodel"},
 }
-# Known, and being moved: `xpu-server status` asks the daemon with the client's CURVE keys (client/auth.py).
-KNOWN = {("server/daemon.py", "client")}
-
-
 def imported_packages(path: Path, root: Path = ROOT) -> set[str]:
     """The top-level folders of xpuremote that the module at `path` imports, relative imports resolved."""
     package = path.relative_to(root).parent.parts  # ("server", "backends")
@@ -44,4 +40,4 @@ def test_the_server_protocol_and_perf_model_import_nothing_of_the_client_side(tm
     assert imported_packages(planted, tmp_path) == {"server", "client", "interpose"}
     wrong = sorted((str(p.relative_to(ROOT)), pkg) for side, allowed in MAY_IMPORT.items()
                    for p in (ROOT / side).rglob("*.py") for pkg in imported_packages(p) - allowed)
-    assert [w for w in wrong if w not in KNOWN] == []
+    assert wrong == []

@@ -389,7 +389,7 @@ def test_the_daemon_keeps_no_message_of_many_frames(tmp_path: Path) -> None:
 
 # ---- a session's key ---------------------------------------------------------------------------------
 INTRUDER = """import json, os, sys, zmq
-from xpuremote.client import auth
+from xpuremote.protocol import curve
 from xpuremote.protocol import wire
 from xpuremote.protocol.calls import CALLS
 endpoint, ptr = sys.argv[1], int(sys.argv[2])
@@ -400,7 +400,7 @@ for who, routing_id in (("no key", None), ("a wrong key", os.urandom(32))):
     sock.setsockopt(zmq.LINGER, 0)
     if routing_id:
         sock.setsockopt(zmq.ROUTING_ID, routing_id)
-    auth.secure(sock, auth.client_keys())
+    curve.secure(sock, curve.client_keys())
     sock.connect(endpoint)
     for seq, (symbol, args) in enumerate([("cuMemcpyDtoH_v2", [64, ptr, 64]),
                                           ("cuMemcpyHtoD_v2", [ptr, b"X" * 64, 64])], 1):
@@ -473,11 +473,11 @@ def test_per_key_limits_in_curve_mode(keys: dict[str, Path], tmp_path: Path, mon
 
 def _curve_hello(ctx: zmq.Context, address: str) -> dict:
     """A hello with the CURVE keys of the environment, never followed by a connection to the worker."""
-    from xpuremote.client import auth as client_auth
+    from xpuremote.protocol import curve
 
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
-    client_auth.secure(sock, client_auth.client_keys())
+    curve.secure(sock, curve.client_keys())
     sock.connect(address)
     sock.send_multipart(wire.encode({"op": "hello", "client": {"user": "squatter"}}))
     assert sock.poll(30_000), "no answer to a hello"

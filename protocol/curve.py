@@ -1,4 +1,5 @@
-"""The client's CURVE keys, and a clear reason when a server refuses the connection.
+"""CURVE as the connecting side has it: its keys, and a clear reason when a server refuses the connection. The
+client connects so, and so does `xpu-server status`, which asks a running daemon.
 
 XPU_CLIENT_KEY names the client's secret key file (NAME.key_secret from `xpu-server keygen`),
 XPU_SERVER_KEY the server's public key file (its NAME.key). Both set: every socket to the
