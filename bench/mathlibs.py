@@ -28,9 +28,12 @@ On a private `xpu-server --backend sim` over loopback:
    the same calls' wire shape (batched as the client batches, or one echo per call).
    Client CPU is the calling process's CPU time per call, server CPU the session worker's.
 2. calls per training step: each bench/torch_e2e.py workload (--size small) under
-   XPU_SIM_SKIP_KERNELS=1 with a trace, at 1 and at 3 steps; the difference halved is one
-   step: calls by library and class, round trips (messages that waited for an answer), and the
-   calls the server ran (its session's count: what the client kept or answered is not among them).
+   XPU_SIM_SKIP_KERNELS=1 with a trace of 3 steps after a warm-up one, the timed steps' calls divided by 3
+   (and the server's count at 1 step taken from that at 3, halved): calls by library and class, round trips
+   (messages that waited for an answer), the synchronizing
+   operations the step asked for (PyTorch's sync debug mode's count, and the synchronize ending the step: a
+   round trip beyond them is one the application did not ask for), and the calls the server ran (its
+   session's count: what the client kept or answered is not among them).
 """
 
 from __future__ import annotations
@@ -326,38 +329,46 @@ def raw_costs(n: int) -> dict[str, Any]:
 
 # ---- calls per step ---------------------------------------------------------------------------------
 def step_counts(address: str, log: Path, tmp: Path, workload: str) -> dict[str, Any]:
-    """One training (or generate) step's calls, by the difference of a 3-step and a 1-step run: the
-    application's (from a trace), and those the server ran (from its session's end)."""
-    totals = []
+    """One training (or generate) step's calls: the application's, from a trace of 3 timed steps after a warm-up
+    one, those within the timed steps divided by 3; and those the server ran, by the difference of its
+    session's count at 3 steps and at 1, halved."""
+    runs = []
     for steps in (1, 3):
         ended = len(ENDED.findall(log.read_text()))
         path = tmp / f"{workload}-{steps}.trace"
         cmd = [str(TORCH_PYTHON), "-m", "xpuremote.interpose.run", "--server", address, "--trace", str(path), "--",
                str(TORCH_PYTHON), str(ROOT / "bench" / "torch_e2e.py"), "--run", workload, "--steps", str(steps),
-               "--warmup", "1", "--size", "small"]
+               "--warmup", "1", "--size", "small", "--count-syncs"]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
             return {"error": proc.stderr.strip()[-500:]}
-        totals.append(_count(trace_format.read(path)))
         _wait_for(lambda ended=ended: len(ENDED.findall(log.read_text())) > ended, "the session's end")
-        totals[-1]["server_calls"] = int(ENDED.findall(log.read_text())[ended])
-    first, last = totals
-    return {key: (last[key] - first.get(key, 0)) / 2 for key in last}
+        runs.append((json.loads(proc.stdout.strip().splitlines()[-1]), path,
+                     int(ENDED.findall(log.read_text())[ended])))
+    (_, _, served_1), (timed, path, served_3) = runs
+    counts = _count(trace_format.read(path), *timed["window_ns"])
+    steps = timed["steps"]
+    return {**{key: n / steps for key, n in counts.items()}, "syncs_asked": timed["syncs_asked"] / steps,
+            "server_calls": (served_3 - served_1) / 2}
 
 
 ENDED = re.compile(r"session \S+ ended: (\d+) calls")
 
 
-def _count(trace: trace_format.Trace) -> Counter:
+def _count(trace: trace_format.Trace, start_ns: int, end_ns: int) -> Counter:
+    """The calls and messages of a trace between two CLOCK_MONOTONIC times (the trace's are after its epoch)."""
+    start, end = start_ns - trace.header["epoch_ns"], end_ns - trace.header["epoch_ns"]
     counts: Counter = Counter()
     for call in trace.calls:
-        library = CALLS[call.name].library if call.name in CALLS else "cuda"
-        counts[f"calls_{library}"] += 1
-        counts[f"class_{call.cls}"] += 1
-        counts["calls"] += 1
+        if start <= call.entry <= end:
+            library = CALLS[call.name].library if call.name in CALLS else "cuda"
+            counts[f"calls_{library}"] += 1
+            counts[f"class_{call.cls}"] += 1
+            counts["calls"] += 1
     for m in trace.messages:
-        counts["messages"] += 1
-        counts["round_trips"] += m.kind != "async"
+        if start <= m.sent <= end:
+            counts["messages"] += 1
+            counts["round_trips"] += m.kind != "async"
     return counts
 
 
@@ -396,8 +407,8 @@ def markdown(report: dict[str, Any]) -> str:
     if report.get("steps"):
         rows += ["", "## One step of each bench/torch_e2e.py workload (--size small, XPU_SIM_SKIP_KERNELS=1)", "",
                  "| workload | calls | driver | cuBLAS | cuBLASLt | cuDNN | local | async+shadow | "
-                 "sync (table class) | messages | round trips | calls the server ran |",
-                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                 "sync (table class) | messages | round trips | syncs PyTorch asked for | calls the server ran |",
+                 "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for name, c in report["steps"].items():
             if "error" in c:
                 rows.append(f"| {name} | error: {c['error'].splitlines()[-1][:100]} |")
@@ -408,7 +419,7 @@ def markdown(report: dict[str, Any]) -> str:
             rows.append(f"| {name} | {g('calls'):.0f} | {g('calls_cuda'):.0f} | {g('calls_cublas'):.0f} | "
                         f"{g('calls_cublasLt'):.0f} | {g('calls_cudnn'):.0f} | {g('class_local'):.0f} | "
                         f"{g('class_async') + g('class_shadow'):.0f} | {g('class_sync'):.0f} | {g('messages'):.0f} | "
-                        f"{g('round_trips'):.0f} | {g('server_calls'):.0f} |")
+                        f"{g('round_trips'):.0f} | {g('syncs_asked'):.0f} | {g('server_calls'):.0f} |")
     return "\n".join(rows) + "\n"
 
 

@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -187,13 +188,15 @@ def build(name: str, torch: Any, size: str = "full", new_tokens: int | None = No
     raise SystemExit(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")
 
 
-def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP,
-            stop_at: float | None = None, gate: bool = False, new_tokens: int | None = None) -> dict[str, Any]:
+def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP, stop_at: float | None = None,
+            gate: bool = False, new_tokens: int | None = None, count_syncs: bool = False) -> dict[str, Any]:
     """One workload in this process: per-step times after warm-up, and a checksum. With `stop_at` (a
     time.time()), the steps stop there, after at least one: fewer steps, not none. With `gate`, once warmed up
     it says so on stdout and times its steps when a line comes on stdin (xpu-perf's validation starts a
     workload's runs together and times them one at a time). `window_ns`: the timed steps' start and end on
-    CLOCK_MONOTONIC, the clock a trace's times are on; `step_ends_ns`: each step's end there."""
+    CLOCK_MONOTONIC, the clock a trace's times are on; `step_ends_ns`: each step's end there. With `count_syncs`,
+    `syncs_asked`: the synchronizing operations the timed steps asked for, as PyTorch's sync debug mode sees them
+    (a `.item()`, a blocking copy, a data-dependent branch), the synchronize ending each step counted too."""
     import torch
 
     step, checksum = build(name, torch, size, new_tokens)
@@ -204,8 +207,11 @@ def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP,
             print(json.dumps({"ready": name}), flush=True)
             sys.stdin.readline()
         at.update(cpu=time.process_time(), workers=workers_cpu_s(), start=time.monotonic_ns())
+        if asked:
+            asked.start()
 
     ends: list[int] = []  # each timed step's end on CLOCK_MONOTONIC
+    asked = _SyncCounter(torch) if count_syncs else None
 
     def sync() -> None:
         torch.cuda.synchronize()
@@ -213,6 +219,7 @@ def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP,
             ends.append(time.monotonic_ns())
 
     times = time_steps(step, sync, steps, warmup, stop_at, begin)
+    syncs = {"syncs_asked": asked.stop() + len(times)} if asked else {}
     window = [at["start"], ends[-1]]
     cpu = time.process_time() - at["cpu"]
     served = sum(now - at["workers"].get(pid, 0.0) for pid, now in workers_cpu_s().items())
@@ -220,7 +227,28 @@ def run_one(name: str, steps: int, size: str = "full", warmup: int = WARMUP,
             "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "max_allocated": torch.cuda.max_memory_allocated(), "steps": len(times), "steps_asked": steps,
             "cpu_ms": 1000 * cpu / len(times), "server_cpu_ms": 1000 * served / len(times), "window_ns": window,
-            "step_ends_ns": ends, **({"tokens": step.tokens()} if name == "gpt2_generate" else {})}  # type: ignore[attr-defined]
+            "step_ends_ns": ends, **syncs, **({"tokens": step.tokens()} if name == "gpt2_generate" else {})}  # type: ignore[attr-defined]
+
+
+class _SyncCounter:
+    """PyTorch's synchronizing operations while on: its sync debug mode's warnings, counted (and not shown)."""
+
+    def __init__(self, torch: Any) -> None:
+        self.torch, self.count, self._shown = torch, 0, None
+
+    def start(self) -> None:
+        warnings.simplefilter("always")
+        self._shown = warnings.showwarning
+        warnings.showwarning = self._seen
+        self.torch.cuda.set_sync_debug_mode("warn")
+
+    def _seen(self, message: Any, *_: Any, **__: Any) -> None:
+        self.count += str(message).startswith("called a synchronizing")  # not the mode's own notice
+
+    def stop(self) -> int:
+        self.torch.cuda.set_sync_debug_mode(0)
+        warnings.showwarning = self._shown
+        return self.count
 
 
 def time_steps(step: Callable[[], Any], sync: Callable[[], Any], steps: int, warmup: int,
@@ -367,12 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", help=argparse.SUPPRESS)  # one workload in this process
     parser.add_argument("--stop-at", type=float, help=argparse.SUPPRESS)  # --run's steps end there (time.time())
     parser.add_argument("--gate", action="store_true", help=argparse.SUPPRESS)  # --run: steps timed on a stdin line
+    parser.add_argument("--count-syncs", action="store_true", help=argparse.SUPPRESS)  # --run: syncs_asked
     parser.add_argument("--new-tokens", type=int, help="gpt2_generate's new tokens a step (default: its size's)")
     args = parser.parse_args(argv)
     if args.run:  # one or more workloads, one after the other in this process: a JSON line each
         for name in args.run.split(","):
             print(json.dumps(run_one(name, args.steps, args.size, args.warmup, args.stop_at, args.gate,
-                                     args.new_tokens)), flush=True)
+                                     args.new_tokens, args.count_syncs)), flush=True)
         if args.gate:  # the session stays up, idle, until the other runs are timed
             sys.stdin.read()
         return 0
