@@ -60,8 +60,10 @@ class Recorder:
 
     def lane(self, seq: int, pos: int, records: bytes, stamps: bytes, count: int) -> None:
         """`count` lane records taken into message `seq` at `pos`, with their stamps (one each)."""
-        stamped = len(stamps) == count * abi.LANE_STAMP_SIZE
-        self._note(self._lane, seq, pos, records, stamps if stamped else None, 0 if stamped else time.monotonic_ns())
+        if len(stamps) == count * abi.LANE_STAMP_SIZE:  # the records themselves are not kept: a lane may be large
+            self._note(self._lane, seq, pos, b"", stamps, 0)
+        else:
+            self._note(self._lane, seq, pos, records, None, time.monotonic_ns())
 
     def sent(self, seq: int, kind: str, sent: int, up: int, n: int, items: int) -> None:
         """Message `seq` went out: `n` calls (lane records counted) in `items` items."""
