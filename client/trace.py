@@ -15,6 +15,7 @@ per event. The file format is protocol/trace.py's.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -28,6 +29,7 @@ from xpuremote.protocol.calls import BY_OPCODE, CALLS, SYMBOLS, Call
 CLASS_INDEX = {name: i for i, name in enumerate(trace.CLASSES)}
 KIND_INDEX = {name: i for i, name in enumerate(trace.KINDS)}
 INTERNAL = CLASS_INDEX["internal"]
+log = logging.getLogger("xpuremote.trace")
 BACKLOG = 8192  # events noted before a catch-up that no wait for an answer made
 
 
@@ -96,11 +98,16 @@ class Recorder:
             return
         try:
             backlog = self.backlog
+            if self.writer.closed:  # a thread's report after the recording ended: nowhere to go
+                backlog.clear()
             while backlog:
                 batch = backlog[:len(backlog)]
                 del backlog[:len(batch)]  # what was appended meanwhile stays
                 for method, *args in batch:
-                    method(*args)
+                    try:  # never into the call that waits: its answer is on its way
+                        method(*args)
+                    except Exception:
+                        log.exception("the trace could not record an event (%s)", method.__name__.lstrip("_"))
         finally:
             self.lock.release()
 

@@ -275,6 +275,31 @@ def test_a_traced_call_goes_its_way_and_the_trace_is_written_while_a_sync_call_w
     assert all(m.server is not None for m in t.messages if m.seq <= 3)
 
 
+def test_a_report_the_trace_cannot_record_is_logged_and_the_session_goes_on(server, tmp_path: Path, monkeypatch,
+                                                                            caplog) -> None:
+    """The trace is written while a call waits for its answer: an event it cannot record (a server's timing that is
+    not [seq, server_ns, per_call]) is logged and dropped there, and the call, the next ones and the rest of the
+    trace go on."""
+    from pyclient import CTX
+
+    from xpuremote.client import trace as client_trace
+    from xpuremote.client.connection import Connection
+
+    path = tmp_path / "bad.trace"
+    conn = Connection(server.address, measure=True)
+    monkeypatch.setattr(client_trace, "RECORDER", client_trace.Recorder(str(path), {}))
+    try:
+        conn.post(CALLS["cuCtxCreate_v2"], [CTX, 0, 0], None)
+        client_trace.RECORDER.timed([[7]])
+        assert [conn.call(CALLS["cuCtxSynchronize"], [], CTX)[0] for _ in range(2)] == [0, 0]
+    finally:
+        conn.close()
+        client_trace.stop()
+    assert "could not record an event (timed)" in caplog.text
+    assert [(m.seq, m.kind) for m in sorted(trace.read(path).messages, key=lambda m: m.seq)][:2] == [
+        (1, "sync"), (2, "sync")]
+
+
 def test_trace_counts_bytes_each_way(run_on, workloads: Path, tmp_path: Path) -> None:
     t = record(run_on, tmp_path / "bytes.trace", workloads, "bytes", 3)
     assert sum(m.up for m in t.messages) >= 3 * CHUNK
