@@ -227,10 +227,10 @@ def table(new: dict[str, float], py: dict[str, float], old: dict[str, float], wh
     lines += [f"| {name} | {s['python']:.2f} | {s['after']:.2f} |" for name, s in whole.items()]
     lines += ["", "Before: the reader of the commit before the compiled replay (protocol/trace.py), the Python replay; "
               "its sweep and requirements are its time a prediction (the mean of a few) times their number of "
-              "predictions. Python reader: this code with XPU_TRACE_NATIVE=0 (where protocol/trace_reader.c cannot "
-              "be built, and the code before it: the model's arrays made from Message objects), the compiled "
-              "replay. After: the trace read into columns in C, the model made from them. Each side runs in a "
-              "Python of its own; each whole command is the median of three runs."]
+              "predictions. Python reader: this code with XPU_TRACE_NATIVE=0, as where protocol/trace_reader.c cannot "
+              "be built (the trace read in Python, the model's arrays made from its Message objects, as before the "
+              "C reader), the compiled replay. After: the trace read into columns in C, the model made from them. "
+              "Each side runs in a Python of its own; each whole command is the median of three runs."]
     return "\n".join(lines)
 
 
