@@ -10,6 +10,9 @@ generator's stream, writing device memory). What is written here:
   quasirandom generator's dimensions, an ordering or a Poisson lambda out of range;
 - curandCreateGeneratorHost, refused (said once): its generations write host memory, which the server cannot;
 - the versions, of the server's copy (the library that runs the calls).
+Under the shim, a generator's generations of a kind are queued in C (interpose/kept.h) after the first passed these
+checks, for counts that pass them too (a multiple of what `let` says), until the generator's dimensions change or it
+is destroyed; any other comes here.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from xpuremote.protocol.calls import Call
 from xpuremote.protocol.errors import CudaError
 
 from . import marshal
+from . import mathlibs as in_client
 from .driver import Driver, implements
 from .mathlibs import _created, _property, check_version, version_of
 
@@ -93,6 +97,7 @@ def create_host(d: Driver, call: Call, args: list[Any]) -> None:
 @implements("curandDestroyGenerator")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
     _generator(args[0])
+    _forget(call, args[0])
     d.forward(call, args)
     GENERATORS.pop(args[0], None)
 
@@ -120,8 +125,21 @@ def set_dimensions(d: Driver, call: Call, args: list[Any]) -> None:
         raise refuse("type_error", "curandSetQuasiRandomGeneratorDimensions: a pseudorandom generator has none")
     if not 1 <= args[1] <= MAX_DIMENSIONS:
         raise refuse("invalid_value", f"{args[1]} dimensions (1 to {MAX_DIMENSIONS})")
+    _forget(call, args[0])  # the counts C may take change
     d.forward(call, args)
     gen.dimensions = args[1]
+
+
+def _let(gen: Generator, call: Call, handle: int, pairs: bool = False) -> None:
+    """C queues `call` of this generator from now on for the counts `_count` lets pass: a multiple of a quasirandom
+    generator's dimensions, of 2 for a pseudorandom generator's normal values."""
+    if in_client.IN_C is not None:
+        in_client.IN_C.let(call, handle, gen.dimensions if not gen.pseudo else 2 if pairs else 1)
+
+
+def _forget(call: Call, handle: int) -> None:
+    if in_client.IN_C is not None:
+        in_client.IN_C.forget(call, handle)
 
 
 def _count(gen: Generator, call: Call, count: int, pairs: bool = False) -> None:
@@ -142,6 +160,7 @@ def generate(d: Driver, call: Call, args: list[Any]) -> None:
                      "(curandGenerateLongLong)")
     _count(gen, call, args[2])
     d.forward(call, args)
+    _let(gen, call, args[0])
 
 
 @implements("curandGenerateLongLong")
@@ -151,13 +170,16 @@ def generate_long_long(d: Driver, call: Call, args: list[Any]) -> None:
         raise refuse("type_error", "curandGenerateLongLong needs a 64-bit quasirandom generator")
     _count(gen, call, args[2])
     d.forward(call, args)
+    _let(gen, call, args[0])
 
 
 @implements("curandGenerateNormal", "curandGenerateNormalDouble", "curandGenerateLogNormal",
             "curandGenerateLogNormalDouble")
 def generate_normal(d: Driver, call: Call, args: list[Any]) -> None:
-    _count(_generator(args[0]), call, args[2], pairs=True)
+    gen = _generator(args[0])
+    _count(gen, call, args[2], pairs=True)
     d.forward(call, args)
+    _let(gen, call, args[0], pairs=True)
 
 
 @implements("curandGeneratePoisson")

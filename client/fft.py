@@ -4,7 +4,9 @@ A plan (`cufftHandle`, an int) is client-made like the other libraries' handles 
 creation is queued, and the calls that make it (cufftMakePlan*, cufftXtMakePlanMany) wait for the server, which
 says whether cuFFT takes the sizes and layout and how large a work area the plan needs. cufftPlan1d/2d/3d and
 cufftPlanMany are sent as a cufftCreate and the cufftMakePlan* of the same arguments, so their failure is the
-call's own, as it is with NVIDIA's library. Transforms and a plan's settings are queued.
+call's own, as it is with NVIDIA's library. Transforms and a plan's settings are queued. Under the shim, a plan's
+transforms are queued in C (interpose/kept.h) after the first of each kind went through here, until the plan is
+destroyed: an unknown plan, or a destroyed one, always comes here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from xpuremote.protocol.calls import CALLS, Call
 from xpuremote.protocol.errors import CudaError
 
 from . import marshal
+from . import mathlibs as in_client
 from .driver import Driver, implements
 from .mathlibs import _property, check_version, version_of
 
@@ -66,3 +69,19 @@ def get_version(d: Driver, call: Call, args: list[Any]) -> None:
 
 
 implements("cufftGetProperty")(_property)
+
+
+@implements(*(s for s in mathlibs.HANDLE_LANE if s.startswith("cufft")))
+def transform(d: Driver, call: Call, args: list[Any]) -> None:
+    """A transform: queued; C queues this plan's next ones of the kind (the server checks them as it checks this)."""
+    d.forward(call, args)
+    if in_client.IN_C is not None:
+        in_client.IN_C.let(call, args[0])
+
+
+@implements("cufftDestroy")
+def destroy(d: Driver, call: Call, args: list[Any]) -> None:
+    """The plan's transforms come here again (its number may be given to a new plan)."""
+    if in_client.IN_C is not None:
+        in_client.IN_C.forget(call, args[0])
+    d.forward(call, args)

@@ -72,6 +72,14 @@ def library_lane() -> list[tuple[str, int]]:
     return [(s, next(role for role, lane in roles if getattr(CALLS[s], lane) is not None))
             for s in (*LIBRARY_SYMBOLS["cublas"], *LIBRARY_SYMBOLS["cublasLt"], *LIBRARY_SYMBOLS["cudnn"])
             if CALLS[s].in_lane and s not in IN_C_OPS and CALLS[s].family not in IMPLEMENTATIONS]
+
+
+def handle_lane() -> list[str]:
+    """The calls of a client-made handle C queues in the lane once the client lets the handle take it
+    (Call.handle_lane: cuFFT's transforms, cuRAND's generations)."""
+    return [s for lib in ("cufft", "curand") for s in LIBRARY_SYMBOLS[lib] if CALLS[s].handle_lane is not None]
+
+
 IN_C_DECODERS = {kind: call.from_slots for (role, kind), call in IN_C_CALLS.items()
                  if role == abi.KEPT_LT_CREATE}
 
@@ -109,6 +117,10 @@ class KeptInC:
             else:  # a cuDNN call: its tensor descriptors so named, any other descriptor NULL
                 descriptors, scalars, scale_from = call.dnn_lane
                 self.lib.xpu_kept_lane(*_op(symbol), len(call.params), scalars, scale_from, 0, descriptors, -1, 0)
+        for symbol in handle_lane():  # queued in the lane by C where the handle was let take it (`let`)
+            call = CALLS[symbol]
+            self.lib.xpu_kept_mark(*_op(symbol), abi.KEPT_HANDLE_CALL, 0, 0, call.opcode)
+            self.lib.xpu_kept_lane(*_op(symbol), len(call.params), 0, call.handle_lane, 0, 0, -1, 0)
         for symbol in SIZES:  # the arguments of a size question: its descriptors' by their settings
             call = CALLS[symbol]
             descriptors = sum(1 << i for i, p in enumerate(call.params) if i and p.kind == "handle")
@@ -198,6 +210,16 @@ class KeptInC:
         """`handle`'s setter `call` holds `value` now: C answers a call that sets it again."""
         for op in SETTING_OPS.get(call.symbol, ()):
             self.lib.xpu_kept_setting(handle, *op, value & 0xFFFF_FFFF_FFFF_FFFF)
+
+    def let(self, call: Call, handle: int, multiple: int = 1) -> None:
+        """C queues `call` naming `handle` from now on, where its count argument is a multiple of `multiple` (the
+        client's checks of it passed for such counts), until `forget`."""
+        if call.handle_lane is not None:
+            self.lib.xpu_kept_let(*_op(call.symbol), handle & 0xFFFF_FFFF_FFFF_FFFF, multiple)
+
+    def forget(self, call: Call, handle: int) -> None:
+        """Every call of `handle`'s library naming it goes through the client again (`call`: one of that library's)."""
+        self.lib.xpu_kept_let(*_op(call.symbol), handle & 0xFFFF_FFFF_FFFF_FFFF, 0)
 
     def forget_settings(self, handle: int) -> None:
         self.lib.xpu_kept_setting(handle, 0, -1, 0)

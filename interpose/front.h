@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include "abi.h"  /* the records, enums and limits C shares with Python (protocol/records.py) */
 
-#define XPU_FRONT_VERSION 16
+#define XPU_FRONT_VERSION 17
 typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
 
 /* What the front lends the core's Python, once: the table's members below, core.c's forwarding functions
@@ -57,7 +57,8 @@ typedef int (*xpu_dispatch_fn)(int op, uint64_t *slots);
     XPU_LENT_VOID(kept_serve, (const struct xpu_kept_record *setting, uint64_t server), (setting, server)) \
     XPU_LENT_VOID(kept_constant, (int library, int op, int32_t value), (library, op, value)) \
     XPU_LENT_VOID(kept_scalars_at, (const uint64_t *addresses, int64_t count), (addresses, count)) \
-    XPU_LENT_VOID(kept_device_ranges, (const uint64_t *ranges, int64_t count), (ranges, count))
+    XPU_LENT_VOID(kept_device_ranges, (const uint64_t *ranges, int64_t count), (ranges, count)) \
+    XPU_LENT_VOID(kept_let, (int library, int op, uint64_t handle, uint64_t multiple), (library, op, handle, multiple))
 
 #define XPU_FRONT_MEMBER(ret, name, params, args) ret (*name) params;
 #define XPU_FRONT_MEMBER_VOID(name, params, args) void (*name) params;

@@ -84,6 +84,12 @@ static struct {
      * pointers all inside are all device addresses: no by-value scalar, nothing to ask the core). */
     uint64_t *device;
     int64_t devices;
+    /* The client-made handles whose calls C may queue (XPU_KEPT_HANDLE_CALL: a cuFFT plan's transforms, a cuRAND
+     * generator's generations), each for one op, as the core let them after a first call of that op passed its
+     * checks: the count argument must be a multiple of `multiple` (a quasirandom generator's dimensions, 2 for a
+     * pseudorandom one's normals). Open addressing; multiple 0: a forgotten entry, probed past. */
+    struct { uint64_t handle, multiple; int16_t library, op; } handle[XPU_KEPT_HANDLES];
+    uint32_t handles;                           /* entries used, forgotten ones included */
 } xpu_kept = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void xpu_kept_pack_names(const int64_t *names) {
@@ -168,7 +174,7 @@ static void xpu_kept_mark(int library, int op, int role, int kind, int made, uin
 /* A library call C queues in the lane (XPU_KEPT_BLAS_CALL or _LT_CALL, marked first): `nargs` arguments, those of
  * `scalars` host scalars of `size` bytes, or of the size of the type argument `type_arg` names (a cuBLASLt call's:
  * the descriptor whose scale type sizes them); a cuBLASLt call's kept descriptors (`descriptors`, a bit each) and
- * the argument whose `blob_size` bytes travel as its blob. */
+ * the argument whose `blob_size` bytes travel as its blob. A HANDLE_CALL's `type_arg`: its count argument, or -1. */
 static void xpu_kept_lane(int library, int op, int nargs, uint32_t scalars, int type_arg, int size,
                           uint32_t descriptors, int blob_arg, int blob_size) {
     if (library < 0 || library >= XPU_LIBRARIES || op < 0 || op >= XPU_LIBRARY_OPS_MAX || nargs > XPU_LANE_ARGS_MAX
@@ -683,6 +689,56 @@ static int xpu_kept_dnn_call(int library, int op, const uint64_t *s) {
     return xpu_lane_put_calls(&call, 1);
 }
 
+/* ---- calls of a client-made handle in the lane (cuFFT's transforms, cuRAND's generations) ---------------- */
+/* Where (library, op, handle) is in the handles the core let take the lane, or the free entry where it would go.
+ * Under the lock. */
+static uint32_t xpu_kept_handle_slot(int library, int op, uint64_t handle) {
+    uint64_t key[2] = {handle, (uint64_t)library << 32 | (uint32_t)op};
+    uint32_t i = (uint32_t)(xpu_kept_hash((const unsigned char *)key, sizeof key) & (XPU_KEPT_HANDLES - 1));
+    while (xpu_kept.handle[i].library) {  /* library + 1 in a used entry; never full: it starts over at half */
+        if (xpu_kept.handle[i].handle == handle && xpu_kept.handle[i].library == library + 1
+            && xpu_kept.handle[i].op == op)
+            break;
+        i = (i + 1) & (XPU_KEPT_HANDLES - 1);
+    }
+    return i;
+}
+
+/* The core's: `op` of `library` naming `handle` first may be queued here when its count argument is a multiple of
+ * `multiple`; or (multiple 0) every op of that library's `handle` goes the core's way again (a destroy, or a change
+ * of what the core's checks read). */
+static void xpu_kept_let(int library, int op, uint64_t handle, uint64_t multiple) {
+    if (library < 0 || library >= XPU_LIBRARIES || op < 0 || op >= XPU_LIBRARY_OPS_MAX) return;
+    pthread_mutex_lock(&xpu_kept.lock);
+    if (!multiple) {
+        for (int i = 0; i < XPU_KEPT_HANDLES; i++)
+            if (xpu_kept.handle[i].handle == handle && xpu_kept.handle[i].library == library + 1)
+                xpu_kept.handle[i].multiple = 0;
+    } else {
+        if (xpu_kept.handles >= XPU_KEPT_HANDLES / 2) {
+            memset(xpu_kept.handle, 0, sizeof xpu_kept.handle);
+            xpu_kept.handles = 0;
+        }
+        uint32_t i = xpu_kept_handle_slot(library, op, handle);
+        xpu_kept.handles += !xpu_kept.handle[i].library;
+        xpu_kept.handle[i].handle = handle, xpu_kept.handle[i].multiple = multiple;
+        xpu_kept.handle[i].library = (int16_t)(library + 1), xpu_kept.handle[i].op = (int16_t)op;
+    }
+    pthread_mutex_unlock(&xpu_kept.lock);
+}
+
+/* A call of a handle the core let take the lane for this op (Call.handle_lane), its arguments as they are: 0, or -1
+ * where the core takes it (a handle it did not let, or forgot; a count not a multiple of what it said; the lane
+ * closed or full). Under the lock. */
+static int xpu_kept_handle_call(int library, int op, const uint64_t *s) {
+    const __typeof__(xpu_kept.op[0][0]) *o = &xpu_kept.op[library][op];
+    if (!o->nargs) return -1;
+    uint64_t multiple = xpu_kept.handle[xpu_kept_handle_slot(library, op, s[0])].multiple;
+    if (!multiple || (o->type_arg >= 0 && s[o->type_arg] % multiple)) return -1;
+    struct xpu_lane_call call = {.opcode = o->opcode, .nargs = o->nargs, .args = s};
+    return xpu_lane_put_calls(&call, 1);
+}
+
 /* ---- cuDNN's variant packs executed in the lane ------------------------------------------------------ */
 /* Where `address` is in the table of by-value scalars' addresses, or the free entry where it would go. Under the
  * lock. */
@@ -856,6 +912,9 @@ static int xpu_kept_try(int library, int op, uint64_t *slots) {
         break;
     case XPU_KEPT_PACK_EXECUTE:
         rc = xpu_kept_execute(library, op, slots);
+        break;
+    case XPU_KEPT_HANDLE_CALL:
+        rc = xpu_kept_handle_call(library, op, slots);
         break;
     case XPU_KEPT_CONSTANT:
         if (xpu_kept.op[library][op].known) rc = xpu_kept.op[library][op].constant;

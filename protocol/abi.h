@@ -38,6 +38,10 @@
 #define XPU_KEPT_PACK_ELEMENTS 16
 /* a variant pack's attributes an execution takes: unique ids, data pointers, workspace */
 #define XPU_KEPT_PACK_ATTRIBUTES 3
+/* (library, op, handle) entries of the calls kept.h queues for a handle the core let take the lane (cuFFT's
+ * plans, cuRAND's generators; a power of two); at half, it starts over
+ */
+#define XPU_KEPT_HANDLES 1024
 /* answers kept in C (cuBLASLt's heuristics, cuDNN's sizes; a power of two); full, it starts over */
 #define XPU_KEPT_ANSWERS 256
 /* results a heuristic question kept in C may ask for */
@@ -86,7 +90,9 @@ enum {
  * which of its data pointers are by-value scalars), or a cuDNN call queued in the lane (a batch norm: its tensor
  * descriptors named by the server's descriptors for their settings), or a size question of a cuDNN handle,
  * integers and tensor descriptors (a batch norm's workspace: answered again from the core's first answer for the
- * same settings). A tensor record's setter is one of the three SET_
+ * same settings), or a call of a handle the core let take the lane for that op (a cuFFT transform, a cuRAND
+ * generation: its arguments as they are, a count argument a multiple of what the core said). A tensor record's
+ * setter is one of the three SET_
  */
 enum {
     XPU_KEPT_NONE = 0, XPU_KEPT_CREATE = 1, XPU_KEPT_SET_ND = 2, XPU_KEPT_SET_4D = 3, XPU_KEPT_SET_4D_EX = 4,
@@ -94,7 +100,8 @@ enum {
     XPU_KEPT_PACK_CREATE = 9, XPU_KEPT_PACK_SET = 10, XPU_KEPT_PACK_FINALIZE = 11, XPU_KEPT_PACK_DESTROY = 12,
     XPU_KEPT_SETTING = 13, XPU_KEPT_GETTING = 14, XPU_KEPT_BLAS_STREAM = 15, XPU_KEPT_BLAS_WORKSPACE = 16,
     XPU_KEPT_BLAS_GET_STREAM = 17, XPU_KEPT_HEURISTIC = 18, XPU_KEPT_BLAS_CALL = 19, XPU_KEPT_LT_CALL = 20,
-    XPU_KEPT_CONSTANT = 21, XPU_KEPT_PACK_EXECUTE = 22, XPU_KEPT_DNN_CALL = 23, XPU_KEPT_SIZE = 24
+    XPU_KEPT_CONSTANT = 21, XPU_KEPT_PACK_EXECUTE = 22, XPU_KEPT_DNN_CALL = 23, XPU_KEPT_SIZE = 24,
+    XPU_KEPT_HANDLE_CALL = 25
 };
 /* xpuCudnnExecute's arguments in the call table's order (the session checks that they are), as
  * server/native_lane.c reads its record

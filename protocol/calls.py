@@ -696,7 +696,8 @@ class Call:
     def in_lane(self) -> bool:
         """A lane record may name this call (the server runs no other from a lane)."""
         return (self.lane in ("args", "known") and self.sent) or self.symbol in (LANE_LAUNCH, *KEPT_LANE) \
-            or self.blas_lane is not None or self.lt_lane is not None or self.dnn_lane is not None
+            or self.blas_lane is not None or self.lt_lane is not None or self.dnn_lane is not None \
+            or self.handle_lane is not None
 
     @cached_property
     def blas_lane(self) -> tuple[int, int, int] | None:
@@ -763,9 +764,22 @@ class Call:
                 return None
         return descriptors, scalars, scale_from
 
+    @cached_property
+    def handle_lane(self) -> int | None:
+        """How the shim queues this call of a client-made handle in the lane (interpose/kept.h's HANDLE_CALL, once the
+        client let the handle take it: mathlibs.HANDLE_LANE), or None: the argument that must be a multiple of what
+        the client said, or -1. Calls of the handle first, then integers, floats, streams and device pointers, each
+        by value in a record: cuFFT's transforms, cuRAND's generations."""
+        if self.symbol not in mathlibs.HANDLE_LANE or not self.params \
+                or not self._queued_in_c(self.library, self.params[0].ctype) \
+                or not all(_travels_as_is(p) for p in self.params[1:]):
+            return None
+        count = mathlibs.HANDLE_LANE[self.symbol]
+        return self.names.index(count) if count is not None else -1
+
     def _queued_in_c(self, library: str, handle: str) -> bool:
         """An async call of `library` sent as it is, of its handle first and at most LANE_ARGS_MAX arguments, and
-        no destroy (the client's): what blas_lane, lt_lane and dnn_lane consider."""
+        no destroy (the client's): what blas_lane, lt_lane, dnn_lane and handle_lane consider."""
         return self.library == library and self.cls == "async" and self.sent and not self.destroys \
             and 0 < len(self.params) <= abi.LANE_ARGS_MAX and self.params[0].ctype == handle
 

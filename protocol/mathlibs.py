@@ -766,6 +766,19 @@ def cudnn_format(attribute_type: int) -> str:
     return CUDNN_TYPE_FORMATS.get(names.get(attribute_type, ""), "i")
 
 
+# Calls of a client-made handle that the shim queues in the fast lane itself (interpose/kept.h's HANDLE_CALL), once
+# the client has let that handle take the lane for that call (client/fft.py, client/curand.py: after a first call
+# of it through the client, which forgets the handle at its destroy or a change of what its checks read): symbol ->
+# the argument that must be a multiple of what the client said (a generation's count), or None. cuFFT's transforms
+# (a plan's checks are the server's), cuRAND's generations whose checks the client makes from the generator and the
+# count alone; curandGeneratePoisson's lambda is checked at every call, by the client.
+HANDLE_LANE: dict[str, str | None] = {
+    **{f"cufftExec{kind}": None for kind in ("C2C", "R2C", "C2R", "Z2Z", "D2Z", "Z2D")}, "cufftXtExec": None,
+    **{f"curandGenerate{kind}": "num" for kind in ("", "LongLong", "Uniform", "UniformDouble")},
+    **{f"curandGenerate{kind}": "n" for kind in ("Normal", "NormalDouble", "LogNormal", "LogNormalDouble")},
+}
+
+
 # Bytes of one value of a cudaDataType_t (CUDA_R_*/CUDA_C_*) or cublasComputeType_t, by the
 # enumerator's name: what a `scalar:TYPE` parameter's value holds.
 SCALAR_BYTES = {

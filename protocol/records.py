@@ -36,6 +36,8 @@ LIMITS: dict[str, tuple[int, str]] = {
     "KEPT_PACK_ELEMENTS": (16, "a kept variant pack's elements of each attribute"),
     "KEPT_PACK_ATTRIBUTES": (3, "a variant pack's attributes an execution takes: unique ids, data pointers, "
                              "workspace"),
+    "KEPT_HANDLES": (1024, "(library, op, handle) entries of the calls kept.h queues for a handle the core let take "
+                     "the lane (cuFFT's plans, cuRAND's generators; a power of two); at half, it starts over"),
     "KEPT_ANSWERS": (256, "answers kept in C (cuBLASLt's heuristics, cuDNN's sizes; a power of two); full, it "
                      "starts over"),
     "KEPT_HEURISTIC_RESULTS": (8, "results a heuristic question kept in C may ask for"),
@@ -70,11 +72,13 @@ ENUMS: dict[str, tuple[str, tuple[str, ...]]] = {
              "data pointers are by-value scalars), or a cuDNN call queued in the lane (a batch norm: its tensor "
              "descriptors named by the server's descriptors for their settings), or a size question of a "
              "cuDNN handle, integers and tensor descriptors (a batch norm's workspace: answered again from the "
-             "core's first answer for the same settings). A tensor record's setter is one of the three SET_",
+             "core's first answer for the same settings), or a call of a handle the core let take the lane for that "
+             "op (a cuFFT transform, a cuRAND generation: its arguments as they are, a count argument a multiple of "
+             "what the core said). A tensor record's setter is one of the three SET_",
              ("NONE", "CREATE", "SET_ND", "SET_4D", "SET_4D_EX", "DESTROY", "LT_CREATE", "LT_SET", "LT_DESTROY",
               "PACK_CREATE", "PACK_SET", "PACK_FINALIZE", "PACK_DESTROY", "SETTING", "GETTING", "BLAS_STREAM",
               "BLAS_WORKSPACE", "BLAS_GET_STREAM", "HEURISTIC", "BLAS_CALL", "LT_CALL", "CONSTANT",
-              "PACK_EXECUTE", "DNN_CALL", "SIZE")),
+              "PACK_EXECUTE", "DNN_CALL", "SIZE", "HANDLE_CALL")),
     "EXECUTE_ARG": ("xpuCudnnExecute's arguments in the call table's order (the session checks that they are), as "
                     "server/native_lane.c reads its record", ("HANDLE", "PLAN", "COUNT", "WORKSPACE", "PACK")),
     "EXECUTE_PART": ("xpuCudnnExecute's `pack` of `count` elements: the data pointers, their unique ids and the "

@@ -684,8 +684,8 @@ def _vetted_shape(call: Call) -> tuple[tuple[int, ...], tuple[int, ...], tuple[i
     kinds, bounds, families, blob = [], [], [], -1
     for i, p in enumerate(call.params):
         family = 0
-        if p.kind == "int":
-            kind, bound = abi.NATIVE_ARG_INT, _int_range(p)[1] - 1
+        if p.kind == "int":  # a negative one's slot is sign-extended (cuFFT's FORWARD, -1): vetted whole, as it is
+            kind, bound = abi.NATIVE_ARG_INT, (1 << 64) - 1 if p.signed else _int_range(p)[1] - 1
         elif p.kind == "float":
             kind, bound = abi.NATIVE_ARG_FLOAT if p.size == 4 else abi.NATIVE_ARG_DOUBLE, 0
         elif p.kind == "handle":

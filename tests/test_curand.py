@@ -6,6 +6,7 @@ by NVIDIA's cuRAND on the server's GPU. tests/programs/curand_check.cu checks th
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -111,3 +112,180 @@ def test_the_same_program_through_the_cuda_backend(shim: Path, tmp_path: Path, p
         sim.stop()
     assert proc.returncode == 0 and "curand_check: all correct" in proc.stdout, f"{proc.stdout}\n{proc.stderr}"
     assert library_calls(sim).get("curand", 0) >= 8 * 5 + 10, library_calls(sim)  # the stand-in's, forwarded again
+
+
+LANE_PROGRAM = r"""
+import ctypes, json
+import numpy as np
+from xpuremote.protocol.curand_api import ENUMS as E
+
+cu, rand = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL("libcurand.so.10")
+context, N, ROUNDS = ctypes.c_void_p(), 64, 3
+assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0) == 0
+assert cu.cuCtxSetCurrent(context) == 0
+address = ctypes.c_uint64()
+assert cu.cuMemAlloc_v2(ctypes.byref(address), 8 * N * ROUNDS) == 0
+out, f, d = ctypes.c_uint64(address.value), ctypes.c_float, ctypes.c_double
+
+
+def read(dtype):
+    values = np.empty(N * ROUNDS, dtype)
+    assert cu.cuMemcpyDtoH_v2(values.ctypes.data_as(ctypes.c_void_p), out, values.nbytes) == 0
+    return values.tolist()
+
+
+def generator(kind):
+    gen = ctypes.c_void_p()
+    assert rand.curandCreateGenerator(ctypes.byref(gen), E[kind]) == 0
+    return gen
+
+
+gen, results, statuses = generator("CURAND_RNG_PSEUDO_PHILOX4_32_10"), {}, {}
+assert rand.curandSetPseudoRandomGeneratorSeed(gen, ctypes.c_ulonglong(1234)) == 0
+for name, args, dtype in (("Uniform", (), "<f4"), ("UniformDouble", (), "<f8"), ("", (), "<u4"),
+                          ("Normal", (f(1.0), f(2.0)), "<f4"), ("NormalDouble", (d(1.0), d(2.0)), "<f8"),
+                          ("LogNormal", (f(0.0), f(0.5)), "<f4"), ("LogNormalDouble", (d(0.0), d(0.5)), "<f8")):
+    size = np.dtype(dtype).itemsize
+    for i in range(ROUNDS):  # the first through the client, the others queued in C
+        status = getattr(rand, "curandGenerate" + name)(gen, ctypes.c_uint64(out.value + i * N * size),
+                                                       ctypes.c_size_t(N), *args)
+        assert status == 0, (name, status)
+    assert cu.cuCtxSynchronize() == 0
+    results[name] = read(dtype)
+# what cuRAND refuses at the call, refused at the call still: an odd count of normals after even ones went in C
+statuses["odd_normals"] = rand.curandGenerateNormal(gen, out, ctypes.c_size_t(N - 1), f(0.0), f(1.0))
+statuses["long_long_of_pseudo"] = rand.curandGenerateLongLong(gen, out, ctypes.c_size_t(N))
+quasi = generator("CURAND_RNG_QUASI_SOBOL32")  # its numbers the GPU's (the sim has no Sobol): its counts' checks
+assert rand.curandSetQuasiRandomGeneratorDimensions(quasi, 4) == 0
+statuses["quasi"] = [rand.curandGenerateUniform(quasi, out, ctypes.c_size_t(n)) for n in (N, N, N - 2)]
+assert rand.curandSetQuasiRandomGeneratorDimensions(quasi, 3) == 0  # N is no multiple of 3: refused at the call
+statuses["quasi_redimensioned"] = [rand.curandGenerateUniform(quasi, out, ctypes.c_size_t(n)) for n in (N, N - 1)]
+statuses["quasi_sync"] = cu.cuCtxSynchronize()
+assert rand.curandDestroyGenerator(gen) == 0
+statuses["destroyed"] = rand.curandGenerateUniform(gen, out, ctypes.c_size_t(N))
+statuses["sync"] = cu.cuCtxSynchronize()
+print(json.dumps({"results": results, "statuses": statuses}))
+"""
+
+
+@pytest.mark.sim_only(reason="counts the sim's library calls per session; the client's side is the same on any "
+                      "backend")
+def test_a_generators_generations_are_queued_in_c_after_the_first(shim: Path, tmp_path: Path) -> None:
+    """Each kind of generation three times on a Philox generator: the first through the client, whose checks pass,
+    which then lets C queue that generator's next ones of the kind in the fast lane (interpose/kept.h's HANDLE_CALL)
+    for counts its checks would pass. With the lane and without, the same numbers (Philox is counter-based: a
+    generation continues the sequence) and statuses, and the same calls reach the server; with it the client sees
+    one generation of each kind. What cuRAND refuses at the call is refused at the call with the lane too: an odd
+    count of normals, 64-bit values of a 32-bit generator, a count that is no multiple of a quasirandom generator's
+    dimensions (after they changed, too: C forgets what it was let), a destroyed generator."""
+    from conftest import with_and_without_lane
+
+    from xpuremote.protocol.curand_api import ENUMS
+
+    srv = start_server(tmp_path)
+    try:
+        runs = with_and_without_lane(LANE_PROGRAM, srv.address, tmp_path, shim)
+    finally:
+        srv.stop()
+    out = json.loads(runs["1"][0].splitlines()[-1])
+    uniform = np.array(out["results"]["Uniform"])
+    assert ((uniform > 0) & (uniform <= 1)).all() and len(set(uniform.tolist())) == len(uniform)
+    statuses = out["statuses"]
+    length, type_error = ENUMS["CURAND_STATUS_LENGTH_NOT_MULTIPLE"], ENUMS["CURAND_STATUS_TYPE_ERROR"]
+    assert statuses["odd_normals"] == length and statuses["long_long_of_pseudo"] == type_error, statuses
+    assert statuses["quasi"] == [0, 0, length] and statuses["quasi_redimensioned"] == [length, 0], statuses
+    assert statuses["destroyed"] == ENUMS["CURAND_STATUS_NOT_INITIALIZED"], statuses
+    in_c, by_core = runs["1"][1], runs["0"][1]
+    for name in out["results"]:
+        symbol = f"curandGenerate{name}"
+        extra = {"Normal": 1, "Uniform": 3 + 2 + 1}.get(name, 0)  # the refused ones, and the quasi generator's
+        assert by_core[symbol][0] == 3 + extra, (symbol, by_core)
+        assert in_c[symbol][0] == 1 + extra - (name == "Uniform"), (symbol, in_c)  # the quasi's second: in C
+    served = [int(n) for n in re.findall(r"library calls: .*?curand=(\d+)", srv.log())]
+    assert len(served) == 2 and served[0] == served[1], served
+
+
+# cuRAND's generations as the shim's C queues them (kept.h's HANDLE_CALL: the generator and the arguments as they
+# are, a float's bits in its slot), run by a cuda-backend session whose cuRAND is the stand-in (xpuremote's own
+# replacement library, named as such) on the sim, or NVIDIA's
+NATIVE_SCENARIO = r"""
+import json, struct
+import numpy as np
+from xpuremote.protocol import abi
+from xpuremote.protocol.calls import CALLS
+from xpuremote.protocol.curand_api import ENUMS
+from xpuremote.server.backends.cuda import CudaBackend
+from xpuremote.server.limits import Accounted, Limits
+from xpuremote.server.session import Session
+
+CTX, GEN, N = 0x7C00_0000_1000, 0x7C00_0000_6000, 64
+backend = Accounted(CudaBackend(), Limits())
+session = Session(backend)
+session.limits = backend.limits
+
+
+def batch(*calls):
+    answer = session.run_batch([[CALLS[s].opcode, list(a)] for s, a in calls], True)
+    assert answer["status"] == 0, answer
+    return answer["outs"]
+
+
+def record(symbol, *args):
+    call = CALLS[symbol]
+    head = abi.pack_lane_record(opcode=call.opcode, nargs=len(args), blob_at=abi.LANE_NO_BLOB, ctx=CTX)
+    return head + struct.pack(f"<{len(args)}Q", *args)
+
+
+def lane(*records):
+    data = b"".join(records)
+    session.run_lane([data, len(data)])
+    failures = [[name, status] for name, status, _ in session.deferred]
+    session.deferred.clear()
+    return failures
+
+
+def in_c():
+    return session.native.calls if session.native else 0
+
+
+def bits(value):
+    return struct.unpack("<I", struct.pack("<f", value))[0]
+
+
+batch(("cuCtxCreate_v2", [CTX, 0, 0]), ("curandCreateGenerator", [GEN, ENUMS["CURAND_RNG_PSEUDO_PHILOX4_32_10"]]))
+batch(("curandSetPseudoRandomGeneratorSeed", [GEN, 1234]))
+out = int.from_bytes(batch(("cuMemAlloc_v2", [8, 4 * N]))[0], "little")
+failures = lane(*[record("curandGenerateUniform", GEN, out, N) for _ in range(4)])
+failures += lane(*[record("curandGenerateNormal", GEN, out, N, bits(1.0), bits(2.0)) for _ in range(3)])
+ran = [in_c()]
+normals = np.frombuffer(batch(("cuMemcpyDtoH_v2", [4 * N, out, 4 * N]))[0], np.float32)
+failures += lane(record("curandGenerateUniform", GEN + 16, out, N))  # a generator the session does not have
+batch(("curandDestroyGenerator", [GEN]))
+failures += lane(record("curandGenerateUniform", GEN, out, N))
+ran.append(in_c())
+print(json.dumps({"ran": ran, "failures": failures, "normals": normals.tolist()}))
+"""
+
+
+def test_a_generators_generations_run_in_c_where_python_ran_the_same_values(driver_env: dict[str, str],
+                                                                            shim: Path) -> None:
+    """A generation record runs in the worker's C (server/native_lane.c, VETTED) once the session's Python ran one of
+    the same values (a normal's mean and deviation by value in floating registers): the same numbers (the sequence
+    goes on from call to call) and failures in C and in Python; a foreign generator and a destroyed one go to Python,
+    refused as before."""
+    import os
+
+    env = {**driver_env, "XPU_CURAND_LIBRARY": str(shim.parent / "libcurand.so.10")} if driver_env else driver_env
+    results = {}
+    for native in ("1", "0"):
+        full = {**os.environ, **env, "XPU_NATIVE_LANE": native}
+        full.pop("LD_PRELOAD", None)
+        proc = subprocess.run([sys.executable, "-c", NATIVE_SCENARIO], env=full, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results[native] = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert results["1"].pop("ran") == [5, 5] and results["0"].pop("ran") == [0, 0], results
+    assert results["1"] == results["0"]
+    assert [name for name, _ in results["1"]["failures"]] == ["curandGenerateUniform"] * 2, results
+    normals = np.array(results["1"]["normals"])
+    assert len(set(normals.tolist())) == len(normals) and abs(normals.mean() - 1.0) < 1.5, normals
