@@ -5,8 +5,8 @@ creation is queued, and the calls that make it (cufftMakePlan*, cufftXtMakePlanM
 says whether cuFFT takes the sizes and layout and how large a work area the plan needs. cufftPlan1d/2d/3d and
 cufftPlanMany are sent as a cufftCreate and the cufftMakePlan* of the same arguments, so their failure is the
 call's own, as it is with NVIDIA's library. Transforms and a plan's settings are queued. Under the shim, a plan's
-transforms are queued in C (interpose/kept.h) after the first of each kind went through here, until the plan is
-destroyed: an unknown plan, or a destroyed one, always comes here.
+transforms, stream and work area are queued in C (interpose/kept.h) after the first of each kind went through here,
+until the plan is destroyed: an unknown plan, or a destroyed one, always comes here.
 """
 
 from __future__ import annotations
@@ -72,8 +72,9 @@ implements("cufftGetProperty")(_property)
 
 
 @implements(*(s for s in mathlibs.HANDLE_LANE if s.startswith("cufft")))
-def transform(d: Driver, call: Call, args: list[Any]) -> None:
-    """A transform: queued; C queues this plan's next ones of the kind (the server checks them as it checks this)."""
+def queued(d: Driver, call: Call, args: list[Any]) -> None:
+    """A transform, or the stream or work area PyTorch sets before each: queued; C queues this plan's next ones of
+    the kind (the server checks them as it checks this)."""
     d.forward(call, args)
     if in_client.IN_C is not None:
         in_client.IN_C.let(call, args[0])

@@ -771,9 +771,11 @@ def cudnn_format(attribute_type: int) -> str:
 # of it through the client, which forgets the handle at its destroy or a change of what its checks read): symbol ->
 # the argument that must be a multiple of what the client said (a generation's count), or None. cuFFT's transforms
 # (a plan's checks are the server's), cuRAND's generations whose checks the client makes from the generator and the
-# count alone; curandGeneratePoisson's lambda is checked at every call, by the client.
+# count alone; curandGeneratePoisson's lambda is checked at every call, by the client. PyTorch sets a plan's stream
+# and work area before each transform: those too.
 HANDLE_LANE: dict[str, str | None] = {
     **{f"cufftExec{kind}": None for kind in ("C2C", "R2C", "C2R", "Z2Z", "D2Z", "Z2D")}, "cufftXtExec": None,
+    "cufftSetStream": None, "cufftSetWorkArea": None,
     **{f"curandGenerate{kind}": "num" for kind in ("", "LongLong", "Uniform", "UniformDouble")},
     **{f"curandGenerate{kind}": "n" for kind in ("Normal", "NormalDouble", "LogNormal", "LogNormalDouble")},
 }

@@ -153,9 +153,9 @@ import numpy as np
 cu, fft = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL("libcufft.so.12")
 C2C, R2C, C2R, Z2Z, D2Z, Z2D = 0x29, 0x2A, 0x2C, 0x69, 0x6A, 0x6C
 N, BATCH, ROUNDS = 16, 2, 3
-context = ctypes.c_void_p()
+context, stream = ctypes.c_void_p(), ctypes.c_void_p()
 assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0) == 0
-assert cu.cuCtxSetCurrent(context) == 0
+assert cu.cuCtxSetCurrent(context) == 0 and cu.cuStreamCreate(ctypes.byref(stream), 1) == 0
 
 
 def device(array):
@@ -188,10 +188,10 @@ for name, kind, src, dst, direction, n_in, n_out in (
     assert fft.cufftPlan1d(ctypes.byref(plan), N, kind, BATCH) == 0
     x, y = device(data), device(np.zeros(n_out * BATCH, dst))
     execute = getattr(fft, "cufftExec" + name)
-    for _ in range(ROUNDS):  # the first through the client, the others queued in C
+    for _ in range(ROUNDS):  # the first through the client, the others queued in C; the stream set first, as PyTorch
         extra = () if direction is None else (direction,)
-        statuses[name] = execute(plan, x, y, *extra)
-    assert cu.cuCtxSynchronize() == 0
+        statuses[name] = fft.cufftSetStream(plan, stream) or execute(plan, x, y, *extra)
+    assert cu.cuStreamSynchronize(stream) == 0 and cu.cuCtxSynchronize() == 0
     results[name] = [data.tolist() if np.dtype(src).kind != "c" else [data.real.tolist(), data.imag.tolist()],
                      read(y, dst, n_out * BATCH).tolist() if np.dtype(dst).kind != "c"
                      else [read(y, dst, n_out * BATCH).real.tolist(), read(y, dst, n_out * BATCH).imag.tolist()]]
@@ -208,8 +208,9 @@ print(json.dumps({"results": results, "statuses": statuses}))
 @pytest.mark.sim_only(reason="counts the sim's library calls per session; the client's side is the same on any "
                       "backend")
 def test_a_plans_transforms_are_queued_in_c_after_the_first(shim: Path, tmp_path: Path) -> None:
-    """cufftExecC2C, R2C, C2R, Z2Z, D2Z and Z2D, each three times on its plan: the first through the client, which
-    then lets C queue that plan's next ones of the kind in the fast lane (interpose/kept.h's HANDLE_CALL). With the
+    """cufftExecC2C, R2C, C2R, Z2Z, D2Z and Z2D, each three times on its plan after its cufftSetStream, as PyTorch
+    calls them: the first through the client, which then lets C queue that plan's next ones of the kind in the fast
+    lane (interpose/kept.h's HANDLE_CALL). With the
     lane and without, the same transforms (as numpy's) and statuses, and the same calls reach the server; with it the
     client sees one transform of each kind, and the server runs the others from the lane. A destroyed plan's
     transform and an unknown plan's go through the client, and fail as they do without the lane."""
@@ -237,6 +238,7 @@ def test_a_plans_transforms_are_queued_in_c_after_the_first(shim: Path, tmp_path
         expected = 3 + 2 if name == "C2C" else 3  # the destroyed and the unknown plan's too
         assert by_core[f"cufftExec{name}"][0] == expected, (name, by_core)
         assert in_c[f"cufftExec{name}"][0] == expected - 2, (name, in_c)
+    assert by_core["cufftSetStream"][0] == 6 * 3 and in_c["cufftSetStream"][0] == 6, (by_core, in_c)
     served = [int(n) for n in re.findall(r"library calls: .*?cufft=(\d+)", srv.log())]
     lane = [int(n) for n in re.findall(r"\((\d+) from the fast lane", srv.log())]
     assert len(served) == 2 and served[0] == served[1], served
