@@ -72,7 +72,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial, wraps
-from itertools import accumulate, chain, compress
+from itertools import accumulate, chain, compress, islice
 from operator import add, attrgetter, itemgetter, mul, not_, sub
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple, TypeVar
@@ -400,14 +400,15 @@ def _batches(data: bytes, offset: int) -> Iterator[list[Any]]:
 
 class Lazy(list):  # noqa: FURB189  (a list, for all who take it as one)
     """A list whose items are made on first use, but for their number, known before: a trace of 10^6 calls is
-    predicted without making its calls. Iterating makes them as it goes (any() stops early); anything else
-    makes them all."""
+    predicted without making its calls. Iterating makes them as it goes, MADE_AT_ONCE at a time (any() stops
+    early); anything else makes them all. Made with the garbage collector off, as read() reads."""
 
     def __init__(self, n: int, items: Iterable[Any]) -> None:
         super().__init__()
         self._n = n
         self._items: Iterator[Any] | None = iter(items)
 
+    @without_gc  # it makes many objects, none of them garbage (read()'s reason)
     def _make(self) -> None:
         if self._items is not None:
             items, self._items = self._items, None
@@ -424,19 +425,22 @@ class Lazy(list):  # noqa: FURB189  (a list, for all who take it as one)
         while True:
             if i < list.__len__(self):
                 yield list.__getitem__(self, i)
+                i += 1
             elif self._items is None:
                 return
-            else:
-                item = next(self._items, _END)
-                if item is _END:
-                    self._items = None
-                    return
-                list.append(self, item)
-                yield item
-            i += 1
+            elif not self._more():
+                self._items = None
+                return
+
+    @without_gc
+    def _more(self) -> int:
+        """Makes up to MADE_AT_ONCE more items; how many."""
+        before = list.__len__(self)
+        list.extend(self, islice(self._items, MADE_AT_ONCE))
+        return list.__len__(self) - before
 
 
-_END = object()
+MADE_AT_ONCE = 1024  # items an iteration makes at a time: few past where any() stops, the collector off for them
 
 
 def _made_first(name: str) -> Any:
