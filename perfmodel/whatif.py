@@ -37,7 +37,7 @@ def without(model: Model, turned_off: Callable[[fmt.Call], bool]) -> Model:
     overlap = gpu_overlaps(model.trace)
     steps = {m.seq: msg(m, overlap).gpu for m in model.trace.messages}
     removed: dict[int, list[float]] = {}  # seq -> the server's time on each call taken out of that message
-    moved: set[tuple[int, int]] = set()  # (seq, pos): items whose GPU operations went with a call taken out
+    moved: dict[int, set[int]] = {}  # seq -> the items whose GPU operations went with a call taken out
     added: list[Msg] = []
     local = _typical_round_trip(model.msgs)
     for call, share in zip(model.trace.calls, call_shares(model.trace), strict=True):
@@ -52,11 +52,11 @@ def without(model: Model, turned_off: Callable[[fmt.Call], bool]) -> Model:
         server = share if share is not None else float(m.server or 0) / max(m.n, 1)
         removed.setdefault(m.seq, []).append(server)
         gpu = ()  # its item's GPU work goes with the first call of the item taken out (a lane's records share one)
-        if (m.seq, call.pos) not in moved:
-            moved.add((m.seq, call.pos))
+        if call.pos not in moved.setdefault(m.seq, set()):
+            moved[m.seq].add(call.pos)
             gpu = tuple((0.0, *rest) for _, *rest in _of_item(m, call.pos, steps[m.seq]))
         added.append(Msg(call.entry, "sync", m.up // max(m.n, 1), local.down, server, 0.0, gpu))
-    kept = [_shrunk(m, removed.get(m.seq, []), overlap, {p for s, p in moved if s == m.seq})
+    kept = [_shrunk(m, removed.get(m.seq, []), overlap, moved.get(m.seq, set()))
             for m in model.trace.messages]
     msgs = sorted([k for k in kept if k is not None] + added, key=lambda m: m.sent)
     return Model(model.trace, msgs)
