@@ -13,6 +13,7 @@ built or loaded, `library()` is None (said once) and the Python replay runs. XPU
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import logging
@@ -94,9 +95,12 @@ class Replayer:
             self.arrays = arrays if arrays is not None else _arrays(msgs)
             self.pointers = [_ptr(self.lib[0], self.arrays[name]) for name in COLUMNS]
 
-    def __call__(self, span: float, transport: Transport, net: Network, machines: Machines) -> Prediction:
+    def __call__(self, span: float, transport: Transport, net: Network, machines: Machines,
+                 first: int | None = None) -> Prediction:
+        """The replay of the first `first` messages (all: None) as a run of `span` ns."""
+        n = len(self.msgs) if first is None else first
         if self.lib is None:
-            return replay(self.msgs, span, transport, net, machines)
+            return replay(self.msgs[:n] if first is not None else self.msgs, span, transport, net, machines)
         ffi, lib = self.lib
         arr = self.arrays
         free, events = np.zeros(arr["n_streams"]), np.zeros(arr["n_events"])
@@ -104,10 +108,16 @@ class Replayer:
         sx, sy = _curve(machines.server)
         out = ffi.new("struct xpu_replay_out *")
         p = self.pointers
-        lib.xpu_replay(len(arr["sent"]), *p, _ptr(ffi, free), _ptr(ffi, events), transport.base_ns,
+        lib.xpu_replay(n, *p, _ptr(ffi, free), _ptr(ffi, events), transport.base_ns,
                        transport.per_byte_ns, net.rtt_us, net.gbps, _ptr(ffi, cx), _ptr(ffi, cy), len(cx),
                        machines.spin, machines.blocked, _ptr(ffi, sx), _ptr(ffi, sy), len(sx), out)
         return _prediction(out, span, net)
+
+    def sent_before(self, t: float) -> int:
+        """How many of the messages (in send order) were sent before `t` (ns after the trace's epoch)."""
+        if self.lib is None:
+            return bisect.bisect_left(self.msgs, t, key=attrgetter("sent"))
+        return int(np.searchsorted(self.arrays["sent"], t, side="left"))
 
 
 def of_trace(trace: fmt.Trace, overlap: bool, msgs: Sequence[Msg]) -> Replayer:

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 from xpuremote.protocol import trace as fmt
 from xpuremote.protocol.local_server import on_cpus, start_local_server
 
-from .model import Model, Network, replay
+from .model import Model, Network
 
 T = TypeVar("T")
 
@@ -224,8 +224,8 @@ ADDED_AIM = 0.20
 def time_at(model: Model, net: Network, t: float) -> float:
     """When the predicted run on `net` reaches the recorded run's instant `t` (ns after the trace's epoch): `t`,
     and the delay the messages sent before it accumulated."""
-    before = [m for m in model.msgs if m.sent < t]
-    return replay(before, t, model.transport, net, model.machines).predicted_s * 1e9
+    replayer = model.replayer  # the messages before `t`, compiled where the model's replay is
+    return replayer(t, model.transport, net, model.machines, replayer.sent_before(t)).predicted_s * 1e9
 
 
 def window_s(model: Model, net: Network, start: float, end: float) -> float:

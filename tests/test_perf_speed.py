@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT
 from test_perf import gpu_loop, record, workloads  # noqa: F401  (workloads: a fixture)
 
-from xpuremote.perfmodel import cli, fast, model, whatif
+from xpuremote.perfmodel import cli, fast, model, validate, whatif
 from xpuremote.protocol import trace
 
 NETWORKS = [model.Network(rtt, gbps) for rtt in (0.0, 1.0, 37.5, 500.0, 10_000.0) for gbps in (0.0, 1.0, 25.0, 400.0)]
@@ -50,6 +50,13 @@ def same_everywhere(make: callable) -> int:
     assert compiled.bias == pytest.approx(python.bias, rel=1e-9, abs=1e-15)
     for net in NETWORKS:
         assert_same(compiled.predict(net), python.predict(net))
+    sent = [m.sent for m in python.msgs]  # validate's step times: replays of the messages before a moment
+    marks = [sent[0] - 1, sent[len(sent) // 3], sent[len(sent) // 2] + 0.5, sent[-1], sent[-1] + 1]
+    for t in marks:
+        assert compiled.replayer.sent_before(t) == python.replayer.sent_before(t) == sum(s < t for s in sent)
+        for net in NETWORKS[::3]:
+            at = validate.time_at(compiled, net, t)
+            assert at == pytest.approx(validate.time_at(python, net, t), rel=1e-12, abs=1e-6)
     return len(compiled.msgs)
 
 
