@@ -183,8 +183,14 @@ class Driver:
     def _open_all(self) -> list[Connection]:
         """A session with each server XPU_SERVER names; none if one of them cannot be reached."""
         conns: list[Connection] = []
+        servers = self.servers()
+        if len(servers) > 1 and trace.requested():  # a trace holds one session's messages, numbered by it
+            self.say_once("trace", "XPU_TRACE: no trace is recorded: this run uses %d servers (%s), and a trace "
+                          "holds one session, which xpu-perf models; name one server to record one", len(servers),
+                          ", ".join(servers))
+            trace.decline()
         try:
-            for position, address in enumerate(self.servers()):
+            for position, address in enumerate(servers):
                 conns.append(self._open(address, position))
         except CudaError:
             for conn in conns:

@@ -214,9 +214,18 @@ def _path() -> str:
     return os.environ.get("XPU_TRACE", "").replace("%p", str(os.getpid()))  # %p: one file per process
 
 
+_declined = False  # XPU_TRACE is set, and this process records nothing (decline)
+
+
 def requested() -> bool:
-    """This process is to record a trace (XPU_TRACE is set)."""
-    return bool(_path())
+    """This process is to record a trace (XPU_TRACE is set, and not declined)."""
+    return bool(_path()) and not _declined
+
+
+def decline() -> None:
+    """Record no trace in this process, whatever XPU_TRACE says (the caller says why)."""
+    global _declined
+    _declined = True
 
 
 def wanted() -> bool:

@@ -90,6 +90,26 @@ def test_a_server_that_does_not_answer_is_named(two_servers: tuple[Server, Serve
 
 
 @SIM_ONLY
+def test_a_trace_is_not_recorded_across_servers_and_the_run_says_why(two_servers: tuple[Server, Server], shim: Path,
+                                                                     tmp_path: Path) -> None:
+    """A trace holds one session's messages, numbered by it, which xpu-perf models: with two servers the run goes
+    on untraced, saying so, rather than writing two sessions' messages into one file."""
+    script = ("import ctypes; cu = ctypes.CDLL('libcuda.so.1'); assert cu.cuInit(0) == 0\n"
+              "for i in (0, 3):\n"
+              "    d, c, p = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()\n"
+              "    assert cu.cuDeviceGet(ctypes.byref(d), i) == 0\n"
+              "    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(c), d) == 0 and cu.cuCtxSetCurrent(c) == 0\n"
+              "    assert cu.cuMemAlloc_v2(ctypes.byref(p), 64) == 0 and cu.cuMemsetD8_v2(p, 1, 64) == 0\n"
+              "    assert cu.cuCtxSynchronize() == 0\n"
+              "print('done')")
+    path = tmp_path / "both.trace"
+    result = run(shim, listed(*two_servers), [sys.executable, "-c", script], XPU_TRACE=str(path))
+    assert result.returncode == 0 and result.stdout.strip() == "done", result.stderr[-3000:]
+    assert "XPU_TRACE: no trace is recorded: this run uses 2 servers" in result.stderr, result.stderr[-3000:]
+    assert not path.exists()
+
+
+@SIM_ONLY
 def test_torch_across_two_servers(two_servers: tuple[Server, Server]) -> None:
     python = torch_python()
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
