@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT, Build, Server, start_server
+from test_native_lane import in_c_and_in_python
 from test_torch_math import library_calls
 from toolchain import nvcc_lib_dir
 
@@ -209,43 +210,16 @@ def test_a_generators_generations_are_queued_in_c_after_the_first(shim: Path, tm
 # are, a float's bits in its slot), run by a cuda-backend session whose cuRAND is the stand-in (xpuremote's own
 # replacement library, named as such) on the sim, or NVIDIA's
 NATIVE_SCENARIO = r"""
-import json, struct
 import numpy as np
-from xpuremote.protocol import abi
-from xpuremote.protocol.calls import CALLS
 from xpuremote.protocol.curand_api import ENUMS
-from xpuremote.server.backends.cuda import CudaBackend
-from xpuremote.server.limits import Accounted, Limits
-from xpuremote.server.session import Session
 
-CTX, GEN, N = 0x7C00_0000_1000, 0x7C00_0000_6000, 64
-backend = Accounted(CudaBackend(), Limits())
-session = Session(backend)
-session.limits = backend.limits
-
-
-def batch(*calls):
-    answer = session.run_batch([[CALLS[s].opcode, list(a)] for s, a in calls], True)
-    assert answer["status"] == 0, answer
-    return answer["outs"]
+GEN, N = 0x7C00_0000_6000, 64
 
 
 def record(symbol, *args):
     call = CALLS[symbol]
     head = abi.pack_lane_record(opcode=call.opcode, nargs=len(args), blob_at=abi.LANE_NO_BLOB, ctx=CTX)
     return head + struct.pack(f"<{len(args)}Q", *args)
-
-
-def lane(*records):
-    data = b"".join(records)
-    session.run_lane([data, len(data)])
-    failures = [[name, status] for name, status, _ in session.deferred]
-    session.deferred.clear()
-    return failures
-
-
-def in_c():
-    return session.native.calls if session.native else 0
 
 
 def bits(value):
@@ -273,17 +247,8 @@ def test_a_generators_generations_run_in_c_where_python_ran_the_same_values(driv
     the same values (a normal's mean and deviation by value in floating registers): the same numbers (the sequence
     goes on from call to call) and failures in C and in Python; a foreign generator and a destroyed one go to Python,
     refused as before."""
-    import os
-
     env = {**driver_env, "XPU_CURAND_LIBRARY": str(shim.parent / "libcurand.so.10")} if driver_env else driver_env
-    results = {}
-    for native in ("1", "0"):
-        full = {**os.environ, **env, "XPU_NATIVE_LANE": native}
-        full.pop("LD_PRELOAD", None)
-        proc = subprocess.run([sys.executable, "-c", NATIVE_SCENARIO], env=full, capture_output=True, text=True,
-                              timeout=120)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results[native] = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = dict(zip("10", in_c_and_in_python(NATIVE_SCENARIO, env), strict=True))
     assert results["1"].pop("ran") == [5, 5] and results["0"].pop("ran") == [0, 0], results
     assert results["1"] == results["0"]
     assert [name for name, _ in results["1"]["failures"]] == ["curandGenerateUniform"] * 2, results

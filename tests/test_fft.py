@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import ROOT, TORCH_SIM_KERNELS, Server, start_server
+from test_native_lane import in_c_and_in_python
 from test_torch import run_torch
 from test_torch_math import library_calls
 
@@ -249,24 +250,9 @@ def test_a_plans_transforms_are_queued_in_c_after_the_first(shim: Path, tmp_path
 # a cuda-backend session whose cuFFT is the stand-in (xpuremote's own replacement library, named as such) on the sim,
 # or NVIDIA's
 NATIVE_SCENARIO = r"""
-import json, struct
 import numpy as np
-from xpuremote.protocol import abi
-from xpuremote.protocol.calls import CALLS
-from xpuremote.server.backends.cuda import CudaBackend
-from xpuremote.server.limits import Accounted, Limits
-from xpuremote.server.session import Session
 
-CTX, PLAN, N, BATCH = 0x7C00_0000_1000, 7, 16, 2
-backend = Accounted(CudaBackend(), Limits())
-session = Session(backend)
-session.limits = backend.limits
-
-
-def batch(*calls):
-    answer = session.run_batch([[CALLS[s].opcode, list(a)] for s, a in calls], True)
-    assert answer["status"] == 0, answer
-    return answer["outs"]
+PLAN, N, BATCH = 7, 16, 2
 
 
 def device(data):
@@ -279,18 +265,6 @@ def record(symbol, *args):
     call = CALLS[symbol]
     head = abi.pack_lane_record(opcode=call.opcode, nargs=len(args), blob_at=abi.LANE_NO_BLOB, ctx=CTX)
     return head + struct.pack(f"<{len(args)}Q", *(a & (2**64 - 1) for a in args))
-
-
-def lane(*records):
-    data = b"".join(records)
-    session.run_lane([data, len(data)])
-    failures = [[name, status] for name, status, _ in session.deferred]
-    session.deferred.clear()
-    return failures
-
-
-def in_c():
-    return session.native.calls if session.native else 0
 
 
 batch(("cuCtxCreate_v2", [CTX, 0, 0]), ("cufftCreate", [PLAN]))
@@ -315,17 +289,8 @@ def test_a_plans_transforms_run_in_c_where_python_ran_the_same_values(driver_env
     the same values: its plan taught as the library's own number, cuFFT's FORWARD (-1) passed as the int it is. The
     same results and failures in C and in Python; new values and an unknown plan go to Python, and so does a
     destroyed plan's (C forgets at the destroy), each refused as before."""
-    import os
-
     env = {**driver_env, "XPU_CUFFT_LIBRARY": str(shim.parent / "libcufft.so.12")} if driver_env else driver_env
-    results = {}
-    for native in ("1", "0"):
-        full = {**os.environ, **env, "XPU_NATIVE_LANE": native}
-        full.pop("LD_PRELOAD", None)
-        proc = subprocess.run([sys.executable, "-c", NATIVE_SCENARIO], env=full, capture_output=True, text=True,
-                              timeout=120)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results[native] = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = dict(zip("10", in_c_and_in_python(NATIVE_SCENARIO, env), strict=True))
     assert results["1"].pop("ran") == [3, 3, 3] and results["0"].pop("ran") == [0, 0, 0], results
     assert results["1"] == results["0"]
     assert [name for name, _ in results["1"]["failures"]] == ["cufftExecC2C"] * 2, results

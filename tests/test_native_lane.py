@@ -13,35 +13,69 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCENARIO = r"""
+# What each scenario below begins with: a cuda-backend session of this process, a batch run and answered, the
+# records run in C so far, and a lane of records run with the failures it deferred
+SESSION = r"""
 import hashlib, json, struct, sys
-from xpuremote.protocol import abi
+from xpuremote.protocol import abi, mathlibs
 from xpuremote.protocol.calls import CALLS
 from xpuremote.server.backends.cuda import CudaBackend
 from xpuremote.server.limits import Accounted, Limits
 from xpuremote.server.session import Session
 
-CTX, OTHER_CTX, STREAM, EVENT = 0x7C00_0000_1000, 0x7C00_0000_1100, 0x7C00_0000_2000, 0x7C00_0000_3000
-MODULE, SAXPY = 0x7C00_0000_4000, 0x7C00_0000_4010
-PTX = sys.argv[1].encode()
+CTX = 0x7C00_0000_1000
 backend = Accounted(CudaBackend(), Limits())
 session = Session(backend)
 session.limits = backend.limits
 
-def op(symbol):
-    return CALLS[symbol].opcode
 
 def batch(*calls):
-    answer = session.run_batch([[op(s), list(a)] for s, a in calls], True)
+    answer = session.run_batch([[CALLS[s].opcode, list(a)] for s, a in calls], True)
     assert answer["status"] == 0, answer
     return answer["outs"]
+
+
+def in_c():
+    return session.native.calls if session.native else 0
+
+
+def lane(*records):
+    data = b"".join(records)
+    session.run_lane([data, len(data)])
+    failures = [[name, status] for name, status, _ in session.deferred]
+    session.deferred.clear()
+    return failures
+"""
+
+
+def in_c_and_in_python(scenario: str, env: dict[str, str], *argv: str) -> tuple[dict, dict]:
+    """The JSON line `scenario` prints after SESSION, its lane records run in the worker's C (XPU_NATIVE_LANE=1),
+    then in Python (0)."""
+    results = []
+    for native in ("1", "0"):
+        full = {**os.environ, **env, "XPU_NATIVE_LANE": native}
+        full.pop("LD_PRELOAD", None)
+        proc = subprocess.run([sys.executable, "-c", SESSION + scenario, *argv], env=full, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return results[0], results[1]
+
+
+SCENARIO = r"""
+OTHER_CTX, STREAM, EVENT = 0x7C00_0000_1100, 0x7C00_0000_2000, 0x7C00_0000_3000
+MODULE, SAXPY = 0x7C00_0000_4000, 0x7C00_0000_4010
+PTX = sys.argv[1].encode()
+
+def op(symbol):
+    return CALLS[symbol].opcode
 
 def record(symbol, args, ctx=CTX, blob=None):
     head = abi.pack_lane_record(opcode=op(symbol), nargs=len(args), blob_at=abi.LANE_NO_BLOB if blob is None else 9,
                                 blob_len=len(blob or b""), ctx=ctx)
     return head + struct.pack(f"<{len(args)}Q", *args) + (blob or b"") + bytes(-len(blob or b"") % 8)
 
-def lane(*records, ctx=CTX):
+def run(*records, ctx=CTX):  # records or (symbol, args), their failures left in session.deferred
     data = b"".join(r if isinstance(r, bytes) else record(*r, ctx=ctx) for r in records)
     session.run_lane([data, len(data)])
 
@@ -59,24 +93,24 @@ spare = int.from_bytes(batch(("cuMemAlloc_v2", [8, 4096]))[0], "little")
 batch(("cuStreamCreate", [STREAM, 1]), ("cuEventCreate", [EVENT, 2]))
 memset = "cuMemsetD8Async"
 # 1,000 memsets on the session's stream and the legacy one, an event record, a wait: the bytes they leave
-lane(*[(memset, [base + 64 * (i % 1000), i & 0xFF, 64, (STREAM, 1, 0)[i % 3]]) for i in range(1000)],
+run(*[(memset, [base + 64 * (i % 1000), i & 0xFF, 64, (STREAM, 1, 0)[i % 3]]) for i in range(1000)],
      ("cuEventRecord", [EVENT, STREAM]), ("cuStreamWaitEvent", [0, EVENT, 0]),
      *[(memset, [spare, 9, 16, STREAM])] * 2, ("cuEventRecord", [EVENT, STREAM]))  # taught, then run in C
 first = read(base, 64000)
 # refused, each deferred under its name, the records around them run: a foreign stream, an address outside,
 # a value out of a byte's bounds, a range that runs past the allocation's end
-lane((memset, [base, 1, 16, 0]), (memset, [base, 2, 16, 0x7C00_0000_9990]), (memset, [0x1000, 3, 16, 0]),
+run((memset, [base, 1, 16, 0]), (memset, [base, 2, 16, 0x7C00_0000_9990]), (memset, [0x1000, 3, 16, 0]),
      (memset, [base + 16, 256, 16, 0]), (memset, [base + 65536 - 8, 4, 16, 0]), (memset, [base + 32, 5, 16, 0]))
 refusals = [[name, status] for name, status, _ in session.deferred]
 session.deferred.clear()
 second = read(base, 48)
 # what went: the event destroyed, the spare memory freed; then a record of another context
 batch(("cuEventDestroy_v2", [EVENT]), ("cuMemFree_v2", [spare]))
-lane((memset, [spare, 6, 16, STREAM]), ("cuEventRecord", [EVENT, STREAM]), (memset, [base, 7, 16, STREAM]))
+run((memset, [spare, 6, 16, STREAM]), ("cuEventRecord", [EVENT, STREAM]), (memset, [base, 7, 16, STREAM]))
 after = [[name, status] for name, status, _ in session.deferred]  # before a batch's answer takes them
 session.deferred.clear()
 batch(("cuCtxCreate_v2", [OTHER_CTX, 0, 0]))
-lane((memset, [base + 48, 8, 16, 0]), ctx=OTHER_CTX)
+run((memset, [base + 48, 8, 16, 0]), ctx=OTHER_CTX)
 after += [[name, status] for name, status, _ in session.deferred]
 session.deferred.clear()
 third = read(base, 64)
@@ -85,7 +119,7 @@ third = read(base, 64)
 batch(("xpuModuleLoad", [MODULE, hashlib.sha256(PTX).digest(), PTX, len(PTX)]),
       ("xpuModuleGetFunction", [SAXPY, MODULE, "saxpy"]))
 x, y = base + 4096, base + 8192
-lane(("cuMemsetD32Async", [x, 0x3F800000, 256, STREAM]), ("cuMemsetD32Async", [y, 0x40000000, 256, STREAM]),
+run(("cuMemsetD32Async", [x, 0x3F800000, 256, STREAM]), ("cuMemsetD32Async", [y, 0x40000000, 256, STREAM]),
      *[saxpy(3.0, x, y, 256) for _ in range(10)], saxpy(3.0, x, y, 256, func=0x7C00_0000_4990),
      saxpy(3.0, x, y, 256, size=8))
 launches = [[name, status] for name, status, _ in session.deferred]
@@ -95,16 +129,16 @@ ys = struct.unpack("<256f", read(y, 1024))
 # records still run there afterwards
 events = [0x7C00_0010_0000 + 16 * i for i in range(600)]
 batch(*[("cuEventCreate", [e, 2]) for e in events])
-lane(*[("cuEventRecord", [e, 1]) for e in events])
+run(*[("cuEventRecord", [e, 1]) for e in events])
 before = native.calls if (native := session.native) else 0
-lane(*[(memset, [base + 64 * i, 9, 64, 1]) for i in range(100)])
+run(*[(memset, [base + 64 * i, 9, 64, 1]) for i in range(100)])
 after_full = (native.calls if native else 0) - before
 # memsets over 300 allocations (PyTorch's caching allocator holds many segments): taught once each, then in C
 many = [int.from_bytes(batch(("cuMemAlloc_v2", [8, 256]))[0], "little") for _ in range(300)]
-lane(*[(memset, [a, i & 0xFF, 256, STREAM]) for i, a in enumerate(many)])
+run(*[(memset, [a, i & 0xFF, 256, STREAM]) for i, a in enumerate(many)])
 native = session.native
 before = native.calls if native else 0
-lane(*[(memset, [a, (i + 1) & 0xFF, 256, STREAM]) for i, a in enumerate(reversed(many))])
+run(*[(memset, [a, (i + 1) & 0xFF, 256, STREAM]) for i, a in enumerate(reversed(many))])
 many_in_c = (native.calls if native else 0) - before
 many_bytes = hashlib.sha256(b"".join(read(a, 256) for a in many)).hexdigest()
 print(json.dumps({"after_full": after_full, "many_in_c": many_in_c, "many": many_bytes, "first": first.hex(),
@@ -118,17 +152,8 @@ print(json.dumps({"after_full": after_full, "many_in_c": many_in_c, "many": many
 SAXPY_PTX = (Path(__file__).parent / "programs" / "saxpy.ptx").read_text()
 
 
-def run_scenario(env: dict[str, str], native: str) -> dict:
-    full = {**os.environ, **env, "XPU_NATIVE_LANE": native}
-    full.pop("LD_PRELOAD", None)
-    proc = subprocess.run([sys.executable, "-c", SCENARIO, SAXPY_PTX], env=full, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def test_the_lane_in_c_does_what_the_lane_in_python_does(driver_env: dict[str, str]) -> None:
-    in_c, in_python = run_scenario(driver_env, "1"), run_scenario(driver_env, "0")
+    in_c, in_python = in_c_and_in_python(SCENARIO, driver_env, SAXPY_PTX)
     assert in_c.pop("after_full") == 99 and in_python.pop("after_full") == 0  # a lane's first record: Python
     assert in_c.pop("many_in_c") == 299 and in_python.pop("many_in_c") == 0  # all but the first: all stay taught
     ran_in_c = in_c.pop("in_c")
@@ -148,22 +173,7 @@ def test_the_lane_in_c_does_what_the_lane_in_python_does(driver_env: dict[str, s
 # cuBLAS GEMMs as the shim's C queues them (host scalars' bytes in their slots), run by a cuda-backend session
 # whose cuBLAS is the stand-in (xpuremote's own replacement library, named as such) on the sim, or NVIDIA's
 LIBRARY_SCENARIO = r"""
-import json, struct
-from xpuremote.protocol import abi
-from xpuremote.protocol.calls import CALLS
-from xpuremote.server.backends.cuda import CudaBackend
-from xpuremote.server.limits import Accounted, Limits
-from xpuremote.server.session import Session
-
-CTX, BLAS, N = 0x7C00_0000_1000, 0x7C00_0000_5000, 4
-backend = Accounted(CudaBackend(), Limits())
-session = Session(backend)
-session.limits = backend.limits
-
-def batch(*calls):
-    answer = session.run_batch([[CALLS[s].opcode, list(a)] for s, a in calls], True)
-    assert answer["status"] == 0, answer
-    return answer["outs"]
+BLAS, N = 0x7C00_0000_5000, 4
 
 def matrix(values):
     address = int.from_bytes(batch(("cuMemAlloc_v2", [8, 4 * N * N]))[0], "little")
@@ -177,16 +187,6 @@ def gemm(alpha, c, handle=BLAS):  # c = alpha * a @ b + 0.5 * c, as kept.h queue
     head = abi.pack_lane_record(opcode=CALLS["cublasSgemm_v2"].opcode, nargs=len(args), scalar_size=4,
                                 scalars=1 << 6 | 1 << 11, blob_at=abi.LANE_NO_BLOB, ctx=CTX)
     return head + struct.pack(f"<{len(args)}Q", *args)
-
-def lane(*records):
-    data = b"".join(records)
-    session.run_lane([data, len(data)])
-    failures = [[name, status] for name, status, _ in session.deferred]
-    session.deferred.clear()
-    return failures
-
-def in_c():
-    return session.native.calls if session.native else 0
 
 batch(("cuCtxCreate_v2", [CTX, 0, 0]), ("cublasCreate_v2", [BLAS]))
 a, b, c = matrix(range(N * N)), matrix([0.5] * (N * N)), matrix([1.0] * (N * N))
@@ -211,14 +211,7 @@ def test_library_calls_run_in_c_where_python_ran_the_same_values(driver_env: dic
     from xpuremote.interpose.build import LIBRARY_NAMES
 
     env = {**driver_env, "XPU_CUBLAS_LIBRARY": str(shim.parent / LIBRARY_NAMES[0])} if driver_env else driver_env
-    results = {}
-    for native in ("1", "0"):
-        full = {**os.environ, **env, "XPU_NATIVE_LANE": native}
-        full.pop("LD_PRELOAD", None)
-        proc = subprocess.run([sys.executable, "-c", LIBRARY_SCENARIO], env=full, capture_output=True, text=True,
-                              timeout=120)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results[native] = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = dict(zip("10", in_c_and_in_python(LIBRARY_SCENARIO, env), strict=True))
     assert results["1"].pop("ran") == [5, 5, 6] and results["0"].pop("ran") == [0, 0, 0]
     assert results["1"] == results["0"]
     assert [name for name, _ in results["1"]["failures"]] == ["cublasSgemm_v2"] * 2, results
@@ -233,24 +226,9 @@ def test_library_calls_run_in_c_where_python_ran_the_same_values(driver_env: dic
 # their scalars' bytes, executions of kept variant packs), run by a cuda-backend session whose cuDNN is the stand-in
 # (xpuremote's own replacement library, named as such) chained to a sim
 DNN_SCENARIO = r"""
-import json, struct, sys
-from xpuremote.protocol import abi, mathlibs
-from xpuremote.protocol.calls import CALLS
-from xpuremote.server.backends.cuda import CudaBackend
-from xpuremote.server.limits import Accounted, Limits
-from xpuremote.server.session import Session
-
 E = mathlibs.api(mathlibs.CUDNN).ENUMS
-CTX, DNN, FOREIGN = 0x7C00_0000_1000, 0x7C00_0000_5000, 0x7C00_DEAD_0000
+DNN, FOREIGN = 0x7C00_0000_5000, 0x7C00_DEAD_0000
 X, BN, SPARE = 0x7C00_0000_5100, 0x7C00_0000_5110, 0x7C00_0000_5120  # tensor descriptors
-backend = Accounted(CudaBackend(), Limits())
-session = Session(backend)
-session.limits = backend.limits
-
-def batch(*calls):
-    answer = session.run_batch([[CALLS[s].opcode, list(a)] for s, a in calls], True)
-    assert answer["status"] == 0, answer
-    return answer["outs"]
 
 def alloc(values):
     address = int.from_bytes(batch(("cuMemAlloc_v2", [8, 4 * len(values)]))[0], "little")
@@ -266,16 +244,6 @@ def record(symbol, args, scalars=(), blob=None):
                                 scalars=sum(1 << i for i in scalars), blob_at=abi.LANE_NO_BLOB if blob is None else 4,
                                 blob_len=len(blob or b""), ctx=CTX)
     return head + struct.pack(f"<{len(args)}Q", *args) + (blob or b"") + bytes(-len(blob or b"") % 8)
-
-def lane(*records):
-    data = b"".join(records)
-    session.run_lane([data, len(data)])
-    failures = [[name, status] for name, status, _ in session.deferred]
-    session.deferred.clear()
-    return failures
-
-def in_c():
-    return session.native.calls if session.native else 0
 
 def tensor(handle, dims):
     strides = [1] * len(dims)
@@ -398,14 +366,7 @@ def test_cudnn_calls_run_in_c_where_python_ran_the_same_values(driver_env: dict[
 
     stand_in = bool(driver_env)
     env = {**driver_env, "XPU_CUDNN_LIBRARY": str(shim.parent / LIBRARY_NAMES[2])} if stand_in else {}
-    results = {}
-    for native in ("1", "0"):
-        full = {**os.environ, **env, "XPU_NATIVE_LANE": native}
-        full.pop("LD_PRELOAD", None)
-        proc = subprocess.run([sys.executable, "-c", DNN_SCENARIO, str(int(stand_in))], env=full,
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        results[native] = json.loads(proc.stdout.strip().splitlines()[-1])
+    results = dict(zip("10", in_c_and_in_python(DNN_SCENARIO, env, str(int(stand_in))), strict=True))
     # inference 3 of 4; training and backward 2 of 3 each; none of the refused; after the destroy 1 of 2;
     # executions 3 of 4 and 2 of 3 (a by-value scalar's pack is another record); the same again, 1 of 2 (a lane's
     # first record: Python); none refused; 1 of 3 after the free
