@@ -38,18 +38,6 @@ log = logging.getLogger("xpuremote.perfmodel")
 
 SOURCE = Path(__file__).with_name("replay.c")
 MODULE = "_xpuremote_replay"
-CDEF = """
-struct xpu_replay_out {
-    double shift, waited, latency, transport, server;
-    int64_t round_trips, bytes_up, bytes_down;
-};
-void xpu_replay(size_t n, const double *sent, const int8_t *kind, const int64_t *up, const int64_t *down,
-                const double *server, const double *wait, const double *blocked, const int64_t *gpu_start,
-                const double *offset, const int8_t *op, const int32_t *a, const int32_t *ev, const double *b,
-                double *free, double *events, double base_ns, double per_byte_ns, double rtt_us, double gbps,
-                const double *cx, const double *cy, size_t cn, double spin_ns, double wake_blocked_ns,
-                const double *sx, const double *sy, size_t sn, struct xpu_replay_out *out);
-"""
 COLUMNS = ("sent", "kind", "up", "down", "server", "wait", "blocked", "gpu_start", "offset", "op", "a", "ev", "b")
 C_TYPES = {"float64": "double[]", "int8": "int8_t[]", "int32": "int32_t[]", "int64": "int64_t[]"}
 KINDS = {"async": 0, "sync": 1}  # any other kind (later) is 2: answered, its answer read by whoever comes next
@@ -66,7 +54,7 @@ def library() -> tuple[Any, Any] | None:
         return None
     try:
         # no fused multiply-adds: the same roundings as the Python replay
-        module = cffi_module(MODULE, SOURCE, CDEF, _macros(), ("-O2", "-ffp-contract=off"))
+        module = cffi_module(MODULE, SOURCE, macros=_macros(), flags=("-O2", "-ffp-contract=off"))
     except Exception as exc:  # a missing compiler, headers or setuptools: the Python replay runs
         log.warning("xpu-perf replays in Python, slower: perfmodel/replay.c did not build or load (%s)", exc)
         return None

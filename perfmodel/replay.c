@@ -18,10 +18,19 @@
 #define ASYNC XPU_KIND_ASYNC
 #define SYNC XPU_KIND_SYNC
 
+/* cffi: begin */
 struct xpu_replay_out {
     double shift, waited, latency, transport, server;
     int64_t round_trips, bytes_up, bytes_down;
 };
+
+void xpu_replay(size_t n, const double *sent, const int8_t *kind, const int64_t *up, const int64_t *down,
+                const double *server, const double *wait, const double *blocked, const int64_t *gpu_start,
+                const double *offset, const int8_t *op, const int32_t *a, const int32_t *ev, const double *b,
+                double *free, double *events, double base_ns, double per_byte_ns, double rtt_us, double gbps,
+                const double *cx, const double *cy, size_t cn, double spin_ns, double wake_blocked_ns,
+                const double *sx, const double *sy, size_t sn, struct xpu_replay_out *out);
+/* cffi: end */
 
 static double max2(double a, double b) { return a > b ? a : b; }
 

@@ -39,10 +39,25 @@ def built_once(target: Path, make: Callable[[], object]) -> Path:
     return target
 
 
-def cffi_module(name: str, source: Path, cdef: str, macros: list[tuple[str, str]] | None = None,
+BEGIN, END = "/* cffi: begin */", "/* cffi: end */"
+
+
+def declarations(source: Path) -> str:
+    """What a C file declares for Python: its lines between BEGIN and END, which the file itself then uses, so the
+    structures and prototypes cffi is given are the ones compiled, written once."""
+    text = source.read_text()
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"{source.name} has no {BEGIN} ... {END} part")
+    return text[start + len(BEGIN):end]
+
+
+def cffi_module(name: str, source: Path, cdef: str | None = None, macros: list[tuple[str, str]] | None = None,
                 flags: tuple[str, ...] = ("-O2",)) -> Any:
     """The compiled (API-mode) cffi module `name` of a C file, built once per cache under a name that changes with
-    its source, declarations, macros, compiler and Python, and loaded; any failure to build or load raises."""
+    its source, declarations (`cdef`, else the file's own: declarations()), macros, compiler and Python, and
+    loaded; any failure to build or load raises."""
+    cdef = declarations(source) if cdef is None else cdef
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     digest = hashlib.sha256(source.read_bytes() + cdef.encode() + repr((macros, flags, cc())).encode()
                             + sys.version.encode()).hexdigest()[:16]

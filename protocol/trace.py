@@ -585,29 +585,6 @@ def _others(trace: Trace, records: Iterator[list[Any]], names: dict[int, str], g
 # ---- reading into columns, in C (trace_reader.c) --------------------------------------------------------------
 SOURCE = Path(__file__).with_name("trace_reader.c")
 MODULE = "_xpuremote_trace_reader"
-CDEF = """
-struct xpu_trace_counts {
-    int64_t names, calls, messages, items, gpus, op_records, ops;
-    int64_t end;
-    int32_t has_end;
-    size_t used;
-    int64_t record;
-    size_t error_at;
-    char error[160];
-};
-struct xpu_trace_columns {
-    int64_t *name_id, *name_at, *name_len;
-    int64_t *call_name, *call_entry, *call_ret, *call_stream, *call_seq, *call_pos;
-    int8_t *call_cls, *call_lane;
-    int64_t *msg_seq, *msg_sent, *msg_up, *msg_n, *msg_wait, *msg_down, *msg_server, *msg_items;
-    int8_t *msg_kind, *msg_server_nil, *msg_items_nil;
-    int64_t *item;
-    int8_t *item_nil;
-    int64_t *gpu_seq, *gpu_ns;
-    int64_t *ops_seq, *ops_n, *ops;
-};
-int xpu_trace_read(const uint8_t *data, size_t n, struct xpu_trace_counts *c, struct xpu_trace_columns *out);
-"""
 # each column of struct xpu_trace_columns: its numpy type and the count that sizes it
 C_COLUMNS = {
     **dict.fromkeys(("name_id", "name_at", "name_len"), ("int64", "names")),
@@ -634,7 +611,7 @@ def library() -> tuple[Any, Any] | None:
 
         from .cbuild import cffi_module  # here: the client, which writes traces, need not import it
 
-        module = cffi_module(MODULE, SOURCE, CDEF, _macros())
+        module = cffi_module(MODULE, SOURCE, macros=_macros())
     except Exception as exc:  # no numpy, or a missing compiler, headers or setuptools
         log.warning("traces are read in Python, slower: protocol/trace_reader.c did not build or load (%s)", exc)
         return None

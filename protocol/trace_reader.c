@@ -24,6 +24,7 @@
 #define N_CLASSES XPU_N_CLASSES
 #define N_KINDS XPU_N_KINDS
 
+/* cffi: begin */
 struct xpu_trace_counts {
     int64_t names, calls, messages, items, gpus, op_records, ops;
     int64_t end;     /* ns; valid where has_end */
@@ -45,6 +46,9 @@ struct xpu_trace_columns {
     int64_t *gpu_seq, *gpu_ns;
     int64_t *ops_seq, *ops_n, *ops; /* ops: four numbers an operation, the records' in file order */
 };
+
+int xpu_trace_read(const uint8_t *data, size_t n, struct xpu_trace_counts *c, struct xpu_trace_columns *out);
+/* cffi: end */
 
 struct rd {
     const uint8_t *p, *end;
