@@ -8,7 +8,10 @@ device memory). What is written here:
   what they hold, not by which one they are;
 - the workspace-size queries (`*_bufferSize`), a round trip each, asked before every factorization PyTorch
   makes: the answer depends only on the arguments (the handle, sizes, types, modes, which pointers are NULL,
-  the settings above), never on the data, so the first answer for the same arguments answers the rest.
+  the settings above), never on the data, so the first answer for the same arguments answers the rest;
+- under the shim, a handle's typed factorizations and solves (mathlibs.HANDLE_LANE) are queued in C
+  (interpose/kept.h) after the first of each went through here, until the handle is destroyed: an unknown handle,
+  or a destroyed one, always comes here. The server checks them as it checks the first.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from xpuremote.protocol import errors, mathlibs
 from xpuremote.protocol.calls import CALLS, Call
 
 from . import marshal
+from . import mathlibs as in_client
 from .driver import Driver, implements
 from .mathlibs import STATE, _creator, _getter, _property, _setter, _state, remember, version_of
 
@@ -39,8 +43,18 @@ def create_settings(d: Driver, call: Call, args: list[Any]) -> None:
 @implements("cusolverDnDestroy", "cusolverDnDestroyParams", "cusolverDnDestroySyevjInfo",
             "cusolverDnDestroyGesvdjInfo")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
+    if in_client.IN_C is not None and call.family == "cusolverDnDestroy":  # its number may be given out again
+        in_client.IN_C.forget(call, args[0])
     d.forward(call, args)
     STATE.pop(args[0], None)
+
+
+@implements(*(s for s in mathlibs.HANDLE_LANE if s.startswith("cusolverDn")))
+def queued(d: Driver, call: Call, args: list[Any]) -> None:
+    """A typed factorization or solve: queued; C queues this handle's next ones of the kind."""
+    d.forward(call, args)
+    if in_client.IN_C is not None:
+        in_client.IN_C.let(call, args[0])
 
 
 @implements("cusolverDnSetAdvOptions", "cusolverDnXsyevjSetTolerance", "cusolverDnXsyevjSetMaxSweeps",

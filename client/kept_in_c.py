@@ -76,8 +76,10 @@ def library_lane() -> list[tuple[str, int]]:
 
 def handle_lane() -> list[str]:
     """The calls of a client-made handle C queues in the lane once the client lets the handle take it
-    (Call.handle_lane: cuFFT's transforms, cuRAND's generations)."""
-    return [s for lib in ("cufft", "curand") for s in LIBRARY_SYMBOLS[lib] if CALLS[s].handle_lane is not None]
+    (Call.handle_lane: cuFFT's transforms, cuRAND's generations, cuSOLVER's typed factorizations and solves,
+    cuSPARSE's descriptor setters and index conversions)."""
+    return [s for lib in ("cufft", "curand", "cusolver", "cusparse") for s in LIBRARY_SYMBOLS[lib]
+            if CALLS[s].handle_lane is not None]
 
 
 IN_C_DECODERS = {kind: call.from_slots for (role, kind), call in IN_C_CALLS.items()

@@ -121,6 +121,8 @@ def destroy(d: Driver, call: Call, args: list[Any]) -> None:
     state = STATE.get(args[0])
     if IN_C is not None and call.family in HANDLE_DESTROYS:
         IN_C.forget_settings(args[0])
+    if IN_C is not None and call.family == "cusparseDestroy":  # calls C queued for it (client/cusparse.py)
+        IN_C.forget(call, args[0])
     in_c = IN_C is not None and IN_C.releases(call, args[0])
     if in_c and state is None:  # kept in C, destroyed while C does not answer (the lane closed)
         return
@@ -342,4 +344,4 @@ def handlers() -> list[list[Callable[[Any], int]]]:
     return [[handler(CALLS[s]) for s in LIBRARY_SYMBOLS[lib.name]] for lib in mathlibs.LIBRARIES]
 
 
-from . import curand, cusolver, cusparselt, descriptors, fft, nccl, variant_packs  # noqa: E402, F401  (their calls' handlers; they read this module's state)
+from . import curand, cusolver, cusparse, cusparselt, descriptors, fft, nccl, variant_packs  # noqa: E402, F401  (their calls' handlers; they read this module's state)

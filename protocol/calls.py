@@ -769,7 +769,8 @@ class Call:
         """How the shim queues this call of a client-made handle in the lane (interpose/kept.h's HANDLE_CALL, once the
         client let the handle take it: mathlibs.HANDLE_LANE), or None: the argument that must be a multiple of what
         the client said, or -1. Calls of the handle first, then integers, floats, streams and device pointers, each
-        by value in a record: cuFFT's transforms (and a plan's stream and work area), cuRAND's generations."""
+        by value in a record: cuFFT's transforms (and a plan's stream and work area), cuRAND's generations,
+        cuSOLVER's typed factorizations and solves, cuSPARSE's descriptor setters and index conversions."""
         if self.symbol not in mathlibs.HANDLE_LANE or not self.params \
                 or not self._queued_in_c(self.library, self.params[0].ctype) \
                 or not all(_travels_as_is(p) for p in self.params[1:]):

@@ -772,12 +772,27 @@ def cudnn_format(attribute_type: int) -> str:
 # the argument that must be a multiple of what the client said (a generation's count), or None. cuFFT's transforms
 # (a plan's checks are the server's), cuRAND's generations whose checks the client makes from the generator and the
 # count alone; curandGeneratePoisson's lambda is checked at every call, by the client. PyTorch sets a plan's stream
-# and work area before each transform: those too.
+# and work area before each transform: those too. cuSOLVER's typed factorizations and solves (client/cusolver.py),
+# of a handle, numbers and device memory, which the client does not look into; the 64-bit API's (cusolverDnXgetrf...)
+# stay with the client: they name a cusolverDnParams_t, which PyTorch makes anew for each call (a let would never be
+# used again), and most carry a host workspace's bytes. cuSPARSE's calls of numbers and device memory only
+# (client/cusparse.py): a descriptor's new pointers or batch stride, a legacy descriptor's settings, Xcoo2csr, which
+# PyTorch calls for each product of a COO matrix; SpMV, SpMM and SDDMM stay with the client (host alpha and beta
+# whose bytes must travel, descriptors C cannot vouch for), as does cusparseLtMatmul (its handle and plan are read
+# from the caller's structs, its alpha and beta and array of streams are host memory, its plan's scaling is checked).
 HANDLE_LANE: dict[str, str | None] = {
     **{f"cufftExec{kind}": None for kind in ("C2C", "R2C", "C2R", "Z2Z", "D2Z", "Z2D")}, "cufftXtExec": None,
     "cufftSetStream": None, "cufftSetWorkArea": None,
     **{f"curandGenerate{kind}": "num" for kind in ("", "LongLong", "Uniform", "UniformDouble")},
     **{f"curandGenerate{kind}": "n" for kind in ("Normal", "NormalDouble", "LogNormal", "LogNormalDouble")},
+    **{f"cusolverDn{t}{function}": None for t in "SDCZ"
+       for function in ("getrf", "getrs", "potrf", "potrs", "potrfBatched", "potrsBatched", "potri", "geqrf", "gesvd",
+                        "sytrf", *(("orgqr", "ormqr", "syevd") if t in "SD" else ("ungqr", "unmqr", "heevd")))},
+    **dict.fromkeys(("cusparseCsrSetPointers", "cusparseCscSetPointers", "cusparseCooSetPointers",
+                     "cusparseCsrSetStridedBatch", "cusparseCooSetStridedBatch", "cusparseDnMatSetStridedBatch",
+                     "cusparseSetMatType", "cusparseSetMatFillMode", "cusparseSetMatDiagType",
+                     "cusparseSetMatIndexBase", "cusparseXcoo2csr", "cusparseXcoosortByRow",
+                     "cusparseCreateIdentityPermutation")),
 }
 
 

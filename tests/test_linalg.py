@@ -7,6 +7,8 @@ under its default backend (`preferred_linalg_library` is left as it is).
 
 from __future__ import annotations
 
+import json
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import ROOT, TORCH_SIM_KERNELS, Server, start_server
+from test_native_lane import in_c_and_in_python
 from test_torch import run_torch
 from test_torch_math import library_calls, run_math
 
@@ -180,3 +183,179 @@ def test_the_sims_batched_qr_and_least_squares_follow_lapack_and_cublas() -> Non
         with pytest.raises(errors.CudaError) as refused:
             call(*args)
         assert refused.value.code == mathlibs.status_code(mathlibs.CUBLAS, outcome), (call.__name__, args)
+
+
+LANE_PROGRAM = r"""
+import ctypes, json
+import numpy as np
+
+cu, solver = ctypes.CDLL("libcuda.so.1"), ctypes.CDLL("libcusolver.so.12")
+N, ROUNDS, LOWER, OP_N = 4, 3, 0, 0
+context, stream, handle = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+assert cu.cuInit(0) == 0 and cu.cuDevicePrimaryCtxRetain(ctypes.byref(context), 0) == 0
+assert cu.cuCtxSetCurrent(context) == 0 and cu.cuStreamCreate(ctypes.byref(stream), 1) == 0
+assert solver.cusolverDnCreate(ctypes.byref(handle)) == 0 and solver.cusolverDnSetStream(handle, stream) == 0
+P, I = ctypes.c_uint64, ctypes.c_int
+for t in "SD":  # the handle travels as the pointer it is, device memory as numbers
+    for name, args in (("getrf", [I, I, P, I, P, P, P]), ("getrs", [I, I, I, P, I, P, P, I, P]),
+                       ("potrf", [I, I, P, I, P, I, P]), ("potrs", [I, I, I, P, I, P, I, P])):
+        getattr(solver, f"cusolverDn{t}{name}").argtypes = [ctypes.c_void_p, *args]
+
+
+def device(array):
+    address = ctypes.c_uint64()
+    assert cu.cuMemAlloc_v2(ctypes.byref(address), max(array.nbytes, 8)) == 0
+    upload(address.value, array)
+    return address.value
+
+
+def upload(address, array):
+    assert cu.cuMemcpyHtoD_v2(P(address), array.ctypes.data_as(ctypes.c_void_p), array.nbytes) == 0
+
+
+def read(address, dtype, count):
+    out = np.empty(count, dtype)
+    assert cu.cuMemcpyDtoH_v2(out.ctypes.data_as(ctypes.c_void_p), P(address), out.nbytes) == 0
+    return out
+
+
+rng = np.random.default_rng(5)
+results, statuses = {}, {}
+for t, dtype in (("S", np.float32), ("D", np.float64)):
+    a = rng.standard_normal((N, N)) + N * np.eye(N)
+    for kind, matrix in (("getrf", a), ("potrf", a @ a.T)):
+        fortran = np.asfortranarray(matrix, dtype)
+        A, B = device(fortran.ravel("K")), device(np.zeros(N, dtype))
+        ipiv, info, lwork = device(np.zeros(N, np.int32)), device(np.zeros(1, np.int32)), ctypes.c_int()
+        size = getattr(solver, f"cusolverDn{t}{kind}_bufferSize")
+        assert size(handle, *((N, N) if kind == "getrf" else (LOWER, N)), P(A), N, ctypes.byref(lwork)) == 0
+        work = device(np.zeros(max(lwork.value, 1), dtype))
+        solved = []
+        for r in range(ROUNDS):  # the first of each through the client, the others queued in C
+            b = rng.standard_normal(N)
+            upload(A, fortran.ravel("K"))
+            upload(B, b.astype(dtype))
+            if kind == "getrf":
+                status = getattr(solver, f"cusolverDn{t}getrf")(handle, N, N, A, N, work, ipiv, info) \
+                    or getattr(solver, f"cusolverDn{t}getrs")(handle, OP_N, N, 1, A, N, ipiv, B, N, info)
+            else:
+                status = getattr(solver, f"cusolverDn{t}potrf")(handle, LOWER, N, A, N, work, lwork.value, info) \
+                    or getattr(solver, f"cusolverDn{t}potrs")(handle, LOWER, N, 1, A, N, B, N, info)
+            assert cu.cuStreamSynchronize(stream) == 0 and status == 0, status
+            got = read(B, dtype, N)
+            solved.append(float(np.abs(got - np.linalg.solve(matrix, b)).max()) < 1e-3)
+            assert read(info, np.int32, 1)[0] == 0
+        results[t + kind] = solved
+    # a refused size after the handle took the lane: queued in C, failing at the next wait as without the lane
+    statuses[t + "negative"] = getattr(solver, f"cusolverDn{t}getrf")(handle, -1, N, A, N, work, ipiv, info)
+    statuses[t + "negative_sync"] = cu.cuCtxSynchronize()
+assert solver.cusolverDnDestroy(handle) == 0  # a destroyed handle's factorization: the client's, failing as before
+statuses["destroyed"] = solver.cusolverDnSgetrf(handle, N, N, A, N, work, ipiv, info)
+statuses["destroyed_sync"] = cu.cuCtxSynchronize()
+statuses["unknown"] = solver.cusolverDnSgetrf(ctypes.c_void_p(0x7E57_0000), N, N, A, N, work, ipiv, info)
+statuses["unknown_sync"] = cu.cuCtxSynchronize()
+print(json.dumps({"results": results, "statuses": statuses}))
+"""
+
+
+@pytest.mark.sim_only(reason="counts the sim's library calls per session; the client's side is the same on any "
+                      "backend")
+def test_a_handles_factorizations_are_queued_in_c_after_the_first(shim: Path, tmp_path: Path) -> None:
+    """cusolverDn?getrf + ?getrs and ?potrf + ?potrs of float and double, three rounds each on one handle, as
+    torch.linalg's solve and cholesky call them: the first of each through the client, which then lets C queue the
+    handle's next ones of the kind in the fast lane (interpose/kept.h's HANDLE_CALL). With the lane and without, the
+    same solutions (numpy's) and statuses, and the same calls reach the server; with it the client sees one of each
+    kind. A refused size is queued in C and fails at the next wait as it does without the lane; a destroyed and an
+    unknown handle's factorization go through the client and fail as before."""
+    from conftest import with_and_without_lane
+
+    srv = start_server(tmp_path)
+    try:
+        runs = with_and_without_lane(LANE_PROGRAM, srv.address, tmp_path, shim)
+    finally:
+        srv.stop()
+    out = json.loads(runs["1"][0].splitlines()[-1])
+    assert out["results"] == {k: [True] * 3 for k in ("Sgetrf", "Spotrf", "Dgetrf", "Dpotrf")}, out
+    statuses = out["statuses"]
+    for key in ("Snegative", "Dnegative", "destroyed", "unknown"):
+        assert statuses[key] == 0 and statuses[key + "_sync"] != 0, statuses  # queued; the failure deferred
+    in_c, by_core = runs["1"][1], runs["0"][1]
+    for t in "SD":
+        for kind in ("getrs", "potrf", "potrs"):
+            assert by_core[f"cusolverDn{t}{kind}"][0] == 3 and in_c[f"cusolverDn{t}{kind}"][0] == 1, (kind, in_c)
+    assert by_core["cusolverDnDgetrf"][0] == 3 + 1 and in_c["cusolverDnDgetrf"][0] == 1, in_c  # the refused size
+    assert by_core["cusolverDnSgetrf"][0] == 3 + 3 and in_c["cusolverDnSgetrf"][0] == 1 + 2, in_c
+    served = [int(n) for n in re.findall(r"library calls: .*?cusolver=(\d+)", srv.log())]
+    lane = [int(n) for n in re.findall(r"\((\d+) from the fast lane", srv.log())]
+    assert len(served) == 2 and served[0] == served[1], served
+    assert lane[0] >= lane[1] + 2 * 2 * 2 * 2 + 2, lane  # the run with the lane (first) ran 18 from it
+
+
+# cuSOLVER's factorizations as the shim's C queues them (kept.h's HANDLE_CALL: the handle and the arguments as they
+# are), run by a cuda-backend session whose cuSOLVER is the stand-in (xpuremote's own replacement library, named as
+# such) on the sim, or NVIDIA's
+NATIVE_SCENARIO = r"""
+import numpy as np
+
+HANDLE, N = 0x7C00_0000_5000, 4
+
+
+def device(data):
+    address = int.from_bytes(batch(("cuMemAlloc_v2", [8, max(data.nbytes, 8)]))[0], "little")
+    upload(address, data)
+    return address
+
+
+def upload(address, data):
+    batch(("cuMemcpyHtoD_v2", [address, data.tobytes(), data.nbytes]))
+
+
+def record(symbol, *args):
+    call = CALLS[symbol]
+    head = abi.pack_lane_record(opcode=call.opcode, nargs=len(args), blob_at=abi.LANE_NO_BLOB, ctx=CTX)
+    return head + struct.pack(f"<{len(args)}Q", *(a & (2**64 - 1) for a in args))
+
+
+batch(("cuCtxCreate_v2", [CTX, 0, 0]), ("cusolverDnCreate", [HANDLE]))
+matrix = np.arange(N * N, dtype=np.float64).reshape(N, N) % 7 + N * np.eye(N)
+A, B = device(matrix.ravel("F")), device(np.zeros(N))
+ipiv, info = device(np.zeros(N, np.int32)), device(np.zeros(1, np.int32))
+lwork = int.from_bytes(batch(("cusolverDnDgetrf_bufferSize", [HANDLE, N, N, A, N, 4]))[0], "little", signed=True)
+work = device(np.zeros(max(lwork, 1)))
+clear = record("cuMemsetD32Async", info, 0, 1, 0)  # a lane's first record runs in Python (its context is set)
+ran, errors, failures = [], [], []
+for r in range(3):  # the first round in Python, the others of the same values in C
+    b = np.arange(N, dtype=np.float64) + r
+    upload(A, matrix.ravel("F"))
+    upload(B, b)
+    failures += lane(clear, record("cusolverDnDgetrf", HANDLE, N, N, A, N, work, ipiv, info),
+                     record("cusolverDnDgetrs", HANDLE, 0, N, 1, A, N, ipiv, B, N, info))
+    ran.append(in_c())
+    got = np.frombuffer(batch(("cuMemcpyDtoH_v2", [N * 8, B, N * 8]))[0], np.float64)
+    errors.append(float(np.abs(got - np.linalg.solve(matrix, b)).max()))
+failures += lane(clear, record("cusolverDnDgetrf", HANDLE, -1, N, A, N, work, ipiv, info),
+                 record("cusolverDnDgetrf", HANDLE + 8, N, N, A, N, work, ipiv, info))
+ran.append(in_c())
+batch(("cusolverDnDestroy", [HANDLE]))
+failures += lane(clear, record("cusolverDnDgetrf", HANDLE, N, N, A, N, work, ipiv, info))
+ran.append(in_c())
+print(json.dumps({"ran": ran, "failures": failures, "solved": max(errors) < 1e-9}))
+"""
+
+
+def test_a_handles_factorizations_run_in_c_where_python_ran_the_same_values(driver_env: dict[str, str],
+                                                                             shim: Path) -> None:
+    """A factorization's and a solve's records run in the worker's C (server/native_lane.c, VETTED) once the
+    session's Python ran ones of the same values. The same solutions and failures in C and in Python; a refused size
+    and an unknown handle go to Python, and so does a destroyed handle's (C forgets at the destroy), each refused as
+    before."""
+    env = {**driver_env, "XPU_CUSOLVER_LIBRARY": str(shim.parent / mathlibs.CUSOLVER.soname)} if driver_env \
+        else driver_env
+    results = dict(zip("10", in_c_and_in_python(NATIVE_SCENARIO, env), strict=True))
+    assert results["1"].pop("ran") == [0, 2, 4, 4, 4] and results["0"].pop("ran") == [0] * 5, results
+    assert results["1"] == results["0"]
+    # the unknown and the destroyed handle's; a refused size too where the library refuses it at once (NVIDIA's; the
+    # stand-in's sim defers it to the stand-in's next wait)
+    assert {name for name, _ in results["1"]["failures"]} == {"cusolverDnDgetrf"}, results
+    assert len(results["1"]["failures"]) >= 2, results
+    assert results["1"]["solved"], results
