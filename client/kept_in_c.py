@@ -12,7 +12,7 @@ from xpuremote.protocol.calls import CALLS, LIBRARY_SYMBOLS, Call
 
 from . import memory
 from .descriptors import LT_POINTERS, SIZES, _kind, _lt_attribute, _lt_made, set_tensor
-from .driver import DRIVER, IMPLEMENTATIONS
+from .driver import DRIVER, IMPLEMENTATIONS, _translations
 from .mathlibs import ATTR_POINTER_MODE, ATTR_SCALE_TYPE, PACK_UIDS, PACK_WORKSPACE, SETTERS, VARIANT_PACK, remember
 
 # ---- descriptors kept in C (interpose/kept.h) --------------------------------------------------------------
@@ -79,7 +79,7 @@ def handle_lane() -> list[str]:
     (Call.handle_lane: cuFFT's transforms, cuRAND's generations, cuSOLVER's typed factorizations and solves,
     cuSPARSE's descriptor setters and index conversions)."""
     return [s for lib in ("cufft", "curand", "cusolver", "cusparse") for s in LIBRARY_SYMBOLS[lib]
-            if CALLS[s].handle_lane is not None]
+            if CALLS[s].handle_lane is not None and not _translations(CALLS[s])]  # sent as they are, by the client
 
 
 IN_C_DECODERS = {kind: call.from_slots for (role, kind), call in IN_C_CALLS.items()
@@ -122,7 +122,7 @@ class KeptInC:
         for symbol in handle_lane():  # queued in the lane by C where the handle was let take it (`let`)
             call = CALLS[symbol]
             self.lib.xpu_kept_mark(*_op(symbol), abi.KEPT_HANDLE_CALL, 0, 0, call.opcode)
-            self.lib.xpu_kept_lane(*_op(symbol), len(call.params), 0, call.handle_lane, 0, 0, -1, 0)
+            self.lib.xpu_kept_lane(*_op(symbol), len(call.params), call.handle_scalars, call.handle_lane, 0, 0, -1, 0)
         for symbol in SIZES:  # the arguments of a size question: its descriptors' by their settings
             call = CALLS[symbol]
             descriptors = sum(1 << i for i, p in enumerate(call.params) if i and p.kind == "handle")

@@ -149,6 +149,8 @@ def _setter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
             STATE[args[0]][key] = args[1]
             if key == "pointer_mode" and "pair" in STATE[args[0]]:  # C queues no GEMM in device pointer mode
                 STATE[args[0]]["pair"].pointer_mode = args[1]
+            if key == "pointer_mode" and call.library == "cusparse" and IN_C is not None:  # nor SpMV (cusparse.py)
+                IN_C.forget(call, args[0])
         if IN_C is not None:
             IN_C.setting(call, args[0], args[1])
 

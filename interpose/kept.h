@@ -174,7 +174,8 @@ static void xpu_kept_mark(int library, int op, int role, int kind, int made, uin
 /* A library call C queues in the lane (XPU_KEPT_BLAS_CALL or _LT_CALL, marked first): `nargs` arguments, those of
  * `scalars` host scalars of `size` bytes, or of the size of the type argument `type_arg` names (a cuBLASLt call's:
  * the descriptor whose scale type sizes them); a cuBLASLt call's kept descriptors (`descriptors`, a bit each) and
- * the argument whose `blob_size` bytes travel as its blob. A HANDLE_CALL's `type_arg`: its count argument, or -1. */
+ * the argument whose `blob_size` bytes travel as its blob. A HANDLE_CALL's `type_arg`: its count argument, or the
+ * type argument that sizes its `scalars`, or -1. */
 static void xpu_kept_lane(int library, int op, int nargs, uint32_t scalars, int type_arg, int size,
                           uint32_t descriptors, int blob_arg, int blob_size) {
     if (library < 0 || library >= XPU_LIBRARIES || op < 0 || op >= XPU_LIBRARY_OPS_MAX || nargs > XPU_LANE_ARGS_MAX
@@ -727,15 +728,26 @@ static void xpu_kept_let(int library, int op, uint64_t handle, uint64_t multiple
     pthread_mutex_unlock(&xpu_kept.lock);
 }
 
-/* A call of a handle the core let take the lane for this op (Call.handle_lane), its arguments as they are: 0, or -1
- * where the core takes it (a handle it did not let, or forgot; a count not a multiple of what it said; the lane
- * closed or full). Under the lock. */
+/* A call of a handle the core let take the lane for this op (Call.handle_lane), its arguments as they are, host
+ * scalars (o->scalars, cuSPARSE's alpha and beta) as their bytes, of the size of the type argument o->type_arg
+ * names: 0, or -1 where the core takes it (a handle it did not let, or forgot; a count not a multiple of what it
+ * said; a scalar type of no known size or over 8 bytes, a NULL scalar; the lane closed or full). Under the lock. */
 static int xpu_kept_handle_call(int library, int op, const uint64_t *s) {
     const __typeof__(xpu_kept.op[0][0]) *o = &xpu_kept.op[library][op];
     if (!o->nargs) return -1;
     uint64_t multiple = xpu_kept.handle[xpu_kept_handle_slot(library, op, s[0])].multiple;
-    if (!multiple || (o->type_arg >= 0 && s[o->type_arg] % multiple)) return -1;
+    if (!multiple) return -1;
     struct xpu_lane_call call = {.opcode = o->opcode, .nargs = o->nargs, .args = s};
+    uint64_t args[XPU_LANE_ARGS_MAX];
+    if (o->scalars) {  /* type_arg: the scalars' type */
+        int size = o->type_arg >= 0 ? xpu_scalar_bytes_of((int32_t)s[o->type_arg]) : 0;
+        if (size <= 0 || size > 8) return -1;
+        memcpy(args, s, o->nargs * sizeof *args);
+        if (xpu_kept_scalars(o->scalars, o->nargs, s, size, args)) return -1;
+        call.scalars = o->scalars, call.scalar_size = size, call.args = args;
+    } else if (o->type_arg >= 0 && s[o->type_arg] % multiple) {  /* type_arg: the count */
+        return -1;
+    }
     return xpu_lane_put_calls(&call, 1);
 }
 

@@ -768,15 +768,29 @@ class Call:
     def handle_lane(self) -> int | None:
         """How the shim queues this call of a client-made handle in the lane (interpose/kept.h's HANDLE_CALL, once the
         client let the handle take it: mathlibs.HANDLE_LANE), or None: the argument that must be a multiple of what
-        the client said, or -1. Calls of the handle first, then integers, floats, streams and device pointers, each
-        by value in a record: cuFFT's transforms (and a plan's stream and work area), cuRAND's generations,
-        cuSOLVER's typed factorizations and solves, cuSPARSE's descriptor setters and index conversions."""
+        the client said, or (handle_scalars) the type argument that sizes the host scalars, or -1. Calls of the handle
+        first, then integers, floats, streams and device pointers, each by value in a record: cuFFT's transforms (and
+        a plan's stream and work area), cuRAND's generations, cuSOLVER's typed factorizations and solves, cuSPARSE's
+        descriptor setters and index conversions; and host scalars of that type argument, their bytes in the record's
+        slots, with other handles (the server checks them, as off the lane): cuSPARSE's SpMV, SpMM and SDDMM."""
         if self.symbol not in mathlibs.HANDLE_LANE or not self.params \
-                or not self._queued_in_c(self.library, self.params[0].ctype) \
-                or not all(_travels_as_is(p) for p in self.params[1:]):
+                or not self._queued_in_c(self.library, self.params[0].ctype):
             return None
-        count = mathlibs.HANDLE_LANE[self.symbol]
-        return self.names.index(count) if count is not None else -1
+        named = mathlibs.HANDLE_LANE[self.symbol]
+        at = self.names.index(named) if named is not None else -1
+        for i, p in enumerate(self.params[1:], 1):
+            scalar = self.handle_scalars >> i & 1
+            if not (scalar or _travels_as_is(p) or (self.handle_scalars and p.kind == "handle")):
+                return None
+        return at
+
+    @cached_property
+    def handle_scalars(self) -> int:
+        """A bit per host scalar a HANDLE_CALL record carries in its slot (handle_lane): those sized by the type
+        argument mathlibs.HANDLE_LANE names."""
+        named = mathlibs.HANDLE_LANE.get(self.symbol)
+        return sum(1 << i for i, p in enumerate(self.params) if named and p.is_scalar and p.direction == "in"
+                   and p.count == f"scalar:{named}")
 
     def _queued_in_c(self, library: str, handle: str) -> bool:
         """An async call of `library` sent as it is, of its handle first and at most LANE_ARGS_MAX arguments, and

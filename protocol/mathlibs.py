@@ -777,9 +777,11 @@ def cudnn_format(attribute_type: int) -> str:
 # stay with the client: they name a cusolverDnParams_t, which PyTorch makes anew for each call (a let would never be
 # used again), and most carry a host workspace's bytes. cuSPARSE's calls of numbers and device memory only
 # (client/cusparse.py): a descriptor's new pointers or batch stride, a legacy descriptor's settings, Xcoo2csr, which
-# PyTorch calls for each product of a COO matrix; SpMV, SpMM and SDDMM stay with the client (host alpha and beta
-# whose bytes must travel, descriptors C cannot vouch for), as does cusparseLtMatmul (its handle and plan are read
-# from the caller's structs, its alpha and beta and array of streams are host memory, its plan's scaling is checked).
+# PyTorch calls for each product of a COO matrix; and SpMV, SpMM and SDDMM of a handle in host pointer mode: -> the
+# argument whose type sizes alpha and beta (their bytes in the record, up to 8; a C_64F's 16 go through the client),
+# their descriptors as they are (the client does not look into them; the server checks them). cusparseLtMatmul stays
+# with the client (its handle and plan are read from the caller's structs, its array of streams is host memory, its
+# plan's scaling is checked at each call).
 HANDLE_LANE: dict[str, str | None] = {
     **{f"cufftExec{kind}": None for kind in ("C2C", "R2C", "C2R", "Z2Z", "D2Z", "Z2D")}, "cufftXtExec": None,
     "cufftSetStream": None, "cufftSetWorkArea": None,
@@ -793,6 +795,7 @@ HANDLE_LANE: dict[str, str | None] = {
                      "cusparseSetMatType", "cusparseSetMatFillMode", "cusparseSetMatDiagType",
                      "cusparseSetMatIndexBase", "cusparseXcoo2csr", "cusparseXcoosortByRow",
                      "cusparseCreateIdentityPermutation")),
+    **dict.fromkeys(("cusparseSpMV", "cusparseSpMM", "cusparseSDDMM"), "computeType"),
 }
 
 

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from conftest import ROOT, TORCH_SIM_KERNELS, Server, start_server
 from test_native_lane import in_c_and_in_python
@@ -87,6 +88,7 @@ sparse.cusparseCreateCsr.argtypes = [V, ctypes.c_int64, ctypes.c_int64, ctypes.c
 sparse.cusparseCsrSetPointers.argtypes = [V, P, P, P]
 sparse.cusparseCreateDnVec.argtypes = [V, ctypes.c_int64, P, I]
 sparse.cusparseSpMV.argtypes = [V, I, V, V, V, V, V, I, I, P]
+sparse.cusparseSetPointerMode.argtypes = [V, I]
 
 
 def device(array):
@@ -127,6 +129,22 @@ for _ in range(ROUNDS):
     matrix = np.zeros((3, 3), np.float32)
     matrix[[0, 0, 1, 2, 2], [0, 2, 1, 0, 2]] = values
     results["spmv"].append(bool(np.abs(read(out, np.float32, 3) - matrix @ dense_x).max() < 1e-5))
+# device pointer mode: alpha and beta are device addresses, which the client sends as they are (C forgot the handle's
+# products at the change); back in host mode, the first product goes through the client again
+assert sparse.cusparseSetPointerMode(handle, 1) == 0
+alpha_at, beta_at = device(np.array([2.0], np.float32)), device(np.array([0.0], np.float32))
+statuses["spmv_device"] = sparse.cusparseSpMV(handle, 0, V(alpha_at), csr, x, V(beta_at), y, R_32F, 0, 0)
+assert cu.cuStreamSynchronize(stream) == 0
+results["spmv_device"] = bool(np.abs(read(out, np.float32, 3) - 2 * matrix @ dense_x).max() < 1e-5)
+assert sparse.cusparseSetPointerMode(handle, 0) == 0
+statuses["spmv_host"] = sparse.cusparseSpMV(handle, 0, ctypes.byref(alpha), csr, x, ctypes.byref(beta), y, R_32F, 0,
+                                            0)
+assert cu.cuStreamSynchronize(stream) == 0
+results["spmv_host"] = bool(np.abs(read(out, np.float32, 3) - matrix @ dense_x).max() < 1e-5)
+# an unknown descriptor: queued (in C with the lane), refused by the server at the next wait either way
+statuses["spmv_unknown"] = sparse.cusparseSpMV(handle, 0, ctypes.byref(alpha), V(0x7E57_0010), x, ctypes.byref(beta),
+                                               y, R_32F, 0, 0)
+statuses["spmv_unknown_sync"] = cu.cuCtxSynchronize()
 assert sparse.cusparseDestroySpMat(csr) == 0  # a destroyed descriptor's setter: the client's, failing as before
 statuses["destroyed_set"] = sparse.cusparseCsrSetPointers(csr, offsets, columns, out)
 statuses["destroyed_set_sync"] = cu.cuCtxSynchronize()
@@ -141,15 +159,17 @@ print(json.dumps({"results": results, "statuses": statuses}))
 
 @pytest.mark.sim_only(reason="counts the sim's library calls per session; the client's side is the same on any "
                       "backend")
-def test_a_handles_conversions_and_a_descriptors_pointers_are_queued_in_c_after_the_first(shim: Path,
-                                                                                          tmp_path: Path) -> None:
+def test_a_handles_conversions_products_and_a_descriptors_pointers_are_queued_in_c_after_the_first(
+        shim: Path, tmp_path: Path) -> None:
     """cusparseXcoo2csr three times on one handle, as PyTorch calls it before each product of a COO matrix, and
     cusparseCsrSetPointers three times on one descriptor, each followed by an SpMV: the first of each through the
     client, which then lets C queue that handle's or descriptor's next ones in the fast lane (interpose/kept.h's
-    HANDLE_CALL). With the lane and without, the same results (numpy's; each product sees the values set just
-    before it) and statuses, and the same calls reach the server; with it the client sees one of each. SpMV stays
-    with the client (its alpha and beta are host memory). A destroyed descriptor's setter, an unknown and a
-    destroyed handle's conversion go through the client and fail as before."""
+    HANDLE_CALL; SpMV's alpha and beta as their bytes). With the lane and without, the same results (numpy's; each
+    product sees the values set just before it) and statuses, and the same calls reach the server; with it the
+    client sees one of each. An SpMV in device pointer mode, and the first back in host mode, go through the client
+    (C forgot the handle's products at each change); an unknown descriptor's SpMV is queued and fails at the next
+    wait, with the lane and without. A destroyed descriptor's setter, an unknown and a destroyed handle's conversion
+    go through the client and fail as before."""
     from conftest import with_and_without_lane
 
     srv = start_server(tmp_path)
@@ -158,19 +178,21 @@ def test_a_handles_conversions_and_a_descriptors_pointers_are_queued_in_c_after_
     finally:
         srv.stop()
     out = json.loads(runs["1"][0].splitlines()[-1])
-    assert out["results"] == {"coo2csr": [True] * 3, "spmv": [True] * 3}, out
+    assert out["results"] == {"coo2csr": [True] * 3, "spmv": [True] * 3, "spmv_device": True, "spmv_host": True}, out
     statuses = out["statuses"]
     assert statuses["coo2csr"] == statuses["set"] == statuses["spmv"] == 0, statuses
-    for key in ("destroyed_set", "unknown", "destroyed"):
+    assert statuses["spmv_device"] == statuses["spmv_host"] == 0, statuses
+    for key in ("spmv_unknown", "destroyed_set", "unknown", "destroyed"):
         assert statuses[key] == 0 and statuses[key + "_sync"] != 0, statuses  # queued; the failure deferred
     in_c, by_core = runs["1"][1], runs["0"][1]
     assert by_core["cusparseXcoo2csr"][0] == 3 + 2 and in_c["cusparseXcoo2csr"][0] == 1 + 2, in_c
     assert by_core["cusparseCsrSetPointers"][0] == 3 + 1 and in_c["cusparseCsrSetPointers"][0] == 1 + 1, in_c
-    assert by_core["cusparseSpMV"][0] == in_c["cusparseSpMV"][0] == 3, in_c
+    # three in host mode, one in device mode, one back in host mode, one of an unknown descriptor
+    assert by_core["cusparseSpMV"][0] == 3 + 3 and in_c["cusparseSpMV"][0] == 1 + 2, in_c
     served = [int(n) for n in re.findall(r"library calls: .*?cusparse=(\d+)", srv.log())]
     lane = [int(n) for n in re.findall(r"\((\d+) from the fast lane", srv.log())]
     assert len(served) == 2 and served[0] == served[1], served
-    assert lane[0] >= lane[1] + 4, lane  # the run with the lane (first) ran 4 from it
+    assert lane[0] >= lane[1] + 7, lane  # the run with the lane (first) ran 7 from it
 
 
 # cuSPARSE's conversions as the shim's C queues them (kept.h's HANDLE_CALL: the handle and the arguments as they are),
@@ -188,9 +210,10 @@ def device(data):
     return address
 
 
-def record(symbol, *args):
+def record(symbol, *args, scalars=0):
     call = CALLS[symbol]
-    head = abi.pack_lane_record(opcode=call.opcode, nargs=len(args), blob_at=abi.LANE_NO_BLOB, ctx=CTX)
+    head = abi.pack_lane_record(opcode=call.opcode, nargs=len(args), blob_at=abi.LANE_NO_BLOB, ctx=CTX,
+                                scalars=scalars, scalar_size=4 if scalars else 0)
     return head + struct.pack(f"<{len(args)}Q", *(a & (2**64 - 1) for a in args))
 
 
@@ -203,25 +226,48 @@ for _ in range(3):  # the first in Python, the others of the same values in C
     failures += lane(clear, record("cusparseXcoo2csr", HANDLE, coo, 6, 4, ptr, 0))
     ran.append(in_c())
     converted.append(np.frombuffer(batch(("cuMemcpyDtoH_v2", [20, ptr, 20]))[0], np.int32).tolist())
+# y = alpha A x of the 4x4 CSR matrix of those row offsets (values 1..6), alpha's bytes in its slot as C puts them
+CSR, X, Y = HANDLE + 0x100, HANDLE + 0x200, HANDLE + 0x300
+columns, values = device(np.array([0, 3, 1, 0, 2, 3], np.int32)), device(np.arange(1, 7, dtype=np.float32))
+x, y = device(np.array([1, 2, 3, 4], np.float32)), device(np.zeros(4, np.float32))
+batch(("cusparseCreateCsr", [CSR, 4, 4, 6, ptr, columns, values, 2, 2, 0, 0]), ("cusparseCreateDnVec", [X, 4, x, 0]),
+      ("cusparseCreateDnVec", [Y, 4, y, 0]))
+scalar = lambda v: int.from_bytes(struct.pack("<f", v), "little")
+spmv = lambda alpha, matrix=CSR: record("cusparseSpMV", HANDLE, 0, scalar(alpha), matrix, X, scalar(0.0), Y, 0, 0, 0,
+                                        scalars=0b100100)
+products, zero = [], record("cuMemsetD32Async", y, 0, 4, 0)
+for alpha in (2.0, 2.0, 2.0, 3.0):  # the first in Python, then in C: of the same values (a scalar's bytes apart)
+    failures += lane(zero, spmv(alpha))
+    ran.append(in_c())
+    products.append(np.frombuffer(batch(("cuMemcpyDtoH_v2", [16, y, 16]))[0], np.float32).tolist())
+failures += lane(zero, spmv(2.0, matrix=CSR + 8))  # an unknown descriptor
+ran.append(in_c())
 failures += lane(clear, record("cusparseXcoo2csr", HANDLE, coo, 6, 4, ptr, 1),
                  record("cusparseXcoo2csr", HANDLE + 8, coo, 6, 4, ptr, 0))
 ran.append(in_c())
 batch(("cusparseDestroy", [HANDLE]))
 failures += lane(clear, record("cusparseXcoo2csr", HANDLE, coo, 6, 4, ptr, 0))
 ran.append(in_c())
-print(json.dumps({"ran": ran, "failures": failures, "converted": converted}))
+print(json.dumps({"ran": ran, "failures": failures, "converted": converted, "products": products}))
 """
 
 
 def test_a_handles_conversions_run_in_c_where_python_ran_the_same_values(driver_env: dict[str, str],
                                                                          shim: Path) -> None:
-    """An Xcoo2csr record runs in the worker's C (server/native_lane.c, VETTED) once the session's Python ran one
-    of the same values. The same results and failures in C and in Python; new values and an unknown handle go to
-    Python, and so does a destroyed handle's (C forgets at the destroy), the latter two refused as before."""
+    """An Xcoo2csr record, and an SpMV's with alpha and beta as their bytes, run in the worker's C
+    (server/native_lane.c, VETTED) once the session's Python ran one of the same values (an SpMV's alpha apart, as a
+    GEMM's). The same results and failures in C and in Python; new values, an unknown handle and an unknown
+    descriptor go to Python, and so does a destroyed handle's (C forgets at the destroy), the unknown and destroyed
+    ones refused as before."""
     env = {**driver_env, "XPU_CUSPARSE_LIBRARY": str(shim.parent / mathlibs.CUSPARSE.soname)} if driver_env \
         else driver_env
     results = dict(zip("10", in_c_and_in_python(NATIVE_SCENARIO, env), strict=True))
-    assert results["1"].pop("ran") == [0, 1, 2, 2, 2] and results["0"].pop("ran") == [0] * 5, results
+    assert results["1"].pop("ran") == [0, 1, 2, 2, 3, 4, 5, 5, 5, 5] and results["0"].pop("ran") == [0] * 10, results
     assert results["1"] == results["0"]
     assert results["1"]["converted"] == [[0, 2, 3, 3, 6]] * 3, results
-    assert [name for name, _ in results["1"]["failures"]] == ["cusparseXcoo2csr"] * 2, results
+    matrix = np.zeros((4, 4), np.float32)
+    matrix[[0, 0, 1, 3, 3, 3], [0, 3, 1, 0, 2, 3]] = np.arange(1, 7)
+    expected = [(alpha * matrix @ np.arange(1, 5)).tolist() for alpha in (2, 2, 2, 3)]
+    assert results["1"]["products"] == expected, results
+    assert [name for name, _ in results["1"]["failures"]] == ["cusparseSpMV", "cusparseXcoo2csr", "cusparseXcoo2csr"], \
+        results
