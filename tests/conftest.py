@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -198,6 +199,29 @@ def with_and_without_lane(program: str, address: str, tmp: Path, shim: Path,
         runs[lane] = proc.stdout, call_cpu.read(table)
     assert runs["1"][0] == runs["0"][0], runs
     return runs
+
+
+@dataclass
+class LaneRuns:
+    """with_and_without_lane on a server of its own: the program's last line (JSON) and its runs; for each run, in
+    order (the lane's first), the calls of `library` the server ran and those of its lane records."""
+
+    out: dict
+    runs: dict[str, tuple[str, dict[str, tuple[int, int]]]]
+    served: list[int]
+    from_lane: list[int]
+
+
+def lane_runs(program: str, tmp: Path, shim: Path, library: str) -> LaneRuns:
+    srv = start_server(tmp)
+    try:
+        runs = with_and_without_lane(program, srv.address, tmp, shim)
+    finally:
+        srv.stop()
+    log = srv.log()
+    return LaneRuns(json.loads(runs["1"][0].splitlines()[-1]), runs,
+                    [int(n) for n in re.findall(rf"library calls: .*?\b{library}=(\d+)", log)],
+                    [int(n) for n in re.findall(r"\((\d+) from the fast lane", log)])
 
 
 @pytest.fixture

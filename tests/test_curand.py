@@ -6,7 +6,6 @@ by NVIDIA's cuRAND on the server's GPU. tests/programs/curand_check.cu checks th
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, Build, Server, start_server
+from conftest import ROOT, Build, Server, lane_runs, start_server
 from test_native_lane import in_c_and_in_python
 from test_torch_math import library_calls
 from toolchain import nvcc_lib_dir
@@ -179,16 +178,10 @@ def test_a_generators_generations_are_queued_in_c_after_the_first(shim: Path, tm
     one generation of each kind. What cuRAND refuses at the call is refused at the call with the lane too: an odd
     count of normals, 64-bit values of a 32-bit generator, a count that is no multiple of a quasirandom generator's
     dimensions (after they changed, too: C forgets what it was let), a destroyed generator."""
-    from conftest import with_and_without_lane
-
     from xpuremote.protocol.curand_api import ENUMS
 
-    srv = start_server(tmp_path)
-    try:
-        runs = with_and_without_lane(LANE_PROGRAM, srv.address, tmp_path, shim)
-    finally:
-        srv.stop()
-    out = json.loads(runs["1"][0].splitlines()[-1])
+    lanes = lane_runs(LANE_PROGRAM, tmp_path, shim, "curand")
+    out, runs = lanes.out, lanes.runs
     uniform = np.array(out["results"]["Uniform"])
     assert ((uniform > 0) & (uniform <= 1)).all() and len(set(uniform.tolist())) == len(uniform)
     statuses = out["statuses"]
@@ -202,7 +195,7 @@ def test_a_generators_generations_are_queued_in_c_after_the_first(shim: Path, tm
         extra = {"Normal": 1, "Uniform": 3 + 2 + 1}.get(name, 0)  # the refused ones, and the quasi generator's
         assert by_core[symbol][0] == 3 + extra, (symbol, by_core)
         assert in_c[symbol][0] == 1 + extra - (name == "Uniform"), (symbol, in_c)  # the quasi's second: in C
-    served = [int(n) for n in re.findall(r"library calls: .*?curand=(\d+)", srv.log())]
+    served = lanes.served
     assert len(served) == 2 and served[0] == served[1], served
 
 

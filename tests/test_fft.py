@@ -11,7 +11,6 @@ plan handle made by the library, host arrays of sizes, a size_t answer) without 
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT, TORCH_SIM_KERNELS, Server, start_server
+from conftest import ROOT, TORCH_SIM_KERNELS, Server, lane_runs, start_server
 from test_native_lane import in_c_and_in_python
 from test_torch import run_torch
 from test_torch_math import library_calls
@@ -215,14 +214,8 @@ def test_a_plans_transforms_are_queued_in_c_after_the_first(shim: Path, tmp_path
     lane and without, the same transforms (as numpy's) and statuses, and the same calls reach the server; with it the
     client sees one transform of each kind, and the server runs the others from the lane. A destroyed plan's
     transform and an unknown plan's go through the client, and fail as they do without the lane."""
-    from conftest import with_and_without_lane
-
-    srv = start_server(tmp_path)
-    try:
-        runs = with_and_without_lane(LANE_PROGRAM, srv.address, tmp_path, shim)
-    finally:
-        srv.stop()
-    out = json.loads(runs["1"][0].splitlines()[-1])
+    lanes = lane_runs(LANE_PROGRAM, tmp_path, shim, "cufft")
+    out, runs = lanes.out, lanes.runs
     for name, (given, got) in out["results"].items():
         given = np.array(given[0]) + 1j * np.array(given[1]) if len(given) == 2 else np.array(given)
         got = np.array(got[0]) + 1j * np.array(got[1]) if len(got) == 2 else np.array(got)
@@ -240,8 +233,8 @@ def test_a_plans_transforms_are_queued_in_c_after_the_first(shim: Path, tmp_path
         assert by_core[f"cufftExec{name}"][0] == expected, (name, by_core)
         assert in_c[f"cufftExec{name}"][0] == expected - 2, (name, in_c)
     assert by_core["cufftSetStream"][0] == 6 * 3 and in_c["cufftSetStream"][0] == 6, (by_core, in_c)
-    served = [int(n) for n in re.findall(r"library calls: .*?cufft=(\d+)", srv.log())]
-    lane = [int(n) for n in re.findall(r"\((\d+) from the fast lane", srv.log())]
+    served = lanes.served
+    lane = lanes.from_lane
     assert len(served) == 2 and served[0] == served[1], served
     assert lane[0] >= lane[1] + 12, lane  # the run with the lane (first) ran 12 transforms from it
 

@@ -7,8 +7,6 @@ under its default backend (`preferred_linalg_library` is left as it is).
 
 from __future__ import annotations
 
-import json
-import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT, TORCH_SIM_KERNELS, Server, start_server
+from conftest import ROOT, TORCH_SIM_KERNELS, Server, lane_runs, start_server
 from test_native_lane import in_c_and_in_python
 from test_torch import run_torch
 from test_torch_math import library_calls, run_math
@@ -267,14 +265,8 @@ def test_a_handles_factorizations_are_queued_in_c_after_the_first(shim: Path, tm
     same solutions (numpy's) and statuses, and the same calls reach the server; with it the client sees one of each
     kind. A refused size is queued in C and fails at the next wait as it does without the lane; a destroyed and an
     unknown handle's factorization go through the client and fail as before."""
-    from conftest import with_and_without_lane
-
-    srv = start_server(tmp_path)
-    try:
-        runs = with_and_without_lane(LANE_PROGRAM, srv.address, tmp_path, shim)
-    finally:
-        srv.stop()
-    out = json.loads(runs["1"][0].splitlines()[-1])
+    lanes = lane_runs(LANE_PROGRAM, tmp_path, shim, "cusolver")
+    out, runs = lanes.out, lanes.runs
     assert out["results"] == {k: [True] * 3 for k in ("Sgetrf", "Spotrf", "Dgetrf", "Dpotrf")}, out
     statuses = out["statuses"]
     for key in ("Snegative", "Dnegative", "destroyed", "unknown"):
@@ -285,8 +277,8 @@ def test_a_handles_factorizations_are_queued_in_c_after_the_first(shim: Path, tm
             assert by_core[f"cusolverDn{t}{kind}"][0] == 3 and in_c[f"cusolverDn{t}{kind}"][0] == 1, (kind, in_c)
     assert by_core["cusolverDnDgetrf"][0] == 3 + 1 and in_c["cusolverDnDgetrf"][0] == 1, in_c  # the refused size
     assert by_core["cusolverDnSgetrf"][0] == 3 + 3 and in_c["cusolverDnSgetrf"][0] == 1 + 2, in_c
-    served = [int(n) for n in re.findall(r"library calls: .*?cusolver=(\d+)", srv.log())]
-    lane = [int(n) for n in re.findall(r"\((\d+) from the fast lane", srv.log())]
+    served = lanes.served
+    lane = lanes.from_lane
     assert len(served) == 2 and served[0] == served[1], served
     assert lane[0] >= lane[1] + 2 * 2 * 2 * 2 + 2, lane  # the run with the lane (first) ran 18 from it
 

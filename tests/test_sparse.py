@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import ROOT, TORCH_SIM_KERNELS, Server, start_server
+from conftest import ROOT, TORCH_SIM_KERNELS, Server, lane_runs, start_server
 from test_native_lane import in_c_and_in_python
 from test_torch import run_torch
 from test_torch_math import assert_close, library_calls
@@ -170,14 +170,8 @@ def test_a_handles_conversions_products_and_a_descriptors_pointers_are_queued_in
     (C forgot the handle's products at each change); an unknown descriptor's SpMV is queued and fails at the next
     wait, with the lane and without. A destroyed descriptor's setter, an unknown and a destroyed handle's conversion
     go through the client and fail as before."""
-    from conftest import with_and_without_lane
-
-    srv = start_server(tmp_path)
-    try:
-        runs = with_and_without_lane(LANE_PROGRAM, srv.address, tmp_path, shim)
-    finally:
-        srv.stop()
-    out = json.loads(runs["1"][0].splitlines()[-1])
+    lanes = lane_runs(LANE_PROGRAM, tmp_path, shim, "cusparse")
+    out, runs = lanes.out, lanes.runs
     assert out["results"] == {"coo2csr": [True] * 3, "spmv": [True] * 3, "spmv_device": True, "spmv_host": True}, out
     statuses = out["statuses"]
     assert statuses["coo2csr"] == statuses["set"] == statuses["spmv"] == 0, statuses
@@ -189,8 +183,8 @@ def test_a_handles_conversions_products_and_a_descriptors_pointers_are_queued_in
     assert by_core["cusparseCsrSetPointers"][0] == 3 + 1 and in_c["cusparseCsrSetPointers"][0] == 1 + 1, in_c
     # three in host mode, one in device mode, one back in host mode, one of an unknown descriptor
     assert by_core["cusparseSpMV"][0] == 3 + 3 and in_c["cusparseSpMV"][0] == 1 + 2, in_c
-    served = [int(n) for n in re.findall(r"library calls: .*?cusparse=(\d+)", srv.log())]
-    lane = [int(n) for n in re.findall(r"\((\d+) from the fast lane", srv.log())]
+    served = lanes.served
+    lane = lanes.from_lane
     assert len(served) == 2 and served[0] == served[1], served
     assert lane[0] >= lane[1] + 7, lane  # the run with the lane (first) ran 7 from it
 
