@@ -112,6 +112,7 @@ class Connection:
         self.lane: Lane | None = None  # the shim's C lane, when it has one
         self.lane_seen = 0  # the lane's count of records when they were last taken
         self.batch_nap = self.batch_deadline = 0.0  # the flusher's next wait, and its last chance to wait
+        self.rider_grace = False  # the batch waited a window past its last chance for a rider's sync call
         self.seq = 0
         self.zmq_seq = 0  # the last batch sent on ZeroMQ: one sent on the data connection is served after it
         self.last_ctx: int | None = None
@@ -489,6 +490,7 @@ class Connection:
 
     def _open_batch(self, began: float, seen: int) -> None:
         self.batch_open, self.batch_seen, self.batch_nap = True, seen, self.batch_window_s
+        self.rider_grace = False
         self.batch_deadline = began + max(MAX_BATCH_DELAY_S, self.batch_window_s)
 
     def _send(self, reply: bool, kind: str = "sync", stream: bool = False) -> int:
@@ -795,10 +797,22 @@ class Connection:
             self._open_batch(now - self.batch_window_s, self.queued + self.lane_seen + 1)
         left = self.batch_deadline - now
         if not (self.pending or self._lane_waiting()) or queued == self.batch_seen or left <= 0:
-            return False
+            if self.rider_grace or not self._rider_last():
+                return False
+            # a copy whose answer is read next is followed by the sync call that reads it (a token's): the batch
+            # waits one window more for it, rather than sending the copy alone for its answer, which would leave
+            # the sync call a round trip of its own
+            self.rider_grace = True
+            self.alarm.arm(self.batch_window_s)
+            return True
         self.batch_seen, self.batch_nap = queued, self.batch_nap * 2
         self.alarm.arm(min(self.batch_nap, left))
         return True
+
+    def _rider_last(self) -> bool:
+        """The batch ends with a call whose answer rides with it (read without the lock, as _still_growing is)."""
+        boarding, pending = self.boarding, self.pending
+        return bool(boarding) and boarding[-1][0] == len(pending) - 1 and not self._lane_waiting()
 
     def close(self) -> None:
         """Say goodbye so that the server releases this session at once."""

@@ -192,3 +192,31 @@ def test_a_small_answer_read_later_rides_with_the_next_message(server: Server) -
         assert not conn.later and not conn.riders and not conn.boarding
     finally:
         client.close()
+
+
+def test_a_batch_past_its_age_bound_waits_a_window_for_the_sync_call_of_its_last_rider(server: Server) -> None:
+    """A generation loop's token: a copy into pinned memory, then the synchronize that reads it. Where the batch's
+    bound on its age falls between the two, the flusher gives the batch one window more, so the synchronize still
+    carries the copy (one message), rather than sending the copy alone for its answer and the synchronize after it.
+    A window of 200 ms makes the timing plain: the batch begins at 0, its bound is at 200 ms, the copy comes at
+    100 ms, the synchronize at 300 ms, the window more ends at 400 ms."""
+    from pyclient import CTX
+
+    from xpuremote.protocol.calls import CALLS
+
+    client = PyClient(server.address, batch_window_us=200_000)
+    conn, got = client.conn, []
+    try:
+        ptr = client.alloc(4096)
+        client.call("cuCtxSynchronize")
+        sent = conn.seq
+        client.post("cuMemsetD8Async", ptr, 5, 4096, 0)
+        time.sleep(0.1)
+        conn.call_later(CALLS["cuMemcpyDtoHAsync_v2"], [8, ptr, 8, 0], CTX,
+                        lambda status, outs: got.append(bytes(outs[0])), answer_bytes=8)
+        time.sleep(0.2)
+        client.call("cuStreamSynchronize", 0)
+        assert got == [bytes([5]) * 8]
+        assert conn.seq - sent == 1, "the memset, the copy and the synchronize went as one message"
+    finally:
+        client.close()
