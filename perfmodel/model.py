@@ -241,8 +241,7 @@ def fit_transport_columns(c: fmt.Columns, recorded: Network) -> Transport:
     sync = c.kind == fmt.KINDS.index("sync")
     nbytes = c.up[sync] + c.down[sync]
     server = np.where(c.server_nil[sync], 0, c.server[sync]).astype(np.float64)
-    serialise = nbytes * 8 / recorded.gbps if recorded.gbps > 0 else 0.0
-    rest = c.wait[sync].astype(np.float64) - server - recorded.rtt_us * 1e3 - serialise
+    rest = c.wait[sync].astype(np.float64) - server - recorded.rtt_us * 1e3 - recorded.serialise_ns(nbytes)
     return _fit(list(zip(rest.tolist(), nbytes.tolist(), strict=True)))
 
 
