@@ -97,7 +97,7 @@ def create_host(d: Driver, call: Call, args: list[Any]) -> None:
 @implements("curandDestroyGenerator")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
     _generator(args[0])
-    _forget(call, args[0])
+    in_client.forget_in_c(call, args[0])
     d.forward(call, args)
     GENERATORS.pop(args[0], None)
 
@@ -125,7 +125,7 @@ def set_dimensions(d: Driver, call: Call, args: list[Any]) -> None:
         raise refuse("type_error", "curandSetQuasiRandomGeneratorDimensions: a pseudorandom generator has none")
     if not 1 <= args[1] <= MAX_DIMENSIONS:
         raise refuse("invalid_value", f"{args[1]} dimensions (1 to {MAX_DIMENSIONS})")
-    _forget(call, args[0])  # the counts C may take change
+    in_client.forget_in_c(call, args[0])  # the counts C may take change
     d.forward(call, args)
     gen.dimensions = args[1]
 
@@ -133,13 +133,7 @@ def set_dimensions(d: Driver, call: Call, args: list[Any]) -> None:
 def _let(gen: Generator, call: Call, handle: int, pairs: bool = False) -> None:
     """C queues `call` of this generator from now on for the counts `_count` lets pass: a multiple of a quasirandom
     generator's dimensions, of 2 for a pseudorandom generator's normal values."""
-    if in_client.IN_C is not None:
-        in_client.IN_C.let(call, handle, gen.dimensions if not gen.pseudo else 2 if pairs else 1)
-
-
-def _forget(call: Call, handle: int) -> None:
-    if in_client.IN_C is not None:
-        in_client.IN_C.forget(call, handle)
+    in_client.let_in_c(call, handle, gen.dimensions if not gen.pseudo else 2 if pairs else 1)
 
 
 def _count(gen: Generator, call: Call, count: int, pairs: bool = False) -> None:

@@ -43,8 +43,8 @@ def create_settings(d: Driver, call: Call, args: list[Any]) -> None:
 @implements("cusolverDnDestroy", "cusolverDnDestroyParams", "cusolverDnDestroySyevjInfo",
             "cusolverDnDestroyGesvdjInfo")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
-    if in_client.IN_C is not None and call.family == "cusolverDnDestroy":  # its number may be given out again
-        in_client.IN_C.forget(call, args[0])
+    if call.family == "cusolverDnDestroy":  # its number may be given out again
+        in_client.forget_in_c(call, args[0])
     d.forward(call, args)
     STATE.pop(args[0], None)
 
@@ -53,8 +53,7 @@ def destroy(d: Driver, call: Call, args: list[Any]) -> None:
 def queued(d: Driver, call: Call, args: list[Any]) -> None:
     """A typed factorization or solve: queued; C queues this handle's next ones of the kind."""
     d.forward(call, args)
-    if in_client.IN_C is not None:
-        in_client.IN_C.let(call, args[0])
+    in_client.let_in_c(call, args[0])
 
 
 @implements("cusolverDnSetAdvOptions", "cusolverDnXsyevjSetTolerance", "cusolverDnXsyevjSetMaxSweeps",

@@ -31,10 +31,5 @@ def queued(d: Driver, call: Call, args: list[Any]) -> None:
 @implements("cusparseDestroySpMat", "cusparseDestroyDnMat", "cusparseDestroyDnVec", "cusparseDestroyMatDescr")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
     """The descriptor's calls come here again (its number may be given to a new one)."""
-    forget(call, args[0])
+    in_client.forget_in_c(call, args[0])
     d.forward(call, args)
-
-
-def forget(call: Call, handle: int) -> None:
-    if in_client.IN_C is not None:
-        in_client.IN_C.forget(call, handle)

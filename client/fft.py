@@ -76,13 +76,11 @@ def queued(d: Driver, call: Call, args: list[Any]) -> None:
     """A transform, or the stream or work area PyTorch sets before each: queued; C queues this plan's next ones of
     the kind (the server checks them as it checks this)."""
     d.forward(call, args)
-    if in_client.IN_C is not None:
-        in_client.IN_C.let(call, args[0])
+    in_client.let_in_c(call, args[0])
 
 
 @implements("cufftDestroy")
 def destroy(d: Driver, call: Call, args: list[Any]) -> None:
     """The plan's transforms come here again (its number may be given to a new plan)."""
-    if in_client.IN_C is not None:
-        in_client.IN_C.forget(call, args[0])
+    in_client.forget_in_c(call, args[0])
     d.forward(call, args)

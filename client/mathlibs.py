@@ -121,8 +121,8 @@ def destroy(d: Driver, call: Call, args: list[Any]) -> None:
     state = STATE.get(args[0])
     if IN_C is not None and call.family in HANDLE_DESTROYS:
         IN_C.forget_settings(args[0])
-    if IN_C is not None and call.family == "cusparseDestroy":  # calls C queued for it (client/cusparse.py)
-        IN_C.forget(call, args[0])
+    if call.family == "cusparseDestroy":  # calls C queued for it (client/cusparse.py)
+        forget_in_c(call, args[0])
     in_c = IN_C is not None and IN_C.releases(call, args[0])
     if in_c and state is None:  # kept in C, destroyed while C does not answer (the lane closed)
         return
@@ -149,8 +149,8 @@ def _setter(key: str) -> Callable[[Driver, Call, list[Any]], None]:
             STATE[args[0]][key] = args[1]
             if key == "pointer_mode" and "pair" in STATE[args[0]]:  # C queues no GEMM in device pointer mode
                 STATE[args[0]]["pair"].pointer_mode = args[1]
-            if key == "pointer_mode" and call.library == "cusparse" and IN_C is not None:  # nor SpMV (cusparse.py)
-                IN_C.forget(call, args[0])
+            if key == "pointer_mode" and call.library == "cusparse":  # nor SpMV (cusparse.py)
+                forget_in_c(call, args[0])
         if IN_C is not None:
             IN_C.setting(call, args[0], args[1])
 
@@ -285,6 +285,18 @@ def ctc_loss(d: Driver, call: Call, args: list[Any]) -> None:
 
 
 IN_C: KeptInC | None = None  # the shim's table of descriptors (client/kept_in_c.py), set by interpose/entry.py
+
+
+def let_in_c(call: Call, handle: int, multiple: int = 1) -> None:
+    """Under the shim, C queues `call` naming `handle` from now on (KeptInC.let); nothing without it."""
+    if IN_C is not None:
+        IN_C.let(call, handle, multiple)
+
+
+def forget_in_c(call: Call, handle: int) -> None:
+    """Under the shim, every call of `handle`'s library naming it comes to the client again (KeptInC.forget)."""
+    if IN_C is not None:
+        IN_C.forget(call, handle)
 
 
 # ---- versions: the server's copy's (the library that runs the calls) --------------------------------
